@@ -1,0 +1,13 @@
+"""Packet-level network emulator for distributed deep-learning training.
+
+The package is split into a pure core (topology models, routing, schedules,
+cost models, analysis), which imports neither Mininet nor os-ken and runs
+without root, and thin edges (Mininet bring-up, tc, ovs-vsctl, the os-ken
+controller app, host agents) that take their command runner as a parameter.
+"""
+
+__version__ = "0.1.0"
+
+#: Every OVS bridge, pid file and temporary file this project creates carries
+#: this prefix, so that ``emu clean`` can find exactly what is ours.
+NAME_PREFIX = "ef"

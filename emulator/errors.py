@@ -1,0 +1,28 @@
+"""The one error type for bad user input.
+
+Every parser and checker raises :class:`UserError` for input a person can fix.
+The CLI prints its message on one line and exits with status 2; library code
+never calls ``sys.exit``.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """Bad input: a config, topology spec, schedule or CLI argument."""
+
+    exit_status = 2
+
+
+class FieldError(UserError):
+    """A field holds a value that is not what was expected.
+
+    The message reads: ``<where>: field '<field>': expected <expected>, got <given>``.
+    """
+
+    def __init__(self, where: str, field: str, expected: str, given: object):
+        self.where = where
+        self.field = field
+        self.expected = expected
+        self.given = given
+        super().__init__(f"{where}: field '{field}': expected {expected}, got {given!r}")
