@@ -26,3 +26,12 @@ class FieldError(UserError):
         self.expected = expected
         self.given = given
         super().__init__(f"{where}: field '{field}': expected {expected}, got {given!r}")
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "nothing"
+
+
+#: Pass as ``given`` when a required field is absent: the message says "got nothing".
+MISSING = _Missing()

@@ -46,7 +46,7 @@ from typing import Any, Iterable, Mapping
 
 import networkx as nx
 
-from emulator.errors import FieldError, UserError
+from emulator.errors import MISSING, FieldError, UserError
 
 JSON_FORMAT_VERSION = 1
 MAX_LINK_MBPS = 1000.0
@@ -356,7 +356,7 @@ def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     params: dict[str, Any] = {}
     for key, minimum in keys.items():
         if key not in items:
-            raise FieldError(where, key, f"an integer >= {minimum} (required for {kind})", "nothing")
+            raise FieldError(where, key, f"an integer >= {minimum} (required for {kind})", MISSING)
         params[key] = _parse_int(where, key, items[key], minimum)
     if kind == "fattree" and params["k"] % 2:
         raise FieldError(where, "k", "an even integer >= 2", items["k"])

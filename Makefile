@@ -1,0 +1,81 @@
+# One-command set-up for everything: `make test` and `make experiment` run
+# `make setup` first, so on a fresh Debian 12 machine (as root) they are all a
+# user types. `make setup` is idempotent.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Debian's python3 so that the venv sees Debian's Mininet package.
+SYSTEM_PYTHON ?= /usr/bin/python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps \
+	python3-venv python3-dev gcc
+VENV_STAMP := $(VENV)/.installed
+TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2
+POLICY ?= bigraph
+PYTEST_ARGS ?=
+
+.PHONY: help setup debian-packages openvswitch venv test unit integration lint controller experiment bench clean
+
+help:
+	@echo "make test         set up, then lint + unit tests + integration tests (root)"
+	@echo "make experiment   set up, then run the default experiment"
+	@echo "make setup        Debian packages, Open vSwitch, .venv (idempotent)"
+	@echo "make controller TOPO=<spec> POLICY=<policy>   run the SDN controller in the foreground"
+	@echo "make bench        fidelity and performance ratios, measured side by side"
+	@echo "make clean        remove bridges, links and processes this project left behind"
+
+setup: debian-packages openvswitch venv
+
+debian-packages:
+	@if [ "$$(id -u)" != 0 ]; then echo "make setup: run as root (sudo make ...)" >&2; exit 2; fi
+	@missing=$$(for p in $(DEB_PACKAGES); do \
+		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:" $$missing; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# Works without the openvswitch kernel module: switches then use the
+# userspace datapath (chosen per run by emulator.system.choose_datapath).
+openvswitch: debian-packages
+	@if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then \
+		echo "starting Open vSwitch"; \
+		/usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null 2>&1 || true; \
+	fi
+	@ovs-vsctl --timeout=10 show >/dev/null || { echo "Open vSwitch did not start: see /var/log/openvswitch/" >&2; exit 1; }
+
+venv: $(VENV_STAMP)
+
+$(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
+	$(SYSTEM_PYTHON) -m venv --system-site-packages $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
+	# Chakra's protobuf schema only; its other dependencies are notebook tooling.
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps mlc-chakra==1.0.0
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+lint: venv
+	$(BIN)/ruff check emulator controllers tests
+
+unit: venv
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+integration: setup
+	$(BIN)/emu clean
+	$(BIN)/pytest -q -m integration tests/integration $(PYTEST_ARGS)
+
+test: setup lint unit integration
+
+controller: setup
+	$(BIN)/emu controller --topology "$(TOPO)" --routing "$(POLICY)"
+
+experiment: setup
+	$(BIN)/emu run experiments/default.yaml
+
+bench: setup
+	$(BIN)/emu bench
+
+clean:
+	@if [ -x $(BIN)/emu ]; then $(BIN)/emu clean; fi

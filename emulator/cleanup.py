@@ -1,0 +1,47 @@
+"""``emu clean``: remove what this project left behind, and nothing else.
+
+What is ours is found two ways (see :mod:`emulator.runstate`): processes from
+the run-state records (pid + start time, plus every process inside a recorded
+host namespace), and bridges and root-namespace interfaces by their name
+pattern (``efsN``, ``efsN-ethP``, ``efhN-eth0``). Runs whose owning process is
+still alive are left alone unless ``force`` is given. Never a global
+``mn -c``, ``killall`` or ``pkill -f``.
+"""
+
+from __future__ import annotations
+
+from emulator.network import links_with_prefix, remove_our_bridges
+from emulator.runstate import BRIDGE_RE, INTERFACE_RE, all_runs, kill_recorded
+from emulator.system import Runner, run
+
+
+def clean(force: bool = False, runner: Runner = run) -> list[str]:
+    """Remove leftovers; return one line per thing done."""
+    report: list[str] = []
+    active = []
+    for state in all_runs():
+        if state.owner_alive() and not force:
+            owner = state.owner() or {}
+            active.append(state)
+            report.append(f"left run {state.run_id} alone: its owner (pid {owner.get('pid')}) is still "
+                          "running (use --force)")
+            continue
+        killed = kill_recorded(state)
+        if killed:
+            report.append(f"run {state.run_id}: killed {len(killed)} processes")
+        state.remove()
+    if active:
+        return report  # their bridges share our name pattern: leave all bridges alone
+    res = runner(["ovs-vsctl", "--timeout=10", "list-br"])
+    bridges = [b for b in res.stdout.split() if BRIDGE_RE.match(b)]
+    if bridges:
+        remove_our_bridges(runner, bridges)
+        report.append(f"deleted {len(bridges)} bridges: {' '.join(bridges[:8])}{' ...' if len(bridges) > 8 else ''}")
+    stray = [name for name in links_with_prefix(runner, "ef") if INTERFACE_RE.match(name)]
+    for name in stray:
+        runner(["ip", "link", "del", name])
+    if stray:
+        report.append(f"deleted {len(stray)} interfaces")
+    if not report:
+        report.append("nothing of ours to clean")
+    return report

@@ -1,0 +1,298 @@
+"""Mininet bring-up of a topology model: the edge where the model becomes packets.
+
+:class:`EmulatedNetwork` turns a :class:`~emulator.topology.Topology` into a
+Mininet network of Open vSwitch switches and shaped links, and tears it down.
+
+Naming (all names in the root namespace carry the project prefix ``ef`` so
+that ``emu clean`` finds exactly ours):
+
+* model switch ``sI`` -> OVS bridge / Mininet switch ``efsI``, ports
+  ``efsI-ethP`` with OpenFlow port number P (the model's port);
+* model host ``hI`` -> Mininet host ``hI`` whose one interface is
+  ``efhI-eth0``.
+
+What bring-up does, in order: checks root and Open vSwitch, picks the
+datapath (kernel where the openvswitch module exists, userspace otherwise),
+creates hosts (recording their pids in the run state), switches and links
+shaped with HTB (``TCLink``), starts the switches (OpenFlow 1.3, fail-mode
+secure, the model's dpid), then configures every host: TX checksum offload
+off on the userspace datapath (otherwise TCP carries nothing), IPv6 off,
+``tcp_slow_start_after_idle`` off, static ARP for every other host. With no
+controller it installs the routing policy's flow entries with ``ovs-ofctl``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from typing import Any, Callable, Sequence
+
+from emulator import NAME_PREFIX, routing
+from emulator.errors import UserError
+from emulator.runstate import RunState, kill_recorded, proc_netns
+from emulator.system import Runner, choose_datapath, require_ovs, require_root, require_tools, run
+from emulator.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def bridge_name(switch: str) -> str:
+    """The OVS bridge (Mininet switch) name of model switch ``switch``."""
+    return f"{NAME_PREFIX}{switch}"
+
+
+def host_intf(host: str) -> str:
+    return f"{NAME_PREFIX}{host}-eth0"
+
+
+def switch_intf(switch: str, port: int) -> str:
+    return f"{bridge_name(switch)}-eth{port}"
+
+
+def host_setup_commands(topo: Topology, host: str, datapath: str) -> list[list[str]]:
+    """Commands run inside ``host`` after the links are up (argument lists)."""
+    intf = host_intf(host)
+    cmds = [
+        ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
+         "net.ipv4.tcp_slow_start_after_idle=0"],
+    ]
+    if datapath == "user":
+        # Userspace OVS does not complete checksums or segment TSO frames:
+        # without this, pings work but TCP carries nothing.
+        cmds.append(["ethtool", "-K", intf, "tx", "off"])
+    return cmds
+
+
+def static_arp_batch(topo: Topology, host: str) -> str:
+    """An ``ip -batch`` script giving ``host`` a permanent ARP entry for every other host."""
+    intf = host_intf(host)
+    return "".join(f"neigh replace {h.ip} lladdr {h.mac} dev {intf} nud permanent\n"
+                   for h in topo.hosts if h.name != host)
+
+
+def static_flow_files(topo: Topology, policy: str, seed: int = 0) -> dict[str, str]:
+    """Per bridge, the ``ovs-ofctl add-flows`` file installing ``policy`` without a controller."""
+    table = routing.flow_table(topo, policy, seed=seed)
+    return {bridge_name(sw): "".join(entry.ofctl() + "\n" for entry in entries)
+            for sw, entries in table.items()}
+
+
+def tc_rates(runner: Runner, intf: str, netns_pid: int | None = None) -> list[float]:
+    """The HTB class rates (Mbit/s) on ``intf``, read back with ``tc``."""
+    cmd = ["tc", "class", "show", "dev", intf]
+    if netns_pid is not None:
+        cmd = ["mnexec", "-a", str(netns_pid), *cmd]
+    res = runner(cmd)
+    return parse_htb_rates(res.stdout)
+
+
+def parse_htb_rates(text: str) -> list[float]:
+    """Rates in Mbit/s of every ``class htb`` line of ``tc class show`` output."""
+    units = {"bit": 1e-6, "Kbit": 1e-3, "Mbit": 1.0, "Gbit": 1e3}
+    rates = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] == "class" and words[1] == "htb" and "rate" in words:
+            raw = words[words.index("rate") + 1]
+            for unit, scale in sorted(units.items(), key=lambda kv: -len(kv[0])):
+                if raw.endswith(unit):
+                    rates.append(float(raw[: -len(unit)]) * scale)
+                    break
+    return rates
+
+
+class EmulatedNetwork:
+    """A live Mininet network built from a topology model.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with EmulatedNetwork(topo, routing="shortest") as en:
+            en.host("h1").cmd("ping -c1", topo.host("h2").ip)
+
+    Arguments:
+        topo: the model.
+        controller: ``(ip, port)`` of a running OpenFlow controller, or None to
+            install ``routing``'s entries statically.
+        routing: policy name for the static entries (ignored with a controller).
+        seed: ECMP seed for the static entries.
+        datapath: ``auto``, ``user`` or ``kernel``.
+        label: names the run-state directory.
+    """
+
+    def __init__(self, topo: Topology, *, controller: tuple[str, int] | None = None,
+                 routing: str = "shortest", seed: int = 0, datapath: str = "auto",
+                 label: str = "net", runner: Runner = run):
+        self.topo = topo
+        self.controller = controller
+        self.routing = routing
+        self.seed = seed
+        self.requested_datapath = datapath
+        self.datapath = ""
+        self.label = label
+        self.runner = runner
+        self.net: Any = None
+        self.state: RunState | None = None
+        self.bringup_s: float | None = None
+
+    # ------------------------------------------------------------- lifecycle
+    def __enter__(self) -> EmulatedNetwork:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check(self) -> None:
+        """Every precondition, before anything is created."""
+        require_root()
+        require_tools(["mnexec", "ovs-vsctl", "ovs-ofctl", "tc", "ethtool", "ip"])
+        require_ovs(self.runner)
+        if self.controller is None:
+            routing.check_policy(self.topo, self.routing)
+        self.datapath = choose_datapath(self.requested_datapath)
+        busy = [b for b in map(bridge_name, (s.name for s in self.topo.switches)) if self._bridge_exists(b)]
+        if busy:
+            raise UserError(f"bridge {busy[0]} already exists: another run is up, or one was killed "
+                            "(run `emu clean`)")
+
+    def _bridge_exists(self, name: str) -> bool:
+        return self.runner(["ovs-vsctl", "--timeout=5", "br-exists", name]).returncode == 0
+
+    def start(self) -> None:
+        self.check()
+        t0 = time.monotonic()
+        self.state = RunState.create(self.label)
+        try:
+            self._build()
+            self._configure_hosts()
+            if self.controller is None:
+                self._install_static_flows()
+        except BaseException:
+            self.stop()
+            raise
+        self.bringup_s = time.monotonic() - t0
+        log.info("network %s up in %.1f s (%s datapath)", self.topo.spec, self.bringup_s, self.datapath)
+
+    def _build(self) -> None:
+        from functools import partial
+
+        from mininet.link import TCLink
+        from mininet.log import setLogLevel
+        from mininet.net import Mininet
+        from mininet.node import OVSSwitch, RemoteController
+
+        setLogLevel(os.environ.get("EF_MININET_LOG", "warning"))
+        switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13", failMode="secure",
+                             reconnectms=1000)
+        net = Mininet(topo=None, switch=switch_cls, link=TCLink, controller=None, build=False,
+                      autoSetMacs=False, autoStaticArp=False, waitConnected=False)
+        self.net = net
+        assert self.state is not None
+        for h in self.topo.hosts:
+            node = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
+            self.state.record_process("host", node.pid, node=h.name, netns=proc_netns(node.pid))
+        for s in self.topo.switches:
+            net.addSwitch(bridge_name(s.name), dpid=f"{s.dpid:016x}")
+        for lk in self.topo.links:
+            if lk.kind == "host":
+                net.addLink(lk.a, bridge_name(lk.b), port1=0, port2=lk.b_port,
+                            intfName1=host_intf(lk.a), intfName2=switch_intf(lk.b, lk.b_port),
+                            addr1=self.topo.host(lk.a).mac, bw=lk.bw_mbps)
+            else:
+                net.addLink(bridge_name(lk.a), bridge_name(lk.b), port1=lk.a_port, port2=lk.b_port,
+                            intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port),
+                            bw=lk.bw_mbps)
+        if self.controller is not None:
+            ip, port = self.controller
+            net.addController(RemoteController("c0", ip=ip, port=port))
+        net.build()
+        net.start()
+
+    def _configure_hosts(self) -> None:
+        assert self.state is not None
+        for h in self.topo.hosts:
+            node = self.host(h.name)
+            for cmd in host_setup_commands(self.topo, h.name, self.datapath):
+                self._host_run(node, cmd)
+            path = os.path.join(self.state.path, f"arp-{h.name}")
+            with open(path, "w", encoding="ascii") as fh:
+                fh.write(static_arp_batch(self.topo, h.name))
+            self._host_run(node, ["ip", "-batch", path])
+        # Root-namespace ends of the links: no IPv6 chatter into the fabric.
+        names = [switch_intf(lk.b, lk.b_port) if lk.kind == "host" else None for lk in self.topo.links]
+        settings = [f"net.ipv6.conf.{n}.disable_ipv6=1" for n in names if n]
+        for i in range(0, len(settings), 200):
+            self.runner(["sysctl", "-qw", *settings[i:i + 200]])
+
+    def _host_run(self, node: Any, cmd: Sequence[str]) -> str:
+        out = node.cmd(shlex.join(cmd) + "; echo __rc=$?")
+        body, _, rc = out.rpartition("__rc=")
+        if rc.strip() != "0":
+            raise UserError(f"host {node.name}: `{shlex.join(cmd)}` failed: {body.strip()[-200:]}")
+        return body
+
+    def _install_static_flows(self) -> None:
+        assert self.state is not None
+        for bridge, text in static_flow_files(self.topo, self.routing, self.seed).items():
+            path = os.path.join(self.state.path, f"flows-{bridge}")
+            with open(path, "w", encoding="ascii") as fh:
+                fh.write(text)
+            res = self.runner(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, path])
+            if res.returncode != 0:
+                raise RuntimeError(f"ovs-ofctl add-flows {bridge} failed: {res.stderr.strip()}")
+
+    def stop(self) -> None:
+        """Tear everything down; safe to call twice and after a failed start."""
+        net, self.net = self.net, None
+        if net is not None:
+            try:
+                net.stop()
+            except Exception as exc:  # keep tearing down what remains
+                log.warning("mininet stop: %s", exc)
+        if self.state is not None:
+            kill_recorded(self.state)
+            remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
+            self.state.remove()
+            self.state = None
+
+    # -------------------------------------------------------------- accessors
+    def host(self, name: str) -> Any:
+        self.topo.host(name)
+        return self.net.get(name)
+
+    def switch(self, name: str) -> Any:
+        self.topo.switch(name)
+        return self.net.get(bridge_name(name))
+
+    def hosts(self) -> list[Any]:
+        return [self.net.get(h.name) for h in self.topo.hosts]
+
+    def for_each_host(self, fn: Callable[[Any], None]) -> None:
+        for node in self.hosts():
+            fn(node)
+
+
+def remove_our_bridges(runner: Runner, names: Sequence[str]) -> None:
+    """Delete the named bridges (ours) and the root-namespace veths that carried their ports."""
+    if names:
+        cmd = ["ovs-vsctl", "--timeout=20"]
+        for name in names:
+            cmd += ["--", "--if-exists", "del-br", name]
+        runner(cmd)
+    for name in names:
+        for intf in links_with_prefix(runner, f"{name}-eth"):
+            runner(["ip", "link", "del", intf])
+
+
+def links_with_prefix(runner: Runner, prefix: str) -> list[str]:
+    res = runner(["ip", "-o", "link", "show"])
+    out = []
+    for line in res.stdout.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) >= 2:
+            name = parts[1].strip().split("@", 1)[0]
+            if name.startswith(prefix):
+                out.append(name)
+    return out

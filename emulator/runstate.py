@@ -1,0 +1,172 @@
+"""What a run has started, recorded on disk so that ``emu clean`` can undo it.
+
+Every run that builds a network gets a directory ``$EF_RUN_DIR/<run-id>/``
+(default ``/run/ef-emu``, a tmpfs cleared on reboot, as are namespaces) with:
+
+* ``owner`` -- the pid and start time of the process that owns the run;
+* ``processes.jsonl`` -- one line per process we started (Mininet host
+  shells, controllers, agents, tcpdump): pid, start time, and for host
+  shells the inode of their network namespace.
+
+Processes are identified by (pid, start time), so a recycled pid is never
+killed. Bridges and root-namespace interfaces need no record: their names
+carry the project prefix (:data:`emulator.NAME_PREFIX`) and match
+:data:`BRIDGE_RE` / :data:`INTERFACE_RE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+from emulator import NAME_PREFIX
+from emulator.results import append_jsonl, write_json_atomic
+
+BRIDGE_RE = re.compile(rf"^{NAME_PREFIX}s\d+$")
+INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
+
+
+def state_root() -> str:
+    return os.environ.get("EF_RUN_DIR", "/run/ef-emu")
+
+
+def proc_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields resume after the last ')'.
+    return int(data.rsplit(")", 1)[1].split()[19])
+
+
+def proc_netns(pid: int) -> int | None:
+    try:
+        link = os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+    match = re.search(r"\[(\d+)\]", link)
+    return int(match.group(1)) if match else None
+
+
+def alive(pid: int, start_time: int | None) -> bool:
+    """True when ``pid`` is still the very process that was recorded."""
+    now = proc_start_time(pid)
+    return now is not None and (start_time is None or now == start_time)
+
+
+@dataclass
+class RunState:
+    """The on-disk record of one run."""
+
+    path: str
+
+    @classmethod
+    def create(cls, label: str) -> RunState:
+        root = state_root()
+        os.makedirs(root, exist_ok=True)
+        run_id = f"{label}-{os.getpid()}-{int(time.time() * 1000)}"
+        path = os.path.join(root, run_id)
+        os.makedirs(path)
+        me = os.getpid()
+        write_json_atomic(os.path.join(path, "owner"), {"pid": me, "start_time": proc_start_time(me),
+                                                        "label": label, "created": time.time()})
+        return cls(path)
+
+    @property
+    def run_id(self) -> str:
+        return os.path.basename(self.path)
+
+    def record_process(self, role: str, pid: int, **extra: object) -> None:
+        append_jsonl(os.path.join(self.path, "processes.jsonl"),
+                     {"role": role, "pid": pid, "start_time": proc_start_time(pid), **extra})
+
+    def processes(self) -> list[dict]:
+        try:
+            with open(os.path.join(self.path, "processes.jsonl"), encoding="utf-8") as fh:
+                lines = fh.readlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # a line cut short by a crash
+        return out
+
+    def owner(self) -> dict | None:
+        try:
+            with open(os.path.join(self.path, "owner"), encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def owner_alive(self) -> bool:
+        owner = self.owner()
+        return bool(owner) and alive(int(owner["pid"]), owner.get("start_time"))
+
+    def remove(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def all_runs() -> Iterator[RunState]:
+    root = state_root()
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return
+    for name in names:
+        path = os.path.join(root, name)
+        if os.path.isdir(path):
+            yield RunState(path)
+
+
+def pids_in_netns(inodes: set[int]) -> list[int]:
+    """Every live process whose network namespace is one of ``inodes``."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) in (1, me):
+            continue
+        ns = proc_netns(int(entry))
+        if ns is not None and ns in inodes:
+            found.append(int(entry))
+    return found
+
+
+def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
+    """Kill every process ``state`` recorded, and every process inside a recorded host namespace.
+
+    Returns the pids signalled. Namespaces are matched only while a recorded
+    host shell is still alive (so a recycled inode cannot match).
+    """
+    targets: set[int] = set()
+    inodes: set[int] = set()
+    for rec in state.processes():
+        pid = int(rec["pid"])
+        if alive(pid, rec.get("start_time")):
+            targets.add(pid)
+            if rec.get("netns") is not None and proc_netns(pid) == rec["netns"]:
+                inodes.add(int(rec["netns"]))
+    if inodes:
+        targets.update(pids_in_netns(inodes))
+    targets.discard(os.getpid())
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        live = [p for p in targets if proc_start_time(p) is not None]
+        for pid in live:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and any(proc_start_time(p) is not None for p in live):
+            time.sleep(0.05)
+    return sorted(targets)

@@ -1,0 +1,98 @@
+"""The machine underneath: command running, root, Open vSwitch, kernel features.
+
+Small functions that take their command runner as a parameter, so what they
+run can be checked in unit tests with a fake runner. Nothing here starts a
+network; :mod:`emulator.network` does.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from emulator.errors import UserError
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str]], Result]
+
+
+def run(cmd: Sequence[str], timeout: float = 60.0) -> Result:
+    """Run a command (argument list, never through a shell) and capture its output."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        return Result(127, "", f"{cmd[0]}: command not found")
+    except subprocess.TimeoutExpired:
+        return Result(124, "", f"{shlex.join(cmd)}: timed out after {timeout:g} s")
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        raise UserError("this command builds a network: run it as root (sudo)")
+
+
+def ovs_kernel_module_loaded(sys_module_dir: str = "/sys/module") -> bool:
+    """True when the openvswitch kernel module is present (loaded or built in)."""
+    return os.path.isdir(os.path.join(sys_module_dir, "openvswitch"))
+
+
+def choose_datapath(requested: str = "auto", module_loaded: bool | None = None) -> str:
+    """``"kernel"`` where the openvswitch module exists, else ``"user"`` (or what was asked for)."""
+    if requested not in ("auto", "user", "kernel"):
+        raise UserError(f"network: field 'datapath': expected auto, user or kernel, got {requested!r}")
+    if requested != "auto":
+        if requested == "kernel" and not (ovs_kernel_module_loaded() if module_loaded is None else module_loaded):
+            raise UserError("network: field 'datapath': expected auto or user (this kernel has no "
+                            "openvswitch module), got 'kernel'")
+        return requested
+    loaded = ovs_kernel_module_loaded() if module_loaded is None else module_loaded
+    return "kernel" if loaded else "user"
+
+
+def netem_available(runner: Runner = run) -> bool:
+    """True when the kernel offers the netem qdisc (needed for delay and loss)."""
+    probe = "efnetemprobe"
+    made = runner(["ip", "link", "add", probe, "type", "dummy"])
+    if made.returncode != 0:
+        return False
+    try:
+        return runner(["tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms"]).returncode == 0
+    finally:
+        runner(["ip", "link", "del", probe])
+
+
+def require_ovs(runner: Runner = run) -> str:
+    """Check that ovsdb-server and ovs-vswitchd answer; return the OVS version."""
+    res = runner(["ovs-vsctl", "--timeout=5", "get", "Open_vSwitch", ".", "ovs_version"])
+    if res.returncode != 0:
+        raise UserError("Open vSwitch is not running (ovs-vsctl cannot reach it): run `make setup` "
+                        "or /usr/share/openvswitch/scripts/ovs-ctl start")
+    return res.stdout.strip().strip('"')
+
+
+def require_tools(names: Sequence[str], which: Callable[[str], str | None] | None = None) -> None:
+    import shutil
+
+    find = which or shutil.which
+    missing = [n for n in names if find(n) is None]
+    if missing:
+        raise UserError(f"missing programs: {', '.join(missing)}: run `make setup`")
+
+
+def cpu_times() -> tuple[float, float]:
+    """(idle, total) jiffies summed over all CPUs, from /proc/stat."""
+    with open("/proc/stat", encoding="ascii") as fh:
+        fields = [float(x) for x in fh.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
+    return idle, sum(fields)
