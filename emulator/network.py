@@ -27,7 +27,8 @@ import logging
 import os
 import shlex
 import time
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from emulator import NAME_PREFIX, routing
 from emulator.errors import UserError

@@ -22,8 +22,8 @@ import re
 import shutil
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from emulator import NAME_PREFIX
 from emulator.results import append_jsonl, write_json_atomic

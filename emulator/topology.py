@@ -40,9 +40,10 @@ import itertools
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import networkx as nx
 
@@ -446,7 +447,7 @@ def host_ip(index: int) -> str:
 
 
 def host_mac(index: int) -> str:
-    return "02:00:00:{:02x}:{:02x}:{:02x}".format((index >> 16) & 255, (index >> 8) & 255, index & 255)
+    return f"02:00:00:{(index >> 16) & 255:02x}:{(index >> 8) & 255:02x}:{index & 255:02x}"
 
 
 def _build_bigraph(b: _Builder, p: Mapping[str, Any]) -> None:
