@@ -1,0 +1,473 @@
+"""The schedule format: dataclasses, field validation, YAML/JSON load and save.
+
+This module owns what a schedule *is* (see ``docs/schedule-format.md``): an
+allreduce over ``p`` ranks, each rank placed on one host, on a buffer of
+``size`` bytes of float32 split into ``chunks`` equal chunks; per rank an
+ordered list of operations with explicit dependencies. It checks every field
+and raises :class:`~emulator.errors.FieldError` naming the field path (e.g.
+``ranks[3].ops[5].peer``). Whether the operations really compute an allreduce
+is the job of :mod:`emulator.schedule.executor`.
+
+Operation kinds
+    ``send``         send ``buffer[chunk:chunk+nchunks]`` to ``peer``
+    ``recv``         receive from ``peer`` into ``buffer[chunk:...]`` (overwrite)
+    ``recv_reduce``  receive from ``peer`` and add into ``buffer[chunk:...]``
+    ``reduce``       ``buffer[chunk:...] += src[src_chunk:...]`` (local)
+    ``copy``         ``buffer[chunk:...] = src[src_chunk:...]`` (local)
+
+Buffers are ``data`` (the rank's input and output, ``chunks`` chunks) and
+``scratch`` (``scratch_chunks`` chunks, initially empty).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import yaml
+
+from emulator.errors import FieldError, UserError
+from emulator.results import write_atomic
+
+FORMAT_NAME = "eflops-emulator-schedule"
+FORMAT_VERSION = 1
+DTYPE_BYTES = {"float32": 4}
+
+SEND, RECV, RECV_REDUCE, REDUCE, COPY = "send", "recv", "recv_reduce", "reduce", "copy"
+KINDS = (SEND, RECV, RECV_REDUCE, REDUCE, COPY)
+COMM_KINDS = (SEND, RECV, RECV_REDUCE)
+LOCAL_KINDS = (REDUCE, COPY)
+BUFFERS = ("data", "scratch")
+HOST_RE = re.compile(r"^h[1-9][0-9]*$")
+
+MAX_RANKS = 1024
+MAX_CHUNKS = 1 << 16
+
+
+# ---------------------------------------------------------------------------
+# Sizes
+# ---------------------------------------------------------------------------
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: object, where: str = "schedule", field_name: str = "size") -> int:
+    """Bytes from ``65536``, ``64KiB``, ``16MiB``, ``1GiB``, ``1MB`` (decimal) or ``100B``.
+
+    Raises :class:`FieldError` for anything else, for zero, and for negative numbers.
+    """
+    expected = "a positive size such as 65536, 64KiB, 16MiB, 1GiB or 1MB"
+    if isinstance(text, bool):
+        raise FieldError(where, field_name, expected, text)
+    if isinstance(text, int):
+        if text <= 0:
+            raise FieldError(where, field_name, expected, text)
+        return text
+    if not isinstance(text, str):
+        raise FieldError(where, field_name, expected, text)
+    match = _SIZE_RE.match(text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise FieldError(where, field_name, expected, text)
+    value = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value <= 0:
+        raise FieldError(where, field_name, expected, text)
+    return value
+
+
+def format_size(n: int) -> str:
+    """``65536`` -> ``64KiB``; sizes that are no whole binary unit stay in bytes."""
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n % factor == 0:
+            return f"{n // factor}{unit}"
+    return f"{n}B"
+
+
+def check_chunking(size: int, chunks: int, where: str = "schedule", dtype: str = "float32") -> int:
+    """The bytes of one chunk; raises :class:`FieldError` unless ``size`` splits into ``chunks`` whole-element chunks."""
+    elem = DTYPE_BYTES[dtype]
+    if size % (elem * chunks):
+        lcm = elem * chunks
+        raise FieldError(where, "size", f"a multiple of {lcm} bytes ({chunks} equal chunks of whole {dtype} "
+                         f"elements, {elem} bytes each)", size)
+    return size // chunks
+
+
+# ---------------------------------------------------------------------------
+# Dataclasses
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Op:
+    """One operation of one rank; see the module docstring for the kinds.
+
+    ``id`` is unique within the rank; ``deps`` are ids of earlier operations of
+    the same rank that must complete before this one starts. ``step`` is the
+    communication step the operation belongs to (matched send and receive share
+    it; an operation's step is never below its dependencies').
+    """
+
+    id: int
+    kind: str
+    chunk: int
+    nchunks: int
+    bytes: int
+    step: int
+    peer: int | None = None
+    buffer: str = "data"
+    src: str | None = None
+    src_chunk: int | None = None
+    deps: tuple[int, ...] = ()
+
+    @property
+    def is_comm(self) -> bool:
+        return self.kind in COMM_KINDS
+
+    def describe(self) -> str:
+        rng = f"chunk {self.chunk}" if self.nchunks == 1 else f"chunks {self.chunk}..{self.chunk + self.nchunks - 1}"
+        buf = "" if self.buffer == "data" else f" of {self.buffer}"
+        if self.kind == SEND:
+            return f"op {self.id} (send {rng}{buf} to rank {self.peer}, step {self.step})"
+        if self.kind in (RECV, RECV_REDUCE):
+            return f"op {self.id} ({self.kind} {rng}{buf} from rank {self.peer}, step {self.step})"
+        return f"op {self.id} ({self.kind} {rng}{buf} from {self.src} {self.src_chunk}, step {self.step})"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id, "kind": self.kind}
+        if self.peer is not None:
+            out["peer"] = self.peer
+        out.update(chunk=self.chunk, nchunks=self.nchunks, bytes=self.bytes, step=self.step)
+        if self.buffer != "data":
+            out["buffer"] = self.buffer
+        if self.src is not None:
+            out["src"] = self.src
+            out["src_chunk"] = self.src_chunk
+        out["deps"] = list(self.deps)
+        return out
+
+
+@dataclass(frozen=True)
+class RankProgram:
+    """The host a rank runs on and its operations, in a valid execution order."""
+
+    rank: int
+    host: str
+    ops: tuple[Op, ...]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A whole allreduce schedule (format version 1)."""
+
+    algorithm: str
+    size: int
+    chunks: int
+    ranks: tuple[RankProgram, ...]
+    scratch_chunks: int = 0
+    dtype: str = "float32"
+    collective: str = "allreduce"
+    topology: str | None = None
+    placement: str | None = None
+    meta: Mapping[str, Any] = field(default_factory=dict)
+    version: int = FORMAT_VERSION
+
+    @property
+    def p(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self.size // self.chunks
+
+    @property
+    def hosts(self) -> list[str]:
+        return [r.host for r in self.ranks]
+
+    @property
+    def steps(self) -> int:
+        """One more than the largest step number of any operation (0 if there are none)."""
+        return max((op.step + 1 for r in self.ranks for op in r.ops), default=0)
+
+    def buffer_chunks(self, buffer: str) -> int:
+        return self.chunks if buffer == "data" else self.scratch_chunks
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": FORMAT_NAME, "version": self.version, "collective": self.collective,
+            "algorithm": self.algorithm, "dtype": self.dtype, "size": self.size, "chunks": self.chunks,
+            "chunk_bytes": self.chunk_bytes, "scratch_chunks": self.scratch_chunks,
+        }
+        if self.topology is not None:
+            out["topology"] = self.topology
+        if self.placement is not None:
+            out["placement"] = self.placement
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        out["ranks"] = [{"rank": r.rank, "host": r.host, "ops": [op.to_dict() for op in r.ops]}
+                        for r in self.ranks]
+        return out
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+_TOP_KEYS = {"format", "version", "collective", "algorithm", "dtype", "size", "chunks", "chunk_bytes",
+             "scratch_chunks", "topology", "placement", "meta", "ranks"}
+_RANK_KEYS = {"rank", "host", "ops"}
+_OP_KEYS = {"id", "kind", "peer", "chunk", "nchunks", "bytes", "step", "buffer", "src", "src_chunk", "deps"}
+
+
+def _int(where: str, name: str, value: object, minimum: int = 0, maximum: int | None = None) -> int:
+    rng = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+            maximum is not None and value > maximum):
+        raise FieldError(where, name, rng, value)
+    return value
+
+
+def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: set[str]) -> None:
+    for key in data:
+        if key not in allowed:
+            raise FieldError(where, f"{prefix}{key}", f"one of the keys {', '.join(sorted(allowed))}",
+                             f"unknown key {key}")
+
+
+def from_dict(data: object, where: str = "schedule") -> Schedule:
+    """Parse and validate a schedule mapping (as loaded from YAML or JSON).
+
+    Checks every field's type and range, chunk ranges against the buffers,
+    byte counts, peers, unique ids, dependencies (earlier ops of the same rank,
+    step never decreasing along them) and distinct hosts. Raises
+    :class:`FieldError` naming the first bad field.
+    """
+    if not isinstance(data, Mapping):
+        raise FieldError(where, "schedule", "a mapping (YAML or JSON object)", type(data).__name__)
+    _reject_unknown(where, "", data, _TOP_KEYS)
+    if "format" in data and data["format"] != FORMAT_NAME:
+        raise FieldError(where, "format", repr(FORMAT_NAME), data["format"])
+    if data.get("version") != FORMAT_VERSION:
+        raise FieldError(where, "version", str(FORMAT_VERSION), data.get("version", "nothing"))
+    if data.get("collective", "allreduce") != "allreduce":
+        raise FieldError(where, "collective", "'allreduce'", data.get("collective"))
+    algorithm = data.get("algorithm", "custom")
+    if not isinstance(algorithm, str) or not algorithm:
+        raise FieldError(where, "algorithm", "a non-empty string", algorithm)
+    dtype = data.get("dtype", "float32")
+    if dtype not in DTYPE_BYTES:
+        raise FieldError(where, "dtype", "'float32'", dtype)
+    if "size" not in data:
+        raise FieldError(where, "size", "a positive size in bytes", "nothing")
+    size = parse_size(data["size"], where)
+    chunks = _int(where, "chunks", data.get("chunks", "nothing"), 1, MAX_CHUNKS)
+    chunk_bytes = check_chunking(size, chunks, where, dtype)
+    if "chunk_bytes" in data and data["chunk_bytes"] != chunk_bytes:
+        raise FieldError(where, "chunk_bytes", f"{chunk_bytes} (size / chunks)", data["chunk_bytes"])
+    scratch = _int(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
+    for key in ("topology", "placement"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise FieldError(where, key, "a string", data[key])
+    meta = data.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise FieldError(where, "meta", "a mapping", meta)
+    raw_ranks = data.get("ranks")
+    if not isinstance(raw_ranks, list) or not raw_ranks:
+        raise FieldError(where, "ranks", "a non-empty list of ranks", raw_ranks)
+    if len(raw_ranks) > MAX_RANKS:
+        raise FieldError(where, "ranks", f"at most {MAX_RANKS} ranks", len(raw_ranks))
+    p = len(raw_ranks)
+    bufsize = {"data": chunks, "scratch": scratch}
+    ranks: list[RankProgram] = []
+    seen_hosts: dict[str, int] = {}
+    for r, raw in enumerate(raw_ranks):
+        path = f"ranks[{r}]"
+        if not isinstance(raw, Mapping):
+            raise FieldError(where, path, "a mapping with rank, host and ops", raw)
+        _reject_unknown(where, f"{path}.", raw, _RANK_KEYS)
+        if raw.get("rank") != r or isinstance(raw.get("rank"), bool):
+            raise FieldError(where, f"{path}.rank", f"{r} (ranks are listed in order from 0)", raw.get("rank"))
+        host = raw.get("host")
+        if not isinstance(host, str) or not HOST_RE.match(host):
+            raise FieldError(where, f"{path}.host", "a host name such as h1", host)
+        if host in seen_hosts:
+            raise FieldError(where, f"{path}.host", f"a host not used by another rank (rank {seen_hosts[host]} "
+                             "runs there)", host)
+        seen_hosts[host] = r
+        raw_ops = raw.get("ops")
+        if not isinstance(raw_ops, list):
+            raise FieldError(where, f"{path}.ops", "a list of operations", raw_ops)
+        ops: list[Op] = []
+        steps_by_id: dict[int, int] = {}
+        for i, rop in enumerate(raw_ops):
+            op = _parse_op(where, f"{path}.ops[{i}]", rop, r, p, bufsize, chunk_bytes, steps_by_id)
+            steps_by_id[op.id] = op.step
+            ops.append(op)
+        ranks.append(RankProgram(r, host, tuple(ops)))
+    return Schedule(algorithm=algorithm, size=size, chunks=chunks, ranks=tuple(ranks), scratch_chunks=scratch,
+                    dtype=dtype, topology=data.get("topology"), placement=data.get("placement"), meta=dict(meta))
+
+
+def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Mapping[str, int],
+              chunk_bytes: int, steps_by_id: Mapping[int, int]) -> Op:
+    if not isinstance(raw, Mapping):
+        raise FieldError(where, path, "a mapping with id, kind, chunk, nchunks, bytes, step, deps", raw)
+    _reject_unknown(where, f"{path}.", raw, _OP_KEYS)
+    op_id = _int(where, f"{path}.id", raw.get("id", "nothing"))
+    if op_id in steps_by_id:
+        raise FieldError(where, f"{path}.id", "an id not used by another op of this rank", op_id)
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise FieldError(where, f"{path}.kind", f"one of {', '.join(KINDS)}", kind)
+    peer = raw.get("peer")
+    if kind in COMM_KINDS:
+        peer = _int(where, f"{path}.peer", raw.get("peer", "nothing"), 0, p - 1)
+        if peer == rank:
+            raise FieldError(where, f"{path}.peer", f"a rank other than the op's own ({rank})", peer)
+    elif peer is not None:
+        raise FieldError(where, f"{path}.peer", f"no peer for a {kind} (local) op", peer)
+    buffer = raw.get("buffer", "data")
+    if buffer not in BUFFERS:
+        raise FieldError(where, f"{path}.buffer", "data or scratch", buffer)
+    nchunks = _int(where, f"{path}.nchunks", raw.get("nchunks", 1), 1)
+    limit = bufsize[buffer]
+    if limit == 0:
+        raise FieldError(where, f"{path}.buffer", "data (scratch_chunks is 0)", buffer)
+    chunk = _int(where, f"{path}.chunk", raw.get("chunk", "nothing"), 0, limit - 1)
+    if chunk + nchunks > limit:
+        raise FieldError(where, f"{path}.nchunks", f"at most {limit - chunk} (the {buffer} buffer has {limit} "
+                         f"chunks, this op starts at chunk {chunk})", nchunks)
+    nbytes = raw.get("bytes", nchunks * chunk_bytes)
+    if nbytes != nchunks * chunk_bytes or isinstance(nbytes, bool):
+        raise FieldError(where, f"{path}.bytes", f"{nchunks * chunk_bytes} (nchunks x chunk_bytes "
+                         f"{chunk_bytes})", nbytes)
+    step = _int(where, f"{path}.step", raw.get("step", "nothing"))
+    src = raw.get("src")
+    src_chunk = raw.get("src_chunk")
+    if kind in LOCAL_KINDS:
+        if src not in BUFFERS:
+            raise FieldError(where, f"{path}.src", "data or scratch (the buffer a local op reads)", src)
+        slimit = bufsize[src]
+        if slimit == 0:
+            raise FieldError(where, f"{path}.src", "data (scratch_chunks is 0)", src)
+        src_chunk = _int(where, f"{path}.src_chunk", raw.get("src_chunk", "nothing"), 0, slimit - 1)
+        if src_chunk + nchunks > slimit:
+            raise FieldError(where, f"{path}.src_chunk", f"at most {slimit - nchunks} (nchunks {nchunks} must fit "
+                             f"the {src} buffer of {slimit} chunks)", src_chunk)
+        if src == buffer and src_chunk < chunk + nchunks and chunk < src_chunk + nchunks:
+            raise FieldError(where, f"{path}.src_chunk", "a source range that does not overlap the target range",
+                             src_chunk)
+    else:
+        for key in ("src", "src_chunk"):
+            if raw.get(key) is not None:
+                raise FieldError(where, f"{path}.{key}", f"nothing for a {kind} op (only reduce and copy read a "
+                                 "second buffer)", raw.get(key))
+    deps = raw.get("deps", [])
+    if not isinstance(deps, list):
+        raise FieldError(where, f"{path}.deps", "a list of op ids", deps)
+    for j, dep in enumerate(deps):
+        if isinstance(dep, bool) or not isinstance(dep, int) or dep not in steps_by_id:
+            raise FieldError(where, f"{path}.deps[{j}]", "the id of an earlier op of the same rank", dep)
+        if steps_by_id[dep] > step:
+            raise FieldError(where, f"{path}.step", f"at least {steps_by_id[dep]} (the step of dependency {dep})",
+                             step)
+    return Op(id=op_id, kind=kind, chunk=chunk, nchunks=nchunks, bytes=nbytes, step=step, peer=peer,
+              buffer=buffer, src=src if kind in LOCAL_KINDS else None,
+              src_chunk=src_chunk if kind in LOCAL_KINDS else None, deps=tuple(deps))
+
+
+def validate(schedule: Schedule, where: str = "schedule") -> Schedule:
+    """Re-validate a schedule built in Python (round trip through :func:`from_dict`)."""
+    return from_dict(schedule.to_dict(), where)
+
+
+def check_hosts(schedule: Schedule, topo: Any, where: str = "schedule") -> None:
+    """Raise :class:`FieldError` unless every rank's host exists in the topology."""
+    for r in schedule.ranks:
+        if not topo.is_host(r.host):
+            raise FieldError(where, f"ranks[{r.rank}].host", f"a host of {topo.spec} (h1..h{len(topo.hosts)})",
+                             r.host)
+
+
+# ---------------------------------------------------------------------------
+# Files
+# ---------------------------------------------------------------------------
+
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    pass
+
+
+class _FlowMap(dict):
+    pass
+
+
+_Dumper.add_representer(_FlowMap, lambda d, data: d.represent_mapping("tag:yaml.org,2002:map", data.items(),
+                                                                       flow_style=True))
+
+
+def dumps(schedule: Schedule, fmt: str = "yaml") -> str:
+    """The schedule as YAML (one op per line) or JSON text."""
+    data = schedule.to_dict()
+    if fmt == "json":
+        return json.dumps(data, indent=1) + "\n"
+    for r in data["ranks"]:
+        r["ops"] = [_FlowMap(op) for op in r["ops"]]
+    header = f"# {FORMAT_NAME} version {FORMAT_VERSION}; see docs/schedule-format.md\n"
+    return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=200)
+
+
+def format_of(path: str) -> str:
+    return "json" if path.lower().endswith(".json") else "yaml"
+
+
+def save(schedule: Schedule, path: str) -> None:
+    """Write the schedule atomically; ``.json`` files get JSON, anything else YAML."""
+    write_atomic(path, dumps(schedule, format_of(path)))
+
+
+def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
+    try:
+        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=getattr(yaml, "CSafeLoader",
+                                                                                   yaml.SafeLoader))
+    except json.JSONDecodeError as exc:
+        raise UserError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        raise UserError(f"{where}: not valid YAML ({line}{getattr(exc, 'problem', None) or exc})") from None
+    return from_dict(data, where)
+
+
+def load(path: str) -> Schedule:
+    """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``)."""
+    where = f"schedule {path!r}"
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: not a text file") from None
+    return loads(text, where, format_of(path))
+
+
+# ---------------------------------------------------------------------------
+# Building helpers (used by the generators and importers)
+# ---------------------------------------------------------------------------
+
+def with_ops(schedule: Schedule, ops_by_rank: Iterable[Iterable[Op]]) -> Schedule:
+    ranks = tuple(RankProgram(r.rank, r.host, tuple(ops)) for r, ops in zip(schedule.ranks, ops_by_rank, strict=True))
+    return replace(schedule, ranks=ranks)
+
+
+def is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def log2_exact(n: int) -> int:
+    return int(math.log2(n)) if is_power_of_two(n) else -1
+
