@@ -184,7 +184,7 @@ class EmulatedNetwork:
         from mininet.net import Mininet
         from mininet.node import OVSSwitch, RemoteController
 
-        setLogLevel(os.environ.get("EF_MININET_LOG", "warning"))
+        setLogLevel(os.environ.get("EF_MININET_LOG", "output"))
         switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13", failMode="secure",
                              reconnectms=1000)
         net = Mininet(topo=None, switch=switch_cls, link=TCLink, controller=None, build=False,

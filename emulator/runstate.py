@@ -30,6 +30,7 @@ from emulator.results import append_jsonl, write_json_atomic
 
 BRIDGE_RE = re.compile(rf"^{NAME_PREFIX}s\d+$")
 INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
+HOST_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}h\d+-eth0$")
 
 
 def state_root() -> str:
@@ -37,14 +38,17 @@ def state_root() -> str:
 
 
 def proc_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it is gone."""
+    """The process's start time in clock ticks since boot, or None if it is gone (or a zombie)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             data = fh.read()
     except OSError:
         return None
     # The command name (field 2) may contain spaces; fields resume after the last ')'.
-    return int(data.rsplit(")", 1)[1].split()[19])
+    fields = data.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])
 
 
 def proc_netns(pid: int) -> int | None:
@@ -129,6 +133,16 @@ def all_runs() -> Iterator[RunState]:
             yield RunState(path)
 
 
+def has_our_interface(pid: int) -> bool:
+    """True when the network namespace of ``pid`` holds an interface named like one of our hosts'."""
+    try:
+        with open(f"/proc/{pid}/net/dev", encoding="ascii", errors="replace") as fh:
+            names = [line.split(":", 1)[0].strip() for line in fh.readlines()[2:]]
+    except OSError:
+        return False
+    return any(HOST_INTERFACE_RE.match(name) for name in names)
+
+
 def pids_in_netns(inodes: set[int]) -> list[int]:
     """Every live process whose network namespace is one of ``inodes``."""
     me = os.getpid()
@@ -145,8 +159,9 @@ def pids_in_netns(inodes: set[int]) -> list[int]:
 def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
     """Kill every process ``state`` recorded, and every process inside a recorded host namespace.
 
-    Returns the pids signalled. Namespaces are matched only while a recorded
-    host shell is still alive (so a recycled inode cannot match).
+    Returns the pids signalled. A process counts as inside a recorded host
+    namespace when its namespace has the recorded inode and holds one of our
+    host interfaces (``efhN-eth0``), so a recycled inode cannot match.
     """
     targets: set[int] = set()
     inodes: set[int] = set()
@@ -154,10 +169,10 @@ def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
         pid = int(rec["pid"])
         if alive(pid, rec.get("start_time")):
             targets.add(pid)
-            if rec.get("netns") is not None and proc_netns(pid) == rec["netns"]:
-                inodes.add(int(rec["netns"]))
+        if rec.get("netns") is not None:
+            inodes.add(int(rec["netns"]))
     if inodes:
-        targets.update(pids_in_netns(inodes))
+        targets.update(p for p in pids_in_netns(inodes) if has_our_interface(p))
     targets.discard(os.getpid())
     for sig in (signal.SIGTERM, signal.SIGKILL):
         live = [p for p in targets if proc_start_time(p) is not None]
