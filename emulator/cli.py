@@ -19,6 +19,7 @@ from emulator.errors import UserError
 COMMAND_MODULES = (
     "emulator.commands.topo",
     "emulator.commands.net",
+    "emulator.commands.controller",
 )
 
 

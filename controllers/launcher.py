@@ -1,0 +1,46 @@
+"""Run the controller app in the foreground on os-ken's ``AppManager.run_apps``.
+
+os-ken 4.x has no ``osken-manager``; this is the project's replacement, used
+by ``emu controller``. It listens on ``settings.listen`` only (loopback unless
+told otherwise), never on os-ken's default ``0.0.0.0`` and legacy port 6633.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+
+from controllers.core import Settings
+
+APP = "controllers.eflops_controller"
+
+
+def run_foreground(settings: Settings, log_level: str = "INFO") -> None:
+    """Block running the app until SIGINT/SIGTERM. ``settings`` must have passed :meth:`Settings.check`."""
+    from os_ken.lib import hub
+
+    hub.patch(thread=False)
+
+    from os_ken import cfg
+    from os_ken.base import app_manager
+    from os_ken.controller import controller  # noqa: F401 - registers the ofp-* options
+
+    from controllers import eflops_controller
+
+    cfg.CONF(args=[], project="os_ken")
+    host, port = settings.listen
+    cfg.CONF.set_override("ofp_listen_host", host)
+    cfg.CONF.set_override("ofp_tcp_listen_port", port)
+    # Otherwise os-ken also listens for TLS on 6653/6633 when only TCP is set; no TLS port is opened
+    # unless a key and certificate are configured, which they are not.
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("os_ken").setLevel(logging.WARNING)
+    eflops_controller.configure(settings)
+
+    def _stop(signum, frame):  # SystemExit unwinds run_apps, which closes the apps
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    app_manager.AppManager.run_apps([APP])

@@ -1,0 +1,186 @@
+"""Starting and stopping the OpenFlow controller as a child process on loopback.
+
+:class:`ControllerProcess` runs ``python -m emulator controller ...`` (the
+os-ken app of :mod:`controllers`) with a status file, waits until it listens
+and until every switch has its entries, and stops it by pid. Its files live
+in a run-state directory (:mod:`emulator.runstate`, label ``controller``):
+
+* ``ef-controller-<port>.pid`` -- the controller's pid;
+* ``state.json`` -- the controller's status (connected and installed
+  switches, failed links, cut-off pairs), rewritten atomically on change;
+* ``controller.log`` -- its log, unless ``log_file`` names another file.
+
+The child is recorded in the run state, so ``emu clean`` can kill it if its
+owner dies. Nothing is killed by name.
+
+Typical use::
+
+    settings = Settings(topology=spec, routing="ecmp", seed=1, listen=("127.0.0.1", free_port()))
+    with ControllerProcess(settings) as ctl:
+        with EmulatedNetwork(topo, controller=settings.listen) as en:
+            ctl.wait_installed()
+            ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from controllers.core import Settings
+from emulator import NAME_PREFIX
+from emulator.runstate import RunState
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def listening(host: str, port: int, proc_net_tcp: str = "/proc/net/tcp") -> bool:
+    """True when a socket listens on ``host:port`` (read from /proc, no connection made)."""
+    want_port = f"{port:04X}"
+    want_hosts = {_hex_ip(host), "00000000"}
+    try:
+        with open(proc_net_tcp, encoding="ascii") as fh:
+            next(fh)
+            for line in fh:
+                parts = line.split()
+                addr, _, p = parts[1].partition(":")
+                if p == want_port and parts[3] == "0A" and addr in want_hosts:
+                    return True
+    except OSError:
+        return False
+    return False
+
+
+def _hex_ip(host: str) -> str:
+    return "".join(f"{int(x):02X}" for x in reversed(host.split(".")))
+
+
+def controller_command(settings: Settings, state_file: str, python: str = sys.executable) -> list[str]:
+    """The argument list that runs the controller in the foreground."""
+    cmd = [python, "-m", "emulator", "controller", "--topology", settings.topology,
+           "--routing", settings.routing, "--listen", f"{settings.listen[0]}:{settings.listen[1]}",
+           "--ecmp-seed", str(settings.seed), "--stats-interval", repr(float(settings.stats_interval)),
+           "--state-file", state_file]
+    if settings.stats_file:
+        cmd += ["--stats-file", settings.stats_file]
+    return cmd
+
+
+class ControllerProcess:
+    """One controller child process; a context manager (:meth:`start` / :meth:`stop`).
+
+    Arguments:
+        settings: what to run; checked before anything starts (:class:`UserError`).
+        log_file: where the controller's log goes (default: ``controller.log``
+            in the run-state directory, removed on stop).
+    """
+
+    def __init__(self, settings: Settings, *, log_file: str | None = None):
+        self.settings = settings
+        self.topo = settings.check()
+        self.log_file = log_file
+        self.proc: subprocess.Popen | None = None
+        self.state: RunState | None = None
+        self.state_file = ""
+        self.pid_file = ""
+        self.last_log = ""  # the log as it was when the controller stopped
+
+    def __enter__(self) -> ControllerProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.settings.listen
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the controller and wait until it listens. Raises RuntimeError if it does not."""
+        host, port = self.settings.listen
+        if listening(host, port):
+            raise RuntimeError(f"something already listens on {host}:{port}")
+        self.state = RunState.create("controller")
+        self.state_file = os.path.join(self.state.path, "state.json")
+        self.pid_file = os.path.join(self.state.path, f"{NAME_PREFIX}-controller-{port}.pid")
+        log_path = self.log_file or os.path.join(self.state.path, "controller.log")
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(controller_command(self.settings, self.state_file), stdout=log,
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                         start_new_session=True)
+        self.state.record_process("controller", self.proc.pid, listen=f"{host}:{port}")
+        with open(self.pid_file, "w", encoding="ascii") as fh:
+            fh.write(f"{self.proc.pid}\n")
+        deadline = time.monotonic() + timeout
+        while not (listening(host, port) and os.path.exists(self.state_file)):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                tail = self.log_tail()
+                self.stop()
+                raise RuntimeError(f"controller did not start listening on {host}:{port}: {tail}")
+            time.sleep(0.05)
+
+    def status(self) -> dict:
+        """The controller's last status (see :meth:`controllers.core.ControllerCore.status`)."""
+        try:
+            with open(self.state_file, encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, json.JSONDecodeError):
+            return {}
+
+    def wait_installed(self, timeout: float = 60.0, switches: int | None = None) -> dict:
+        """Wait until every switch is connected and has confirmed its entries; return the status."""
+        want = len(self.topo.switches) if switches is None else switches
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if len(st.get("installed", [])) >= want:
+                return st
+            if self.proc is None or self.proc.poll() is not None:
+                raise RuntimeError(f"controller exited: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(st.get('installed', []))} of {want} switches installed "
+                                   f"after {timeout:g} s: {self.log_tail()}")
+            time.sleep(0.05)
+
+    def log_path(self) -> str:
+        return self.log_file or (os.path.join(self.state.path, "controller.log") if self.state else "")
+
+    def log_text(self) -> str:
+        if self.state is None and not self.log_file:
+            return self.last_log
+        try:
+            with open(self.log_path(), encoding="utf-8", errors="replace") as fh:
+                return fh.read()
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = 3) -> str:
+        return " | ".join(self.log_text().strip().splitlines()[-lines:]) or "(no log)"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout``; remove the run-state directory. Safe to call twice."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout)
+        if self.state is not None:
+            self.last_log = self.log_text()
+            self.state.remove()
+            self.state = None

@@ -1,0 +1,196 @@
+"""The controller's pure core, its settings, the launcher's checks and the pingall helpers (no root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from test_routing import FakeFlowTable
+
+from controllers.core import ControllerCore, Settings, parse_listen
+from emulator import routing, topology
+from emulator.cli import main
+from emulator.commands.controller import PingResult, parse_ping_output, ping_script
+from emulator.controller_process import _hex_ip, controller_command, listening
+from emulator.errors import UserError
+from emulator.routing import Flow
+
+FATTREE = "fattree:k=4"
+BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class FakeSwitches:
+    """Applies the core's decisions to per-switch tables, as the app does to real switches."""
+
+    def __init__(self, core: ControllerCore):
+        self.core = core
+        self.tables: dict[str, dict[tuple, routing.FlowEntry]] = {}
+
+    def connect_all(self) -> None:
+        for sw in self.core.topo.switches:
+            self.tables[sw.name] = {e.key(): e for e in self.core.connect(sw.name)}
+
+    def apply(self, update) -> None:
+        for sw, entries in update.adds.items():
+            for e in entries:
+                self.tables[sw][e.key()] = e
+        for sw, entries in update.deletes.items():
+            for e in entries:
+                del self.tables[sw][e.key()]
+
+    def fake(self) -> FakeFlowTable:
+        return FakeFlowTable(self.core.topo, {sw: list(t.values()) for sw, t in self.tables.items()})
+
+
+@pytest.mark.parametrize("spec,policy", [(FATTREE, "ecmp"), (BIGRAPH, "bigraph"), (FATTREE, "dmodk")])
+def test_port_down_reroutes_exactly_like_route(spec, policy):
+    topo = topology.load(spec)
+    core = ControllerCore(topo, policy, seed=4)
+    sw = FakeSwitches(core)
+    sw.connect_all()
+    flow = routing.agent_flow(topo, "h1", topo.hosts[-1].name)
+    a, b = routing.switch_links_of(routing.route(topo, policy, flow, seed=4))[0]
+    update = core.port_state(a, topo.port_to(a, b), up=False)
+    assert update is not None and update.size() > 0 and update.newly_cut == []
+    assert update.failed_links == [tuple(sorted((a, b), key=topology.node_sort_key))]
+    sw.apply(update)
+    dead = [frozenset((a, b))]
+    fake = sw.fake()
+    for src, dst in topology.all_host_pairs(topo):
+        for f in (Flow(src, dst, routing.IPPROTO_ICMP), routing.agent_flow(topo, src, dst)):
+            assert fake.trace(f) == routing.route(topo, policy, f, seed=4, failed=dead)
+    # The other end going down too changes nothing more; both coming back restores the original table.
+    assert core.port_state(b, topo.port_to(b, a), up=False) is None
+    assert core.port_state(a, topo.port_to(a, b), up=True) is None  # still down at b
+    sw.apply(core.port_state(b, topo.port_to(b, a), up=True))
+    assert sw.tables == {s: {e.key(): e for e in es} for s, es in routing.flow_table(topo, policy, seed=4).items()}
+
+
+def test_cut_off_pairs_are_reported_and_restored():
+    topo = topology.load(FATTREE)
+    core = ControllerCore(topo, "shortest")
+    core.connect("s1")
+    update = core.port_state("s1", topo.host("h1").switch_port, up=False)
+    assert len(update.newly_cut) == 30 and ("h1", "h2") in update.newly_cut
+    assert core.status()["cut_pairs"][0] == ["h1", "h2"]
+    update = core.port_state("s1", topo.host("h1").switch_port, up=True)
+    assert len(update.restored) == 30 and core.status()["cut_pairs"] == []
+    # Only connected switches get updates; the others get the new table on connect.
+    assert set(update.adds) | set(update.deletes) <= {"s1"}
+
+
+def test_ports_without_links_are_ignored():
+    core = ControllerCore(topology.load(FATTREE), "ecmp")
+    assert core.port_state("s1", 0xFFFFFFFE, up=False) is None
+    assert core.port_states("s1", {1: True, 2: True, 99: False}) is None
+
+
+def test_reconnect_gets_the_current_table():
+    topo = topology.load(FATTREE)
+    core = ControllerCore(topo, "ecmp", seed=2)
+    first = core.connect("s1")
+    core.confirm("s1")
+    assert core.status()["installed"] == ["s1"]
+    core.disconnect("s1")
+    assert core.status()["connected"] == []
+    core.port_state("s1", topo.port_to("s1", "s9"), up=False)
+    again = core.connect("s1")
+    assert {e.key() for e in again} != {e.key() for e in first} or again != first
+    assert again == list(core.desired["s1"].values())
+
+
+def test_stats_records_are_per_directed_link():
+    topo = topology.load(FATTREE)
+    core = ControllerCore(topo, "ecmp")
+    port = topo.port_to("s1", "s9")
+    counters = [{"port_no": port, "rx_packets": 1, "tx_packets": 2, "rx_bytes": 100, "tx_bytes": 200,
+                 "rx_dropped": 0, "tx_dropped": 3, "rx_errors": 0, "tx_errors": 0},
+                {"port_no": 0xFFFFFFFE, "rx_packets": 0, "tx_packets": 0, "rx_bytes": 0, "tx_bytes": 0,
+                 "rx_dropped": 0, "tx_dropped": 0, "rx_errors": 0, "tx_errors": 0}]
+    (rec,) = core.stats_records("s1", counters, 12.5)
+    assert rec["link"] == "s1->s9" and rec["from"] == "s1" and rec["to"] == "s9" and rec["kind"] == "switch"
+    assert (rec["bytes"], rec["packets"], rec["drops"], rec["rx_bytes"]) == (200, 2, 3, 100)
+    json.dumps(rec)
+
+
+def test_sharing_report_names_links_and_flows():
+    core = ControllerCore(topology.load("leafspine:leaves=4,spines=2,hosts_per_leaf=4"), "ecmp", seed=1)
+    lines = core.sharing_report()
+    assert lines and all(line.startswith("link s") and "agent flows: h" in line for line in lines)
+
+
+def test_settings_check_and_environment():
+    s = Settings(topology=FATTREE, routing="ecmp", seed=3, stats_file="/tmp/x", stats_interval=0.5)
+    assert s.check().kind == "fattree"
+    assert Settings.from_env(s.to_env()) == s
+    for bad in (Settings(topology=FATTREE, routing="bigraph"), Settings(topology=FATTREE, routing="ecmp", seed=-1),
+                Settings(topology=FATTREE, routing="ecmp", stats_interval=0), Settings(topology="ring:n=3")):
+        with pytest.raises(UserError):
+            bad.check()
+    with pytest.raises(UserError):
+        Settings.from_env({})
+    assert parse_listen("127.0.0.1:6653") == ("127.0.0.1", 6653)
+    for text in ("localhost:6653", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:x", "1.2.3:4"):
+        with pytest.raises(UserError):
+            parse_listen(text)
+
+
+def test_controller_command_line():
+    s = Settings(topology=FATTREE, routing="ecmp", seed=3, stats_file="/tmp/st.jsonl", listen=("127.0.0.1", 7777))
+    cmd = controller_command(s, "/tmp/state.json", python="py")
+    assert cmd[:4] == ["py", "-m", "emulator", "controller"]
+    assert cmd[cmd.index("--listen") + 1] == "127.0.0.1:7777" and cmd[cmd.index("--ecmp-seed") + 1] == "3"
+    assert cmd[cmd.index("--stats-file") + 1] == "/tmp/st.jsonl"
+
+
+def test_listening_reads_proc_net_tcp(tmp_path):
+    table = tmp_path / "tcp"
+    table.write_text("  sl  local_address rem_address   st\n"
+                     f"   0: {_hex_ip('127.0.0.1')}:19FD 00000000:0000 0A 0 0\n"
+                     "   1: 00000000:1A0B 00000000:0000 01 0 0\n")
+    assert listening("127.0.0.1", 6653, str(table))
+    assert not listening("127.0.0.1", 6667, str(table))  # 0x1A0B is not listening (state 01)
+    assert not listening("127.0.0.1", 6654, str(table))
+
+
+@pytest.mark.parametrize("argv", [
+    ["controller", "--topology", "fattree:k=3", "--routing", "ecmp"],
+    ["controller", "--topology", "/nonexistent/topo.json", "--routing", "ecmp"],
+    ["controller", "--topology", FATTREE, "--routing", "bigraph"],
+    ["controller", "--topology", FATTREE, "--routing", "nope"],
+    ["controller", "--topology", FATTREE, "--routing", "ecmp", "--listen", "0.0.0.0"],
+    ["controller", "--topology", FATTREE, "--routing", "ecmp", "--stats-file", "/nonexistent/dir/s.jsonl"],
+    ["pingall", FATTREE, "--routing", "bigraph"],
+    ["pingall", "star:hosts=0", "--routing", "ecmp"],
+])
+def test_bad_input_is_one_line_and_status_2(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("emu: ")
+
+
+def test_bad_input_from_a_real_process():
+    res = subprocess.run([sys.executable, "-m", "emulator", "controller", "--topology", FATTREE, "--routing", "x"],
+                         capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1 and "field 'policy'" in res.stderr
+
+
+def test_ping_script_and_parser():
+    topo = topology.load("star:hosts=3")
+    script = ping_script(topo, "h1")
+    assert "10.0.0.2 10.0.0.3;" in script and "10.0.0.1 " not in script and script.endswith("wait")
+    assert parse_ping_output(topo, "h1", "ok 10.0.0.3\nlost 10.0.0.2\n") == {"h2": False, "h3": True}
+    assert parse_ping_output(topo, "h1", "ok 10.0.0.3\n") == {"h2": False, "h3": True}
+    result = PingResult(pairs=4, lost=[("h1", "h2")])
+    assert result.to_json() == {"pairs": 4, "lost": 1, "loss": 0.25, "lost_pairs": [["h1", "h2"]]}
+
+
+def test_app_module_imports_without_a_running_controller():
+    code = "import controllers.eflops_controller as m; print(m.EflopsController.OFP_VERSIONS)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[4]"
