@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "emulator.commands.topo",
     "emulator.commands.net",
     "emulator.commands.controller",
+    "emulator.commands.schedule",
 )
 
 

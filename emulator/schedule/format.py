@@ -52,8 +52,9 @@ MAX_CHUNKS = 1 << 16
 # Sizes
 # ---------------------------------------------------------------------------
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+#: Units are case-sensitive: ``Kb``/``Mb`` would read as bits, so they are refused.
+_UNITS = {"": 1, "B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
@@ -72,9 +73,9 @@ def parse_size(text: object, where: str = "schedule", field_name: str = "size") 
     if not isinstance(text, str):
         raise FieldError(where, field_name, expected, text)
     match = _SIZE_RE.match(text)
-    if not match or match.group(2).lower() not in _UNITS:
+    if not match or match.group(2) not in _UNITS:
         raise FieldError(where, field_name, expected, text)
-    value = int(match.group(1)) * _UNITS[match.group(2).lower()]
+    value = int(match.group(1)) * _UNITS[match.group(2)]
     if value <= 0:
         raise FieldError(where, field_name, expected, text)
     return value

@@ -1,0 +1,129 @@
+"""``emu schedule gen|check|import``: allreduce schedules as data (see docs/schedule-format.md).
+
+``check`` exits 0 when the schedule is proved an allreduce, 1 when it is well
+formed but wrong (deadlock, double counting, race...), 2 for malformed input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from emulator import routing, topology
+from emulator.errors import FieldError
+from emulator.schedule import chakra, msccl
+from emulator.schedule import format as fmt
+from emulator.schedule.check import check
+from emulator.schedule.cost import DEFAULT_ALPHA_S
+from emulator.schedule.generators import ALGORITHMS, PLACEMENTS, generate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sched = subparsers.add_parser("schedule", help="generate, check and import allreduce schedules")
+    sub = sched.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    gen = sub.add_parser("gen", help="generate an allreduce schedule for every host of a topology")
+    gen.add_argument("--algo", required=True, metavar="ALGO", help=f"one of {', '.join(ALGORITHMS)}")
+    gen.add_argument("--topology", required=True, metavar="SPEC", help="topology spec or exported JSON file")
+    gen.add_argument("--size", required=True, metavar="SIZE", help="bytes per rank, e.g. 64KiB, 16MiB, 1MB")
+    gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
+                     "(default: hdrm for --algo hdrm, else identity)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random placement")
+    gen.add_argument("--chunks", type=int, metavar="N", help="number of chunks (default: the algorithm's own)")
+    gen.add_argument("-o", "--output", required=True, metavar="FILE", help="file to write (.json: JSON, else YAML)")
+    gen.set_defaults(func=cmd_gen)
+
+    chk = sub.add_parser("check", help="prove a schedule is an allreduce; predict contention and time")
+    chk.add_argument("file", metavar="FILE")
+    chk.add_argument("--topology", metavar="SPEC", help="topology spec or JSON (default: the schedule's own)")
+    chk.add_argument("--routing", default="shortest", metavar="POLICY",
+                     help=f"one of {', '.join(routing.POLICIES)} (default: shortest)")
+    chk.add_argument("--seed", type=int, default=0, metavar="S", help="seed of hash-based routing")
+    chk.add_argument("--alpha", type=float, default=DEFAULT_ALPHA_S, metavar="SECONDS",
+                     help=f"per-message latency of the cost models (default {DEFAULT_ALPHA_S:g})")
+    chk.add_argument("--gamma", type=float, default=0.0, metavar="S_PER_BYTE",
+                     help="reduction cost in seconds per byte (default 0)")
+    chk.add_argument("--json", action="store_true", help="print one JSON object")
+    chk.set_defaults(func=cmd_check)
+
+    imp = sub.add_parser("import", help="convert an MSCCL XML algorithm or Chakra traces to a schedule")
+    imp.add_argument("files", nargs="+", metavar="FILE", help="one MSCCL .xml, or the <prefix>.<rank>.et files")
+    imp.add_argument("-o", "--output", required=True, metavar="OUT")
+    imp.add_argument("--size", metavar="SIZE", help="MSCCL: bytes per rank (default: about 1 MiB)")
+    imp.add_argument("--algo", default="ring", metavar="ALGO", help="Chakra: generator to expand the allreduce with")
+    imp.add_argument("--index", type=int, default=0, metavar="K", help="Chakra: which ALL_REDUCE node (from 0)")
+    imp.add_argument("--topology", metavar="SPEC", help="Chakra: topology (default star:hosts=<ranks>)")
+    imp.set_defaults(func=cmd_import)
+
+
+def _summary(s: fmt.Schedule) -> str:
+    return (f"{s.algorithm}, {s.p} ranks, {fmt.format_size(s.size)} in {s.chunks} chunks, {s.steps} steps, "
+            f"{sum(len(r.ops) for r in s.ranks)} ops")
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    topo = topology.load(args.topology)
+    size = fmt.parse_size(args.size, "schedule gen", "size")
+    sched = generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks)
+    fmt.save(sched, args.output)
+    print(f"wrote {args.output}: {_summary(sched)}")
+    return 0
+
+
+def _number(value: float, name: str) -> float:
+    if not value >= 0 or value == float("inf"):
+        raise FieldError("schedule check", name, "a finite number >= 0", value)
+    return value
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    sched = fmt.load(args.file)
+    spec = args.topology or sched.topology
+    if not spec:
+        raise FieldError(f"schedule {args.file!r}", "topology", "a topology in the file or --topology SPEC",
+                         "nothing")
+    topo = topology.load(spec)
+    routing.check_policy(topo, args.routing)
+    report = check(sched, topo, args.routing, seed=args.seed, alpha=_number(args.alpha, "alpha"),
+                   gamma=_number(args.gamma, "gamma"), where=f"schedule {args.file!r}")
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+        return 0 if report.valid else 1
+    data = report.to_json()
+    print(f"schedule   {args.file}: {_summary(sched)}")
+    print(f"topology   {topo.spec}, routing {args.routing} (seed {args.seed})")
+    if report.valid:
+        print("proof      valid allreduce: every rank ends with every chunk reduced over all ranks, each once")
+    else:
+        print(f"proof      NOT an allreduce ({len(report.execution.errors)} problem(s)):")
+        for err in report.execution.errors[:10]:
+            print(f"  - {err}")
+    print(f"{'step':>5} {'xfers':>6} {'bytes':>10} {'flows/link':>10} {'alpha-beta s':>13} {'max-min s':>11}  busiest")
+    for st in data["per_step"]:
+        busy = ", ".join(f"{a}->{b}:{n}" for (a, b), n in
+                         ((tuple(x["link"]), x["flows"]) for x in st["busiest_links"]))
+        print(f"{st['step']:>5} {st['transfers']:>6} {st['bytes']:>10} {st['max_flows_per_link']:>10} "
+              f"{st['alpha_beta_s']:>13.6f} {st['maxmin_s']:>11.6f}  {busy}")
+    print(f"total      alpha-beta {data['alpha_beta_time_s']:.6f} s, max-min fair {data['maxmin_time_s']:.6f} s "
+          f"(busbw {data['busbw_mbps']:.2f} Mbit/s)")
+    return 0 if report.valid else 1
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    files = args.files
+    if all(f.lower().endswith(".xml") for f in files):
+        if len(files) != 1:
+            raise FieldError("schedule import", "FILE", "one MSCCL XML file", f"{len(files)} files")
+        size = fmt.parse_size(args.size, "schedule import", "size") if args.size else None
+        sched = msccl.load(files[0], size)
+    elif all(f.lower().endswith(".et") for f in files):
+        if args.size:
+            raise FieldError("schedule import", "size", "no --size for Chakra traces (comm_size gives it)",
+                             args.size)
+        sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology)
+    else:
+        raise FieldError("schedule import", "FILE", "one MSCCL .xml file or Chakra .et files", " ".join(files))
+    fmt.save(sched, args.output)
+    print(f"wrote {args.output}: {_summary(sched)}")
+    return 0
