@@ -34,10 +34,18 @@ from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, 
 READ, WRITE, ACC = "R", "W", "A"
 
 
+_TARGET_MODE = {SEND: READ, RECV: WRITE, RECV_REDUCE: ACC, REDUCE: ACC, COPY: WRITE}
+
+
 def accesses(op: Op) -> list[tuple[str, int, str]]:
-    """``(buffer, chunk, mode)`` for every chunk ``op`` touches."""
-    target = {SEND: READ, RECV: WRITE, RECV_REDUCE: ACC, REDUCE: ACC, COPY: WRITE}[op.kind]
-    out = [(op.buffer, c, target) for c in range(op.chunk, op.chunk + op.nchunks)]
+    """``(buffer, chunk, mode)`` for every chunk ``op`` touches.
+
+    Works on anything with the attributes of :class:`Op` (kind, buffer, chunk,
+    nchunks, src, src_chunk).
+    """
+    target = _TARGET_MODE[op.kind]
+    buf = op.buffer
+    out = [(buf, c, target) for c in range(op.chunk, op.chunk + op.nchunks)]
     if op.kind in (REDUCE, COPY):
         out += [(op.src, c, READ) for c in range(op.src_chunk, op.src_chunk + op.nchunks)]  # type: ignore[operator]
     return out
@@ -51,10 +59,10 @@ class _Tracker:
         self.reads: dict[tuple[str, int], list[int]] = {}
         self.accs: dict[tuple[str, int], list[int]] = {}
 
-    def required(self, op: Op) -> dict[int, tuple[str, int]]:
-        """Earlier op index -> the (buffer, chunk) it conflicts on."""
+    def required(self, acc: list[tuple[str, int, str]]) -> dict[int, tuple[str, int]]:
+        """Earlier op index -> the (buffer, chunk) it conflicts on, for an op with accesses ``acc``."""
         need: dict[int, tuple[str, int]] = {}
-        for buf, c, mode in accesses(op):
+        for buf, c, mode in acc:
             key = (buf, c)
             if key in self.last_write:
                 need.setdefault(self.last_write[key], key)
@@ -66,8 +74,8 @@ class _Tracker:
                     need.setdefault(i, key)
         return need
 
-    def record(self, index: int, op: Op) -> None:
-        for buf, c, mode in accesses(op):
+    def record(self, index: int, acc: list[tuple[str, int, str]]) -> None:
+        for buf, c, mode in acc:
             key = (buf, c)
             if mode == WRITE:
                 self.last_write[key] = index
@@ -99,15 +107,38 @@ def hazard_errors(program: RankProgram, limit: int = 10) -> list[str]:
     tracker = _Tracker()
     errors: list[str] = []
     for i, op in enumerate(ops):
-        for j, (buf, c) in sorted(tracker.required(op).items()):
+        acc = accesses(op)
+        for j, (buf, c) in sorted(tracker.required(acc).items()):
             if not anc[i] >> j & 1:
                 other = ops[j]
                 errors.append(f"rank {program.rank}: {op.describe()} and {other.describe()} both touch chunk {c} "
                               f"of {buf} but {op.id} does not depend on {other.id} (a data race)")
                 if len(errors) >= limit:
                     return errors
-        tracker.record(i, op)
+        tracker.record(i, acc)
     return errors
+
+
+def derive_dep_indices(ops: Sequence[object], extra: Iterable[Iterable[int]] | None = None) -> list[list[int]]:
+    """Per op, the fewest list indices of earlier ops that order every conflict (see :func:`derive_deps`)."""
+    extras = list(extra) if extra is not None else [()] * len(ops)
+    tracker = _Tracker()
+    anc: list[int] = []
+    out: list[list[int]] = []
+    for i, op in enumerate(ops):
+        acc = accesses(op)  # type: ignore[arg-type]
+        need = set(tracker.required(acc))
+        need.update(extras[i])
+        deps: list[int] = []
+        covered = 0
+        for j in sorted(need, reverse=True):
+            if not covered >> j & 1:
+                deps.append(j)
+                covered |= anc[j] | (1 << j)
+        anc.append(covered)
+        tracker.record(i, acc)
+        out.append(sorted(deps))
+    return out
 
 
 def derive_deps(ops: Sequence[Op], extra: Iterable[Iterable[int]] | None = None) -> list[Op]:
@@ -117,19 +148,5 @@ def derive_deps(ops: Sequence[Op], extra: Iterable[Iterable[int]] | None = None)
     (e.g. program order imported from another format); existing ``deps`` are
     replaced.
     """
-    extras = list(extra) if extra is not None else [()] * len(ops)
-    tracker = _Tracker()
-    anc: list[int] = []
-    out: list[Op] = []
-    for i, op in enumerate(ops):
-        need = set(tracker.required(op)) | set(extras[i])
-        deps: list[int] = []
-        covered = 0
-        for j in sorted(need, reverse=True):
-            if not covered >> j & 1:
-                deps.append(j)
-                covered |= anc[j] | (1 << j)
-        anc.append(covered)
-        tracker.record(i, op)
-        out.append(replace(op, deps=tuple(sorted(ops[j].id for j in deps))))
-    return out
+    return [replace(op, deps=tuple(ops[j].id for j in idx)) for op, idx in zip(ops, derive_dep_indices(ops, extra),
+                                                                                strict=True)]

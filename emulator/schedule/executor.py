@@ -2,7 +2,7 @@
 
 Instead of numbers, every chunk of every buffer holds a *label* (which chunk of
 the original buffers it stands for) and a *count vector* (how many times each
-rank's contribution to that chunk is in it). Rank ``r``'s data chunk ``c``
+rank's contribution to that chunk is in it, packed into one integer). Rank ``r``'s data chunk ``c``
 starts as label ``c`` with count 1 for rank ``r``; scratch chunks start empty.
 A schedule is an allreduce iff, once every operation has run, every rank's
 data chunk ``c`` has label ``c`` and count exactly 1 for every rank.
@@ -31,7 +31,6 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import networkx as nx
-import numpy as np
 
 from emulator.schedule.deps import hazard_errors
 from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
@@ -81,35 +80,57 @@ class Execution:
     matches: list[tuple[int, int, int, int]]
 
 
+#: Bits per rank in a packed count vector; the top bit of each field flags overflow.
+FIELD_BITS = 32
+
+
 class _State:
+    """Labels and count vectors of every chunk of every buffer of every rank.
+
+    A count vector is packed into one Python int, ``FIELD_BITS`` bits per rank,
+    so adding two vectors is one integer addition.
+    """
+
     def __init__(self, schedule: Schedule):
         p = schedule.p
         self.p = p
-        self.labels = {"data": np.tile(np.arange(schedule.chunks, dtype=np.int64), (p, 1)),
-                       "scratch": np.full((p, schedule.scratch_chunks), EMPTY, dtype=np.int64)}
-        data = np.zeros((p, schedule.chunks, p), dtype=np.int32)
-        data[np.arange(p), :, np.arange(p)] = 1
-        self.counts = {"data": data, "scratch": np.zeros((p, schedule.scratch_chunks, p), dtype=np.int32)}
+        self.one = [1 << (FIELD_BITS * k) for k in range(p)]
+        self.full = sum(self.one)
+        self.guard = sum(1 << (FIELD_BITS * k + FIELD_BITS - 1) for k in range(p))
+        self.labels = {"data": [list(range(schedule.chunks)) for _ in range(p)],
+                       "scratch": [[EMPTY] * schedule.scratch_chunks for _ in range(p)]}
+        self.counts = {"data": [[self.one[r]] * schedule.chunks for r in range(p)],
+                       "scratch": [[0] * schedule.scratch_chunks for _ in range(p)]}
 
-    def read(self, rank: int, buf: str, chunk: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        sl = slice(chunk, chunk + n)
-        return self.labels[buf][rank, sl].copy(), self.counts[buf][rank, sl].copy()
+    def unpack(self, packed: int) -> list[int]:
+        mask = (1 << FIELD_BITS) - 1
+        return [(packed >> (FIELD_BITS * k)) & mask for k in range(self.p)]
 
-    def write(self, rank: int, buf: str, chunk: int, labels: np.ndarray, counts: np.ndarray) -> None:
-        sl = slice(chunk, chunk + len(labels))
-        self.labels[buf][rank, sl] = labels
-        self.counts[buf][rank, sl] = counts
+    def read(self, rank: int, buf: str, chunk: int, n: int) -> tuple[list[int], list[int]]:
+        return self.labels[buf][rank][chunk:chunk + n], self.counts[buf][rank][chunk:chunk + n]
 
-    def accumulate(self, rank: int, buf: str, chunk: int, labels: np.ndarray, counts: np.ndarray) -> list[int]:
-        """Add; returns the chunk indices where different chunks' data got mixed."""
-        sl = slice(chunk, chunk + len(labels))
-        mine = self.labels[buf][rank, sl]
-        bad = (mine != labels) & (mine != EMPTY) & (labels != EMPTY)
-        new = np.where(mine == EMPTY, labels, mine)
-        new = np.where(bad, MIXED, new)
-        self.labels[buf][rank, sl] = new
-        self.counts[buf][rank, sl] += counts
-        return [chunk + int(i) for i in np.flatnonzero(bad)]
+    def write(self, rank: int, buf: str, chunk: int, labels: list[int], counts: list[int]) -> None:
+        self.labels[buf][rank][chunk:chunk + len(labels)] = labels
+        self.counts[buf][rank][chunk:chunk + len(labels)] = counts
+
+    def accumulate(self, rank: int, buf: str, chunk: int, labels: list[int], counts: list[int]) -> list[int]:
+        """Add; returns the chunk indices where different chunks' data got mixed (or counts overflowed)."""
+        mine_l, mine_c = self.labels[buf][rank], self.counts[buf][rank]
+        bad = []
+        for k, (lab, cnt) in enumerate(zip(labels, counts, strict=True)):
+            c = chunk + k
+            have = mine_l[c]
+            if have == EMPTY:
+                mine_l[c] = lab
+            elif lab != have and lab != EMPTY:
+                mine_l[c] = MIXED
+                bad.append(c)
+            total = mine_c[c] + cnt
+            if total & self.guard:
+                mine_l[c] = MIXED
+                bad.append(c)
+            mine_c[c] = total
+        return bad
 
 
 def _label_name(label: int) -> str:
@@ -197,7 +218,7 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
                 state.write(r, op.buffer, op.chunk, labels, counts)
             else:
                 for c in state.accumulate(r, op.buffer, op.chunk, labels, counts):
-                    note(f"rank {r}: {op.describe()} adds {_label_name(int(labels[c - op.chunk]))} into chunk {c}, "
+                    note(f"rank {r}: {op.describe()} adds {_label_name(labels[c - op.chunk])} into chunk {c}, "
                          "which holds another chunk's data")
             complete(r, i, rnd)
         pairs = []
@@ -225,7 +246,7 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
                 state.write(q, r_op.buffer, r_op.chunk, labels, counts)
             else:
                 for c in state.accumulate(q, r_op.buffer, r_op.chunk, labels, counts):
-                    note(f"rank {q}: {r_op.describe()} adds {_label_name(int(labels[c - r_op.chunk]))} into chunk "
+                    note(f"rank {q}: {r_op.describe()} adds {_label_name(labels[c - r_op.chunk])} into chunk "
                          f"{c}, which holds another chunk's data")
             ready_sends.discard((r, i))
             ch = (r, q)
@@ -247,31 +268,30 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
 
 
 def _final_errors(state: _State, schedule: Schedule, limit: int) -> list[str]:
-    labels, counts = state.labels["data"], state.counts["data"]
     out: list[str] = []
-    wrong_label = labels != np.arange(schedule.chunks)[None, :]
-    for r, c in zip(*np.nonzero(wrong_label), strict=True):
-        out.append(f"rank {r} chunk {c}: ends holding {_label_name(int(labels[r, c]))}'s data")
-        if len(out) >= limit:
-            return out
-    bad = np.nonzero((counts != 1).any(axis=2) & ~wrong_label)
-    for r, c in zip(*bad, strict=True):
-        vec = counts[r, c]
-        parts = []
-        extra = np.flatnonzero(vec > 1)
-        missing = np.flatnonzero(vec == 0)
-        if len(extra):
-            parts.append("counts the contribution of " + ", ".join(f"rank {k} {vec[k]} times" for k in extra[:5]))
-        if len(missing):
-            parts.append(f"misses the contribution of ranks {_short(missing)}")
-        out.append(f"rank {r} chunk {c}: " + " and ".join(parts))
-        if len(out) >= limit:
-            break
+    for r in range(schedule.p):
+        labels, counts = state.labels["data"][r], state.counts["data"][r]
+        for c in range(schedule.chunks):
+            if labels[c] != c:
+                out.append(f"rank {r} chunk {c}: ends holding {_label_name(labels[c])}'s data")
+            elif counts[c] != state.full:
+                vec = state.unpack(counts[c])
+                parts = []
+                extra = [k for k, n in enumerate(vec) if n > 1]
+                missing = [k for k, n in enumerate(vec) if n == 0]
+                if extra:
+                    parts.append("counts the contribution of " + ", ".join(f"rank {k} {vec[k]} times"
+                                                                           for k in extra[:5]))
+                if missing:
+                    parts.append(f"misses the contribution of ranks {_short(missing)}")
+                out.append(f"rank {r} chunk {c}: " + " and ".join(parts))
+            if len(out) >= limit:
+                return out
     return out
 
 
-def _short(values: np.ndarray) -> str:
-    vals = [int(v) for v in values]
+def _short(values: list[int]) -> str:
+    vals = list(values)
     return str(vals) if len(vals) <= 8 else f"[{', '.join(map(str, vals[:8]))}, ...] ({len(vals)} in all)"
 
 

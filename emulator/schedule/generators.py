@@ -30,7 +30,7 @@ Placements: ``identity`` (rank ``r`` on host ``h(r+1)``), ``random`` (a seeded
 permutation), ``hdrm`` (BiGraph only).
 
 All operations are filled in with their ``step``; ``deps`` come from
-:func:`emulator.schedule.deps.derive_deps`, so they are exactly the data
+:func:`emulator.schedule.deps.derive_dep_indices`, so they are exactly the data
 hazards, and every generator is proved by the symbolic executor in the tests.
 """
 
@@ -40,7 +40,7 @@ import random
 from dataclasses import dataclass
 
 from emulator.errors import FieldError
-from emulator.schedule.deps import derive_deps
+from emulator.schedule.deps import derive_dep_indices
 from emulator.schedule.format import (
     RECV,
     RECV_REDUCE,
@@ -135,6 +135,9 @@ class _Pending:
     chunk: int
     nchunks: int
     step: int
+    buffer: str = "data"
+    src: str | None = None
+    src_chunk: int | None = None
 
 
 class Builder:
@@ -154,9 +157,11 @@ class Builder:
         out = []
         for r, pending in enumerate(self.ops):
             pending = sorted(pending, key=lambda o: o.step)
-            ops = [Op(id=i, kind=o.kind, peer=o.peer, chunk=o.chunk, nchunks=o.nchunks,
-                      bytes=o.nchunks * self.chunk_bytes, step=o.step) for i, o in enumerate(pending)]
-            out.append(RankProgram(r, hosts[r], tuple(derive_deps(ops))))
+            deps = derive_dep_indices(pending)
+            ops = tuple(Op(id=i, kind=o.kind, peer=o.peer, chunk=o.chunk, nchunks=o.nchunks,
+                           bytes=o.nchunks * self.chunk_bytes, step=o.step, deps=tuple(d))
+                        for i, (o, d) in enumerate(zip(pending, deps, strict=True)))
+            out.append(RankProgram(r, hosts[r], ops))
         return tuple(out)
 
 
