@@ -1,0 +1,379 @@
+"""The host agent: one process per rank, inside its Mininet host, replaying a schedule over real TCP.
+
+Started by :mod:`emulator.replay` as ``python -m emulator.agent --schedule F
+--topology T --rank R --control SOCK --log FILE``. It:
+
+1. listens on its host's IP, port :data:`routing.AGENT_LISTEN_PORT`, and opens
+   one TCP connection to every rank it sends to, from source port
+   ``AGENT_SOURCE_PORT_BASE + J`` for destination host ``hJ`` -- the 5-tuple
+   :func:`emulator.routing.agent_flow` predicts, so the controller's path and
+   the checker's prediction are the path the bytes take;
+2. reports ``ready`` on the control socket (a Unix socket: it crosses network
+   namespaces) and waits for ``go`` -- the barrier, so every connection is
+   established before the clock starts;
+3. per repetition: fills its buffer with float32 values that identify the rank,
+   runs its operations honouring their dependencies (sends and receives to
+   different peers run concurrently; to the same peer in program order, so TCP
+   stream order matches the schedule), really adds received data for
+   ``recv_reduce``/``reduce``, records every operation's start and end on
+   ``CLOCK_MONOTONIC`` (shared by all namespaces), checks that the final buffer
+   is the sum of all ranks' inputs, and reports ``done`` with its timings.
+
+Control messages are JSON lines: agent -> ``hello``, ``ready``, ``done``,
+``error``; orchestrator -> ``go`` (with ``rep``), ``quit``. Every data message
+is a header (repetition, step, bytes) followed by the payload, so a mismatch
+between sender and receiver is caught and named instead of corrupting data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import socket
+import struct
+import sys
+import threading
+import time
+import traceback
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from emulator import routing, topology
+from emulator.schedule import format as sformat
+from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
+
+HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
+HELLO = struct.Struct("!I")  # sender rank, first thing on a data connection
+log = logging.getLogger("emulator.agent")
+
+
+class AgentError(Exception):
+    """Something went wrong that names this rank (mismatch, peer gone, bad data)."""
+
+
+def input_values(rank: int, n: int) -> np.ndarray:
+    """Rank ``rank``'s input: small integers (exact in float32 when summed) that differ per rank and element."""
+    i = np.arange(n, dtype=np.int64)
+    return (((rank * 131 + i * 7) % 61) + 1).astype(np.float32)
+
+
+def expected_sum(p: int, n: int) -> np.ndarray:
+    """The allreduce result of :func:`input_values` over ranks 0..p-1, computed without p passes."""
+    table = np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
+    i = np.arange(n, dtype=np.int64)
+    return table[(i * 7) % 61]
+
+
+def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+    got = 0
+    total = len(view)
+    while got < total:
+        n = sock.recv_into(view[got:], total - got)
+        if n == 0:
+            raise AgentError("connection closed by peer")
+        got += n
+
+
+class Agent:
+    """Executes one rank's program; see the module docstring."""
+
+    def __init__(self, schedule: Schedule, topo: topology.Topology, rank: int,
+                 ip_of: dict[str, str] | None = None):
+        """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback)."""
+        self.schedule = schedule
+        self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
+        self.topo = topo
+        self.rank = rank
+        self.program = schedule.ranks[rank]
+        self.ops: dict[int, Op] = {op.id: op for op in self.program.ops}
+        self.elems_per_chunk = schedule.chunk_bytes // 4
+        self.buffers = {
+            "data": np.zeros(schedule.chunks * self.elems_per_chunk, dtype=np.float32),
+            "scratch": np.zeros(max(schedule.scratch_chunks, 1) * self.elems_per_chunk, dtype=np.float32),
+        }
+        self.send_peers = sorted({op.peer for op in self.program.ops if op.kind == SEND})
+        self.recv_peers = sorted({op.peer for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
+        self.out_socks: dict[int, socket.socket] = {}
+        self.in_socks: dict[int, socket.socket] = {}
+        self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
+
+    # ------------------------------------------------------------ connections
+    def host_of(self, rank: int) -> topology.Host:
+        return self.topo.host(self.schedule.ranks[rank].host)
+
+    def ip(self, rank: int) -> str:
+        return self.ip_of[self.schedule.ranks[rank].host]
+
+    def connect(self, timeout_s: float = 30.0) -> None:
+        """Open every data connection: listen for our receive peers, connect to our send peers."""
+        me = self.host_of(self.rank)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((self.ip(self.rank), routing.AGENT_LISTEN_PORT))
+        listener.listen(max(len(self.recv_peers), 1))
+        listener.settimeout(timeout_s)
+        accept_error: list[BaseException] = []
+
+        def accept_all() -> None:
+            try:
+                while len(self.in_socks) < len(self.recv_peers):
+                    conn, _ = listener.accept()
+                    conn.settimeout(None)
+                    buf = bytearray(HELLO.size)
+                    _recv_exact(conn, memoryview(buf))
+                    (peer,) = HELLO.unpack(buf)
+                    if peer not in self.recv_peers or peer in self.in_socks:
+                        raise AgentError(f"unexpected connection from rank {peer}")
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self.in_socks[peer] = conn
+            except BaseException as exc:  # reported by the caller
+                accept_error.append(exc)
+
+        acceptor = threading.Thread(target=accept_all, daemon=True)
+        acceptor.start()
+        deadline = time.monotonic() + timeout_s
+        for peer in self.send_peers:
+            dst = self.host_of(peer)
+            flow = routing.agent_flow(self.topo, me.name, dst.name)
+            while True:
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.bind((self.ip(self.rank), flow.sport))
+                sock.settimeout(max(deadline - time.monotonic(), 0.1))
+                try:
+                    sock.connect((self.ip(peer), flow.dport))
+                    break
+                except (ConnectionRefusedError, TimeoutError, OSError) as exc:
+                    sock.close()
+                    if time.monotonic() > deadline:
+                        raise AgentError(f"cannot connect to rank {peer} ({dst.name} {self.ip(peer)}): {exc}") from None
+                    time.sleep(0.05)
+            sock.settimeout(None)
+            sock.sendall(HELLO.pack(self.rank))
+            self.out_socks[peer] = sock
+        acceptor.join(max(deadline - time.monotonic(), 0.1))
+        listener.close()
+        if accept_error:
+            raise AgentError(f"accepting connections: {accept_error[0]}")
+        missing = sorted(set(self.recv_peers) - set(self.in_socks))
+        if missing:
+            raise AgentError(f"ranks {missing} never connected")
+
+    def close(self) -> None:
+        for sock in [*self.out_socks.values(), *self.in_socks.values()]:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    # -------------------------------------------------------------- execution
+    def _view(self, buffer: str, chunk: int, nchunks: int) -> np.ndarray:
+        e = self.elems_per_chunk
+        return self.buffers[buffer][chunk * e:(chunk + nchunks) * e]
+
+    def run_once(self, rep: int) -> dict[str, Any]:
+        """One repetition: returns per-op timings and whether the result is right."""
+        self.buffers["data"][:] = input_values(self.rank, len(self.buffers["data"]))
+        self.buffers["scratch"][:] = 0
+        events: queue.Queue[tuple[int, float, float, BaseException | None]] = queue.Queue()
+        send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
+        recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
+        workers = []
+        for peer in self.send_peers:
+            workers.append(threading.Thread(target=self._send_worker, args=(peer, rep, send_q[peer], events),
+                                            daemon=True))
+        for peer in self.recv_peers:
+            workers.append(threading.Thread(target=self._recv_worker, args=(peer, rep, recv_q[peer], events),
+                                            daemon=True))
+        for w in workers:
+            w.start()
+        # Per peer and direction, ops are queued strictly in program order.
+        order: dict[tuple[str, int], list[int]] = defaultdict(list)
+        key_of: dict[int, tuple[str, int]] = {}
+        for op in self.program.ops:
+            if op.kind in (SEND, RECV, RECV_REDUCE):
+                key = ("send" if op.kind == SEND else "recv", op.peer)
+                order[key].append(op.id)
+                key_of[op.id] = key
+        next_in_order = {key: 0 for key in order}
+        waiting = {op.id: len(op.deps) for op in self.program.ops}
+        dependents: dict[int, list[int]] = defaultdict(list)
+        for op in self.program.ops:
+            for d in op.deps:
+                dependents[d].append(op.id)
+        ready_comm: set[int] = set()
+        timings: dict[int, tuple[float, float]] = {}
+        pending = len(self.program.ops)
+
+        def release(op_id: int) -> list[int]:
+            """Mark ``op_id``'s dependents; return those now free to run."""
+            free = []
+            for nxt in dependents[op_id]:
+                waiting[nxt] -= 1
+                if waiting[nxt] == 0:
+                    free.append(nxt)
+            return free
+
+        def dispatch(op_ids: list[int]) -> None:
+            nonlocal pending
+            stack = list(op_ids)
+            while stack:
+                op = self.ops[stack.pop()]
+                if op.kind in (REDUCE, COPY):
+                    t0 = time.monotonic()
+                    self._local(op)
+                    timings[op.id] = (t0, time.monotonic())
+                    pending -= 1
+                    stack.extend(release(op.id))
+                    continue
+                ready_comm.add(op.id)
+                key = key_of[op.id]
+                ids = order[key]
+                while next_in_order[key] < len(ids) and ids[next_in_order[key]] in ready_comm:
+                    queued = self.ops[ids[next_in_order[key]]]
+                    next_in_order[key] += 1
+                    (send_q if queued.kind == SEND else recv_q)[queued.peer].put(queued)
+
+        try:
+            dispatch([op.id for op in self.program.ops if not op.deps])
+            while pending:
+                op_id, t0, t1, error = events.get()
+                if error is not None:
+                    raise error
+                timings[op_id] = (t0, t1)
+                pending -= 1
+                dispatch(release(op_id))
+        finally:
+            for q in [*send_q.values(), *recv_q.values()]:
+                q.put(None)
+        correct = bool(np.array_equal(self.buffers["data"], self.expected))
+        wrong = None
+        if not correct:
+            bad = np.flatnonzero(self.buffers["data"] != self.expected)
+            first = int(bad[0])
+            wrong = (f"{len(bad)} of {len(self.expected)} elements wrong; element {first} "
+                     f"(chunk {first // self.elems_per_chunk}) is {self.buffers['data'][first]:g}, "
+                     f"expected {self.expected[first]:g}")
+        return {"ops": [[i, t[0], t[1]] for i, t in sorted(timings.items())], "correct": correct, "wrong": wrong}
+
+    def _local(self, op: Op) -> None:
+        target = self._view(op.buffer, op.chunk, op.nchunks)
+        source = self._view(op.src or "data", op.src_chunk or 0, op.nchunks)
+        if op.kind == REDUCE:
+            np.add(target, source, out=target)
+        else:
+            target[:] = source
+
+    def _send_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
+        sock = self.out_socks[peer]
+        while (op := ops.get()) is not None:
+            try:
+                t0 = time.monotonic()
+                payload = memoryview(self._view(op.buffer, op.chunk, op.nchunks)).cast("B")
+                if len(payload) != op.bytes:
+                    raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
+                sock.sendall(HEADER.pack(rep, op.step, op.bytes))
+                sock.sendall(payload)
+                events.put((op.id, t0, time.monotonic(), None))
+            except BaseException as exc:
+                events.put((op.id, 0.0, 0.0, AgentError(f"send {op.describe()} to rank {peer}: {exc}")))
+                return
+
+    def _recv_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
+        sock = self.in_socks[peer]
+        header = bytearray(HEADER.size)
+        scratch = np.empty(0, dtype=np.float32)
+        while (op := ops.get()) is not None:
+            try:
+                t0 = time.monotonic()
+                _recv_exact(sock, memoryview(header))
+                their_rep, step, nbytes = HEADER.unpack(header)
+                if (their_rep, step, nbytes) != (rep, op.step, op.bytes):
+                    raise AgentError(f"expected repetition {rep} step {op.step} with {op.bytes} bytes, "
+                                     f"got repetition {their_rep} step {step} with {nbytes} bytes")
+                target = self._view(op.buffer, op.chunk, op.nchunks)
+                if op.kind == RECV:
+                    _recv_exact(sock, memoryview(target).cast("B"))
+                else:
+                    if scratch.size < target.size:
+                        scratch = np.empty(target.size, dtype=np.float32)
+                    tmp = scratch[:target.size]
+                    _recv_exact(sock, memoryview(tmp).cast("B"))
+                    np.add(target, tmp, out=target)
+                events.put((op.id, t0, time.monotonic(), None))
+            except BaseException as exc:
+                events.put((op.id, 0.0, 0.0, AgentError(f"{op.describe()}: {exc}")))
+                return
+
+
+# ---------------------------------------------------------------- process main
+class Control:
+    """JSON lines over the orchestrator's Unix socket."""
+
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(path)
+        self.reader = self.sock.makefile("r", encoding="utf-8")
+
+    def send(self, **msg: Any) -> None:
+        self.sock.sendall((json.dumps(msg) + "\n").encode())
+
+    def receive(self) -> dict[str, Any]:
+        line = self.reader.readline()
+        if not line:
+            raise AgentError("control connection closed")
+        return json.loads(line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="emulator.agent")
+    parser.add_argument("--schedule", required=True)
+    parser.add_argument("--topology", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--log", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(filename=args.log, level=logging.INFO,
+                        format=f"%(asctime)s rank {args.rank} %(levelname)s %(message)s")
+    control = Control(args.control)
+    control.send(type="hello", rank=args.rank)
+    agent = None
+    try:
+        schedule = sformat.load(args.schedule)
+        topo = topology.load(args.topology)
+        agent = Agent(schedule, topo, args.rank)
+        log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
+        agent.connect()
+        control.send(type="ready", rank=args.rank)
+        log.info("ready")
+        while True:
+            msg = control.receive()
+            if msg["type"] == "quit":
+                break
+            if msg["type"] == "go":
+                rep = int(msg["rep"])
+                result = agent.run_once(rep)
+                log.info("repetition %d done, correct=%s", rep, result["correct"])
+                if not result["correct"]:
+                    log.error("wrong result: %s", result["wrong"])
+                control.send(type="done", rank=args.rank, rep=rep, **result)
+        return 0
+    except BaseException as exc:
+        log.error("failed: %s\n%s", exc, traceback.format_exc())
+        try:
+            control.send(type="error", rank=args.rank, message=str(exc))
+        except OSError:
+            pass
+        return 1
+    finally:
+        if agent is not None:
+            agent.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

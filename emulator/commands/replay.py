@@ -1,0 +1,54 @@
+"""``emu replay``: a schedule over real TCP on an emulated network (see :mod:`emulator.replay`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from emulator.errors import UserError
+from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
+from emulator.system import require_root
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="replay a schedule over real TCP and measure it")
+    p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (YAML or JSON)")
+    p.add_argument("--topology", required=True, metavar="SPEC")
+    p.add_argument("--routing", required=True, metavar="POLICY")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--repeat", type=int, default=3, metavar="N", help="measured repetitions (default 3)")
+    p.add_argument("--warmup", type=int, default=1, metavar="W", help="unmeasured repetitions first (default 1)")
+    p.add_argument("--ecmp-seed", type=int, default=0, metavar="S")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
+    p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
+    p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.set_defaults(func=cmd_replay)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
+                       repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
+                       pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath)
+    schedule, topo, report = prepare(cfg)
+    if os.path.exists(os.path.join(args.out, "results.json")):
+        raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
+                        "(it holds results.json)")
+    require_root()
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
+          f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
+    try:
+        results = replay(cfg)
+    except ReplayFailed as exc:
+        print(f"emu: replay failed: {exc} (partial results in {args.out})")
+        return 1
+    print(nccl_table(schedule, results["repetitions"]))
+    print(f"# busbw median {results['busbw_mbps_median']:.2f} Mbit/s on {results['link_mbps']:g} Mbit/s links; "
+          f"results in {args.out}")
+    return 0

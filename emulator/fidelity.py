@@ -1,0 +1,190 @@
+"""Fidelity: the emulator watching itself (Mininet-HiFi's lesson).
+
+This module owns what tells a user whether a measurement can be trusted:
+
+* snapshots of the machine around a repetition -- tc qdisc counters of every
+  link interface (both ends), TCP retransmissions per host, CPU idle time;
+* :func:`assess`, which flags a repetition whose offered datapath load
+  exceeded the capacity ``emu calibrate`` measured on this machine, or whose
+  CPU saturated;
+* the calibration file (``$EF_STATE_DIR/calibration.json``, default
+  ``/var/lib/ef-emu``), written by :mod:`emulator.calibrate`;
+* packet captures of chosen links with tcpdump.
+
+The pure parts (parsing, deltas, flags) are unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Any
+
+from emulator.errors import UserError
+from emulator.system import cpu_times, run
+from emulator.topology import Topology
+
+#: Used when this machine was never calibrated (DOMAIN.md: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
+UNCALIBRATED_CAPACITY_MBPS = 280.0
+CPU_SATURATED_IDLE = 0.05
+
+
+def state_dir() -> str:
+    return os.environ.get("EF_STATE_DIR", "/var/lib/ef-emu")
+
+
+def calibration_path() -> str:
+    return os.path.join(state_dir(), "calibration.json")
+
+
+def load_calibration() -> dict[str, Any] | None:
+    try:
+        with open(calibration_path(), encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+# ----------------------------------------------------------------- link names
+def parse_link_name(topo: Topology, name: str) -> tuple[str, str]:
+    """``"s1-s5"`` or ``"h3-s2"`` -> the two model node names of an existing link."""
+    parts = name.split("-")
+    if len(parts) != 2 or topo.link_between(parts[0], parts[1]) is None:
+        raise UserError(f"pcap: field 'link': expected a link of {topo.spec} written A-B (e.g. "
+                        f"{topo.links[-1].a}-{topo.links[-1].b}), got {name!r}")
+    return parts[0], parts[1]
+
+
+def capture_interface(topo: Topology, a: str, b: str) -> str:
+    """The root-namespace interface that sees both directions of link a-b (a switch end)."""
+    from emulator.network import switch_intf
+
+    link = topo.link_between(a, b)
+    assert link is not None
+    switch = link.b if link.kind == "host" else link.a
+    return switch_intf(switch, link.port_of(switch))
+
+
+def tcpdump_command(intf: str, path: str, snaplen: int = 96) -> list[str]:
+    return ["tcpdump", "-i", intf, "-s", str(snaplen), "-w", path, "-U", "--immediate-mode", "tcp"]
+
+
+def start_capture(en: Any, topo: Topology, link: str, out: str) -> subprocess.Popen:
+    a, b = parse_link_name(topo, link)
+    os.makedirs(os.path.join(out, "pcap"), exist_ok=True)
+    path = os.path.join(out, "pcap", f"{a}-{b}.pcap")
+    proc = subprocess.Popen(tcpdump_command(capture_interface(topo, a, b), path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    if en.state is not None:
+        en.state.record_process("tcpdump", proc.pid, link=f"{a}-{b}")
+    time.sleep(0.3)  # tcpdump needs a moment before it sees packets
+    return proc
+
+
+def stop_captures(procs: list[subprocess.Popen]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(2)
+
+
+# ------------------------------------------------------------------ snapshots
+def parse_tc_json(text: str) -> dict[str, dict[str, int]]:
+    """``tc -s -j qdisc show`` -> per device, the root qdisc's bytes/packets/drops/overlimits."""
+    out: dict[str, dict[str, int]] = {}
+    try:
+        data = json.loads(text or "[]")
+    except json.JSONDecodeError:
+        return out
+    for q in data:
+        dev = q.get("dev")
+        if dev is None or not q.get("root"):
+            continue
+        out[dev] = {k: int(q.get(k, 0)) for k in ("bytes", "packets", "drops", "overlimits")}
+    return out
+
+
+def parse_tcp_retrans(text: str) -> int:
+    """RetransSegs from ``/proc/<pid>/net/snmp``."""
+    lines = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
+    if len(lines) < 2:
+        return 0
+    return int(lines[1][lines[0].index("RetransSegs")])
+
+
+def snapshot(en: Any, topo: Topology) -> dict[str, Any]:
+    """Counters of the live network now (see the module docstring)."""
+    from emulator.network import host_intf
+
+    qdiscs = {dev: v for dev, v in parse_tc_json(run(["tc", "-s", "-j", "qdisc", "show"]).stdout).items()
+              if dev.startswith("efs")}
+    retrans = {}
+    for h in topo.hosts:
+        node = en.host(h.name)
+        res = run(["mnexec", "-a", str(node.pid), "tc", "-s", "-j", "qdisc", "show", "dev", host_intf(h.name)])
+        qdiscs.update(parse_tc_json(res.stdout))
+        try:
+            with open(f"/proc/{node.pid}/net/snmp", encoding="ascii") as fh:
+                retrans[h.name] = parse_tcp_retrans(fh.read())
+        except OSError:
+            retrans[h.name] = 0
+    idle, total = cpu_times()
+    return {"time": time.monotonic(), "qdisc": qdiscs, "retrans": retrans, "cpu_idle": idle, "cpu_total": total}
+
+
+def link_records(before: dict[str, Any], after: dict[str, Any], rep: int) -> list[dict[str, Any]]:
+    """Per interface and per host, what changed during one repetition."""
+    seconds = max(after["time"] - before["time"], 1e-9)
+    out = []
+    for dev, now in sorted(after["qdisc"].items()):
+        then = before["qdisc"].get(dev, {})
+        delta = {k: now[k] - then.get(k, 0) for k in now}
+        out.append({"source": "tc", "rep": rep, "interface": dev, **delta,
+                    "mbps": delta["bytes"] * 8 / seconds / 1e6, "seconds": seconds})
+    for host, now in sorted(after["retrans"].items()):
+        out.append({"source": "tcp", "rep": rep, "host": host, "retransmits": now - before["retrans"].get(host, 0)})
+    return out
+
+
+def assess(before: dict[str, Any], after: dict[str, Any], elapsed_s: float, datapath_bytes: int,
+           calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """Fidelity of one repetition: CPU idle, offered datapath load against capacity, flags.
+
+    ``datapath_bytes`` is the bytes the schedule makes switches forward (each
+    transfer's bytes times the switches on its path).
+    """
+    d_total = after["cpu_total"] - before["cpu_total"]
+    idle = (after["cpu_idle"] - before["cpu_idle"]) / d_total if d_total > 0 else 1.0
+    capacity = (calibration or {}).get("datapath_capacity_mbps") or UNCALIBRATED_CAPACITY_MBPS
+    offered = datapath_bytes * 8 / elapsed_s / 1e6 if elapsed_s > 0 else 0.0
+    flags = []
+    if idle < CPU_SATURATED_IDLE:
+        flags.append("cpu_saturated")
+    if offered > capacity:
+        flags.append("over_capacity")
+    if calibration is None:
+        flags.append("uncalibrated")
+    drops = sum(v["drops"] - before["qdisc"].get(dev, {}).get("drops", 0) for dev, v in after["qdisc"].items())
+    retrans = sum(v - before["retrans"].get(h, 0) for h, v in after["retrans"].items())
+    return {"cpu_idle": idle, "datapath_load_mbps": offered, "datapath_capacity_mbps": capacity,
+            "qdisc_drops": drops, "tcp_retransmits": retrans, "flags": flags,
+            "trusted": not ({"cpu_saturated", "over_capacity"} & set(flags))}
+
+
+def flag_text(fid: dict[str, Any]) -> str:
+    serious = [f for f in fid.get("flags", []) if f != "uncalibrated"]
+    return f"  [fidelity: {', '.join(serious)}]" if serious else ""
+
+
+def datapath_bytes(transfers: list[Any]) -> int:
+    """Bytes times switches traversed, summed over transfers (``cost.Transfer`` objects)."""
+    return sum(t.bytes * (len(t.path) - 2) for t in transfers)
+

@@ -1,0 +1,414 @@
+"""``emu replay``: run a schedule over real TCP on an emulated network and measure it.
+
+:func:`replay` checks everything first (schedule, topology, routing; the
+schedule must be a proven allreduce), then brings up the controller and the
+network, starts one :mod:`emulator.agent` per rank inside its host, and runs
+``warmup + repeat`` repetitions behind a barrier. After every repetition it
+rewrites ``results.json`` atomically, so whatever was measured survives a
+failure or Ctrl-C. Files in the output directory:
+
+* ``results.json`` -- configuration, ``link_mbps``, the prediction of
+  ``schedule check``, ``repetitions`` (``time_s``, ``algbw_mbps``,
+  ``busbw_mbps``, per-step times, ``correct``, measured/predicted ratio,
+  fidelity), ``busbw_mbps_median``, ``status`` and ``error``;
+* ``timeline.jsonl`` -- every transfer: repetition, step, source and
+  destination rank and host, bytes, start and end (CLOCK_MONOTONIC seconds);
+* ``links.jsonl`` -- the controller's port counters over time, tc qdisc
+  statistics of every link interface and TCP retransmissions per host, per
+  repetition;
+* ``agents/rank-R.log`` -- each agent's own log.
+
+Pure helpers (:func:`repetition_metrics`, :func:`match_transfers`,
+:func:`nccl_table`) are unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import socket
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from emulator import fidelity, routing, topology
+from emulator.errors import UserError
+from emulator.results import append_jsonl, write_json_atomic
+from emulator.schedule import check as scheck
+from emulator.schedule import cost as scost
+from emulator.schedule import format as sformat
+from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class ReplayConfig:
+    schedule: str
+    topology: str
+    routing: str
+    out: str
+    repeat: int = 3
+    warmup: int = 1
+    seed: int = 0
+    timeout_s: float | None = None  # per repetition; default from the prediction
+    pcap: list[str] = field(default_factory=list)
+    datapath: str = "auto"
+    stats_interval_s: float = 0.5
+    mtu: int = 9000
+
+    def check(self) -> None:
+        for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise UserError(f"replay: field '{name}': expected an integer >= {low}, got {value!r}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise UserError(f"replay: field 'timeout': expected seconds > 0, got {self.timeout_s!r}")
+
+
+class ReplayFailed(Exception):
+    """The run failed (an agent died, hung or computed wrong data); the message names the rank."""
+
+    exit_status = 1
+
+
+# ------------------------------------------------------------------ pure part
+def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
+    """Pair the k-th send from rank a to rank b with the k-th receive at b from a.
+
+    Returns ``(src_rank, send_op_id, dst_rank, recv_op_id)`` tuples.
+    """
+    sends: dict[tuple[int, int], list[int]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind == SEND:
+                sends.setdefault((prog.rank, op.peer), []).append(op.id)
+            elif op.kind in (RECV, RECV_REDUCE):
+                recvs.setdefault((op.peer, prog.rank), []).append(op.id)
+    out = []
+    for (a, b), ids in sorted(sends.items()):
+        for send_id, recv_id in zip(ids, recvs.get((a, b), []), strict=False):  # validated schedules pair up
+            out.append((a, send_id, b, recv_id))
+    return out
+
+
+def repetition_metrics(schedule: Schedule, op_times: dict[int, dict[int, tuple[float, float]]],
+                       predicted: scheck.CheckReport | None = None) -> dict[str, Any]:
+    """Time, algbw/busbw (nccl-tests definitions, Mbit/s) and per-step times of one repetition.
+
+    ``op_times[rank][op_id] = (start, end)`` on the shared monotonic clock.
+    """
+    starts = [t[0] for per_rank in op_times.values() for t in per_rank.values()]
+    ends = [t[1] for per_rank in op_times.values() for t in per_rank.values()]
+    t0, t1 = min(starts), max(ends)
+    elapsed = t1 - t0
+    p = schedule.p
+    algbw = schedule.size / elapsed * 8 / 1e6 if elapsed > 0 else 0.0
+    # A step runs from its first send to its last receive (a receive is
+    # posted early and waits, so its start says nothing about the network).
+    steps: dict[int, list[float]] = {}
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.id not in op_times.get(prog.rank, {}) or op.kind not in (SEND, RECV, RECV_REDUCE):
+                continue
+            s, e = op_times[prog.rank][op.id]
+            span = steps.setdefault(op.step, [float("inf"), float("-inf")])
+            if op.kind == SEND:
+                span[0] = min(span[0], s)
+            else:
+                span[1] = max(span[1], e)
+    step_times = [{"step": k, "start_s": v[0] - t0, "time_s": v[1] - v[0]} for k, v in sorted(steps.items())
+                  if v[0] != float("inf") and v[1] != float("-inf")]
+    out: dict[str, Any] = {
+        "time_s": elapsed,
+        "algbw_mbps": algbw,
+        "busbw_mbps": algbw * 2 * (p - 1) / p,
+        "steps": step_times,
+        "start_monotonic": t0,
+    }
+    if predicted is not None:
+        out["predicted_time_s"] = predicted.predicted_time_s
+        out["measured_over_predicted"] = elapsed / predicted.predicted_time_s if predicted.predicted_time_s else None
+        per_step = {st.step: st.maxmin_s for st in predicted.costs.steps}
+        for st in step_times:
+            pred = per_step.get(st["step"])
+            st["predicted_s"] = pred
+            st["measured_over_predicted"] = st["time_s"] / pred if pred else None
+    return out
+
+
+def timeline_records(schedule: Schedule, rep: int, op_times: dict[int, dict[int, tuple[float, float]]]) -> list[dict]:
+    """One record per transfer: send start at the source to receive end at the destination."""
+    ops = {(prog.rank, op.id): op for prog in schedule.ranks for op in prog.ops}
+    out = []
+    for a, send_id, b, recv_id in match_transfers(schedule):
+        if send_id not in op_times.get(a, {}) or recv_id not in op_times.get(b, {}):
+            continue
+        op = ops[(a, send_id)]
+        out.append({"rep": rep, "step": op.step, "src": a, "dst": b, "src_host": schedule.ranks[a].host,
+                    "dst_host": schedule.ranks[b].host, "bytes": op.bytes,
+                    "start": op_times[a][send_id][0], "end": op_times[b][recv_id][1]})
+    return out
+
+
+def nccl_table(schedule: Schedule, reps: list[dict[str, Any]]) -> str:
+    """The nccl-tests layout: one row per measured repetition (in-place, Mbit/s of the emulated fabric)."""
+    lines = [
+        f"# {schedule.algorithm} allreduce, {schedule.p} ranks, emulated bandwidths in Mbit/s",
+        "#",
+        f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
+        f"{'busbw':>8} {'#wrong':>6}",
+        f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(Mb/s)':>8} {'(Mb/s)':>8} {'':>6}",
+    ]
+    for rep in reps:
+        lines.append(f"  {schedule.size:>12} {schedule.size // 4:>12} {'float':>6} {'sum':>6} {-1:>5} "
+                     f"{rep['time_s'] * 1e6:>10.0f} {rep['algbw_mbps']:>8.2f} {rep['busbw_mbps']:>8.2f} "
+                     f"{0 if rep['correct'] else 1:>6}")
+    if reps:
+        lines.append(f"# Avg bus bandwidth    : {statistics.mean(r['busbw_mbps'] for r in reps):.2f} Mb/s")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------- the live part
+class _Control:
+    """The orchestrator's end of the agents' Unix control socket."""
+
+    def __init__(self, path: str, expected: int):
+        self.path = path
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(expected)
+        self.conns: dict[int, socket.socket] = {}
+        self.buffers: dict[socket.socket, bytes] = {}
+        self.unknown: list[socket.socket] = []
+
+    def close(self) -> None:
+        for conn in [*self.conns.values(), *self.unknown]:
+            conn.close()
+        self.server.close()
+
+    def send_all(self, **msg: Any) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        for rank, conn in self.conns.items():
+            try:
+                conn.sendall(data)
+            except OSError as exc:
+                raise ReplayFailed(f"rank {rank}: control connection lost ({exc})") from None
+
+    def poll(self, timeout: float) -> list[dict[str, Any]]:
+        """Accept new agents and return the complete messages that arrive within ``timeout``."""
+        socks = [self.server, *self.conns.values(), *self.unknown]
+        readable, _, _ = select.select(socks, [], [], timeout)
+        messages = []
+        for sock in readable:
+            if sock is self.server:
+                conn, _ = self.server.accept()
+                self.unknown.append(conn)
+                continue
+            chunk = sock.recv(1 << 20)
+            rank = next((r for r, c in self.conns.items() if c is sock), None)
+            if not chunk:
+                if rank is not None:
+                    messages.append({"type": "closed", "rank": rank})
+                    del self.conns[rank]
+                else:
+                    self.unknown.remove(sock)
+                sock.close()
+                continue
+            data = self.buffers.get(sock, b"") + chunk
+            *lines, rest = data.split(b"\n")
+            self.buffers[sock] = rest
+            for line in lines:
+                msg = json.loads(line)
+                if msg.get("type") == "hello" and sock in self.unknown:
+                    self.unknown.remove(sock)
+                    self.conns[int(msg["rank"])] = sock
+                messages.append(msg)
+        return messages
+
+
+def _default_timeout(predicted_s: float) -> float:
+    return max(30.0, 5 * predicted_s + 15.0)
+
+
+def prepare(cfg: ReplayConfig) -> tuple[Schedule, topology.Topology, scheck.CheckReport]:
+    """Every check that can fail on bad input, before anything starts."""
+    cfg.check()
+    schedule = sformat.load(cfg.schedule)
+    topo = topology.load(cfg.topology)
+    routing.check_policy(topo, cfg.routing)
+    from emulator.network import tcp_goodput_factor
+
+    report = scheck.check(schedule, topo, cfg.routing, seed=cfg.seed, goodput=tcp_goodput_factor(cfg.mtu))
+    if not report.valid:
+        first = (report.execution.errors or ["it deadlocks"])[0]
+        raise UserError(f"schedule {cfg.schedule!r} is not a correct allreduce: {first} "
+                        "(see `emu schedule check`)")
+    for link in cfg.pcap:
+        fidelity.parse_link_name(topo, link)
+    return schedule, topo, report
+
+
+def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
+    """Run the replay; return the results (also written to ``cfg.out``).
+
+    Raises :class:`UserError` for bad input (nothing started) and
+    :class:`ReplayFailed` when the run fails (results so far are kept).
+    """
+    from controllers.core import Settings
+    from emulator.controller_process import ControllerProcess, free_port
+    from emulator.network import EmulatedNetwork
+
+    schedule, topo, report = prepare(cfg)
+    os.makedirs(os.path.join(cfg.out, "agents"), exist_ok=True)
+    topo_path = os.path.join(cfg.out, "topology.json")
+    sched_path = os.path.join(cfg.out, "schedule.json")
+    write_json_atomic(topo_path, topo.to_json())
+    sformat.save(schedule, sched_path)
+    for name in ("timeline.jsonl", "links.jsonl"):
+        open(os.path.join(cfg.out, name), "w").close()
+    results: dict[str, Any] = {
+        "config": {**asdict(cfg), "schedule_algorithm": schedule.algorithm, "ranks": schedule.p,
+                   "size": schedule.size, "topology_spec": topo.spec},
+        "link_mbps": topo.host_bw,
+        "switch_link_mbps": topo.switch_bw,
+        "prediction": report.to_json(),
+        "repetitions": [],
+        "warmup": [],
+        "status": "running",
+        "error": None,
+    }
+    results_path = os.path.join(cfg.out, "results.json")
+    write_json_atomic(results_path, results)
+    calibration = fidelity.load_calibration()
+    dp_bytes = fidelity.datapath_bytes(scost.transfers(schedule, topo, cfg.routing, cfg.seed))
+    timeout = cfg.timeout_s or _default_timeout(report.predicted_time_s)
+    stats_file = os.path.join(cfg.out, "controller-ports.jsonl")
+    settings = Settings(topology=topo_path, routing=cfg.routing, seed=cfg.seed, stats_file=stats_file,
+                        stats_interval=cfg.stats_interval_s, listen=("127.0.0.1", free_port()))
+    agents: dict[int, Any] = {}
+    control: _Control | None = None
+    captures: list[Any] = []
+    try:
+        with ControllerProcess(settings, log_file=os.path.join(cfg.out, "controller.log")) as ctl, \
+                EmulatedNetwork(topo, controller=ctl.address, datapath=cfg.datapath, label="replay",
+                                mtu=cfg.mtu) as en:
+            ctl.wait_installed()
+            results["datapath"] = en.datapath
+            results["bringup_s"] = en.bringup_s
+            assert en.state is not None
+            control = _Control(os.path.join(en.state.path, "control.sock"), schedule.p)
+            for prog in schedule.ranks:
+                host = en.host(prog.host)
+                cmd = [sys.executable, "-m", "emulator.agent", "--schedule", sched_path, "--topology", topo_path,
+                       "--rank", str(prog.rank), "--control", control.path,
+                       "--log", os.path.join(cfg.out, "agents", f"rank-{prog.rank}.log")]
+                err = open(os.path.join(cfg.out, "agents", f"rank-{prog.rank}.stderr"), "wb")
+                proc = host.popen(cmd, cwd=PROJECT_ROOT, stdout=err, stderr=err,
+                                  env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
+                err.close()
+                agents[prog.rank] = proc
+                en.state.record_process("agent", proc.pid, rank=prog.rank)
+            _wait_for(control, agents, "ready", set(agents), timeout=60.0, results=results)
+            for link in cfg.pcap:
+                captures.append(fidelity.start_capture(en, topo, link, cfg.out))
+            total = cfg.warmup + cfg.repeat
+            for rep in range(total):
+                warm = rep < cfg.warmup
+                before = fidelity.snapshot(en, topo)
+                control.send_all(type="go", rep=rep)
+                done = _wait_for(control, agents, "done", set(agents), timeout=timeout, results=results)
+                after = fidelity.snapshot(en, topo)
+                op_times = {r: {int(i): (s, e) for i, s, e in msg["ops"]} for r, msg in done.items()}
+                metrics = repetition_metrics(schedule, op_times, report)
+                wrong = {r: msg["wrong"] for r, msg in done.items() if not msg["correct"]}
+                metrics["rep"] = rep
+                metrics["correct"] = not wrong
+                metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration)
+                for rec in fidelity.link_records(before, after, rep):
+                    append_jsonl(os.path.join(cfg.out, "links.jsonl"), rec)
+                for rec in timeline_records(schedule, rep, op_times):
+                    append_jsonl(os.path.join(cfg.out, "timeline.jsonl"), rec)
+                (results["warmup"] if warm else results["repetitions"]).append(metrics)
+                measured = results["repetitions"]
+                if measured:
+                    results["busbw_mbps_median"] = statistics.median(r["busbw_mbps"] for r in measured)
+                    results["time_s_median"] = statistics.median(r["time_s"] for r in measured)
+                write_json_atomic(results_path, results)
+                label = "warmup" if warm else f"rep {rep - cfg.warmup + 1}/{cfg.repeat}"
+                echo(f"  {label}: {metrics['time_s']:.3f} s, busbw {metrics['busbw_mbps']:.2f} Mbit/s, "
+                     f"measured/predicted {metrics.get('measured_over_predicted') or 0:.2f}, "
+                     f"{'correct' if not wrong else 'WRONG'}{fidelity.flag_text(metrics['fidelity'])}")
+                if wrong:
+                    rank = min(wrong)
+                    raise ReplayFailed(f"rank {rank} computed wrong data: {wrong[rank]}")
+            control.send_all(type="quit")
+            _reap(agents, 5.0)
+            fidelity.stop_captures(captures)
+            captures = []
+            if os.path.exists(stats_file):
+                with open(stats_file, encoding="utf-8") as fh:
+                    for line in fh:
+                        try:
+                            rec = json.loads(line)
+                        except json.JSONDecodeError:
+                            continue
+                        append_jsonl(os.path.join(cfg.out, "links.jsonl"), {"source": "controller", **rec})
+        results["status"] = "ok"
+        return results
+    except (ReplayFailed, KeyboardInterrupt, Exception) as exc:
+        results["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        results["error"] = str(exc) or type(exc).__name__
+        raise
+    finally:
+        fidelity.stop_captures(captures)
+        _reap(agents, 0.5)
+        if control is not None:
+            control.close()
+        write_json_atomic(results_path, results)
+
+
+def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[int], *, timeout: float,
+              results: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """Wait for message ``kind`` from every rank; fail naming the rank on error, death or timeout."""
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while set(got) != ranks:
+        for msg in control.poll(0.2):
+            rank = msg.get("rank")
+            if msg["type"] == "error":
+                raise ReplayFailed(f"rank {rank} failed: {msg.get('message')}")
+            if msg["type"] == "closed" and rank not in got:
+                raise ReplayFailed(f"rank {rank}: agent exited (status {agents[rank].poll()}) before '{kind}'")
+            if msg["type"] == kind:
+                got[int(rank)] = msg
+        for rank, proc in agents.items():
+            if rank not in got and proc.poll() is not None:
+                raise ReplayFailed(f"rank {rank}: agent exited with status {proc.returncode} before '{kind}'")
+        if time.monotonic() > deadline:
+            missing = sorted(ranks - set(got))
+            raise ReplayFailed(f"rank {missing[0]} (of {len(missing)} missing: {missing[:8]}) did not report "
+                               f"'{kind}' within {timeout:.0f} s: agent hung")
+    return got
+
+
+def _reap(agents: dict[int, Any], grace_s: float) -> None:
+    deadline = time.monotonic() + grace_s
+    for proc in agents.values():
+        if proc.poll() is None:
+            try:
+                proc.wait(max(deadline - time.monotonic(), 0.01))
+            except Exception:
+                pass
+        if proc.poll() is None:
+            proc.kill()
+            try:
+                proc.wait(2)
+            except Exception:
+                pass

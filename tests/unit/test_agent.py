@@ -1,0 +1,138 @@
+"""Host agents on loopback (no root): real TCP, real reductions, timings; and the replay's pure helpers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from emulator import agent as agent_mod
+from emulator import replay, topology
+from emulator.agent import Agent, AgentError, expected_sum, input_values
+from emulator.schedule import generators
+from emulator.schedule.format import with_ops
+
+
+def test_expected_sum_matches_a_direct_sum():
+    for p in (1, 2, 5, 64):
+        direct = sum(input_values(r, 1000) for r in range(p))
+        assert np.array_equal(expected_sum(p, 1000), direct)
+    assert input_values(0, 10).dtype == np.float32
+    assert not np.array_equal(input_values(0, 100), input_values(1, 100))
+
+
+def run_agents(schedule, topo, reps=1, base=10):
+    """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}."""
+    ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
+    agents = [Agent(schedule, topo, r, ip_of=ip_of) for r in range(schedule.p)]
+    errors: list[BaseException] = []
+    results: dict[int, list] = {r: [] for r in range(schedule.p)}
+    barrier = threading.Barrier(schedule.p)
+
+    def body(a: Agent) -> None:
+        try:
+            a.connect(timeout_s=20)
+            for rep in range(reps):
+                barrier.wait(timeout=30)
+                results[a.rank].append(a.run_once(rep))
+        except BaseException as exc:
+            errors.append(exc)
+            barrier.abort()
+        finally:
+            a.close()
+
+    threads = [threading.Thread(target=body, args=(a,), daemon=True) for a in agents]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results, errors
+
+
+@pytest.mark.parametrize("algo,spec", [
+    ("ring", "star:hosts=4"),
+    ("hd", "star:hosts=8"),
+    ("hdrm", "bigraph:upper=2,lower=2,hosts_per_switch=2"),
+    ("dbtree", "star:hosts=5"),
+    ("hier", "leafspine:leaves=2,spines=1,hosts_per_leaf=2"),
+])
+def test_agents_compute_an_allreduce_over_tcp(algo, spec):
+    topo = topology.build(spec)
+    schedule = generators.generate(algo, topo, 64 * 1024)
+    results, errors = run_agents(schedule, topo, reps=2, base=10 + len(algo))
+    assert not errors, errors
+    for rank, reps in results.items():
+        assert len(reps) == 2
+        for res in reps:
+            assert res["correct"], (rank, res["wrong"])
+            n_ops = len(schedule.ranks[rank].ops)
+            assert len(res["ops"]) == n_ops
+            assert all(end >= start for _, start, end in res["ops"])
+    op_times = {r: {i: (s, e) for i, s, e in reps[0]["ops"]} for r, reps in results.items()}
+    metrics = replay.repetition_metrics(schedule, op_times)
+    assert metrics["time_s"] > 0 and metrics["busbw_mbps"] > 0
+    assert [s["step"] for s in metrics["steps"]] == sorted({op.step for r in schedule.ranks for op in r.ops
+                                                            if op.is_comm})
+    records = replay.timeline_records(schedule, 0, op_times)
+    assert len(records) == sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
+    assert all(rec["end"] >= rec["start"] for rec in records)
+
+
+def test_a_wrong_schedule_is_caught_by_the_data_check():
+    """Drop one rank's reductions: the agents finish but the data check names wrong elements."""
+    topo = topology.build("star:hosts=4")
+    schedule = generators.generate("ring", topo, 4096)
+    broken = []
+    for prog in schedule.ranks:
+        ops = list(prog.ops)
+        if prog.rank == 2:
+            ops = [op if op.kind != "recv_reduce" else type(op)(**{**op.__dict__, "kind": "recv"}) for op in ops]
+        broken.append(ops)
+    schedule = with_ops(schedule, broken)
+    results, errors = run_agents(schedule, topo, base=30)
+    assert not errors
+    assert not all(res[0]["correct"] for res in results.values())
+    wrong = [res[0]["wrong"] for res in results.values() if not res[0]["correct"]]
+    assert "elements wrong" in wrong[0]
+
+
+def test_mismatched_sizes_are_named():
+    topo = topology.build("star:hosts=2")
+    schedule = generators.generate("ring", topo, 4096)
+    ops0 = list(schedule.ranks[0].ops)
+    # make rank 0's receives expect a different step than rank 1 sends
+    ops0 = [type(op)(**{**op.__dict__, "step": op.step + 5}) if op.kind != "send" else op for op in ops0]
+    bad = with_ops(schedule, [ops0, list(schedule.ranks[1].ops)])
+    results, errors = run_agents(bad, topo, base=40)
+    assert errors and isinstance(errors[0], AgentError)
+    assert "expected repetition 0 step" in str(errors[0])
+
+
+def test_match_transfers_pairs_in_order():
+    topo = topology.build("star:hosts=4")
+    schedule = generators.generate("ring", topo, 4096)
+    pairs = replay.match_transfers(schedule)
+    sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
+    assert len(pairs) == sends
+    for a, s, b, r in pairs:
+        send = next(op for op in schedule.ranks[a].ops if op.id == s)
+        recv = next(op for op in schedule.ranks[b].ops if op.id == r)
+        assert send.peer == b and recv.peer == a and send.step == recv.step and send.bytes == recv.bytes
+
+
+def test_nccl_table_layout():
+    topo = topology.build("star:hosts=4")
+    schedule = generators.generate("ring", topo, 1 << 20)
+    reps = [{"time_s": 1.0, "algbw_mbps": 8.39, "busbw_mbps": 12.58, "correct": True}]
+    table = replay.nccl_table(schedule, reps)
+    lines = table.splitlines()
+    assert "size" in lines[2] and "busbw" in lines[2] and "#wrong" in lines[2]
+    row = lines[4].split()
+    assert row[:5] == ["1048576", "262144", "float", "sum", "-1"]
+    assert row[5] == "1000000" and row[7] == "12.58" and row[8] == "0"
+    assert "Avg bus bandwidth" in lines[-1]
+
+
+def test_header_struct_is_fixed():
+    assert agent_mod.HEADER.size == 16

@@ -1,0 +1,76 @@
+"""Fidelity bookkeeping: tc/snmp parsing, per-repetition deltas and flags."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emulator import fidelity, topology
+from emulator.errors import UserError
+from emulator.network import parse_htb_rates, tcp_goodput_factor
+
+
+def test_parse_tc_json_keeps_root_qdiscs():
+    text = json.dumps([
+        {"kind": "htb", "handle": "5:", "root": True, "dev": "efs1-eth1", "bytes": 10, "packets": 2, "drops": 1,
+         "overlimits": 3},
+        {"kind": "pfifo", "handle": "10:", "parent": "5:1", "dev": "efs1-eth1", "bytes": 99},
+    ])
+    assert fidelity.parse_tc_json(text) == {"efs1-eth1": {"bytes": 10, "packets": 2, "drops": 1, "overlimits": 3}}
+    assert fidelity.parse_tc_json("garbage") == {}
+
+
+def test_parse_tcp_retrans():
+    snmp = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+            "Tcp: RtoAlgorithm RtoMin RetransSegs InErrs\nTcp: 1 200 42 0\n")
+    assert fidelity.parse_tcp_retrans(snmp) == 42
+    assert fidelity.parse_tcp_retrans("") == 0
+
+
+def snap(t, idle, total, drops=0, retrans=0):
+    return {"time": t, "cpu_idle": idle, "cpu_total": total, "retrans": {"h1": retrans},
+            "qdisc": {"efs1-eth1": {"bytes": 1000 * t, "packets": t, "drops": drops, "overlimits": 0}}}
+
+
+def test_assess_flags():
+    calib = {"datapath_capacity_mbps": 100.0}
+    ok = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1_000_000, calib)
+    assert ok["flags"] == [] and ok["trusted"] and ok["cpu_idle"] == pytest.approx(0.5)
+    assert ok["datapath_load_mbps"] == pytest.approx(8.0)
+    busy = fidelity.assess(snap(0, 0, 0, 0, 0), snap(1, 1, 100, 5, 7), 1.0, 20_000_000, calib)
+    assert set(busy["flags"]) == {"cpu_saturated", "over_capacity"} and not busy["trusted"]
+    assert busy["qdisc_drops"] == 5 and busy["tcp_retransmits"] == 7
+    unknown = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1000, None)
+    assert unknown["flags"] == ["uncalibrated"] and unknown["trusted"]
+    assert fidelity.flag_text(unknown) == "" and "over_capacity" in fidelity.flag_text(busy)
+
+
+def test_link_records_are_deltas():
+    recs = fidelity.link_records(snap(1, 0, 0, 1, 2), snap(3, 0, 0, 4, 10), rep=2)
+    tc = next(r for r in recs if r["source"] == "tc")
+    assert tc["bytes"] == 2000 and tc["drops"] == 3 and tc["rep"] == 2
+    assert tc["mbps"] == pytest.approx(2000 * 8 / 2 / 1e6)
+    tcp = next(r for r in recs if r["source"] == "tcp")
+    assert tcp["retransmits"] == 8
+
+
+def test_link_names_for_capture():
+    topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=1")
+    assert fidelity.parse_link_name(topo, "s1-s3") == ("s1", "s3")
+    assert fidelity.capture_interface(topo, "s1", "s3") == "efs1-eth2"
+    assert fidelity.capture_interface(topo, "h1", "s1") == "efs1-eth1"
+    for bad in ("s1-s2", "s1", "x-y", "s1-s3-s4"):
+        with pytest.raises(UserError, match="field 'link'"):
+            fidelity.parse_link_name(topo, bad)
+
+
+def test_htb_rates_parse():
+    text = ("class htb 5:1 root leaf 10: prio 0 rate 10Mbit ceil 10Mbit burst 15Kb cburst 1600b\n"
+            "class htb 5:2 root prio 0 rate 500Kbit ceil 500Kbit burst 1600b cburst 1600b\n")
+    assert parse_htb_rates(text) == [10.0, 0.5]
+
+
+def test_goodput_factor():
+    assert tcp_goodput_factor(1500) == pytest.approx(1448 / 1514)
+    assert tcp_goodput_factor(9000) > 0.99
