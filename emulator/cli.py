@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "emulator.commands.net",
     "emulator.commands.controller",
     "emulator.commands.schedule",
+    "emulator.commands.replay",
 )
 
 
