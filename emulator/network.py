@@ -23,6 +23,7 @@ controller it installs the routing policy's flow entries with ``ovs-ofctl``.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shlex
@@ -32,7 +33,7 @@ from typing import Any
 
 from emulator import NAME_PREFIX, routing
 from emulator.errors import UserError
-from emulator.runstate import RunState, kill_recorded, proc_netns
+from emulator.runstate import RunState, kill_recorded, proc_netns, state_root
 from emulator.system import Runner, choose_datapath, require_ovs, require_root, require_tools, run
 from emulator.topology import Topology
 
@@ -149,6 +150,7 @@ class EmulatedNetwork:
         self.net: Any = None
         self.state: RunState | None = None
         self.bringup_s: float | None = None
+        self._lock_fd: int | None = None
 
     # ------------------------------------------------------------- lifecycle
     def __enter__(self) -> EmulatedNetwork:
@@ -166,6 +168,8 @@ class EmulatedNetwork:
         if self.controller is None:
             routing.check_policy(self.topo, self.routing)
         self.datapath = choose_datapath(self.requested_datapath)
+
+    def _check_no_leftovers(self) -> None:
         busy = [b for b in map(bridge_name, (s.name for s in self.topo.switches)) if self._bridge_exists(b)]
         if busy:
             raise UserError(f"bridge {busy[0]} already exists: another run is up, or one was killed "
@@ -174,8 +178,45 @@ class EmulatedNetwork:
     def _bridge_exists(self, name: str) -> bool:
         return self.runner(["ovs-vsctl", "--timeout=5", "br-exists", name]).returncode == 0
 
+    def _acquire_lock(self) -> None:
+        """One emulated network at a time on a machine: wait for the one that is up.
+
+        ``EF_NET_LOCK_WAIT`` seconds (default 900) bound the wait. The kernel
+        drops the lock when its holder dies, even by SIGKILL.
+        """
+        os.makedirs(state_root(), exist_ok=True)
+        fd = os.open(os.path.join(state_root(), "network.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        wait_s = float(os.environ.get("EF_NET_LOCK_WAIT", "900"))
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._lock_fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise UserError(f"another emulated network has been up for more than {wait_s:g} s on this "
+                                    "machine; wait for it, or stop it (`emu clean --force`)") from None
+                if not told:
+                    log.warning("another emulated network is up on this machine: waiting for it to finish")
+                    told = True
+                time.sleep(0.5)
+
+    def _release_lock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     def start(self) -> None:
         self.check()
+        self._acquire_lock()
+        try:
+            self._check_no_leftovers()
+        except BaseException:
+            self._release_lock()
+            raise
         t0 = time.monotonic()
         self.state = RunState.create(self.label)
         try:
@@ -282,6 +323,7 @@ class EmulatedNetwork:
             remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
             self.state.remove()
             self.state = None
+        self._release_lock()
 
     # -------------------------------------------------------------- accessors
     def host(self, name: str) -> Any:
