@@ -143,3 +143,15 @@ def test_hosts_must_exist_in_the_topology():
     sched = fmt.from_dict(_set(_doc(), ["ranks", 1, "host"], "h9"))
     with pytest.raises(FieldError, match=r"ranks\[1\]\.host"):
         fmt.check_hosts(sched, topology.build("star:hosts=4"))
+
+
+def test_documented_example_is_a_valid_allreduce():
+    import os
+    import re
+
+    from emulator.schedule.executor import execute
+
+    doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "schedule-format.md")
+    block = re.search(r"```yaml\n(.*?)```", open(doc).read(), re.S).group(1)
+    sched = fmt.loads(block)
+    assert execute(sched).valid and sched.steps == 2 and sched.size == 65536
