@@ -243,139 +243,231 @@ def prepare(cfg: ReplayConfig) -> tuple[Schedule, topology.Topology, scheck.Chec
     schedule = sformat.load(cfg.schedule)
     topo = topology.load(cfg.topology)
     routing.check_policy(topo, cfg.routing)
-    from emulator.network import tcp_goodput_factor
-
-    report = scheck.check(schedule, topo, cfg.routing, seed=cfg.seed, goodput=tcp_goodput_factor(cfg.mtu))
-    if not report.valid:
-        first = (report.execution.errors or ["it deadlocks"])[0]
-        raise UserError(f"schedule {cfg.schedule!r} is not a correct allreduce: {first} "
-                        "(see `emu schedule check`)")
+    report = predict(schedule, topo, cfg.routing, cfg.seed, cfg.mtu, where=f"schedule {cfg.schedule!r}")
     for link in cfg.pcap:
         fidelity.parse_link_name(topo, link)
     return schedule, topo, report
 
 
-def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
-    """Run the replay; return the results (also written to ``cfg.out``).
+def predict(schedule: Schedule, topo: topology.Topology, policy: str, seed: int, mtu: int,
+            where: str = "schedule") -> scheck.CheckReport:
+    """``schedule check``'s proof and prediction at the network's MTU; UserError unless a correct allreduce."""
+    from emulator.network import tcp_goodput_factor
 
-    Raises :class:`UserError` for bad input (nothing started) and
-    :class:`ReplayFailed` when the run fails (results so far are kept).
+    report = scheck.check(schedule, topo, policy, seed=seed, goodput=tcp_goodput_factor(mtu), where=where)
+    if not report.valid:
+        first = (report.execution.errors or ["it deadlocks"])[0]
+        raise UserError(f"{where} is not a correct allreduce: {first} (see `emu schedule check`)")
+    return report
+
+
+class ReplaySession:
+    """A controller and a network kept up for several schedules (one topology, routing and seed).
+
+    ``with ReplaySession(topo, "bigraph") as session: session.run(schedule, out_dir)``.
     """
-    from controllers.core import Settings
-    from emulator.controller_process import ControllerProcess, free_port
-    from emulator.network import EmulatedNetwork
 
-    schedule, topo, report = prepare(cfg)
-    os.makedirs(os.path.join(cfg.out, "agents"), exist_ok=True)
-    topo_path = os.path.join(cfg.out, "topology.json")
-    sched_path = os.path.join(cfg.out, "schedule.json")
-    write_json_atomic(topo_path, topo.to_json())
-    sformat.save(schedule, sched_path)
-    for name in ("timeline.jsonl", "links.jsonl"):
-        open(os.path.join(cfg.out, name), "w").close()
-    results: dict[str, Any] = {
-        "config": {**asdict(cfg), "schedule_algorithm": schedule.algorithm, "ranks": schedule.p,
-                   "size": schedule.size, "topology_spec": topo.spec},
-        "link_mbps": topo.host_bw,
-        "switch_link_mbps": topo.switch_bw,
-        "prediction": report.to_json(),
-        "repetitions": [],
-        "warmup": [],
-        "status": "running",
-        "error": None,
-    }
-    results_path = os.path.join(cfg.out, "results.json")
-    write_json_atomic(results_path, results)
-    calibration = fidelity.load_calibration()
-    dp_bytes = fidelity.datapath_bytes(scost.transfers(schedule, topo, cfg.routing, cfg.seed))
-    timeout = cfg.timeout_s or _default_timeout(report.predicted_time_s)
-    stats_file = os.path.join(cfg.out, "controller-ports.jsonl")
-    settings = Settings(topology=topo_path, routing=cfg.routing, seed=cfg.seed, stats_file=stats_file,
-                        stats_interval=cfg.stats_interval_s, listen=("127.0.0.1", free_port()))
-    agents: dict[int, Any] = {}
-    control: _Control | None = None
-    captures: list[Any] = []
-    try:
-        with ControllerProcess(settings, log_file=os.path.join(cfg.out, "controller.log")) as ctl, \
-                EmulatedNetwork(topo, controller=ctl.address, datapath=cfg.datapath, label="replay",
-                                mtu=cfg.mtu) as en:
-            ctl.wait_installed()
-            results["datapath"] = en.datapath
-            results["bringup_s"] = en.bringup_s
-            assert en.state is not None
+    def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
+                 mtu: int = 9000, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print):
+        routing.check_policy(topo, policy)
+        self.topo = topo
+        self.policy = policy
+        self.seed = seed
+        self.datapath = datapath
+        self.mtu = mtu
+        self.stats_interval_s = stats_interval_s
+        self.echo = echo
+        self.work_dir = work_dir
+        self.ctl: Any = None
+        self.en: Any = None
+        self.topo_path = ""
+        self.stats_file = ""
+
+    def __enter__(self) -> ReplaySession:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        import tempfile
+
+        from controllers.core import Settings
+        from emulator.controller_process import ControllerProcess, free_port
+        from emulator.network import EmulatedNetwork
+
+        self.work_dir = self.work_dir or tempfile.mkdtemp(prefix="ef-replay-")
+        os.makedirs(self.work_dir, exist_ok=True)
+        self.topo_path = os.path.join(self.work_dir, "topology.json")
+        write_json_atomic(self.topo_path, self.topo.to_json())
+        self.stats_file = os.path.join(self.work_dir, "controller-ports.jsonl")
+        settings = Settings(topology=self.topo_path, routing=self.policy, seed=self.seed, stats_file=self.stats_file,
+                            stats_interval=self.stats_interval_s, listen=("127.0.0.1", free_port()))
+        try:
+            self.ctl = ControllerProcess(settings, log_file=os.path.join(self.work_dir, "controller.log"))
+            self.ctl.start()
+            self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
+                                      label="replay", mtu=self.mtu)
+            self.en.start()
+            self.ctl.wait_installed()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        en, self.en = self.en, None
+        ctl, self.ctl = self.ctl, None
+        if en is not None:
+            en.stop()
+        if ctl is not None:
+            ctl.stop()
+
+    def _stats_offset(self) -> int:
+        try:
+            return os.path.getsize(self.stats_file)
+        except OSError:
+            return 0
+
+    def run(self, schedule: Schedule, out: str, *, repeat: int = 3, warmup: int = 1, timeout_s: float | None = None,
+            pcap: list[str] | None = None, config: dict[str, Any] | None = None,
+            report: scheck.CheckReport | None = None) -> dict[str, Any]:
+        """Replay ``schedule``; write results into ``out`` (see the module docstring) and return them.
+
+        Raises :class:`ReplayFailed` naming the rank when an agent fails, hangs
+        or computes wrong data; what was measured is in ``out/results.json``.
+        """
+        topo, en = self.topo, self.en
+        if report is None:
+            report = predict(schedule, topo, self.policy, self.seed, self.mtu)
+        os.makedirs(os.path.join(out, "agents"), exist_ok=True)
+        sched_path = os.path.join(out, "schedule.json")
+        sformat.save(schedule, sched_path)
+        write_json_atomic(os.path.join(out, "topology.json"), topo.to_json())
+        for name in ("timeline.jsonl", "links.jsonl"):
+            open(os.path.join(out, name), "w").close()
+        results: dict[str, Any] = {
+            "config": {**(config or {}), "algorithm": schedule.algorithm, "ranks": schedule.p,
+                       "size": schedule.size, "topology": topo.spec, "routing": self.policy, "seed": self.seed,
+                       "repeat": repeat, "warmup": warmup, "mtu": self.mtu},
+            "link_mbps": topo.host_bw,
+            "switch_link_mbps": topo.switch_bw,
+            "datapath": en.datapath,
+            "bringup_s": en.bringup_s,
+            "prediction": report.to_json(),
+            "repetitions": [],
+            "warmup": [],
+            "status": "running",
+            "error": None,
+        }
+        results_path = os.path.join(out, "results.json")
+        write_json_atomic(results_path, results)
+        calibration = fidelity.load_calibration()
+        dp_bytes = fidelity.datapath_bytes(scost.transfers(schedule, topo, self.policy, self.seed))
+        timeout = timeout_s or _default_timeout(report.predicted_time_s)
+        stats_offset = self._stats_offset()
+        agents: dict[int, Any] = {}
+        control: _Control | None = None
+        captures: list[Any] = []
+        try:
             control = _Control(os.path.join(en.state.path, "control.sock"), schedule.p)
             for prog in schedule.ranks:
                 host = en.host(prog.host)
-                cmd = [sys.executable, "-m", "emulator.agent", "--schedule", sched_path, "--topology", topo_path,
+                cmd = [sys.executable, "-m", "emulator.agent", "--schedule", sched_path, "--topology", self.topo_path,
                        "--rank", str(prog.rank), "--control", control.path,
-                       "--log", os.path.join(cfg.out, "agents", f"rank-{prog.rank}.log")]
-                err = open(os.path.join(cfg.out, "agents", f"rank-{prog.rank}.stderr"), "wb")
-                proc = host.popen(cmd, cwd=PROJECT_ROOT, stdout=err, stderr=err,
-                                  env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
-                err.close()
+                       "--log", os.path.join(out, "agents", f"rank-{prog.rank}.log")]
+                with open(os.path.join(out, "agents", f"rank-{prog.rank}.stderr"), "wb") as err:
+                    proc = host.popen(cmd, cwd=PROJECT_ROOT, stdout=err, stderr=err,
+                                      env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
                 agents[prog.rank] = proc
                 en.state.record_process("agent", proc.pid, rank=prog.rank)
-            _wait_for(control, agents, "ready", set(agents), timeout=60.0, results=results)
-            for link in cfg.pcap:
-                captures.append(fidelity.start_capture(en, topo, link, cfg.out))
-            total = cfg.warmup + cfg.repeat
-            for rep in range(total):
-                warm = rep < cfg.warmup
+            _wait_for(control, agents, "ready", set(agents), timeout=60.0)
+            for link in pcap or []:
+                captures.append(fidelity.start_capture(en, topo, link, out))
+            for rep in range(warmup + repeat):
+                warm = rep < warmup
                 before = fidelity.snapshot(en, topo)
                 control.send_all(type="go", rep=rep)
-                done = _wait_for(control, agents, "done", set(agents), timeout=timeout, results=results)
+                done = _wait_for(control, agents, "done", set(agents), timeout=timeout)
                 after = fidelity.snapshot(en, topo)
-                op_times = {r: {int(i): (s, e) for i, s, e in msg["ops"]} for r, msg in done.items()}
+                op_times = {r: {int(i): (st, e) for i, st, e in msg["ops"]} for r, msg in done.items()}
                 metrics = repetition_metrics(schedule, op_times, report)
                 wrong = {r: msg["wrong"] for r, msg in done.items() if not msg["correct"]}
                 metrics["rep"] = rep
                 metrics["correct"] = not wrong
                 metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration)
                 for rec in fidelity.link_records(before, after, rep):
-                    append_jsonl(os.path.join(cfg.out, "links.jsonl"), rec)
+                    append_jsonl(os.path.join(out, "links.jsonl"), rec)
                 for rec in timeline_records(schedule, rep, op_times):
-                    append_jsonl(os.path.join(cfg.out, "timeline.jsonl"), rec)
+                    append_jsonl(os.path.join(out, "timeline.jsonl"), rec)
                 (results["warmup"] if warm else results["repetitions"]).append(metrics)
                 measured = results["repetitions"]
                 if measured:
                     results["busbw_mbps_median"] = statistics.median(r["busbw_mbps"] for r in measured)
                     results["time_s_median"] = statistics.median(r["time_s"] for r in measured)
+                    results["measured_over_predicted_median"] = results["time_s_median"] / report.predicted_time_s
+                    results["trusted"] = all(r["fidelity"]["trusted"] for r in measured)
                 write_json_atomic(results_path, results)
-                label = "warmup" if warm else f"rep {rep - cfg.warmup + 1}/{cfg.repeat}"
-                echo(f"  {label}: {metrics['time_s']:.3f} s, busbw {metrics['busbw_mbps']:.2f} Mbit/s, "
-                     f"measured/predicted {metrics.get('measured_over_predicted') or 0:.2f}, "
-                     f"{'correct' if not wrong else 'WRONG'}{fidelity.flag_text(metrics['fidelity'])}")
+                label = "warmup" if warm else f"rep {rep - warmup + 1}/{repeat}"
+                self.echo(f"  {label}: {metrics['time_s']:.3f} s, busbw {metrics['busbw_mbps']:.2f} Mbit/s, "
+                          f"measured/predicted {metrics.get('measured_over_predicted') or 0:.2f}, "
+                          f"{'correct' if not wrong else 'WRONG'}{fidelity.flag_text(metrics['fidelity'])}")
                 if wrong:
                     rank = min(wrong)
                     raise ReplayFailed(f"rank {rank} computed wrong data: {wrong[rank]}")
             control.send_all(type="quit")
             _reap(agents, 5.0)
+            results["status"] = "ok"
+            return results
+        except BaseException as exc:
+            results["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            results["error"] = str(exc) or type(exc).__name__
+            raise
+        finally:
             fidelity.stop_captures(captures)
-            captures = []
-            if os.path.exists(stats_file):
-                with open(stats_file, encoding="utf-8") as fh:
-                    for line in fh:
-                        try:
-                            rec = json.loads(line)
-                        except json.JSONDecodeError:
-                            continue
-                        append_jsonl(os.path.join(cfg.out, "links.jsonl"), {"source": "controller", **rec})
-        results["status"] = "ok"
-        return results
-    except (ReplayFailed, KeyboardInterrupt, Exception) as exc:
-        results["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        results["error"] = str(exc) or type(exc).__name__
-        raise
-    finally:
-        fidelity.stop_captures(captures)
-        _reap(agents, 0.5)
-        if control is not None:
-            control.close()
-        write_json_atomic(results_path, results)
+            _reap(agents, 0.5)
+            if control is not None:
+                control.close()
+                try:
+                    os.unlink(control.path)
+                except OSError:
+                    pass
+            self._copy_port_stats(stats_offset, os.path.join(out, "links.jsonl"))
+            write_json_atomic(results_path, results)
+
+    def _copy_port_stats(self, offset: int, dest: str) -> None:
+        """The controller's port counters written since ``offset``, into this run's links.jsonl."""
+        try:
+            with open(self.stats_file, encoding="utf-8") as fh:
+                fh.seek(offset)
+                lines = fh.readlines()
+        except OSError:
+            return
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            append_jsonl(dest, {"source": "controller", **rec})
 
 
-def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[int], *, timeout: float,
-              results: dict[str, Any]) -> dict[int, dict[str, Any]]:
+def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
+    """``emu replay``: check, bring up, run one schedule, tear down. Returns the results.
+
+    Raises :class:`UserError` for bad input (nothing started) and
+    :class:`ReplayFailed` when the run fails (results so far are kept).
+    """
+    schedule, topo, report = prepare(cfg)
+    os.makedirs(cfg.out, exist_ok=True)
+    with ReplaySession(topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, mtu=cfg.mtu,
+                       stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
+                       echo=echo) as session:
+        return session.run(schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
+                           pcap=cfg.pcap, config=asdict(cfg), report=report)
+
+
+def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[int], *,
+              timeout: float) -> dict[int, dict[str, Any]]:
     """Wait for message ``kind`` from every rank; fail naming the rank on error, death or timeout."""
     got: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
