@@ -160,6 +160,10 @@ class ControllerCore:
         if switch in self.installed:
             self.confirmed.add(switch)
 
+    def unconfirm(self, switch: str) -> None:
+        """Changes were sent to ``switch``; not confirmed until its next barrier reply."""
+        self.confirmed.discard(switch)
+
     def disconnect(self, switch: str) -> None:
         self.installed.pop(switch, None)
         self.confirmed.discard(switch)

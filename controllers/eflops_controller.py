@@ -130,9 +130,10 @@ class EflopsController(compat.BaseApp):
     def barrier_reply(self, ev):
         switch = self.core.switch_name(ev.msg.datapath.id)
         if switch is not None and self.barriers.get(switch) == ev.msg.xid:
+            before = len(self.core.confirmed)
             self.core.confirm(switch)
-            if len(self.core.confirmed) == len(self.topo.switches):
-                LOG.info("all %d switches installed", len(self.topo.switches))
+            if before < len(self.core.confirmed) == len(self.topo.switches):
+                LOG.info("all %d switches have their entries", len(self.topo.switches))
             self._write_state()
 
     @compat.set_ev_cls(compat.ofp_event.EventOFPStateChange, compat.DEAD_DISPATCHER)
@@ -184,6 +185,7 @@ class EflopsController(compat.BaseApp):
                 dp.send_msg(self._flow_mod(dp, entry, dp.ofproto.OFPFC_ADD))
             for entry in update.deletes.get(switch, []):
                 dp.send_msg(self._flow_mod(dp, entry, dp.ofproto.OFPFC_DELETE_STRICT))
+            self.core.unconfirm(switch)
             self._barrier(switch, dp)
         failed = " ".join(f"{a}-{b}" for a, b in update.failed_links) or "none"
         LOG.info("%s: rerouted in %.0f ms (%d entries changed); failed links: %s", why,

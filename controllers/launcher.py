@@ -8,6 +8,7 @@ told otherwise), never on os-ken's default ``0.0.0.0`` and legacy port 6633.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 
@@ -39,8 +40,13 @@ def run_foreground(settings: Settings, log_level: str = "INFO") -> None:
     logging.getLogger("os_ken").setLevel(logging.WARNING)
     eflops_controller.configure(settings)
 
-    def _stop(signum, frame):  # SystemExit unwinds run_apps, which closes the apps
-        raise SystemExit(0)
+    def _stop(signum, frame):
+        # run_apps cannot unwind cleanly (os-ken 4.2 calls kill() on its threads, which they lack),
+        # and there is nothing to save: the switches keep their entries (fail-mode secure).
+        logging.getLogger("eflops.controller").info("stopped by signal %d", signum)
+        logging.shutdown()
+        os._exit(0)
 
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     app_manager.AppManager.run_apps([APP])

@@ -140,13 +140,18 @@ class ControllerProcess:
         except (OSError, json.JSONDecodeError):
             return {}
 
-    def wait_installed(self, timeout: float = 60.0, switches: int | None = None) -> dict:
-        """Wait until every switch is connected and has confirmed its entries; return the status."""
+    def wait_installed(self, timeout: float = 60.0, switches: int | None = None,
+                       no_failures: bool = True) -> dict:
+        """Wait until every switch is connected and has confirmed its entries; return the status.
+
+        With ``no_failures`` also wait until the controller sees no link down
+        (right after bring-up some ports may still report down for a moment).
+        """
         want = len(self.topo.switches) if switches is None else switches
         deadline = time.monotonic() + timeout
         while True:
             st = self.status()
-            if len(st.get("installed", [])) >= want:
+            if len(st.get("installed", [])) >= want and not (no_failures and st.get("failed_links")):
                 return st
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited: {self.log_tail()}")
