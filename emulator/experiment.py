@@ -1,0 +1,438 @@
+"""Experiment files: a typed, frozen grid of replay runs, its cells and their resume state.
+
+This module is pure (no root, no network). It owns
+
+* the experiment file format (``experiments/*.yaml``, documented in
+  ``experiments/README.md``): :func:`load` / :func:`from_dict` parse and
+  validate it into a frozen :class:`Experiment`; unknown keys and bad values
+  raise :class:`~emulator.errors.FieldError` naming the file and the field,
+  e.g. ``experiments/default.yaml: field 'series[1].sizes[0]': ...``;
+* grid expansion (:func:`expand`): every series' runs become :class:`Cell`
+  objects, one per topology x routing x ECMP seed x algorithm x placement x
+  size, each with a stable, readable id such as
+  ``compare.leafspine-4x4x4.ecmp-s1.hd.512KiB`` (the id names the cell's
+  directory, so a cell keeps its id across runs of the same file);
+* :func:`prepare`: each cell's schedule and the model's prediction (the same
+  ``schedule check`` the replay runs), which is what ``emu run --check``
+  validates without starting anything;
+* resume bookkeeping: :func:`cell_finished` says whether a cell's directory
+  holds a finished result of *this* cell (``results.json`` with status
+  ``ok`` and the same cell configuration), :func:`groups` orders cells so a
+  network comes up once per (topology, routing, seed).
+
+The live loop is in :mod:`emulator.runner`; the report in :mod:`emulator.report`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import yaml
+
+from emulator import routing, topology
+from emulator.errors import MISSING, FieldError, UserError
+from emulator.schedule import generators
+from emulator.schedule.format import format_size, parse_size
+
+DEFAULT_LINK_MBPS = 10.0
+DEFAULT_REPEAT = 2
+DEFAULT_WARMUP = 1
+DEFAULT_SEEDS = (0,)
+DEFAULT_SIZES = (1 << 20,)
+DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
+#: The fabric a 10 Mbit/s emulated link stands for in the report (time dilation).
+TARGET_FABRIC_GBPS = 100.0
+MTU = 9000
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_TOP_KEYS = ("name", "description", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
+             "reference", "series")
+_SERIES_KEYS = ("name", "description", "sizes", "runs")
+_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes")
+_REFERENCE_KEYS = ("algorithm", "routing")
+_RATE_KEYS = ("bw", "host_bw", "switch_bw")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One entry of a series' ``runs``: a topology with its routings, algorithms and placements."""
+
+    topology: str  # normalised spec, link rate included
+    routing: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    placements: tuple[str, ...] = ("identity",)
+    seeds: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    runs: tuple[Run, ...]
+    sizes: tuple[int, ...] | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    series: tuple[Series, ...]
+    description: str = ""
+    link_mbps: float = DEFAULT_LINK_MBPS
+    repeat: int = DEFAULT_REPEAT
+    warmup: int = DEFAULT_WARMUP
+    ecmp_seeds: tuple[int, ...] = DEFAULT_SEEDS
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    timeout_s: float | None = None
+    reference: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REFERENCE))
+    source: str = "experiment"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reference"] = dict(self.reference)
+        return data
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides what runs (not the name, description or source)."""
+        data = self.to_json()
+        for key in ("source", "description", "name"):
+            data.pop(key)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One replay: a schedule on a network, ``warmup + repeat`` repetitions."""
+
+    id: str
+    series: str
+    field: str  # where it came from in the file, e.g. series[0].runs[2]
+    topology: str
+    kind: str
+    hosts: int
+    routing: str
+    seed: int
+    algorithm: str
+    placement: str
+    size: int
+    repeat: int
+    warmup: int
+    timeout_s: float | None
+
+    @property
+    def group(self) -> tuple[str, str, int]:
+        """Cells of one group share one network (and controller)."""
+        return (self.topology, self.routing, self.seed)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------- parsing
+def load(path: str) -> Experiment:
+    """Read and validate an experiment file; :class:`UserError` for anything wrong."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UserError(f"experiment file {path!r}: cannot read it ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UserError(f"{path}: not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    default_name = os.path.splitext(os.path.basename(path))[0]
+    return from_dict(data, where=path, default_name=default_name)
+
+
+def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    for key in data:
+        if key not in allowed:
+            raise FieldError(where, f"{prefix}{key}", f"one of the keys {', '.join(allowed)}",
+                             f"unknown key {key}")
+
+
+def _mapping(where: str, name: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise FieldError(where, name, "a mapping of keys to values", value)
+    return value
+
+
+def _list(where: str, name: str, value: object, *, allow_scalar: bool = False) -> list[Any]:
+    if allow_scalar and isinstance(value, str | int) and not isinstance(value, bool):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise FieldError(where, name, "a non-empty list", value)
+    return value
+
+
+def _int(where: str, name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise FieldError(where, name, f"an integer >= {minimum}", value)
+    return value
+
+
+def _name(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise FieldError(where, name, "a name of letters, digits, '-' and '_' (at most 64)", value)
+    return value
+
+
+def _sizes(where: str, name: str, value: object) -> tuple[int, ...]:
+    items = _list(where, name, value, allow_scalar=True)
+    sizes = tuple(parse_size(v, where, f"{name}[{i}]") for i, v in enumerate(items))
+    if len(set(sizes)) != len(sizes):
+        raise FieldError(where, name, "distinct sizes", value)
+    return sizes
+
+
+def _seeds(where: str, name: str, value: object) -> tuple[int, ...]:
+    items = _list(where, name, value, allow_scalar=True)
+    seeds = tuple(_int(where, f"{name}[{i}]", v, 0) for i, v in enumerate(items))
+    if len(set(seeds)) != len(seeds):
+        raise FieldError(where, name, "distinct seeds", value)
+    return seeds
+
+
+def _choices(where: str, name: str, value: object, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    items = _list(where, name, value, allow_scalar=True)
+    for i, v in enumerate(items):
+        if v not in allowed:
+            raise FieldError(where, f"{name}[{i}]", f"one of {', '.join(allowed)}", v)
+    if len(set(items)) != len(items):
+        raise FieldError(where, name, "distinct values", value)
+    return tuple(items)
+
+
+def _topology(where: str, name: str, value: object, link_mbps: float) -> topology.Topology:
+    """The run's topology with the experiment's link rate unless the spec sets its own."""
+    if isinstance(value, str):
+        try:
+            _, raw = topology.split_spec(value)
+        except FieldError as exc:
+            raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
+        except UserError as exc:
+            raise UserError(f"{where}: field '{name}': {exc}") from None
+        spec: str | dict[str, Any] = value if any(k in raw for k in _RATE_KEYS) else f"{value},bw={link_mbps:g}"
+    elif isinstance(value, Mapping):
+        spec = dict(value)
+        if not any(k in spec for k in _RATE_KEYS):
+            spec["bw"] = link_mbps
+    else:
+        raise FieldError(where, name, "a topology spec such as 'fattree:k=4' or a mapping with kind:", value)
+    try:
+        return topology.build(spec)
+    except FieldError as exc:
+        raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
+    except UserError as exc:
+        raise UserError(f"{where}: field '{name}': {exc}") from None
+
+
+def from_dict(data: object, where: str = "experiment", default_name: str = "experiment") -> Experiment:
+    """Validate a parsed experiment file (see ``experiments/README.md``)."""
+    top = _mapping(where, "(top level)", data)
+    _reject_unknown(where, "", top, _TOP_KEYS)
+    name = _name(where, "name", top.get("name", default_name))
+    description = top.get("description", "")
+    if not isinstance(description, str):
+        raise FieldError(where, "description", "a string", description)
+    link = top.get("link_mbps", DEFAULT_LINK_MBPS)
+    if isinstance(link, bool) or not isinstance(link, int | float) or not 0 < link <= topology.MAX_LINK_MBPS:
+        raise FieldError(where, "link_mbps", f"a rate in Mbit/s in (0, {topology.MAX_LINK_MBPS:g}]", link)
+    link = float(link)
+    repeat = _int(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
+    warmup = _int(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
+    seeds = _seeds(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
+    sizes = _sizes(where, "sizes", top["sizes"]) if "sizes" in top else DEFAULT_SIZES
+    timeout = top.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+        raise FieldError(where, "timeout_s", "seconds > 0 per repetition (or leave it out)", timeout)
+    ref = dict(DEFAULT_REFERENCE)
+    if "reference" in top:
+        raw_ref = _mapping(where, "reference", top["reference"])
+        _reject_unknown(where, "reference.", raw_ref, _REFERENCE_KEYS)
+        if "algorithm" in raw_ref:
+            ref["algorithm"] = _choices(where, "reference.algorithm", raw_ref["algorithm"], generators.ALGORITHMS)[0]
+        if "routing" in raw_ref:
+            ref["routing"] = _choices(where, "reference.routing", raw_ref["routing"], routing.POLICIES)[0]
+    if "series" not in top:
+        raise FieldError(where, "series", "a non-empty list of series (name, runs)", MISSING)
+    series_list = []
+    seen: set[str] = set()
+    for si, raw_series in enumerate(_list(where, "series", top["series"])):
+        sp = f"series[{si}]"
+        ser = _mapping(where, sp, raw_series)
+        _reject_unknown(where, f"{sp}.", ser, _SERIES_KEYS)
+        if "name" not in ser:
+            raise FieldError(where, f"{sp}.name", "a name for the series", MISSING)
+        sname = _name(where, f"{sp}.name", ser["name"])
+        if sname in seen:
+            raise FieldError(where, f"{sp}.name", "a name no other series has", sname)
+        seen.add(sname)
+        sdesc = ser.get("description", "")
+        if not isinstance(sdesc, str):
+            raise FieldError(where, f"{sp}.description", "a string", sdesc)
+        ssizes = _sizes(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
+        if "runs" not in ser:
+            raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)",
+                             MISSING)
+        runs = []
+        for ri, raw_run in enumerate(_list(where, f"{sp}.runs", ser["runs"])):
+            rp = f"{sp}.runs[{ri}]"
+            run = _mapping(where, rp, raw_run)
+            _reject_unknown(where, f"{rp}.", run, _RUN_KEYS)
+            for key in ("topology", "routing", "algorithms"):
+                if key not in run:
+                    raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
+            topo = _topology(where, f"{rp}.topology", run["topology"], link)
+            policies = _choices(where, f"{rp}.routing", run["routing"], routing.POLICIES)
+            for i, policy in enumerate(policies):
+                try:
+                    routing.check_policy(topo, policy)
+                except FieldError as exc:
+                    raise FieldError(where, f"{rp}.routing[{i}]", exc.expected, exc.given) from None
+            algos = _choices(where, f"{rp}.algorithms", run["algorithms"], generators.ALGORITHMS)
+            placements = (_choices(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+                          if "placements" in run else ("identity",))
+            for i, placement in enumerate(placements):
+                _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
+            if "hdrm" in algos:
+                _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
+            rseeds = _seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None
+            rsizes = _sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None
+            runs.append(Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
+                            seeds=rseeds, sizes=rsizes))
+        series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc))
+    exp = Experiment(name=name, series=tuple(series_list), description=description, link_mbps=link,
+                     repeat=repeat, warmup=warmup, ecmp_seeds=seeds, sizes=sizes, timeout_s=timeout,
+                     reference=ref, source=where)
+    expand(exp)  # duplicate cells are an error of the file
+    return exp
+
+
+def _check_placement(where: str, name: str, topo: topology.Topology, placement: str) -> None:
+    try:
+        generators.placement_hosts(topo, placement)
+    except FieldError as exc:
+        raise FieldError(where, name, f"a placement that fits {topo.spec}: {exc.expected}", placement) from None
+
+
+# ------------------------------------------------------------- the grid
+def topology_slug(spec: str, link_mbps: float) -> str:
+    """``leafspine:leaves=4,spines=4,hosts_per_leaf=4,...`` -> ``leafspine-4x4x4`` (+ rates if not the default)."""
+    kind, params = topology.parse_spec(spec)
+    dims = "x".join(str(v) for k, v in params.items() if k not in _RATE_KEYS)
+    slug = f"{kind}-{dims}"
+    if params["host_bw"] != link_mbps or params["switch_bw"] != link_mbps:
+        slug += f"-h{params['host_bw']:g}-s{params['switch_bw']:g}"
+    return slug
+
+
+def expand(exp: Experiment) -> list[Cell]:
+    """Every cell of the experiment in file order; :class:`FieldError` if two cells would be the same."""
+    cells: list[Cell] = []
+    ids: dict[str, str] = {}
+    for si, ser in enumerate(exp.series):
+        for ri, run in enumerate(ser.runs):
+            where_field = f"series[{si}].runs[{ri}]"
+            kind, params = topology.parse_spec(run.topology)
+            hosts = len(topology.build(run.topology).hosts)
+            sizes = run.sizes or ser.sizes or exp.sizes
+            slug = topology_slug(run.topology, exp.link_mbps)
+            for policy in run.routing:
+                seeds = (run.seeds or exp.ecmp_seeds) if policy == "ecmp" else (0,)
+                for seed in seeds:
+                    rname = f"{policy}-s{seed}" if policy == "ecmp" else policy
+                    for algo in run.algorithms:
+                        placements = ("hdrm",) if algo == "hdrm" else run.placements
+                        for placement in placements:
+                            default = "hdrm" if algo == "hdrm" else "identity"
+                            aname = algo if placement == default else f"{algo}-{placement}"
+                            for size in sizes:
+                                cid = f"{ser.name}.{slug}.{rname}.{aname}.{format_size(size)}"
+                                if cid in ids:
+                                    raise FieldError(exp.source, where_field, "runs that add new cells, not one "
+                                                     f"that {ids[cid]} already has", cid)
+                                ids[cid] = where_field
+                                cells.append(Cell(id=cid, series=ser.name, field=where_field, topology=run.topology,
+                                                  kind=kind, hosts=hosts, routing=policy, seed=seed,
+                                                  algorithm=algo, placement=placement, size=size,
+                                                  repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s))
+    return cells
+
+
+@dataclass
+class PreparedCell:
+    """A cell with its topology, schedule and the model's prediction (``schedule check``)."""
+
+    cell: Cell
+    topo: Any
+    schedule: Any
+    report: Any
+
+    @property
+    def predicted_s(self) -> float:
+        return float(self.report.predicted_time_s)
+
+
+def prepare(exp: Experiment, cells: list[Cell] | None = None) -> list[PreparedCell]:
+    """Generate every cell's schedule and predict it, as the replay would; :class:`UserError` on failure."""
+    from emulator.replay import predict
+
+    topos: dict[str, topology.Topology] = {}
+    out = []
+    for cell in expand(exp) if cells is None else cells:
+        topo = topos.setdefault(cell.topology, topology.build(cell.topology))
+        try:
+            schedule = generators.generate(cell.algorithm, topo, cell.size, placement=cell.placement)
+            report = predict(schedule, topo, cell.routing, cell.seed, MTU, where=f"cell {cell.id}")
+        except FieldError as exc:
+            raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "
+                             f"must be {exc.expected}", exc.given) from None
+        except UserError as exc:
+            raise UserError(f"{exp.source}: field '{cell.field}': cell {cell.id}: {exc}") from None
+        out.append(PreparedCell(cell=cell, topo=topo, schedule=schedule, report=report))
+    return out
+
+
+def groups(cells: list[Cell]) -> list[tuple[tuple[str, str, int], list[Cell]]]:
+    """Cells by (topology, routing, seed), groups in order of their first cell, cells in file order."""
+    out: dict[tuple[str, str, int], list[Cell]] = {}
+    for cell in cells:
+        out.setdefault(cell.group, []).append(cell)
+    return list(out.items())
+
+
+# ------------------------------------------------------------ resume state
+def cell_dir(out: str, cell: Cell | str) -> str:
+    return os.path.join(out, "cells", cell if isinstance(cell, str) else cell.id)
+
+
+def read_results(out: str, cell: Cell | str) -> dict[str, Any] | None:
+    """The cell's ``results.json``, or None if absent or unreadable."""
+    try:
+        with open(os.path.join(cell_dir(out, cell), "results.json"), encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def cell_finished(out: str, cell: Cell) -> bool:
+    """True if the cell's directory holds a finished (status ok) result of exactly this cell."""
+    res = read_results(out, cell)
+    if res is None or res.get("status") != "ok":
+        return False
+    return (res.get("config") or {}).get("cell") == cell.to_json()
+
+
+def estimate_s(pc: PreparedCell, overhead_s: float) -> float:
+    """Wall seconds a cell should take if the network met the model: repetitions plus agent start-up."""
+    return (pc.cell.warmup + pc.cell.repeat) * pc.predicted_s + overhead_s

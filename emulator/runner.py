@@ -1,0 +1,357 @@
+"""The live loop of ``emu run``: every cell of an experiment on real emulated networks, resumable.
+
+:class:`Runner` owns one results folder (``out``):
+
+* ``experiment.yaml`` (the file as given), ``experiment.json`` (the validated
+  experiment and every cell with its prediction), ``run.json`` (status:
+  ``running``, ``interrupted``, ``incomplete`` with failed cells, or
+  ``complete``), ``state.json`` (every cell's last outcome, wall time and
+  error), ``run.log`` (one line per cell: ran, skipped, failed);
+* ``cells/<cell-id>/``: what :meth:`emulator.replay.ReplaySession.run` writes
+  (``results.json``, ``timeline.jsonl``, ``links.jsonl``, ``schedule.json``,
+  ``topology.json``, agent logs).
+
+Cells are run group by group, one network (controller + Mininet) per
+(topology, routing, seed), brought up only when the group has unfinished
+cells. A cell counts as finished when its ``results.json`` says ``ok`` and
+holds this cell's configuration (:func:`emulator.experiment.cell_finished`);
+finished cells are skipped, anything else (failed, interrupted, never run) is
+run again from an empty directory. A failed cell is recorded and the loop goes
+on; Ctrl-C (KeyboardInterrupt) ends the loop after tearing the network down,
+with everything finished so far kept.
+
+The session class and the clock are parameters, so the bookkeeping is
+unit-tested with a fake session (no root).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from emulator import experiment as xp
+from emulator.results import write_atomic, write_json_atomic
+
+#: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
+DEFAULT_CELL_OVERHEAD_S = 4.0
+DEFAULT_BRINGUP_S = 10.0
+
+
+@dataclass
+class Summary:
+    out: str
+    total: int
+    skipped: list[str] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    interrupted: bool = False
+    wall_s: float = 0.0
+
+    @property
+    def status(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        return "incomplete" if self.failed else "complete"
+
+
+def format_duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def progress_bar(done: int, total: int, width: int = 24) -> str:
+    filled = int(width * done / total) if total else width
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+class Eta:
+    """Time left: the model's prediction of the remaining cells, scaled by what was seen so far."""
+
+    def __init__(self, prepared: dict[str, xp.PreparedCell]):
+        self.prepared = prepared
+        self.cell_s: list[float] = []  # measured wall seconds of run cells
+        self.raw_s: list[float] = []  # their prediction-based estimate without overhead
+        self.bringup_s: list[float] = []
+
+    def observe_cell(self, cell_id: str, wall_s: float) -> None:
+        pc = self.prepared[cell_id]
+        self.cell_s.append(wall_s)
+        self.raw_s.append(xp.estimate_s(pc, 0.0))
+
+    def observe_bringup(self, seconds: float) -> None:
+        self.bringup_s.append(seconds)
+
+    def remaining_s(self, cell_ids: list[str], groups_left: int) -> float:
+        if self.cell_s:
+            # least-squares fit of wall = overhead + scale * raw is overkill; a ratio of sums with a fixed overhead works
+            overhead = min(DEFAULT_CELL_OVERHEAD_S, min(self.cell_s))
+            raw = sum(self.raw_s)
+            scale = (sum(self.cell_s) - overhead * len(self.cell_s)) / raw if raw > 0 else 1.0
+            scale = max(scale, 0.5)
+        else:
+            overhead, scale = DEFAULT_CELL_OVERHEAD_S, 1.5
+        bringup = statistics.mean(self.bringup_s) if self.bringup_s else DEFAULT_BRINGUP_S
+        cells = sum(overhead + scale * xp.estimate_s(self.prepared[c], 0.0) for c in cell_ids)
+        return cells + groups_left * bringup
+
+
+class Runner:
+    """Run (or resume) an experiment into ``out``. See the module docstring."""
+
+    def __init__(self, exp: xp.Experiment, out: str, *, source_text: str | None = None,
+                 session_factory: Callable[..., Any] | None = None, stream: TextIO | None = None,
+                 after_cell: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 prepared: list[xp.PreparedCell] | None = None):
+        self.exp = exp
+        self.out = out
+        self.source_text = source_text
+        self.session_factory = session_factory
+        self.stream = stream or sys.stdout
+        self.after_cell = after_cell
+        self.clock = clock
+        self.prepared = prepared if prepared is not None else xp.prepare(exp)
+        self.by_id = {pc.cell.id: pc for pc in self.prepared}
+        self.state: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ files
+    def _log(self, text: str) -> None:
+        stamp = datetime.datetime.now().isoformat(timespec="seconds")
+        with open(os.path.join(self.out, "run.log"), "a", encoding="utf-8") as fh:
+            fh.write(f"{stamp} {text}\n")
+
+    def _say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+    def _write_run(self, status: str) -> None:
+        path = os.path.join(self.out, "run.json")
+        old = _read_json(path) or {}
+        write_json_atomic(path, {
+            "experiment": self.exp.name, "source": self.exp.source, "fingerprint": self.exp.fingerprint(),
+            "created": old.get("created") or datetime.datetime.now().isoformat(timespec="seconds"),
+            "updated": datetime.datetime.now().isoformat(timespec="seconds"),
+            "status": status, "cells": len(self.prepared),
+        })
+
+    def _write_state(self) -> None:
+        write_json_atomic(os.path.join(self.out, "state.json"), {"cells": self.state})
+
+    def write_plan(self) -> None:
+        """``experiment.yaml``, ``experiment.json`` (cells with predictions) and ``run.json``."""
+        os.makedirs(os.path.join(self.out, "cells"), exist_ok=True)
+        if self.source_text is not None:
+            write_atomic(os.path.join(self.out, "experiment.yaml"), self.source_text)
+        cells = []
+        for pc in self.prepared:
+            pred = pc.report.to_json()
+            cells.append({**pc.cell.to_json(), "predicted_time_s": pred["predicted_time_s"],
+                          "predicted_busbw_mbps": pred["busbw_mbps"],
+                          "alpha_beta_time_s": pred["alpha_beta_time_s"],
+                          "max_flows_per_link": max(pred["max_flows_per_link"], default=0)})
+        write_json_atomic(os.path.join(self.out, "experiment.json"),
+                          {"experiment": self.exp.to_json(), "fingerprint": self.exp.fingerprint(), "cells": cells})
+
+    # ------------------------------------------------------------- loop
+    def run(self) -> Summary:
+        """Run every unfinished cell; returns what happened (never raises KeyboardInterrupt)."""
+        start = self.clock()
+        self.write_plan()
+        self.state = (_read_json(os.path.join(self.out, "state.json")) or {}).get("cells", {})
+        summary = Summary(out=self.out, total=len(self.prepared))
+        todo: list[tuple[tuple[str, str, int], list[xp.Cell]]] = []
+        for key, cells in xp.groups([pc.cell for pc in self.prepared]):
+            left = []
+            for cell in cells:
+                if xp.cell_finished(self.out, cell):
+                    summary.skipped.append(cell.id)
+                    self.state.setdefault(cell.id, {})["status"] = "ok"
+                    self._log(f"skipped {cell.id} (finished before)")
+                else:
+                    left.append(cell)
+            if left:
+                todo.append((key, left))
+        self._write_run("running")
+        self._write_state()
+        done = len(summary.skipped)
+        remaining = [c.id for _, cells in todo for c in cells]
+        eta = Eta(self.by_id)
+        if summary.skipped:
+            self._say(f"resuming {self.out}: {done} of {summary.total} cells finished before, skipped")
+        self._say(f"{progress_bar(done, summary.total)} {done}/{summary.total} cells, {len(todo)} networks to "
+                  f"bring up, ETA {format_duration(eta.remaining_s(remaining, len(todo)))}")
+        try:
+            for gi, ((spec, policy, seed), cells) in enumerate(todo):
+                seed_text = f" seed {seed}" if policy == "ecmp" else ""
+                self._say(f"network {gi + 1}/{len(todo)}: {spec} ({policy}{seed_text}), {len(cells)} cells")
+                runs = self._run_group(spec, policy, seed, cells, eta)
+                try:
+                    for cell, outcome in runs:
+                        remaining.remove(cell.id)
+                        done += 1
+                        if outcome == "ok":
+                            summary.ran.append(cell.id)
+                        else:
+                            summary.failed[cell.id] = self.state[cell.id].get("error") or "failed"
+                        self._say(self._progress_line(cell, outcome, done, summary.total,
+                                                      eta.remaining_s(remaining, len(todo) - gi - 1)))
+                        if self.after_cell is not None:
+                            self.after_cell(cell.id, outcome)
+                finally:
+                    runs.close()  # tears the network down now, whatever happened
+        except KeyboardInterrupt:
+            summary.interrupted = True
+            self._log("interrupted")
+            self._say(f"interrupted: {done} of {summary.total} cells finished and kept in {self.out}; "
+                      "run the same command again to finish the rest")
+        summary.wall_s = self.clock() - start
+        self._write_state()
+        self._write_run(summary.status)
+        return summary
+
+    def _run_group(self, spec: str, policy: str, seed: int, cells: list[xp.Cell], eta: Eta):
+        """Bring the network up once, run its cells; yields ``(cell, "ok" | "failed")``."""
+        if self.session_factory is None:
+            from emulator.replay import ReplaySession
+            factory: Callable[..., Any] = ReplaySession
+        else:
+            factory = self.session_factory
+        topo = self.by_id[cells[0].id].topo
+        work = os.path.join(self.out, "sessions", f"{xp.topology_slug(spec, self.exp.link_mbps)}.{policy}-s{seed}")
+        t0 = self.clock()
+        session = None
+        try:
+            session = factory(topo, policy, seed=seed, mtu=xp.MTU, work_dir=work, echo=self._log)
+            session.start()
+        except KeyboardInterrupt:
+            if session is not None:
+                session.stop()
+            raise
+        except Exception as exc:  # the network did not come up: every cell of the group fails
+            if session is not None:
+                try:
+                    session.stop()
+                except Exception:
+                    pass
+            self._log(f"bring-up of {spec} ({policy}, seed {seed}) failed: {exc}")
+            for cell in cells:
+                self._record(cell, "failed", 0.0, f"network bring-up failed: {exc}")
+                yield cell, "failed"
+            return
+        eta.observe_bringup(self.clock() - t0)
+        try:
+            for cell in cells:
+                pc = self.by_id[cell.id]
+                where = xp.cell_dir(self.out, cell)
+                shutil.rmtree(where, ignore_errors=True)
+                os.makedirs(where)
+                self._record(cell, "running", 0.0, None)
+                c0 = self.clock()
+                try:
+                    session.run(pc.schedule, where, repeat=cell.repeat, warmup=cell.warmup,
+                                timeout_s=cell.timeout_s, report=pc.report,
+                                config={"cell": cell.to_json(), "experiment": self.exp.name})
+                except KeyboardInterrupt:
+                    self._record(cell, "interrupted", self.clock() - c0, "interrupted")
+                    raise
+                except Exception as exc:
+                    wall = self.clock() - c0
+                    self._record(cell, "failed", wall, f"{type(exc).__name__}: {exc}")
+                    yield cell, "failed"
+                    continue
+                wall = self.clock() - c0
+                if xp.cell_finished(self.out, cell):
+                    eta.observe_cell(cell.id, wall)
+                    self._record(cell, "ok", wall, None)
+                    yield cell, "ok"
+                else:
+                    res = xp.read_results(self.out, cell) or {}
+                    self._record(cell, "failed", wall, res.get("error") or f"status {res.get('status')!r}")
+                    yield cell, "failed"
+        finally:
+            session.stop()
+
+    def _record(self, cell: xp.Cell, status: str, wall_s: float, error: str | None) -> None:
+        self.state[cell.id] = {"status": status, "wall_s": round(wall_s, 3), "error": error,
+                               "at": datetime.datetime.now().isoformat(timespec="seconds")}
+        self._write_state()
+        if status != "running":
+            self._log(f"{'ran' if status == 'ok' else status} {cell.id} in {wall_s:.1f} s"
+                      + (f": {error}" if error else ""))
+
+    def _progress_line(self, cell: xp.Cell, outcome: str, done: int, total: int, eta_s: float) -> str:
+        head = f"{progress_bar(done, total)} {done}/{total} ETA {format_duration(eta_s)}  {cell.id}: "
+        if outcome != "ok":
+            return head + f"FAILED ({self.state[cell.id].get('error')})"
+        res = xp.read_results(self.out, cell) or {}
+        pred = (res.get("prediction") or {}).get("busbw_mbps") or 0.0
+        flags = sorted({f for r in res.get("repetitions", []) for f in r.get("fidelity", {}).get("flags", [])
+                        if f != "uncalibrated"})
+        return (head + f"busbw {res.get('busbw_mbps_median', 0):.2f} Mbit/s (model {pred:.2f}), "
+                f"measured/predicted {res.get('measured_over_predicted_median') or 0:.2f}"
+                + (f" [fidelity: {', '.join(flags)}]" if flags else ""))
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ----------------------------------------------------------- results folders
+def new_out_dir(results_root: str, name: str, now: datetime.datetime | None = None) -> str:
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(results_root, f"{name}-{stamp}")
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(results_root, f"{name}-{stamp}-{n}")
+    return path
+
+
+def find_unfinished(results_root: str, exp: xp.Experiment) -> str | None:
+    """The newest folder of ``results_root`` holding an unfinished run of this very experiment."""
+    try:
+        names = sorted(os.listdir(results_root))
+    except OSError:
+        return None
+    best: tuple[str, str] | None = None
+    for name in names:
+        path = os.path.join(results_root, name)
+        if name == "latest" or os.path.islink(path) or not name.startswith(exp.name + "-"):
+            continue
+        run = _read_json(os.path.join(path, "run.json"))
+        if not run or run.get("fingerprint") != exp.fingerprint() or run.get("status") == "complete":
+            continue
+        key = (run.get("created") or "", name)
+        if best is None or key > best:
+            best = (key[0], path)
+    return best[1] if best else None
+
+
+def point_latest(results_root: str, out: str) -> None:
+    """Make ``results_root/latest`` a relative symlink to ``out`` (replaced atomically)."""
+    link = os.path.join(results_root, "latest")
+    if os.path.abspath(os.path.dirname(os.path.abspath(out))) != os.path.abspath(results_root):
+        return
+    tmp = link + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(os.path.basename(os.path.abspath(out)), tmp)
+    os.replace(tmp, link)

@@ -1,0 +1,312 @@
+"""Experiment files: validation with field-named errors, grid expansion, resume bookkeeping (fake session)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+import yaml
+from fake_session import FakeSession, factory
+
+from emulator import cli, runner
+from emulator import experiment as xp
+from emulator.errors import FieldError, UserError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+GOOD = """
+name: t
+link_mbps: 20
+repeat: 1
+warmup: 0
+ecmp_seeds: [0, 3]
+sizes: [64KiB, 256KiB]
+series:
+  - name: cmp
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [hdrm, hd]
+        placements: [identity, random]
+      - topology: "leafspine:leaves=2,spines=2,hosts_per_leaf=2"
+        routing: [ecmp, dmodk]
+        algorithms: [ring]
+        sizes: [64KiB]
+  - name: star
+    sizes: [32KiB]
+    runs:
+      - topology: {kind: star, hosts: 4}
+        routing: shortest
+        algorithms: ring
+"""
+
+
+def parse(text: str, where: str = "experiments/x.yaml") -> xp.Experiment:
+    return xp.from_dict(yaml.safe_load(text), where=where)
+
+
+def test_good_file_expands_to_stable_ids():
+    exp = parse(GOOD)
+    cells = xp.expand(exp)
+    ids = [c.id for c in cells]
+    assert ids == [
+        "cmp.bigraph-2x2x1.bigraph.hdrm.64KiB", "cmp.bigraph-2x2x1.bigraph.hdrm.256KiB",
+        "cmp.bigraph-2x2x1.bigraph.hd.64KiB", "cmp.bigraph-2x2x1.bigraph.hd.256KiB",
+        "cmp.bigraph-2x2x1.bigraph.hd-random.64KiB", "cmp.bigraph-2x2x1.bigraph.hd-random.256KiB",
+        "cmp.leafspine-2x2x2.ecmp-s0.ring.64KiB", "cmp.leafspine-2x2x2.ecmp-s3.ring.64KiB",
+        "cmp.leafspine-2x2x2.dmodk.ring.64KiB",
+        "star.star-4.shortest.ring.32KiB",
+    ]
+    assert ids == [c.id for c in xp.expand(parse(GOOD))]  # stable
+    c = cells[0]
+    assert c.topology.endswith("bw=20") and c.hosts == 4 and c.placement == "hdrm" and c.repeat == 1
+    assert cells[7].seed == 3 and cells[8].seed == 0
+    groups = xp.groups(cells)
+    assert [k for k, _ in groups] == [(cells[0].topology, "bigraph", 0), (cells[6].topology, "ecmp", 0),
+                                      (cells[6].topology, "ecmp", 3), (cells[6].topology, "dmodk", 0),
+                                      (cells[9].topology, "shortest", 0)]
+    assert len(xp.prepare(exp)) == len(cells)
+
+
+def test_defaults():
+    exp = parse("series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
+    assert (exp.name, exp.link_mbps, exp.repeat, exp.warmup, exp.ecmp_seeds, exp.sizes) == \
+        ("experiment", 10.0, 2, 1, (0,), (1 << 20,))
+    assert dict(exp.reference) == {"algorithm": "hdrm", "routing": "bigraph"}
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"colour": 1}, "colour"),
+    ({"repeat": 0}, "repeat"),
+    ({"warmup": -1}, "warmup"),
+    ({"link_mbps": 5000}, "link_mbps"),
+    ({"ecmp_seeds": [0, -1]}, "ecmp_seeds[1]"),
+    ({"sizes": ["64KiB", "1Mb"]}, "sizes[1]"),
+    ({"timeout_s": 0}, "timeout_s"),
+    ({"reference": {"algo": "hdrm"}}, "reference.algo"),
+    ({"series": []}, "series"),
+])
+def test_bad_top_level_fields_are_named(patch, field):
+    data = yaml.safe_load(GOOD)
+    data.update(patch)
+    with pytest.raises(FieldError) as exc:
+        xp.from_dict(data, where="experiments/x.yaml")
+    assert exc.value.field == field
+    assert str(exc.value).startswith(f"experiments/x.yaml: field '{field}': expected")
+
+
+@pytest.mark.parametrize("path, value, field", [
+    (("series", 1, "sizes", 0), "huge", "series[1].sizes[0]"),
+    (("series", 0, "runs", 0, "routing"), "ecmp-ish", "series[0].runs[0].routing[0]"),
+    (("series", 0, "runs", 1, "routing"), ["ecmp", "bigraph"], "series[0].runs[1].routing[1]"),
+    (("series", 0, "runs", 0, "algorithms"), ["hdrm", "magic"], "series[0].runs[0].algorithms[1]"),
+    (("series", 0, "runs", 1, "algorithms"), ["hdrm"], "series[0].runs[1].algorithms[0]"),
+    (("series", 0, "runs", 0, "topology"), "fattree:k=3", "series[0].runs[0].topology.k"),
+    (("series", 0, "runs", 0, "topology"), "torus:n=4", "series[0].runs[0].topology.kind"),
+    (("series", 0, "runs", 0, "placements"), ["hdrm-ish"], "series[0].runs[0].placements[0]"),
+    (("series", 0, "runs", 1, "placements"), ["hdrm"], "series[0].runs[1].placements[0]"),
+    (("series", 0, "runs", 0, "seeds"), ["x"], "series[0].runs[0].seeds[0]"),
+    (("series", 0, "runs", 0, "tpology"), "x", "series[0].runs[0].tpology"),
+    (("series", 1, "name"), "cmp", "series[1].name"),
+    (("series", 1, "name"), "a b", "series[1].name"),
+])
+def test_bad_nested_fields_are_named(path, value, field):
+    data = yaml.safe_load(GOOD)
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(FieldError) as exc:
+        xp.from_dict(data, where="experiments/x.yaml")
+    assert exc.value.field == field, str(exc.value)
+    assert str(exc.value).startswith(f"experiments/x.yaml: field '{field}'")
+
+
+def test_missing_keys_and_duplicate_cells():
+    with pytest.raises(FieldError, match="field 'series': .*got nothing"):
+        parse("name: x")
+    with pytest.raises(FieldError, match=r"field 'series\[0\].runs\[0\].algorithms'.*got nothing"):
+        parse("series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest}]}]")
+    dup = ("series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}, "
+           "{topology: 'star:hosts=2', routing: shortest, algorithms: [ring, hd]}]}]")
+    with pytest.raises(FieldError, match=r"field 'series\[0\].runs\[1\]'.*s.star-2.shortest.ring.1MiB"):
+        parse(dup)
+
+
+def test_size_that_does_not_split_is_a_field_error_of_the_cell():
+    exp = parse("series: [{name: s, runs: [{topology: 'star:hosts=3', routing: shortest, algorithms: [ring], "
+                "sizes: [100B]}]}]")
+    with pytest.raises(FieldError, match=r"field 'series\[0\].runs\[0\]'.*s.star-3.shortest.ring.100B"):
+        xp.prepare(exp)
+
+
+def test_shipped_experiment_files_are_valid():
+    for name in ("default", "tiny"):
+        exp = xp.load(os.path.join(ROOT, "experiments", f"{name}.yaml"))
+        assert xp.prepare(exp)
+    default = xp.load(os.path.join(ROOT, "experiments", "default.yaml"))
+    cells = xp.expand(default)
+    sizes = sorted({c.size for c in cells if c.series == "compare"})
+    assert sizes[-1] >= 16 * sizes[0]
+    combos = {(c.kind, c.routing, c.algorithm) for c in cells}
+    for kind in ("leafspine", "fattree"):
+        for policy in ("ecmp", "dmodk"):
+            for algo in ("ring", "hd", "dbtree"):
+                assert (kind, policy, algo) in combos
+    assert ("bigraph", "bigraph", "hdrm") in combos and any(c.kind == "star" for c in cells)
+    assert len({c.seed for c in cells if c.routing == "ecmp"}) >= 2
+    assert {c.hosts for c in cells if c.algorithm == "hdrm"} == {8, 16, 32}
+
+
+def test_cli_check_and_bad_file(tmp_path, capsys):
+    assert cli.main(["run", os.path.join(ROOT, "experiments", "tiny.yaml"), "--check"]) == 0
+    assert "3 cells on 1 networks" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(GOOD.replace("sizes: [32KiB]", "sizes: [32KB, lots]"))
+    assert cli.main(["run", str(bad), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"emu: {bad}: field 'series[1].sizes[1]': expected a positive size such as 65536, "
+                           "64KiB, 16MiB, 1GiB or 1MB, got 'lots'")
+    bad.write_text("series: [unclosed")
+    assert cli.main(["run", str(bad), "--check"]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- resume
+TINY = """
+name: t
+repeat: 1
+warmup: 0
+sizes: [16KiB]
+series:
+  - name: s
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [hdrm, ring]
+      - topology: "star:hosts=4"
+        routing: shortest
+        algorithms: [ring, hd]
+"""
+
+
+def _runner(exp, out, **options):
+    hook = options.pop("after_cell", None)
+    return runner.Runner(exp, str(out), session_factory=factory(**options), stream=io.StringIO(), after_cell=hook)
+
+
+def test_run_then_resume_skips_finished_cells(tmp_path):
+    exp = parse(TINY)
+    FakeSession.started.clear()
+    FakeSession.runs.clear()
+    r = _runner(exp, tmp_path)
+    s = r.run()
+    assert s.status == "complete" and len(s.ran) == 4 and not s.skipped
+    assert len(FakeSession.started) == 2  # one network per (topology, routing, seed)
+    stat = os.stat(tmp_path / "cells" / s.ran[0] / "results.json").st_mtime_ns
+    FakeSession.started.clear()
+    FakeSession.runs.clear()
+    s2 = _runner(exp, tmp_path).run()
+    assert s2.status == "complete" and s2.skipped == s.ran and not s2.ran
+    assert FakeSession.started == [] and FakeSession.runs == []  # no network for finished groups
+    assert os.stat(tmp_path / "cells" / s.ran[0] / "results.json").st_mtime_ns == stat
+    log = (tmp_path / "run.log").read_text()
+    assert log.count("skipped ") == 4
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "complete"
+
+
+def test_interrupt_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.runs.clear()
+
+    def stop_after_first(cell_id, outcome):
+        raise KeyboardInterrupt
+
+    s = _runner(exp, tmp_path, after_cell=stop_after_first).run()
+    assert s.interrupted and s.ran == [ids[0]]
+    assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
+    assert xp.cell_finished(str(tmp_path), xp.expand(exp)[0])
+    FakeSession.runs.clear()
+    s2 = _runner(exp, tmp_path).run()
+    assert s2.skipped == [ids[0]] and s2.ran == ids[1:] and FakeSession.runs == ids[1:]
+
+
+def test_interrupt_inside_a_cell_and_failures_are_retried(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    s = _runner(exp, tmp_path, fail={ids[0]}, interrupt={ids[1]}).run()
+    assert s.interrupted and s.failed == {ids[0]: "RuntimeError: rank 3 did not report 'done' within 30 s: "
+                                                  "agent hung"}
+    state = json.loads((tmp_path / "state.json").read_text())["cells"]
+    assert state[ids[0]]["status"] == "failed" and state[ids[1]]["status"] == "interrupted"
+    s2 = _runner(exp, tmp_path, fail={ids[3]}).run()
+    assert s2.ran == ids[:3] and list(s2.failed) == [ids[3]] and s2.status == "incomplete"
+    FakeSession.runs.clear()
+    s3 = _runner(exp, tmp_path).run()
+    assert s3.ran == [ids[3]] and s3.status == "complete" and FakeSession.runs == [ids[3]]
+
+
+def test_changed_cell_configuration_is_run_again(tmp_path):
+    exp = parse(TINY)
+    _runner(exp, tmp_path).run()
+    changed = parse(TINY.replace("repeat: 1", "repeat: 2"))
+    s = _runner(changed, tmp_path).run()
+    assert not s.skipped and len(s.ran) == 4
+
+
+def test_bring_up_failure_fails_the_group_only(tmp_path):
+    exp = parse(TINY)
+
+    class Broken(FakeSession):
+        def start(self):
+            if self.topo.kind == "star":
+                raise RuntimeError("ovs-vsctl add-br failed")
+            super().start()
+
+    r = runner.Runner(exp, str(tmp_path), session_factory=Broken, stream=io.StringIO())
+    s = r.run()
+    assert len(s.ran) == 2 and len(s.failed) == 2
+    assert all("bring-up failed: ovs-vsctl" in e for e in s.failed.values())
+
+
+def test_results_folders(tmp_path):
+    exp = parse(TINY)
+    root = str(tmp_path)
+    assert runner.find_unfinished(root, exp) is None
+    a = runner.new_out_dir(root, "t")
+    os.makedirs(a)
+    r = _runner(exp, a, after_cell=lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    r.run()
+    assert runner.find_unfinished(root, exp) == a
+    assert runner.find_unfinished(root, parse(TINY.replace("16KiB", "32KiB"))) is None
+    runner.point_latest(root, a)
+    assert os.readlink(os.path.join(root, "latest")) == os.path.basename(a)
+    _runner(exp, a).run()
+    assert runner.find_unfinished(root, exp) is None
+
+
+def test_eta_uses_prediction_scaled_by_what_was_seen():
+    exp = parse(TINY)
+    prepared = {pc.cell.id: pc for pc in xp.prepare(exp)}
+    eta = runner.Eta(prepared)
+    ids = list(prepared)
+    before = eta.remaining_s(ids, 2)
+    assert before > 2 * runner.DEFAULT_BRINGUP_S
+    eta.observe_bringup(4.0)
+    eta.observe_cell(ids[0], 100.0)  # much slower than predicted
+    assert eta.remaining_s(ids[1:], 1) > 3 * 50
+    assert runner.format_duration(3725) == "1h02m" and runner.format_duration(61) == "1m01s"
+    assert runner.progress_bar(1, 4, width=8) == "[##------]"
+
+
+def test_user_error_for_foreign_out_dir(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"fingerprint": "other"}))
+    assert cli.main(["run", os.path.join(ROOT, "experiments", "tiny.yaml"), "--out", str(out)]) == 2
+    assert "field 'out'" in capsys.readouterr().err
+    with pytest.raises(UserError):
+        xp.load(str(tmp_path / "missing.yaml"))
