@@ -1,0 +1,661 @@
+"""The report of an experiment's results folder: ``report.md``, ``report.html``, ``cells.csv`` and PNG plots.
+
+Pure: it only reads what :class:`emulator.runner.Runner` and the replay wrote
+(``experiment.json``, ``state.json``, ``cells/<id>/results.json``,
+``timeline.jsonl``, ``schedule.json``, ``topology.json``) and writes into the
+same folder, so ``emu report DIR`` can rewrite it at any time, also for an
+unfinished run. Matplotlib runs with the Agg backend (no display).
+
+What it shows, all from median busbw (nccl-tests definition) of the measured
+repetitions, with the model's prediction (``schedule check``, max-min fair
+flow level) beside every number:
+
+* the speedup of the reference (by default BiGraph + hdrm) over every other
+  topology x routing x algorithm of the same series and host count, per size;
+  ECMP seeds are folded into one row (median over seeds, range given);
+* busbw against size, one line per topology x routing x algorithm;
+* a per-step heat map of every directed switch-to-switch link for one
+  congested and one clean cell: flows the model puts on the link, and the
+  mean goodput the transfers crossing it got (timeline + routing.route);
+* a timeline (Gantt) of the same two cells' first measured repetition;
+* scaling efficiency (busbw / link goodput) against the number of hosts, for
+  every family of cells measured at more than one host count;
+* every cell: measured against predicted, fidelity flags, failures.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import json
+import os
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from emulator.experiment import TARGET_FABRIC_GBPS
+from emulator.results import write_atomic
+from emulator.schedule.format import format_size
+
+CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
+              "status", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
+              "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted", "max_flows_per_link",
+              "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s", "error")
+
+
+# ------------------------------------------------------------------ blocks
+@dataclass
+class Doc:
+    """A report as blocks, rendered to Markdown and to HTML."""
+
+    blocks: list[tuple[str, Any]] = field(default_factory=list)
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", (level, text)))
+
+    def p(self, text: str) -> None:
+        self.blocks.append(("p", text))
+
+    def ul(self, items: Iterable[str]) -> None:
+        self.blocks.append(("ul", list(items)))
+
+    def table(self, head: list[str], rows: list[list[str]]) -> None:
+        self.blocks.append(("table", (head, rows)))
+
+    def img(self, path: str, alt: str) -> None:
+        self.blocks.append(("img", (path, alt)))
+
+    def markdown(self) -> str:
+        out = []
+        for kind, data in self.blocks:
+            if kind == "h":
+                out.append("#" * data[0] + " " + data[1])
+            elif kind == "p":
+                out.append(data)
+            elif kind == "ul":
+                out.append("\n".join(f"- {item}" for item in data) if data else "- (none)")
+            elif kind == "table":
+                head, rows = data
+                lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+                lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows]
+                out.append("\n".join(lines))
+            elif kind == "img":
+                out.append(f"![{data[1]}]({data[0]})")
+        return "\n\n".join(out) + "\n"
+
+    def html(self, title: str) -> str:
+        e = html.escape
+        out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>"
+               "body{font-family:sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}"
+               "table{border-collapse:collapse;font-size:90%}td,th{border:1px solid #ccc;padding:2px 6px;"
+               "text-align:left}img{max-width:100%}code{background:#f4f4f4}</style></head><body>"]
+        for kind, data in self.blocks:
+            if kind == "h":
+                out.append(f"<h{data[0]}>{e(data[1])}</h{data[0]}>")
+            elif kind == "p":
+                out.append(f"<p>{_inline(data)}</p>")
+            elif kind == "ul":
+                out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in data) + "</ul>")
+            elif kind == "table":
+                head, rows = data
+                out.append("<table><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr>"
+                           + "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>"
+                                     for row in rows) + "</table>")
+            elif kind == "img":
+                out.append(f"<p><img src='{e(data[0])}' alt='{e(data[1])}'></p>")
+        return "\n".join(out) + "</body></html>\n"
+
+
+def _inline(text: str) -> str:
+    """Escape, then render `code` and **bold** (the only inline Markdown the report uses)."""
+    parts = html.escape(text).split("`")
+    for i in range(1, len(parts), 2):
+        parts[i] = f"<code>{parts[i]}</code>"
+    text = "".join(parts)
+    bits = text.split("**")
+    for i in range(1, len(bits), 2):
+        bits[i] = f"<b>{bits[i]}</b>"
+    return "".join(bits)
+
+
+# -------------------------------------------------------------- reading
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: str) -> list[dict[str, Any]]:
+    out = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def family_of(row: dict[str, Any], with_seed: bool = False) -> str:
+    """``leafspine-4x4x4 ecmp hd`` (the label of a line or a table row)."""
+    algo = row["algorithm"] if row["placement"] in ("identity", "hdrm") else f"{row['algorithm']}-{row['placement']}"
+    routing = f"{row['routing']}-s{row['seed']}" if with_seed and row["routing"] == "ecmp" else row["routing"]
+    return f"{row['topology_slug']} {routing} {algo}"
+
+
+def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The experiment and one row per cell (planned cells that never ran have status ``not run``)."""
+    plan = _read_json(os.path.join(out, "experiment.json"))
+    if not isinstance(plan, dict):
+        raise FileNotFoundError(f"{out}: no experiment.json (not a results folder of `emu run`)")
+    state = (_read_json(os.path.join(out, "state.json")) or {}).get("cells", {})
+    rows = []
+    for cell in plan["cells"]:
+        cdir = os.path.join(out, "cells", cell["id"])
+        res = _read_json(os.path.join(cdir, "results.json")) or {}
+        st = state.get(cell["id"], {})
+        reps = res.get("repetitions") or []
+        finished = res.get("status") == "ok" and (res.get("config") or {}).get("cell", {}).get("id") == cell["id"]
+        status = "ok" if finished else (st.get("status") or res.get("status") or "not run")
+        if status == "running":
+            status = "interrupted"
+        pred = res.get("prediction") or {}
+        flags = sorted({f for r in reps for f in (r.get("fidelity") or {}).get("flags", [])})
+        busbws = [r["busbw_mbps"] for r in reps]
+        slug = cell["id"].split(".")[1]
+        rows.append({
+            **{k: cell[k] for k in ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm",
+                                    "placement", "size")},
+            "topology_slug": slug,
+            "status": status,
+            "busbw_mbps": res.get("busbw_mbps_median") if finished else None,
+            "busbw_min_mbps": min(busbws) if busbws and finished else None,
+            "busbw_max_mbps": max(busbws) if busbws and finished else None,
+            "time_s": res.get("time_s_median") if finished else None,
+            "predicted_time_s": pred.get("predicted_time_s", cell.get("predicted_time_s")),
+            "predicted_busbw_mbps": pred.get("busbw_mbps", cell.get("predicted_busbw_mbps")),
+            "alpha_beta_time_s": pred.get("alpha_beta_time_s", cell.get("alpha_beta_time_s")),
+            "measured_over_predicted": res.get("measured_over_predicted_median") if finished else None,
+            "max_flows_per_link": max(pred.get("max_flows_per_link") or [cell.get("max_flows_per_link", 0)]),
+            "trusted": res.get("trusted") if finished else None,
+            "flags": flags,
+            "qdisc_drops": sum((r.get("fidelity") or {}).get("qdisc_drops", 0) for r in reps),
+            "tcp_retransmits": sum((r.get("fidelity") or {}).get("tcp_retransmits", 0) for r in reps),
+            "repetitions": len(reps),
+            "wall_s": st.get("wall_s"),
+            "error": None if finished else (st.get("error") or res.get("error")),
+            "goodput": pred.get("goodput"),
+            "link_mbps": res.get("link_mbps") or plan["experiment"]["link_mbps"],
+            "datapath": res.get("datapath"),
+            "dir": cdir,
+        })
+    return plan, rows
+
+
+def write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    import io
+
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({**row, "flags": " ".join(row["flags"])})
+    write_atomic(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------- numbers
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def is_reference(row: dict[str, Any], ref: dict[str, str]) -> bool:
+    return row["algorithm"] == ref["algorithm"] and row["routing"] == ref["routing"]
+
+
+def speedup_tables(rows: list[dict[str, Any]], ref: dict[str, str]) -> list[dict[str, Any]]:
+    """Per (series, hosts) that has reference cells: the reference's busbw over every other family's, per size.
+
+    Returns dicts with ``series``, ``hosts``, ``sizes``, ``reference`` (size -> row) and ``baselines``:
+    family -> size -> {measured, model, seeds, range}.
+    """
+    out = []
+    keys = sorted({(r["series"], r["hosts"]) for r in rows if is_reference(r, ref)})
+    for series, hosts in keys:
+        group = [r for r in rows if r["series"] == series and r["hosts"] == hosts]
+        sizes = sorted({r["size"] for r in group})
+        refs = {r["size"]: r for r in group if is_reference(r, ref)}
+        fams: dict[str, dict[int, list[dict[str, Any]]]] = {}
+        for r in group:
+            if not is_reference(r, ref):
+                fams.setdefault(family_of(r), {}).setdefault(r["size"], []).append(r)
+        base: dict[str, dict[int, dict[str, Any]]] = {}
+        for fam, by_size in fams.items():
+            for size, cells in by_size.items():
+                rr = refs.get(size)
+                meas = _median([c["busbw_mbps"] for c in cells])
+                model = _median([c["predicted_busbw_mbps"] for c in cells])
+                ok = [c["busbw_mbps"] for c in cells if c["busbw_mbps"]]
+                entry = {"busbw": meas, "model_busbw": model, "seeds": len(cells),
+                         "speedup": None, "model_speedup": None, "range": None}
+                if rr and rr["busbw_mbps"] and meas:
+                    entry["speedup"] = rr["busbw_mbps"] / meas
+                    if len(ok) > 1:
+                        entry["range"] = (rr["busbw_mbps"] / max(ok), rr["busbw_mbps"] / min(ok))
+                if rr and rr["predicted_busbw_mbps"] and model:
+                    entry["model_speedup"] = rr["predicted_busbw_mbps"] / model
+                base.setdefault(fam, {})[size] = entry
+        out.append({"series": series, "hosts": hosts, "sizes": sizes, "reference": refs, "baselines": base})
+    return out
+
+
+def scaling_families(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, int], dict[int, dict[str, Any]]]:
+    """(kind, routing, algorithm+placement, size) -> hosts -> {efficiency, model efficiency}, for families
+    measured at two or more host counts (ECMP seeds folded by median)."""
+    acc: dict[tuple[str, str, str, int], dict[int, list[dict[str, Any]]]] = {}
+    for r in rows:
+        algo = r["algorithm"] if r["placement"] in ("identity", "hdrm") else f"{r['algorithm']}-{r['placement']}"
+        acc.setdefault((r["kind"], r["routing"], algo, r["size"]), {}).setdefault(r["hosts"], []).append(r)
+    out = {}
+    for key, by_hosts in acc.items():
+        if len(by_hosts) < 2:
+            continue
+        fam = {}
+        for hosts, cells in sorted(by_hosts.items()):
+            capacity = [c["link_mbps"] * (c["goodput"] or 1448 / 1514) for c in cells]
+            eff = _median([c["busbw_mbps"] / cap for c, cap in zip(cells, capacity, strict=True)
+                           if c["busbw_mbps"]])
+            model = _median([c["predicted_busbw_mbps"] / cap for c, cap in zip(cells, capacity, strict=True)
+                             if c["predicted_busbw_mbps"]])
+            fam[hosts] = {"efficiency": eff, "model_efficiency": model,
+                          "busbw": _median([c["busbw_mbps"] for c in cells])}
+        out[key] = fam
+    return out
+
+
+def pick_heatmap_cells(rows: list[dict[str, Any]], ref: dict[str, str]) -> tuple[dict | None, dict | None]:
+    """One congested cell (most flows on a link, then lowest busbw) and one clean reference cell, same size."""
+    ok = [r for r in rows if r["status"] == "ok" and r["kind"] != "star"]
+    if not ok:
+        return None, None
+    largest = max(r["size"] for r in ok)
+    pool = [r for r in ok if r["size"] == largest] or ok
+    congested = max(pool, key=lambda r: (r["max_flows_per_link"], r["routing"] == "ecmp", -(r["busbw_mbps"] or 0)))
+    clean_pool = [r for r in pool if is_reference(r, ref) and r["max_flows_per_link"] <= 1] or \
+                 [r for r in pool if r["max_flows_per_link"] <= 1]
+    clean = max(clean_pool, key=lambda r: (r["hosts"] == congested["hosts"], r["busbw_mbps"] or 0)) \
+        if clean_pool else None
+    if congested["max_flows_per_link"] <= 1:
+        congested = None
+    return congested, clean
+
+
+def link_step_matrix(cell_dir: str, rep: int | None = None) -> dict[str, Any]:
+    """Per step x directed switch-to-switch link: flows predicted and mean measured goodput (Mbit/s).
+
+    Reads the cell's schedule, topology, results (routing, seed) and timeline.
+    """
+    from emulator import routing, topology
+    from emulator.schedule import cost
+    from emulator.schedule import format as sformat
+
+    res = _read_json(os.path.join(cell_dir, "results.json")) or {}
+    cfg = res.get("config") or {}
+    topo = topology.load(os.path.join(cell_dir, "topology.json"))
+    schedule = sformat.load(os.path.join(cell_dir, "schedule.json"))
+    policy, seed = cfg.get("routing", "shortest"), int(cfg.get("seed", 0))
+    report = cost.analyze(schedule, topo, policy, seed=seed)
+    links = sorted({lk for st in report.steps for lk in st.flows_per_link
+                    if topo.is_switch(lk[0]) and topo.is_switch(lk[1])},
+                   key=lambda lk: (int(lk[0][1:]), int(lk[1][1:])))
+    steps = [st.step for st in report.steps]
+    flows = [[st.flows_per_link.get(lk, 0) for lk in links] for st in report.steps]
+    if rep is None:
+        rep = int(cfg.get("warmup", 0))
+    rates: dict[tuple[int, tuple[str, str]], list[float]] = {}
+    paths: dict[tuple[str, str], list[str]] = {}
+    for t in _read_jsonl(os.path.join(cell_dir, "timeline.jsonl")):
+        if t.get("rep") != rep or t["end"] <= t["start"]:
+            continue
+        key = (t["src_host"], t["dst_host"])
+        if key not in paths:
+            paths[key] = routing.route(topo, policy, routing.agent_flow(topo, *key), seed=seed)
+        mbps = t["bytes"] * 8 / (t["end"] - t["start"]) / 1e6
+        for lk in routing.switch_links_of(paths[key]):
+            rates.setdefault((t["step"], lk), []).append(mbps)
+    measured = [[statistics.mean(rates[(s, lk)]) if (s, lk) in rates else None for lk in links] for s in steps]
+    return {"links": [f"{a}>{b}" for a, b in links], "steps": steps, "flows": flows, "measured_mbps": measured,
+            "rep": rep}
+
+
+# ------------------------------------------------------------------ plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_busbw_vs_size(path: str, rows: list[dict[str, Any]], title: str) -> bool:
+    fams: dict[str, dict[int, list[float]]] = {}
+    for r in rows:
+        if r["busbw_mbps"]:
+            fams.setdefault(family_of(r), {}).setdefault(r["size"], []).append(r["busbw_mbps"])
+    if not fams:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for fam, by_size in sorted(fams.items()):
+        xs = sorted(by_size)
+        ax.plot(xs, [statistics.median(by_size[x]) for x in xs], marker="o",
+                linewidth=2.5 if "hdrm" in fam else 1.2, label=fam)
+    ax.set_xscale("log", base=2)
+    sizes = sorted({r["size"] for r in rows})
+    ax.set_xticks(sizes, [format_size(s) for s in sizes])
+    ax.set_xlabel("bytes per rank")
+    ax.set_ylabel("busbw (Mbit/s, median; ECMP seeds: median)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_heatmaps(path: str, cells: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """For each (row, matrix): predicted flows per link per step, and measured mean goodput."""
+    import numpy as np
+
+    plt = _plt()
+    fig, axes = plt.subplots(len(cells), 2, figsize=(14, 4.2 * len(cells)), squeeze=False)
+    for i, (row, m) in enumerate(cells):
+        flows = np.array(m["flows"], dtype=float).T if m["links"] else np.zeros((1, len(m["steps"])))
+        meas = np.array([[np.nan if v is None else v for v in col] for col in m["measured_mbps"]],
+                        dtype=float).T if m["links"] else np.zeros((1, len(m["steps"])))
+        ax = axes[i][0]
+        im = ax.imshow(flows, aspect="auto", cmap="Reds", vmin=0, vmax=max(2, float(flows.max(initial=0))),
+                       interpolation="nearest")
+        fig.colorbar(im, ax=ax, label="flows on the link (model)")
+        ax.set_title(f"{row['id']}: flows per link (predicted)", fontsize=9)
+        ax2 = axes[i][1]
+        im2 = ax2.imshow(meas, aspect="auto", cmap="viridis_r", vmin=0, vmax=row["link_mbps"],
+                         interpolation="nearest")
+        fig.colorbar(im2, ax=ax2, label="mean goodput of its transfers (Mbit/s)")
+        ax2.set_title(f"measured, repetition {m['rep']} (yellow = slow, dark = fast, blank = unused)", fontsize=9)
+        for a in (ax, ax2):
+            a.set_xlabel("step")
+            a.set_yticks(range(len(m["links"])), m["links"], fontsize=6)
+            a.set_xticks(range(len(m["steps"])), [str(s) for s in m["steps"]], fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_gantt(path: str, cells: list[dict[str, Any]]) -> bool:
+    plt = _plt()
+    data = []
+    for row in cells:
+        res = _read_json(os.path.join(row["dir"], "results.json")) or {}
+        rep = int((res.get("config") or {}).get("warmup", 0))
+        recs = [t for t in _read_jsonl(os.path.join(row["dir"], "timeline.jsonl")) if t.get("rep") == rep]
+        if recs:
+            data.append((row, rep, recs))
+    if not data:
+        return False
+    fig, axes = plt.subplots(len(data), 1, figsize=(11, 3.6 * len(data)), squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    xmax = max(max(t["end"] for t in recs) - min(t["start"] for t in recs) for _, _, recs in data)
+    for i, (row, rep, recs) in enumerate(data):
+        ax = axes[i][0]
+        t0 = min(t["start"] for t in recs)
+        for t in recs:
+            ax.barh(t["src"], t["end"] - t["start"], left=t["start"] - t0, height=0.8,
+                    color=cmap(t["step"] % 10), edgecolor="black", linewidth=0.2)
+        ax.set_xlim(0, xmax * 1.02)
+        ax.set_ylabel("sending rank")
+        ax.set_title(f"{row['id']}, repetition {rep}: transfers (send start to receive end), colour = step",
+                     fontsize=9)
+        ax.invert_yaxis()
+    axes[-1][0].set_xlabel("seconds since the first send")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def plot_scaling(path: str, fams: dict[tuple[str, str, str, int], dict[int, dict[str, Any]]]) -> bool:
+    if not fams:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, ((kind, routing, algo, size), by_hosts) in enumerate(sorted(fams.items())):
+        xs = sorted(h for h, v in by_hosts.items() if v["efficiency"] is not None)
+        color = plt.get_cmap("tab10")(i % 10)
+        label = f"{kind} {routing} {algo} {format_size(size)}"
+        if xs:
+            ax.plot(xs, [by_hosts[h]["efficiency"] for h in xs], marker="o", color=color, label=label)
+        mx = sorted(h for h, v in by_hosts.items() if v["model_efficiency"] is not None)
+        ax.plot(mx, [by_hosts[h]["model_efficiency"] for h in mx], linestyle=":", color=color,
+                label=f"{label} (model)")
+    ax.set_xscale("log", base=2)
+    hosts = sorted({h for v in fams.values() for h in v})
+    ax.set_xticks(hosts, [str(h) for h in hosts])
+    ax.set_ylim(0, 1.1)
+    ax.set_xlabel("hosts")
+    ax.set_ylabel("busbw / link goodput")
+    ax.set_title("scaling efficiency (1 = every host's link busy all the time)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def plot_measured_vs_predicted(path: str, rows: list[dict[str, Any]]) -> bool:
+    pts = [r for r in rows if r["busbw_mbps"] and r["predicted_busbw_mbps"]]
+    if not pts:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.5, 6))
+    kinds = sorted({r["kind"] for r in pts})
+    for i, kind in enumerate(kinds):
+        sel = [r for r in pts if r["kind"] == kind]
+        ax.scatter([r["predicted_busbw_mbps"] for r in sel], [r["busbw_mbps"] for r in sel], label=kind,
+                   marker="os^Dv"[i % 5], alpha=0.8)
+    untrusted = [r for r in pts if r["trusted"] is False]
+    if untrusted:
+        ax.scatter([r["predicted_busbw_mbps"] for r in untrusted], [r["busbw_mbps"] for r in untrusted],
+                   facecolors="none", edgecolors="red", s=120, label="fidelity flag")
+    top = max(max(r["predicted_busbw_mbps"] for r in pts), max(r["busbw_mbps"] for r in pts)) * 1.05
+    ax.plot([0, top], [0, top], color="grey", linestyle="--", label="measured = model")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("model busbw (Mbit/s, max-min fair)")
+    ax.set_ylabel("measured busbw (Mbit/s, median)")
+    ax.set_title("every cell: measured against the model")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ----------------------------------------------------------------- report
+def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
+    """Compute everything, draw the plots into ``out/plots/``; return the document and the rows."""
+    plan, rows = load_rows(out)
+    exp = plan["experiment"]
+    ref = exp.get("reference") or {"algorithm": "hdrm", "routing": "bigraph"}
+    link = exp["link_mbps"]
+    dilation = TARGET_FABRIC_GBPS * 1000 / link
+    plots = os.path.join(out, "plots")
+    os.makedirs(plots, exist_ok=True)
+    doc = Doc()
+    n_ok = sum(r["status"] == "ok" for r in rows)
+    failed = [r for r in rows if r["status"] not in ("ok", "not run")]
+    not_run = [r for r in rows if r["status"] == "not run"]
+    doc.h(1, f"Experiment `{exp['name']}`")
+    if exp.get("description"):
+        doc.p(exp["description"])
+    datapaths = sorted({r["datapath"] for r in rows if r["datapath"]})
+    doc.ul([
+        f"**{n_ok} of {len(rows)} cells finished**, {len(failed)} failed or interrupted, {len(not_run)} not run"
+        + ("" if n_ok == len(rows) else " (run `emu run` again to finish them)") + ".",
+        f"Links: {link:g} Mbit/s (host and switch links unless a topology sets its own); Open vSwitch datapath: "
+        f"{', '.join(datapaths) or 'unknown'}; repetitions per cell: {exp['warmup']} warm-up + {exp['repeat']} "
+        f"measured; ECMP seeds: {', '.join(map(str, exp['ecmp_seeds']))}.",
+        "busbw is the nccl-tests bus bandwidth (algbw x 2(p-1)/p), the median of the measured repetitions; a "
+        "perfect allreduce reaches the link's TCP goodput. The model is `schedule check`'s max-min fair "
+        "flow-level prediction on the same routes (it knows contention, not the emulator's CPU limits).",
+        f"Time dilation: a {link:g} Mbit/s emulated link stands for a {TARGET_FABRIC_GBPS:g} Gbit/s fabric with "
+        f"every time divided by {dilation:.0e} and every bandwidth multiplied by it (busbw {link * 0.9:.1f} "
+        f"Mbit/s here = {link * 0.9 * dilation / 1000:.0f} Gbit/s there). This holds only in the bandwidth-bound "
+        "regime: per-message latency (the agents' Python, the switch hops) does not scale, so small messages "
+        "here are more latency-bound than they would be on the real fabric.",
+    ])
+
+    # speedup
+    doc.h(2, f"Speedup of {ref['routing']} + {ref['algorithm']} over every baseline")
+    tables = speedup_tables(rows, ref)
+    if not tables:
+        doc.p("No reference cells (the experiment's `reference`) finished or were planned.")
+    for t in tables:
+        doc.h(3, f"series `{t['series']}`, {t['hosts']} hosts")
+        head = ["baseline"] + [f"{format_size(s)}: speedup (model)" for s in t["sizes"]]
+        ref_row = ["**reference busbw**, Mbit/s (model)"]
+        for s in t["sizes"]:
+            rr = t["reference"].get(s)
+            ref_row.append(f"**{_fmt(rr and rr['busbw_mbps'])}** ({_fmt(rr and rr['predicted_busbw_mbps'])})"
+                           + (f" {rr['id'].split('.')[1]}" if rr else ""))
+        body = [ref_row]
+        for fam in sorted(t["baselines"]):
+            cells = []
+            for s in t["sizes"]:
+                e = t["baselines"][fam].get(s)
+                if e is None:
+                    cells.append("")
+                    continue
+                text = f"x{_fmt(e['speedup'])} (x{_fmt(e['model_speedup'])})"
+                if e["range"]:
+                    text += f", seeds x{e['range'][0]:.2f}..x{e['range'][1]:.2f}"
+                text += f"; busbw {_fmt(e['busbw'])} ({_fmt(e['model_busbw'])})"
+                cells.append(text)
+            body.append([fam] + cells)
+        doc.table(head, body)
+    doc.p("Speedup = reference busbw / baseline busbw (medians; for ECMP the median over seeds, with the range "
+          "over seeds). Above 1: the reference is faster. In brackets: the same ratio from the model.")
+
+    # busbw vs size
+    doc.h(2, "busbw against message size")
+    for series in dict.fromkeys(r["series"] for r in rows):
+        sel = [r for r in rows if r["series"] == series]
+        name = f"busbw-{series}.png"
+        if plot_busbw_vs_size(os.path.join(plots, name), sel, f"series {series}: busbw against size"):
+            doc.img(f"plots/{name}", f"busbw against size, series {series}")
+
+    # heat map and Gantt
+    congested, clean = pick_heatmap_cells(rows, ref)
+    doc.h(2, "Congestion per link and step")
+    chosen = [r for r in (congested, clean) if r is not None]
+    if chosen:
+        mats = []
+        for r in chosen:
+            try:
+                mats.append((r, link_step_matrix(r["dir"])))
+            except Exception as exc:  # a damaged cell folder must not cost the whole report
+                doc.p(f"No heat map for {r['id']}: {type(exc).__name__}: {exc}")
+        if mats:
+            plot_heatmaps(os.path.join(plots, "heatmap.png"), mats)
+            doc.p("Rows: directed switch-to-switch links; columns: steps. Left: flows the model routes over the "
+                  "link in that step (2 or more = shared). Right: the mean goodput the transfers crossing the "
+                  "link got in the first measured repetition. "
+                  + (f"Congested: `{congested['id']}` (up to {congested['max_flows_per_link']} flows on a link). "
+                     if congested else "No congested cell finished. ")
+                  + (f"Clean: `{clean['id']}` (never more than one flow per link)." if clean else ""))
+            doc.img("plots/heatmap.png", "flows and goodput per link and step")
+        doc.h(2, "Timeline")
+        if plot_gantt(os.path.join(plots, "gantt.png"), chosen):
+            doc.p("Every transfer of the first measured repetition, from the send's start to the receive's end, "
+                  "one row per sending rank, coloured by step; both runs on the same time axis.")
+            doc.img("plots/gantt.png", "timeline of transfers")
+    else:
+        doc.p("No finished cell with switch-to-switch links.")
+
+    # scaling
+    doc.h(2, "Scaling")
+    fams = scaling_families(rows)
+    if plot_scaling(os.path.join(plots, "scaling.png"), fams):
+        hosts = sorted({h for v in fams.values() for h in v})
+        body = []
+        for (kind, routing, algo, size), by_hosts in sorted(fams.items()):
+            body.append([f"{kind} {routing} {algo} {format_size(size)}"]
+                        + [f"{_fmt(by_hosts[h]['efficiency'])} ({_fmt(by_hosts[h]['model_efficiency'])})"
+                           if h in by_hosts else "" for h in hosts])
+        doc.table(["family"] + [f"{h} hosts" for h in hosts], body)
+        doc.p("Efficiency = busbw / link goodput (1 = near-linear scaling: the allreduce keeps every host link "
+              "busy however many hosts take part); model in brackets.")
+        doc.img("plots/scaling.png", "scaling efficiency")
+    else:
+        doc.p("No family of cells was measured at more than one host count.")
+
+    # every cell
+    doc.h(2, "Every cell: measured against the model")
+    if plot_measured_vs_predicted(os.path.join(plots, "measured-vs-model.png"), rows):
+        doc.img("plots/measured-vs-model.png", "measured against predicted busbw")
+    body = []
+    for r in rows:
+        body.append([f"`{r['id']}`", r["status"], _fmt(r["busbw_mbps"]), _fmt(r["predicted_busbw_mbps"]),
+                     _fmt(r["time_s"], 3), _fmt(r["predicted_time_s"], 3), _fmt(r["measured_over_predicted"]),
+                     str(r["max_flows_per_link"]), ", ".join(r["flags"]) or "none",
+                     str(r["qdisc_drops"]), str(r["tcp_retransmits"])])
+    doc.table(["cell", "status", "busbw", "model busbw", "time s", "model s", "measured/model time",
+               "max flows/link", "fidelity flags", "qdisc drops", "TCP retrans."], body)
+    doc.p("Times are the median of the measured repetitions; busbw in Mbit/s. Fidelity flags per repetition "
+          "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
+          "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
+          "calibrate` never ran here (the capacity is the documented default). A cell with `over_capacity` or "
+          "`cpu_saturated` is not trusted: it measures the emulator, not the fabric.")
+
+    doc.h(2, "Fidelity flags and failures")
+    flag_counts: dict[str, int] = {}
+    for r in rows:
+        for f in r["flags"]:
+            flag_counts[f] = flag_counts.get(f, 0) + 1
+    doc.ul([f"`{f}`: {n} cells" for f, n in sorted(flag_counts.items())] or ["no fidelity flag in any cell"])
+    untrusted = [r for r in rows if r["trusted"] is False]
+    if untrusted:
+        doc.p("Not trusted: " + ", ".join(f"`{r['id']}`" for r in untrusted) + ".")
+    doc.ul([f"`{r['id']}`: {r['status']}: {r['error'] or 'no error recorded'}" for r in failed]
+           or ["no failed cells"])
+    if not_run:
+        doc.p(f"Not run yet: {len(not_run)} cells.")
+    doc.p("Every cell's numbers are in `cells.csv`; raw results in `cells/<cell>/` (results.json, timeline.jsonl, "
+          "links.jsonl).")
+    return doc, rows
+
+
+def write_report(out: str) -> str:
+    """Write ``report.md``, ``report.html``, ``cells.csv`` and ``plots/*.png`` into ``out``; return report.md's path."""
+    doc, rows = build(out)
+    write_csv(os.path.join(out, "cells.csv"), rows)
+    plan = _read_json(os.path.join(out, "experiment.json")) or {}
+    name = (plan.get("experiment") or {}).get("name", "experiment")
+    write_atomic(os.path.join(out, "report.html"), doc.html(f"Experiment {name}"))
+    path = os.path.join(out, "report.md")
+    write_atomic(path, doc.markdown())
+    return path
