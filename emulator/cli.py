@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "emulator.commands.controller",
     "emulator.commands.schedule",
     "emulator.commands.replay",
+    "emulator.commands.experiment",
 )
 
 

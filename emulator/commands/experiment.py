@@ -1,0 +1,101 @@
+"""``emu run FILE [--out DIR] [--check] [--new]`` and ``emu report DIR``: whole experiments and their report.
+
+``emu run`` validates the file and every cell's schedule and prediction
+first (``--check`` stops there, starts nothing), then runs the grid with
+:class:`emulator.runner.Runner` and writes the report
+(:mod:`emulator.report`). Without ``--out`` it resumes the newest unfinished
+run of the same experiment under ``results/`` or starts
+``results/<name>-<timestamp>/``; ``results/latest`` points at it. Exit
+status: 0 all cells ok, 1 some cell failed, 2 bad input, 130 interrupted
+(everything finished is kept; the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from emulator import experiment as xp
+from emulator import runner
+from emulator.errors import UserError
+
+RESULTS_ROOT = "results"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run an experiment file (resumable), then write its report")
+    p.add_argument("file", metavar="FILE", help="experiment file, e.g. experiments/default.yaml")
+    p.add_argument("--out", metavar="DIR", help="results folder (default: resume the newest unfinished run of "
+                   f"this experiment in {RESULTS_ROOT}/, else {RESULTS_ROOT}/<name>-<timestamp>)")
+    p.add_argument("--check", action="store_true", help="validate the file and every cell, start nothing")
+    p.add_argument("--new", action="store_true", help="start a new results folder even if one is unfinished")
+    p.set_defaults(func=cmd_run)
+
+    r = subparsers.add_parser("report", help="(re)write the report of a results folder")
+    r.add_argument("dir", metavar="DIR", help="results folder, e.g. results/latest")
+    r.set_defaults(func=cmd_report)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    exp = xp.load(args.file)
+    prepared = xp.prepare(exp)
+    total_pred = sum(xp.estimate_s(pc, runner.DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
+    networks = len(xp.groups([pc.cell for pc in prepared]))
+    if args.check:
+        for pc in prepared:
+            print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, "
+                  f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s, "
+                  f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
+        est = total_pred + networks * runner.DEFAULT_BRINGUP_S
+        print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
+              f"about {runner.format_duration(est)} if the network met the model")
+        return 0
+    from emulator.system import require_root
+
+    if args.out:
+        out = args.out
+        old = runner._read_json(os.path.join(out, "run.json"))
+        if old and old.get("fingerprint") != exp.fingerprint():
+            raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
+                            "(it holds a run of a different experiment file)")
+    else:
+        found = None if args.new else runner.find_unfinished(RESULTS_ROOT, exp)
+        out = found or runner.new_out_dir(RESULTS_ROOT, exp.name)
+    require_root()
+    os.makedirs(out, exist_ok=True)
+    if not args.out:
+        runner.point_latest(RESULTS_ROOT, out)
+    with open(args.file, encoding="utf-8") as fh:
+        text = fh.read()
+    signal.signal(signal.SIGTERM, _interrupt)
+    print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
+    summary = runner.Runner(exp, out, source_text=text, prepared=prepared).run()
+    try:
+        from emulator import report
+
+        path = report.write_report(out)
+        print(f"report: {path}")
+    except KeyboardInterrupt:
+        print("report not written (interrupted); `emu report DIR` writes it")
+    print(f"{summary.status}: {len(summary.ran)} cells run, {len(summary.skipped)} skipped, "
+          f"{len(summary.failed)} failed, in {runner.format_duration(summary.wall_s)}")
+    for cid, err in summary.failed.items():
+        print(f"  failed {cid}: {err}")
+    if summary.interrupted:
+        return 130
+    return 1 if summary.failed else 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from emulator import report
+
+    if not os.path.exists(os.path.join(args.dir, "experiment.json")):
+        raise UserError(f"report: field 'dir': expected a results folder of `emu run` (with experiment.json), "
+                        f"got {args.dir!r}")
+    print(f"report: {report.write_report(args.dir)}")
+    return 0
