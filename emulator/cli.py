@@ -23,6 +23,9 @@ COMMAND_MODULES = (
     "emulator.commands.schedule",
     "emulator.commands.replay",
     "emulator.commands.experiment",
+    "emulator.commands.calibrate",
+    "emulator.commands.analyze",
+    "emulator.commands.bench",
 )
 
 

@@ -1,0 +1,477 @@
+"""``emu calibrate``: what this machine's emulation can be trusted to do.
+
+Three measurements (DOMAIN.md §4, Mininet-HiFi's lesson), written to the
+calibration file :func:`emulator.fidelity.calibration_path` that replay's
+fidelity check reads:
+
+1. **datapath capacity** -- on a multi-hop fabric (:data:`CAPACITY_TOPOLOGY`,
+   ``dmodk`` static routes) 16 concurrent iperf3 flows, leaf ``l`` to leaf
+   ``l+1``, each crossing 3 switches and no two sharing a directed link, so
+   every flow could reach its link's rate. The per-link rate goes up a ladder
+   (links reshaped in place with ``tc class change``) until a flow falls below
+   :data:`FLOW_OK_RATIO` of the rate or the CPU saturates. The capacity is
+   the highest aggregate *switch-hop* rate (Σ flow goodput × switches crossed,
+   Mbit/s, the unit of :func:`emulator.fidelity.assess`) at which every flow
+   still got ≥ 90 % of its rate. From it, :func:`recommended_link_mbps` picks
+   a link rate that keeps a 16-host fabric with 3-switch paths inside it.
+2. **one link** -- ``star:hosts=2``, static routes, one iperf3 TCP flow:
+   goodput / configured rate, and against the model's
+   :func:`emulator.network.tcp_goodput_factor`.
+3. **agents vs iperf3** -- on the same kind of link, a 2-rank ring allreduce
+   replayed by the host agents (both directions at once; per-direction
+   goodput = busbw) against ``iperf3 --bidir``'s per-direction goodput.
+
+Pure parts (:func:`parse_iperf3`, :class:`CapacityPoint`,
+:func:`capacity_from_points`, :func:`rate_ladder`, :func:`capacity_pairs`,
+:func:`reshape_commands`) are unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from emulator import fidelity, routing, topology
+from emulator.errors import UserError
+from emulator.results import write_json_atomic
+from emulator.system import cpu_times, run
+from emulator.topology import Topology
+
+#: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
+CAPACITY_TOPOLOGY = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
+CAPACITY_ROUTING = "dmodk"
+#: A flow below this fraction of its link rate means the datapath no longer keeps up.
+FLOW_OK_RATIO = 0.90
+#: Per-link rates (Mbit/s) tried, in order.
+LADDER_MBPS = (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 125, 150, 200, 250, 300, 400, 500,
+               700, 1000)
+QUICK_LADDER_MBPS = (2, 4, 8, 16, 32, 64)
+#: Fraction of the capacity a recommended default link rate may use.
+HEADROOM = 0.8
+IPERF_BASE_PORT = 5201
+
+
+# ------------------------------------------------------------------ pure part
+def parse_iperf3(text: str, where: str = "iperf3") -> dict[str, Any]:
+    """An iperf3 ``-J`` client report -> Mbit/s received (and sent) per direction.
+
+    Returns ``received_mbps``, ``sent_mbps``, ``retransmits``, ``seconds``,
+    and with ``--bidir`` also ``reverse_received_mbps``/``reverse_sent_mbps``.
+    Raises :class:`RuntimeError` naming ``where`` on an error report or bad JSON.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{where}: not an iperf3 JSON report: {text.strip()[:200]!r}") from None
+    if data.get("error"):
+        raise RuntimeError(f"{where}: {data['error']}")
+    end = data.get("end") or {}
+    if "sum_received" not in end:
+        raise RuntimeError(f"{where}: iperf3 report has no end.sum_received")
+    out = {
+        "received_mbps": end["sum_received"]["bits_per_second"] / 1e6,
+        "sent_mbps": end.get("sum_sent", {}).get("bits_per_second", 0.0) / 1e6,
+        "retransmits": int(end.get("sum_sent", {}).get("retransmits", 0) or 0),
+        "seconds": float(end["sum_received"].get("seconds", 0.0)),
+    }
+    if "sum_received_bidir_reverse" in end:
+        out["reverse_received_mbps"] = end["sum_received_bidir_reverse"]["bits_per_second"] / 1e6
+        out["reverse_sent_mbps"] = end.get("sum_sent_bidir_reverse", {}).get("bits_per_second", 0.0) / 1e6
+    return out
+
+
+@dataclass
+class CapacityPoint:
+    """One rung of the capacity ladder: every flow's goodput at one per-link rate."""
+
+    link_mbps: float
+    flow_mbps: list[float]
+    switch_hops: list[int]
+    cpu_idle: float
+    vswitchd_cpu: float | None = None  # ovs-vswitchd CPU, in cores
+
+    @property
+    def ratios(self) -> list[float]:
+        return [m / self.link_mbps for m in self.flow_mbps]
+
+    @property
+    def min_ratio(self) -> float:
+        return min(self.ratios, default=0.0)
+
+    @property
+    def aggregate_mbps(self) -> float:
+        return sum(self.flow_mbps)
+
+    @property
+    def switch_hop_mbps(self) -> float:
+        """Σ goodput × switches crossed: the datapath work actually done, in Mbit/s."""
+        return sum(m * h for m, h in zip(self.flow_mbps, self.switch_hops, strict=True))
+
+    def ok(self, min_ratio: float = FLOW_OK_RATIO, idle_min: float = fidelity.CPU_SATURATED_IDLE) -> bool:
+        return self.min_ratio >= min_ratio and self.cpu_idle >= idle_min
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "min_ratio": self.min_ratio, "aggregate_mbps": self.aggregate_mbps,
+                "switch_hop_mbps": self.switch_hop_mbps, "ok": self.ok()}
+
+
+def capacity_from_points(points: Sequence[CapacityPoint], min_ratio: float = FLOW_OK_RATIO,
+                         idle_min: float = fidelity.CPU_SATURATED_IDLE) -> dict[str, Any]:
+    """The capacity the measured ``points`` show.
+
+    ``capacity_mbps`` is the highest switch-hop Mbit/s of a point where every
+    flow got at least ``min_ratio`` of its rate and the CPU kept ``idle_min``
+    idle (None when no point passed); ``at_link_mbps`` its per-link rate;
+    ``limited_by`` says why the next rung failed (``flows``, ``cpu``, or
+    ``ladder`` when every rung passed); ``peak_switch_hop_mbps`` is the most
+    any point pushed through, passing or not.
+    """
+    good = [p for p in points if p.ok(min_ratio, idle_min)]
+    best = max(good, key=lambda p: p.switch_hop_mbps, default=None)
+    failed = [p for p in points if not p.ok(min_ratio, idle_min)
+              and (best is None or p.link_mbps > best.link_mbps)]
+    limited_by = "ladder"
+    if failed:
+        first = min(failed, key=lambda p: p.link_mbps)
+        limited_by = "cpu" if first.cpu_idle < idle_min else "flows"
+    return {
+        "capacity_mbps": best.switch_hop_mbps if best else None,
+        "at_link_mbps": best.link_mbps if best else None,
+        "limited_by": limited_by,
+        "peak_switch_hop_mbps": max((p.switch_hop_mbps for p in points), default=0.0),
+    }
+
+
+def rate_ladder(start_mbps: float, quick: bool = False, max_mbps: float = 1000.0) -> list[float]:
+    """The per-link rates to try, from ``start_mbps`` up (Mininet shapes at most 1000 Mbit/s)."""
+    ladder = QUICK_LADDER_MBPS if quick else LADDER_MBPS
+    return [float(r) for r in ladder if start_mbps <= r <= max_mbps]
+
+
+def should_continue(points: Sequence[CapacityPoint]) -> bool:
+    """Keep climbing while the last rung passed (stop at the first failure)."""
+    return not points or points[-1].ok()
+
+
+def recommended_link_mbps(capacity_mbps: float | None, hosts: int = 16, hops: float = 3.0,
+                          headroom: float = HEADROOM) -> float:
+    """A link rate keeping ``hosts`` flows of ``hops`` switches each inside ``headroom`` x capacity.
+
+    Rounded down to a rate of :data:`LADDER_MBPS` (its lowest rung when even that is too much).
+    """
+    if not capacity_mbps:
+        return float(LADDER_MBPS[0])
+    limit = capacity_mbps * headroom / (hosts * hops)
+    fitting = [r for r in LADDER_MBPS if r <= limit]
+    return float(max(fitting)) if fitting else float(LADDER_MBPS[0])
+
+
+def capacity_pairs(topo: Topology) -> list[tuple[str, str]]:
+    """Leaf-spine flows for the capacity test: host ``m`` of leaf ``l`` -> host ``m`` of leaf ``l+1``.
+
+    Under ``dmodk`` the destinations of one leaf's flows differ mod the spine
+    count (when hosts per leaf = spines), so no two flows share a directed link.
+    """
+    leaves = topo.host_switches()
+    out = []
+    for i, leaf in enumerate(leaves):
+        nxt = leaves[(i + 1) % len(leaves)]
+        for src, dst in zip(topo.hosts_of(leaf.name), topo.hosts_of(nxt.name), strict=True):
+            out.append((src.name, dst.name))
+    return out
+
+
+def flow_paths(topo: Topology, policy: str, pairs: Sequence[tuple[str, str]], seed: int = 0) -> list[list[str]]:
+    """The routed node path of each iperf3 flow (not an agent 5-tuple: destination-based entries)."""
+    return [routing.route(topo, policy, routing.Flow(s, d, dport=IPERF_BASE_PORT + i), seed=seed)
+            for i, (s, d) in enumerate(pairs)]
+
+
+def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]) -> list[list[str]]:
+    """``tc`` commands setting every link's HTB class (Mininet ``TCLink``: 5:1) to ``rate_mbps``.
+
+    Host ends run inside the host's namespace (``mnexec -a PID``).
+    """
+    from emulator.network import host_intf, switch_intf
+
+    def change(intf: str) -> list[str]:
+        return ["tc", "class", "change", "dev", intf, "parent", "5:0", "classid", "5:1", "htb",
+                "rate", f"{rate_mbps:g}Mbit", "burst", "15k"]
+
+    cmds = []
+    for lk in topo.links:
+        if lk.kind == "host":
+            cmds.append(["mnexec", "-a", str(host_pids[lk.a]), *change(host_intf(lk.a))])
+            cmds.append(change(switch_intf(lk.b, lk.b_port)))
+        else:
+            cmds.append(change(switch_intf(lk.a, lk.a_port)))
+            cmds.append(change(switch_intf(lk.b, lk.b_port)))
+    return cmds
+
+
+def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
+    return {"nproc": os.cpu_count(), "datapath": datapath, "mtu": mtu, "kernel": platform.release(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "ovs_version": run(["ovs-vsctl", "--timeout=5", "get", "Open_vSwitch", ".", "ovs_version"])
+            .stdout.strip().strip('"'), "loadavg_before": _loadavg()}
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [float(x) for x in open("/proc/loadavg", encoding="ascii").read().split()[:3]]
+    except OSError:
+        return []
+
+
+# ------------------------------------------------------------- the live part
+def vswitchd_cpu_seconds() -> float | None:
+    """User+system CPU seconds of ovs-vswitchd so far, or None when it cannot be read."""
+    for pidfile in ("/var/run/openvswitch/ovs-vswitchd.pid", "/run/openvswitch/ovs-vswitchd.pid"):
+        try:
+            pid = int(open(pidfile, encoding="ascii").read().strip())
+            fields = open(f"/proc/{pid}/stat", encoding="ascii").read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+@dataclass
+class FlowRun:
+    """What :func:`run_iperf_flows` measured."""
+
+    reports: list[dict[str, Any]]
+    cpu_idle: float
+    vswitchd_cpu: float | None
+    seconds: float
+    raw: list[str] = field(default_factory=list, repr=False)
+
+
+def run_iperf_flows(en: Any, topo: Topology, pairs: Sequence[tuple[str, str]], seconds: float, *,
+                    omit: int = 1, bidir: bool = False, base_port: int = IPERF_BASE_PORT) -> FlowRun:
+    """One iperf3 TCP flow per ``(src, dst)`` pair, all at once, for ``seconds`` (+ ``omit`` unmeasured).
+
+    CPU idle and ovs-vswitchd CPU are sampled over the measured part.
+    Raises :class:`RuntimeError` when a client fails.
+    """
+    servers, clients = [], []
+    try:
+        for i, (_src, dst) in enumerate(pairs):
+            proc = en.host(dst).popen(["iperf3", "-s", "-1", "-p", str(base_port + i)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            servers.append(proc)
+            en.state.record_process("iperf3", proc.pid, role_detail="server")
+        time.sleep(0.5 + 0.02 * len(pairs))
+        for i, (src, dst) in enumerate(pairs):
+            cmd = ["iperf3", "-c", topo.host(dst).ip, "-p", str(base_port + i), "-t", f"{seconds:g}",
+                   "-O", str(omit), "-J"]
+            if bidir:
+                cmd.append("--bidir")
+            proc = en.host(src).popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            clients.append(proc)
+            en.state.record_process("iperf3", proc.pid, role_detail="client")
+        time.sleep(omit + 0.3)
+        idle0, total0 = cpu_times()
+        vs0 = vswitchd_cpu_seconds()
+        t0 = time.monotonic()
+        time.sleep(max(seconds - 0.6, 0.2))
+        idle1, total1 = cpu_times()
+        vs1 = vswitchd_cpu_seconds()
+        span = time.monotonic() - t0
+        outputs = []
+        for (src, dst), proc in zip(pairs, clients, strict=True):
+            out, err = proc.communicate(timeout=seconds + omit + 30)
+            outputs.append(out.decode(errors="replace") if isinstance(out, bytes) else out)
+            if proc.returncode != 0 and not outputs[-1].strip():
+                raise RuntimeError(f"iperf3 {src} -> {dst} failed: {err!r:.200}")
+        reports = [parse_iperf3(text, f"iperf3 {s} -> {d}") for text, (s, d) in zip(outputs, pairs, strict=True)]
+    finally:
+        for proc in [*clients, *servers]:
+            if proc.poll() is None:
+                proc.kill()
+                try:
+                    proc.wait(2)
+                except subprocess.TimeoutExpired:
+                    pass
+    d_total = total1 - total0
+    idle = (idle1 - idle0) / d_total if d_total > 0 else 1.0
+    vs = (vs1 - vs0) / span if vs0 is not None and vs1 is not None and span > 0 else None
+    return FlowRun(reports, idle, vs, seconds, outputs)
+
+
+def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
+    """Set every link of the live network to ``rate_mbps`` (see :func:`reshape_commands`)."""
+    from emulator.network import host_intf, tc_rates
+
+    pids = {h.name: en.host(h.name).pid for h in topo.hosts}
+    for cmd in reshape_commands(topo, rate_mbps, pids):
+        res = run(cmd)
+        if res.returncode != 0:
+            raise RuntimeError(f"`{' '.join(cmd)}` failed: {res.stderr.strip()[:200]}")
+    h = topo.hosts[0].name
+    got = tc_rates(run, host_intf(h), pids[h])
+    if not got or abs(got[0] - rate_mbps) > 0.01 * rate_mbps:
+        raise RuntimeError(f"reshape to {rate_mbps:g} Mbit/s: {host_intf(h)} reads back {got}")
+
+
+def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str = "auto",
+                     mtu: int = 9000, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY`; returns points and :func:`capacity_from_points`."""
+    from emulator.network import EmulatedNetwork
+
+    ladder = rate_ladder(start_mbps, quick)
+    topo = topology.build(f"{CAPACITY_TOPOLOGY},bw={ladder[0]:g}")
+    pairs = capacity_pairs(topo)
+    paths = flow_paths(topo, CAPACITY_ROUTING, pairs)
+    hops = [len(p) - 2 for p in paths]
+    seconds = 3.0 if quick else 5.0
+    points: list[CapacityPoint] = []
+    with EmulatedNetwork(topo, routing=CAPACITY_ROUTING, datapath=datapath, mtu=mtu, label="calibrate") as en:
+        dp = en.datapath
+        for rate in ladder:
+            if not should_continue(points):
+                break
+            reshape(en, topo, rate)
+            fr = run_iperf_flows(en, topo, pairs, seconds)
+            point = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
+            points.append(point)
+            echo(f"  capacity: {len(pairs)} flows at {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, "
+                 f"{point.switch_hop_mbps:.0f} switch-hop Mbit/s, CPU idle {point.cpu_idle:.0%}"
+                 + (f", ovs-vswitchd {point.vswitchd_cpu:.2f} cores" if point.vswitchd_cpu is not None else "")
+                 + ("" if point.ok() else "  <- below 90% or CPU saturated"))
+    result = capacity_from_points(points)
+    return {"topology": topo.spec, "routing": CAPACITY_ROUTING, "flows": len(pairs), "switch_hops": hops,
+            "seconds": seconds, "datapath": dp, "points": [p.to_json() for p in points], **result}
+
+
+def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto", mtu: int = 9000,
+                     extra_rates: Sequence[float] = ()) -> dict[str, Any]:
+    """iperf3 over one shaped link (``star:hosts=2``, static routes): goodput / rate at ``bw_mbps``.
+
+    ``extra_rates`` are measured too on the same network (links reshaped) and
+    returned under ``sweep``.
+    """
+    from emulator.network import EmulatedNetwork, tcp_goodput_factor
+
+    topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
+    factor = tcp_goodput_factor(mtu)
+    sweep = []
+    with EmulatedNetwork(topo, routing="shortest", datapath=datapath, mtu=mtu, label="calibrate") as en:
+        for rate in [bw_mbps, *extra_rates]:
+            if rate != bw_mbps or sweep:
+                reshape(en, topo, rate)
+            rep = run_iperf_flows(en, topo, [("h1", "h2")], seconds).reports[0]
+            sweep.append({"link_mbps": rate, "goodput_mbps": rep["received_mbps"],
+                          "ratio": rep["received_mbps"] / rate,
+                          "ratio_to_model": rep["received_mbps"] / (rate * factor),
+                          "retransmits": rep["retransmits"]})
+    first = sweep[0]
+    return {"topology": topo.spec, "link_mbps": bw_mbps, "seconds": seconds, "goodput_mbps": first["goodput_mbps"],
+            "ratio": first["ratio"], "model_goodput_factor": factor, "ratio_to_model": first["ratio_to_model"],
+            "retransmits": first["retransmits"], "sweep": sweep[1:]}
+
+
+def agent_size_bytes(bw_mbps: float, seconds: float) -> int:
+    """A ring-allreduce size (power-of-two MiB) that keeps a 2-rank ring busy about ``seconds``."""
+    target = bw_mbps * 1e6 / 8 * seconds
+    mib = 1
+    while mib * 2 * (1 << 20) <= target:
+        mib *= 2
+    return mib << 20
+
+
+def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 3, datapath: str = "auto",
+                            mtu: int = 9000, echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """A 2-rank ring allreduce by the agents vs ``iperf3 --bidir`` on the same ``star:hosts=2`` network.
+
+    Per direction, the agents' goodput is the allreduce's busbw (each rank sends
+    ``size`` bytes in ``time_s``); iperf3's is the mean of its two directions.
+    """
+    from emulator.replay import ReplaySession
+    from emulator.schedule import generators
+
+    topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
+    size = agent_size_bytes(bw_mbps, seconds)
+    schedule = generators.generate("ring", topo, size)
+    with tempfile.TemporaryDirectory(prefix="ef-calibrate-") as tmp:
+        with ReplaySession(topo, "shortest", datapath=datapath, mtu=mtu, work_dir=os.path.join(tmp, "session"),
+                           echo=lambda s: None) as session:
+            results = session.run(schedule, os.path.join(tmp, "agents"), repeat=repeat, warmup=1)
+            ip = run_iperf_flows(session.en, topo, [("h1", "h2")], seconds, bidir=True).reports[0]
+    agent = sorted(r["busbw_mbps"] for r in results["repetitions"])[len(results["repetitions"]) // 2]
+    iperf = (ip["received_mbps"] + ip["reverse_received_mbps"]) / 2
+    return {"topology": topo.spec, "link_mbps": bw_mbps, "size": size, "repeat": repeat,
+            "agent_mbps": agent, "agent_reps_mbps": [r["busbw_mbps"] for r in results["repetitions"]],
+            "iperf3_mbps": iperf, "iperf3": ip, "ratio": agent / iperf if iperf else None,
+            "agent_over_link": agent / bw_mbps, "iperf3_over_link": iperf / bw_mbps}
+
+
+def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = 9000,
+              echo: Callable[[str], None] = print, write: bool = True) -> dict[str, Any]:
+    """All three measurements; writes the calibration file atomically (unless ``write`` is false)."""
+    if bw_mbps is not None and not 0 < bw_mbps <= 1000:
+        raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {bw_mbps!r}")
+    t0 = time.monotonic()
+    info = machine_info(datapath, mtu)
+    echo(f"calibrating ({'quick' if quick else 'full'}; {info['nproc']} CPUs, load {info['loadavg_before']})")
+    capacity = measure_capacity(quick=quick, datapath=datapath, mtu=mtu, echo=echo)
+    info["datapath"] = capacity["datapath"]
+    recommended = recommended_link_mbps(capacity["capacity_mbps"])
+    bw = bw_mbps or recommended
+    seconds = 3.0 if quick else 5.0
+    one = measure_one_link(bw, seconds, datapath, mtu, extra_rates=() if quick else (10.0, 50.0, 100.0, 200.0))
+    echo(f"  one link at {bw:g} Mbit/s: {one['goodput_mbps']:.2f} Mbit/s = {one['ratio']:.3f} of the rate, "
+         f"{one['ratio_to_model']:.3f} of the model")
+    agents = measure_agents_vs_iperf(bw, seconds, repeat=2 if quick else 3, datapath=datapath, mtu=mtu, echo=echo)
+    echo(f"  agents vs iperf3 --bidir at {bw:g} Mbit/s: {agents['agent_mbps']:.2f} / {agents['iperf3_mbps']:.2f} "
+         f"Mbit/s per direction = {agents['ratio']:.3f}")
+    data = {
+        "version": 1,
+        "machine": {**info, "loadavg_after": _loadavg()},
+        "quick": quick,
+        "datapath_capacity_mbps": capacity["capacity_mbps"],
+        "datapath_capacity_unit": "switch-hop Mbit/s: sum of bytes x switches traversed x 8 / seconds / 1e6",
+        "recommended_link_mbps": recommended,
+        "one_link_ratio": one["ratio"],
+        "agent_over_iperf3": agents["ratio"],
+        "measurements": {"capacity": capacity, "one_link": one, "agents_vs_iperf3": agents},
+        "duration_s": time.monotonic() - t0,
+    }
+    if write:
+        write_json_atomic(fidelity.calibration_path(), data)
+    return data
+
+
+def summary_table(data: dict[str, Any]) -> str:
+    """The short table ``emu calibrate`` prints."""
+    m = data["measurements"]
+    cap = m["capacity"]
+    one, ag = m["one_link"], m["agents_vs_iperf3"]
+    mi = data["machine"]
+    cap_text = f"{cap['capacity_mbps']:.0f}" if cap["capacity_mbps"] else "none (even the first rung failed)"
+    lines = [
+        f"machine: {mi['nproc']} CPUs, {mi['datapath']} datapath, MTU {mi['mtu']}, OVS {mi['ovs_version']}, "
+        f"load {mi['loadavg_before']}",
+        f"{'measurement':<34} {'value':>12}  detail",
+        f"{'datapath capacity (switch-hop Mb/s)':<34} {cap_text:>12}  {cap['flows']} flows x "
+        f"{max(cap['switch_hops'])} switches on {cap['topology']}, at {cap['at_link_mbps']} Mbit/s per link; "
+        f"limited by {cap['limited_by']}",
+        f"{'recommended link rate (Mbit/s)':<34} {data['recommended_link_mbps']:>12g}  16 hosts x 3 switches "
+        f"within {HEADROOM:.0%} of capacity",
+        f"{'one link goodput / rate':<34} {one['ratio']:>12.3f}  {one['goodput_mbps']:.2f} of {one['link_mbps']:g} "
+        f"Mbit/s; model factor {one['model_goodput_factor']:.4f} -> {one['ratio_to_model']:.3f} of the model",
+    ]
+    for s in one.get("sweep", []):
+        lines.append(f"{'  one link at ' + format(s['link_mbps'], 'g') + ' Mbit/s':<34} {s['ratio']:>12.3f}  "
+                     f"{s['goodput_mbps']:.2f} Mbit/s")
+    lines.append(f"{'agents / iperf3 (per direction)':<34} {ag['ratio']:>12.3f}  {ag['agent_mbps']:.2f} vs "
+                 f"{ag['iperf3_mbps']:.2f} Mbit/s, 2-rank ring of {ag['size'] >> 20} MiB vs iperf3 --bidir")
+    return "\n".join(lines)

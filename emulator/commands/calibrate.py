@@ -1,0 +1,43 @@
+"""``emu calibrate``: measure this machine's emulation limits (see :mod:`emulator.calibrate`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+
+from emulator import fidelity
+from emulator.errors import UserError
+from emulator.system import require_root
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("calibrate", help="measure link fidelity, agents vs iperf3 and datapath capacity")
+    p.add_argument("--bw", type=float, default=None, metavar="MBPS",
+                   help="link rate of the one-link and agent measurements (default: the recommended rate "
+                        "derived from the measured capacity)")
+    p.add_argument("--quick", action="store_true", help="shorter flows and a coarser rate ladder (about a minute)")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON instead of a table")
+    p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.set_defaults(func=cmd_calibrate)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from emulator.calibrate import calibrate, summary_table
+
+    if args.bw is not None and not 0 < args.bw <= 1000:
+        raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {args.bw!r}")
+    require_root()
+    signal.signal(signal.SIGTERM, _interrupt)
+    echo = (lambda s: None) if args.json else print
+    data = calibrate(args.bw, quick=args.quick, datapath=args.datapath, echo=echo)
+    if args.json:
+        print(json.dumps(data, indent=1, sort_keys=True))
+    else:
+        print(summary_table(data))
+        print(f"written to {fidelity.calibration_path()}")
+    return 0
