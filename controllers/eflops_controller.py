@@ -64,6 +64,7 @@ class EflopsController(compat.BaseApp):
         self.datapaths: dict[str, object] = {}
         self.barriers: dict[str, int] = {}
         self.started = time.time()
+        self._all_installed_logged = False
         LOG.info("%s controller (%s): %s, policy %s, seed %d, %d switches", compat.FRAMEWORK,
                  os.getpid(), topo.spec, self.settings.routing, self.settings.seed, len(topo.switches))
         if self.settings.routing == "ecmp":
@@ -133,7 +134,9 @@ class EflopsController(compat.BaseApp):
             before = len(self.core.confirmed)
             self.core.confirm(switch)
             if before < len(self.core.confirmed) == len(self.topo.switches):
-                LOG.info("all %d switches have their entries", len(self.topo.switches))
+                LOG.log(logging.DEBUG if self._all_installed_logged else logging.INFO,
+                        "all %d switches have their entries", len(self.topo.switches))
+                self._all_installed_logged = True
             self._write_state()
 
     @compat.set_ev_cls(compat.ofp_event.EventOFPStateChange, compat.DEAD_DISPATCHER)
