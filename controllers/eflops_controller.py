@@ -26,6 +26,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 try:
     from controllers import compat
@@ -61,7 +62,7 @@ class EflopsController(compat.BaseApp):
         topo = self.settings.check()
         self.core = ControllerCore(topo, self.settings.routing, self.settings.seed)
         self.topo = topo
-        self.datapaths: dict[str, object] = {}
+        self.datapaths: dict[str, Any] = {}
         self.barriers: dict[str, int] = {}
         self.started = time.time()
         self._all_installed_logged = False

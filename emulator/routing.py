@@ -149,7 +149,7 @@ class FlowEntry:
                  "tcp_src": "tp_src", "tcp_dst": "tp_dst", "arp_tpa": "arp_tpa", "in_port": "in_port"}
         parts = [f"priority={self.priority}"]
         for key, value in self.match:
-            parts.append(f"{names[key]}={hex(value) if key == 'eth_type' else value}")
+            parts.append(f"{names[key]}={hex(int(value)) if key == 'eth_type' else value}")  # type: ignore[call-overload]
         return ",".join(parts) + f",actions=output:{self.out_port}"
 
     def key(self) -> tuple[str, int, tuple[tuple[str, object], ...]]:
@@ -163,7 +163,7 @@ def check_policy(topo: Topology, policy: str) -> None:
         raise FieldError("routing", "policy", f"one of {', '.join(POLICIES)}", policy)
     kinds = POLICY_KINDS[policy]
     if kinds is not None and topo.kind not in kinds:
-        usable = ", ".join(p for p in POLICIES if POLICY_KINDS[p] is None or topo.kind in POLICY_KINDS[p])
+        usable = ", ".join(p for p in POLICIES if topo.kind in (POLICY_KINDS[p] or (topo.kind,)))
         raise FieldError(f"routing for {topo.kind}", "policy",
                          f"one of {usable} ({policy} applies to {' and '.join(kinds)} only)", policy)
 
@@ -286,7 +286,7 @@ def switch_links_of(path: list[str]) -> list[tuple[str, str]]:
 def cut_pairs(topo: Topology, failed: Iterable[frozenset[str]]) -> list[tuple[str, str]]:
     """Ordered host pairs with no path left when ``failed`` links are down."""
     g = _usable_graph(topo, _failed_set(failed))
-    out = []
+    out: list[tuple[str, str]] = []
     for dst in topo.hosts:
         reach = nx.node_connected_component(g, dst.name)
         out.extend((src.name, dst.name) for src in topo.hosts if src.name != dst.name and src.name not in reach)
