@@ -1,0 +1,53 @@
+"""``emu run`` on real networks: experiments/tiny.yaml interrupted after its first cell, then resumed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+
+from emulator import experiment as xp
+from emulator import report, runner
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "experiments", "tiny.yaml")
+
+
+def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
+    exp = xp.load(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    assert 2 <= len(ids) <= 4
+    out = str(tmp_path / "tiny")
+
+    def interrupt(cell_id: str, outcome: str) -> None:
+        raise KeyboardInterrupt  # as Ctrl-C right after the first cell
+
+    first = runner.Runner(exp, out, stream=io.StringIO(), after_cell=interrupt).run()
+    assert first.interrupted and first.ran == [ids[0]] and not first.failed
+    res = xp.read_results(out, ids[0])
+    assert res["status"] == "ok" and res["repetitions"] and all(r["correct"] for r in res["repetitions"])
+    assert xp.cell_finished(out, xp.expand(exp)[0])
+    with open(os.path.join(out, "run.json")) as fh:
+        assert json.load(fh)["status"] == "interrupted"
+    for cid in ids[1:]:
+        assert not os.path.exists(os.path.join(out, "cells", cid, "results.json"))
+    kept = os.stat(os.path.join(out, "cells", ids[0], "results.json")).st_mtime_ns
+
+    second = runner.Runner(exp, out, stream=io.StringIO()).run()
+    assert second.status == "complete", second.failed
+    assert second.skipped == [ids[0]] and second.ran == ids[1:]
+    assert os.stat(os.path.join(out, "cells", ids[0], "results.json")).st_mtime_ns == kept
+    with open(os.path.join(out, "run.log")) as fh:
+        log = fh.read()
+    assert f"skipped {ids[0]} (finished before)" in log
+    assert log.count(f"ran {ids[0]} ") == 1
+    for cid in ids[1:]:
+        assert f"ran {cid} " in log
+
+    md = open(report.write_report(out)).read()
+    assert f"**{len(ids)} of {len(ids)} cells finished**" in md
+    assert os.path.getsize(os.path.join(out, "plots", "heatmap.png")) > 5000
