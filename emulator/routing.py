@@ -190,6 +190,7 @@ class _Router:
         self.failed = _failed_set(failed)
         self.graph = _usable_graph(topo, self.failed)
         self._dist: dict[str, dict[str, int]] = {}
+        self._cands: dict[tuple[str, str], list[str]] = {}
         if policy == "bigraph":
             self._group_pos = {}
             for role in ("upper", "lower"):
@@ -204,12 +205,16 @@ class _Router:
         return self._dist[dst]
 
     def candidates(self, node: str, dst: str) -> list[str]:
-        dist = self.dist(dst)
-        here = dist.get(node)
-        if here is None:
-            return []
-        return sorted((n for n in self.graph.neighbors(node)
-                       if dist.get(n) == here - 1 and (n == dst or self.topo.is_switch(n))), key=node_sort_key)
+        key = (node, dst)
+        cands = self._cands.get(key)
+        if cands is None:
+            dist = self.dist(dst)
+            here = dist.get(node)
+            cands = [] if here is None else sorted(
+                (n for n in self.graph.neighbors(node) if dist.get(n) == here - 1
+                 and (n == dst or self.topo.is_switch(n))), key=node_sort_key)
+            self._cands[key] = cands
+        return cands
 
     # ------------------------------------------------------------- choices
     def dest_choice(self, node: str, cands: list[str], dst: str) -> str:
@@ -235,7 +240,12 @@ class _Router:
         return self.dest_choice(node, cands, flow.dst)
 
     def is_exact(self, flow: Flow) -> bool:
-        return self.policy == "ecmp" and flow in exact_flows(self.topo, flow.src, flow.dst)
+        """True for the flows of :func:`exact_flows` (checked without building them)."""
+        if self.policy != "ecmp" or flow.proto != IPPROTO_TCP:
+            return False
+        if flow.dport == AGENT_LISTEN_PORT:
+            return flow.sport == AGENT_SOURCE_PORT_BASE + self.topo.host(flow.dst).index
+        return flow.sport == AGENT_LISTEN_PORT and flow.dport == AGENT_SOURCE_PORT_BASE + self.topo.host(flow.src).index
 
     def walk(self, flow: Flow) -> list[str]:
         """The node path of ``flow``; raises :class:`NoPath`."""
