@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -71,8 +72,20 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return settings
 
 
+def check_can_listen(host: str, port: int) -> None:
+    """:class:`FieldError` unless a TCP server can listen on ``host:port`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise FieldError("controller", "listen", "an address free to listen on",
+                             f"{host}:{port} ({exc.strerror})") from None
+
+
 def cmd_controller(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
+    check_can_listen(*settings.listen)
     from controllers.launcher import run_foreground
 
     run_foreground(settings, args.log_level)

@@ -194,3 +194,15 @@ def test_app_module_imports_without_a_running_controller():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[4]"
+
+
+def test_busy_listen_address_is_refused_before_starting(capsys):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["controller", "--topology", FATTREE, "--routing", "ecmp", "--listen", f"127.0.0.1:{port}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'listen'" in err and "in use" in err
