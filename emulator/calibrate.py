@@ -32,6 +32,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import subprocess
 import tempfile
 import time
@@ -406,7 +407,7 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
                            echo=lambda s: None) as session:
             results = session.run(schedule, os.path.join(tmp, "agents"), repeat=repeat, warmup=1)
             ip = run_iperf_flows(session.en, topo, [("h1", "h2")], seconds, bidir=True).reports[0]
-    agent = sorted(r["busbw_mbps"] for r in results["repetitions"])[len(results["repetitions"]) // 2]
+    agent = statistics.median(r["busbw_mbps"] for r in results["repetitions"])
     iperf = (ip["received_mbps"] + ip["reverse_received_mbps"]) / 2
     return {"topology": topo.spec, "link_mbps": bw_mbps, "size": size, "repeat": repeat,
             "agent_mbps": agent, "agent_reps_mbps": [r["busbw_mbps"] for r in results["repetitions"]],
@@ -462,10 +463,12 @@ def summary_table(data: dict[str, Any]) -> str:
         f"load {mi['loadavg_before']}",
         f"{'measurement':<34} {'value':>12}  detail",
         f"{'datapath capacity (switch-hop Mb/s)':<34} {cap_text:>12}  {cap['flows']} flows x "
-        f"{max(cap['switch_hops'])} switches on {cap['topology']}, at {cap['at_link_mbps']} Mbit/s per link; "
-        f"limited by {cap['limited_by']}",
+        f"{max(cap['switch_hops'])} switches on {cap['topology']}, "
+        + (f"at {cap['at_link_mbps']:g} Mbit/s per link; " if cap["at_link_mbps"] else "")
+        + f"limited by {cap['limited_by']}",
         f"{'recommended link rate (Mbit/s)':<34} {data['recommended_link_mbps']:>12g}  16 hosts x 3 switches "
-        f"within {HEADROOM:.0%} of capacity",
+        f"within {HEADROOM:.0%} of capacity; time dilation to 100 Gbit/s links: "
+        f"x{100_000 / data['recommended_link_mbps']:g}",
         f"{'one link goodput / rate':<34} {one['ratio']:>12.3f}  {one['goodput_mbps']:.2f} of {one['link_mbps']:g} "
         f"Mbit/s; model factor {one['model_goodput_factor']:.4f} -> {one['ratio_to_model']:.3f} of the model",
     ]

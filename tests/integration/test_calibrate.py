@@ -1,0 +1,59 @@
+"""emu calibrate --quick and emu replay --pcap + emu analyze on real Mininet and Open vSwitch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from emulator import routing, topology
+from emulator.schedule import format as sformat
+from emulator.schedule import generators
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def emu(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "emulator", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def test_calibrate_quick_writes_a_calibration_file(tmp_path):
+    state = tmp_path / "state"  # never the machine's real calibration
+    res = emu("calibrate", "--quick", "--bw", "10", env={"EF_STATE_DIR": str(state)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    data = json.loads((state / "calibration.json").read_text())
+    assert data["one_link_ratio"] >= 0.9, data["measurements"]["one_link"]
+    assert data["machine"]["mtu"] == 9000 and data["machine"]["nproc"] >= 1
+    assert data["measurements"]["capacity"]["points"], "no capacity point measured"
+    assert data["datapath_capacity_mbps"] is None or data["datapath_capacity_mbps"] > 0
+    assert data["agent_over_iperf3"] > 0.5, data["measurements"]["agents_vs_iperf3"]
+    assert "one link goodput / rate" in res.stdout
+
+
+def test_replay_pcap_then_analyze_finds_the_agent_flows(tmp_path):
+    topo = topology.build("star:hosts=2,bw=20")
+    size = 1 << 20
+    sched = tmp_path / "ring.json"
+    sformat.save(generators.generate("ring", topo, size), str(sched))
+    out = tmp_path / "run"
+    res = emu("replay", str(sched), "--topology", topo.spec, "--routing", "shortest", "--out", str(out),
+              "--repeat", "1", "--warmup", "0", "--pcap", "h1-s1")
+    assert res.returncode == 0, res.stdout[-1000:] + res.stderr[-2000:]
+    assert (out / "pcap" / "h1-s1.pcap").stat().st_size > 0
+    res = emu("analyze", str(out))
+    assert res.returncode == 0, res.stderr[-2000:]
+    flows = json.loads((out / "flows.json").read_text())["flows"]
+    by_pair = {(f["src_host"], f["dst_host"], f["sport"], f["dport"]): f for f in flows}
+    for src, dst in (("h1", "h2"), ("h2", "h1")):
+        flow = routing.agent_flow(topo, src, dst)
+        f = by_pair.get((src, dst, flow.sport, flow.dport))
+        assert f is not None, f"agent flow {src} -> {dst} not found in {sorted(by_pair)}"
+        assert f["bytes"] >= size  # ring on 2 ranks: each rank sends the whole buffer, half per step
+        assert 0 < f["mean_mbps"] <= 20 * 1.05 and f["peak_mbps"] <= 20 * 1.3
+    assert "h1:" in res.stdout
