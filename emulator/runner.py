@@ -42,6 +42,7 @@ from emulator.results import write_atomic, write_json_atomic
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
 DEFAULT_CELL_OVERHEAD_S = 4.0
 DEFAULT_BRINGUP_S = 10.0
+TEARDOWN_S = 4.0
 
 
 @dataclass
@@ -247,7 +248,9 @@ class Runner:
                 self._record(cell, "failed", 0.0, f"network bring-up failed: {exc}")
                 yield cell, "failed"
             return
-        eta.observe_bringup(self.clock() - t0)
+        # the network's own bring-up time, without waiting for another network to go away (plus a teardown)
+        own = getattr(getattr(session, "en", None), "bringup_s", None)
+        eta.observe_bringup(own + TEARDOWN_S if isinstance(own, int | float) else self.clock() - t0)
         try:
             for cell in cells:
                 pc = self.by_id[cell.id]
