@@ -63,13 +63,107 @@ def tcp_goodput_factor(mtu: int) -> float:
     return (mtu - 52) / (mtu + 14)
 
 
-def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU) -> list[list[str]]:
+#: Packets a switch port queues before it drops (the HTB leaf's pfifo limit).
+DEFAULT_QUEUE_PACKETS = 100
+#: Bytes one TCP flow may hold in its host's own queue (TCP small queues):
+#: keeps a host's ACKs from waiting behind a deep queue of its own data.
+DEFAULT_HOST_TSQ_BYTES = 65536
+
+
+#: Socket buffers of the userspace datapath. ovs-vswitchd sends every packet of
+#: every port through ONE non-blocking AF_PACKET socket; packets waiting in the
+#: ports' HTB queues are charged to that socket, so at the kernel default
+#: (208 KiB, about 20 jumbo frames for the whole switch) sends fail with EAGAIN
+#: and OVS drops packets that no qdisc counter shows. Bring-up enlarges that
+#: socket, and the receive sockets of our ports, in place.
+PORT_SOCKET_BYTES = 64 * 1024 * 1024
+OVS_PIDFILE = "/var/run/openvswitch/ovs-vswitchd.pid"
+_SO_SNDBUFFORCE, _SO_RCVBUFFORCE = 32, 33
+_SYS_PIDFD_GETFD = 438
+
+
+def packet_sockets(proc_net_packet: str = "/proc/net/packet") -> dict[int, tuple[int, int]]:
+    """Inode -> (protocol, interface index) of every AF_PACKET socket."""
+    out = {}
+    with open(proc_net_packet, encoding="ascii") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if len(f) >= 9:
+                out[int(f[8])] = (int(f[3], 16), int(f[4]))
+    return out
+
+
+def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES) -> dict[str, int]:
+    """Give ovs-vswitchd's send socket and the receive sockets of ``interfaces`` ``size`` bytes of buffer.
+
+    Duplicates the sockets out of ovs-vswitchd with ``pidfd_getfd`` (root,
+    Linux >= 5.6) and sets ``SO_SNDBUFFORCE`` / ``SO_RCVBUFFORCE``: nothing is
+    restarted. Returns how many sockets were changed, per kind.
+    """
+    import ctypes
+    import socket
+
+    with open(OVS_PIDFILE, encoding="ascii") as fh:
+        pid = int(fh.read().strip())
+    ifindex = {}
+    for name in interfaces:
+        try:
+            with open(f"/sys/class/net/{name}/ifindex", encoding="ascii") as fh:
+                ifindex[int(fh.read())] = name
+        except OSError:
+            continue
+    sockets = packet_sockets()
+    libc = ctypes.CDLL(None, use_errno=True)
+    pidfd = os.pidfd_open(pid)
+    done = {"send": 0, "receive": 0}
+    try:
+        for entry in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{entry}")
+            except OSError:
+                continue
+            if not target.startswith("socket:["):
+                continue
+            info = sockets.get(int(target[8:-1]))
+            if info is None:
+                continue
+            proto, index = info
+            if proto == 0 and index == 0:
+                kind, opt = "send", _SO_SNDBUFFORCE
+            elif index in ifindex:
+                kind, opt = "receive", _SO_RCVBUFFORCE
+            else:
+                continue
+            fd = libc.syscall(_SYS_PIDFD_GETFD, pidfd, int(entry), 0)
+            if fd < 0:
+                raise OSError(ctypes.get_errno(), "pidfd_getfd on ovs-vswitchd")
+            try:
+                sock = socket.socket(fileno=fd)
+                sock.setsockopt(socket.SOL_SOCKET, opt, size)
+                sock.detach()
+            finally:
+                os.close(fd)
+            done[kind] += 1
+    finally:
+        os.close(pidfd)
+    return done
+
+
+def leaf_queue_command(intf: str, packets: int) -> list[str]:
+    """Bound the queue under Mininet's HTB class 5:1 (a plain FIFO of ``packets``)."""
+    return ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "pfifo", "limit", str(packets)]
+
+
+def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU,
+                        queue_packets: int = DEFAULT_QUEUE_PACKETS,
+                        tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES) -> list[list[str]]:
     """Commands run inside ``host`` after the links are up (argument lists)."""
     intf = host_intf(host)
     cmds = [
         ["ip", "link", "set", "dev", intf, "mtu", str(mtu)],
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
-         "net.ipv4.tcp_slow_start_after_idle=0"],
+         "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}"],
+        leaf_queue_command(intf, queue_packets),
     ]
     if datapath == "user":
         # Userspace OVS does not complete checksums or segment TSO frames:
@@ -133,11 +227,14 @@ class EmulatedNetwork:
         datapath: ``auto``, ``user`` or ``kernel``.
         label: names the run-state directory.
         mtu: of every interface (default :data:`DEFAULT_MTU`).
+        queue_packets: the FIFO depth of every link end (default :data:`DEFAULT_QUEUE_PACKETS`).
+        tsq_bytes: per-flow host queue bound (default :data:`DEFAULT_HOST_TSQ_BYTES`).
     """
 
     def __init__(self, topo: Topology, *, controller: tuple[str, int] | None = None,
                  routing: str = "shortest", seed: int = 0, datapath: str = "auto",
-                 label: str = "net", mtu: int = DEFAULT_MTU, runner: Runner = run):
+                 label: str = "net", mtu: int = DEFAULT_MTU, queue_packets: int = DEFAULT_QUEUE_PACKETS,
+                 tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES, runner: Runner = run):
         self.topo = topo
         self.controller = controller
         self.routing = routing
@@ -146,11 +243,14 @@ class EmulatedNetwork:
         self.datapath = ""
         self.label = label
         self.mtu = mtu
+        self.queue_packets = queue_packets
+        self.tsq_bytes = tsq_bytes
         self.runner = runner
         self.net: Any = None
         self.state: RunState | None = None
         self.bringup_s: float | None = None
         self._lock_fd: int | None = None
+        self.socket_buffers: dict[str, int] = {}
 
     # ------------------------------------------------------------- lifecycle
     def __enter__(self) -> EmulatedNetwork:
@@ -222,6 +322,8 @@ class EmulatedNetwork:
         try:
             self._build()
             self._configure_hosts()
+            if self.datapath == "user":
+                self._enlarge_datapath_sockets()
             if self.controller is None:
                 self._install_static_flows()
         except BaseException:
@@ -269,7 +371,8 @@ class EmulatedNetwork:
         assert self.state is not None
         for h in self.topo.hosts:
             node = self.host(h.name)
-            for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu):
+            for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.queue_packets,
+                                           self.tsq_bytes):
                 self._host_run(node, cmd)
             path = os.path.join(self.state.path, f"arp-{h.name}")
             with open(path, "w", encoding="ascii") as fh:
@@ -285,6 +388,12 @@ class EmulatedNetwork:
         res = self.runner(["ip", "-batch", path])
         if res.returncode != 0:
             raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
+        path = os.path.join(self.state.path, "queues.batch")
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write("".join(" ".join(leaf_queue_command(n, self.queue_packets)[1:]) + "\n" for n in names))
+        res = self.runner(["tc", "-batch", path])
+        if res.returncode != 0:
+            raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")
         cmd = ["ovs-vsctl", "--timeout=20"]
         for n in names:
             cmd += ["--", "set", "Interface", n, f"mtu_request={self.mtu}"]
@@ -292,6 +401,23 @@ class EmulatedNetwork:
         settings = [f"net.ipv6.conf.{n}.disable_ipv6=1" for n in names]
         for i in range(0, len(settings), 200):
             self.runner(["sysctl", "-qw", *settings[i:i + 200]])
+
+    def _enlarge_datapath_sockets(self) -> None:
+        """See :data:`PORT_SOCKET_BYTES`. The send socket exists once ovs-vswitchd has sent a packet:
+        a packet-out of a frame nobody listens to (EtherType 0x88b5, local experimental) makes sure."""
+        first = self.topo.hosts[0]
+        frame = first.mac.replace(":", "") + "020000000000" + "88b5" + "00" * 46
+        self.runner(["ovs-ofctl", "-O", "OpenFlow13", "packet-out", bridge_name(first.switch),
+                     f"in_port=controller,packet={frame},actions=output:{first.switch_port}"])
+        names = [switch_intf(lk.b, lk.b_port) for lk in self.topo.links]
+        names += [switch_intf(lk.a, lk.a_port) for lk in self.topo.links if lk.kind == "switch"]
+        try:
+            self.socket_buffers = enlarge_ovs_sockets(names)
+        except OSError as exc:
+            self.socket_buffers = {}
+            log.warning("could not enlarge Open vSwitch's socket buffers (%s): expect silent drops under load", exc)
+        if not self.socket_buffers.get("send"):
+            log.warning("Open vSwitch's send socket was not found: expect silent drops under load")
 
     def _host_run(self, node: Any, cmd: Sequence[str]) -> str:
         out = node.cmd(shlex.join(cmd) + "; echo __rc=$?")

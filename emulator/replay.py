@@ -268,7 +268,8 @@ class ReplaySession:
     """
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
-                 mtu: int = 9000, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print):
+                 mtu: int = 9000, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print,
+                 network_options: dict[str, Any] | None = None):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
@@ -278,6 +279,7 @@ class ReplaySession:
         self.stats_interval_s = stats_interval_s
         self.echo = echo
         self.work_dir = work_dir
+        self.network_options = network_options or {}
         self.ctl: Any = None
         self.en: Any = None
         self.topo_path = ""
@@ -308,7 +310,7 @@ class ReplaySession:
             self.ctl = ControllerProcess(settings, log_file=os.path.join(self.work_dir, "controller.log"))
             self.ctl.start()
             self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
-                                      label="replay", mtu=self.mtu)
+                                      label="replay", mtu=self.mtu, **self.network_options)
             self.en.start()
             self.ctl.wait_installed()
         except BaseException:

@@ -63,7 +63,7 @@ def choose_datapath(requested: str = "auto", module_loaded: bool | None = None) 
 def netem_available(runner: Runner = run) -> bool:
     """True when the kernel offers the netem qdisc (needed for delay and loss)."""
     probe = "efnetemprobe"
-    made = runner(["ip", "link", "add", probe, "type", "dummy"])
+    made = runner(["ip", "link", "add", probe, "type", "veth", "peer", "name", probe + "1"])
     if made.returncode != 0:
         return False
     try:

@@ -1,0 +1,109 @@
+"""Replay over real TCP: HDRM on BiGraph near line rate, hd on an ECMP leaf-spine slower, a killed agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from emulator import topology
+from emulator.replay import ReplayConfig, replay
+from emulator.runstate import BRIDGE_RE, all_runs
+from emulator.schedule import format as sformat
+from emulator.schedule import generators
+from emulator.schedule.check import check
+from emulator.system import run
+
+pytestmark = pytest.mark.integration
+
+BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
+LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
+SIZE = 1 << 20
+
+
+def write_schedule(tmp_path, algo, spec, placement=None, name=None):
+    topo = topology.build(spec)
+    schedule = generators.generate(algo, topo, SIZE, placement=placement)
+    path = tmp_path / (name or f"{algo}.json")
+    sformat.save(schedule, str(path))
+    return str(path), schedule, topo
+
+
+def colliding_seed(schedule, topo) -> int:
+    """The ECMP seed (of the first 40) whose hashing puts the most flows on one link in some step."""
+    def worst(seed):
+        report = check(schedule, topo, "ecmp", seed=seed)
+        return (max(report.costs.max_flows_per_link), report.predicted_time_s)
+    return max(range(40), key=worst)
+
+
+def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path):
+    path, schedule, topo = write_schedule(tmp_path, "hdrm", BIGRAPH)
+    good = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm"),
+                               repeat=3, warmup=1))
+    assert good["status"] == "ok"
+    assert all(rep["correct"] for rep in good["repetitions"])
+    assert good["busbw_mbps_median"] >= 0.85 * good["link_mbps"], good["busbw_mbps_median"]
+    saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
+    assert saved["busbw_mbps_median"] == good["busbw_mbps_median"]
+    assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
+    timeline = (tmp_path / "hdrm" / "timeline.jsonl").read_text().splitlines()
+    sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
+    assert len(timeline) == sends * 4  # warmup + 3 repetitions
+    links = [json.loads(line) for line in (tmp_path / "hdrm" / "links.jsonl").read_text().splitlines()]
+    assert {rec["source"] for rec in links} >= {"tc", "tcp", "controller"}
+
+    hd_path, hd_schedule, ls_topo = write_schedule(tmp_path, "hd", LEAFSPINE)
+    seed = colliding_seed(hd_schedule, ls_topo)
+    bad = replay(ReplayConfig(schedule=hd_path, topology=LEAFSPINE, routing="ecmp", seed=seed,
+                              out=str(tmp_path / "hd-ecmp"), repeat=3, warmup=1))
+    assert bad["status"] == "ok" and all(rep["correct"] for rep in bad["repetitions"])
+    assert max(bad["prediction"]["max_flows_per_link"]) > 1
+    assert bad["busbw_mbps_median"] < 0.85 * good["busbw_mbps_median"], (bad["busbw_mbps_median"],
+                                                                         good["busbw_mbps_median"])
+    ratio = bad["measured_over_predicted_median"]
+    assert ratio is not None and 0.5 < ratio < 2.0, ratio
+
+
+def test_killed_agent_fails_the_run_naming_its_rank(tmp_path):
+    path, schedule, topo = write_schedule(tmp_path, "ring", "star:hosts=4")
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-m", "emulator", "replay", path, "--topology", "star:hosts=4",
+                             "--routing", "shortest", "--out", str(out), "--repeat", "20", "--warmup", "0",
+                             "--timeout", "20"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killed: list[int] = []
+
+    def kill_rank_2() -> None:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not killed:
+            for state in all_runs():
+                for rec in state.processes():
+                    if rec.get("role") == "agent" and rec.get("rank") == 2:
+                        time.sleep(3)  # let it get going
+                        try:
+                            os.kill(rec["pid"], signal.SIGKILL)
+                            killed.append(rec["pid"])
+                        except ProcessLookupError:
+                            pass
+                        return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_rank_2)
+    killer.start()
+    started = time.monotonic()
+    output, _ = proc.communicate(timeout=120)
+    killer.join()
+    assert killed, "never saw rank 2's agent"
+    assert proc.returncode != 0
+    assert "rank 2" in output, output
+    assert time.monotonic() - started < 100
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "failed" and "rank 2" in results["error"]
+    assert not [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)]
+    assert not list(all_runs())
