@@ -173,7 +173,8 @@ def format_report(data: dict[str, Any]) -> str:
                  f"{verdict(bool(rows) and len(ok) == len(rows))}")
     b = data.get("bringup") or {}
     if b.get("ours_up_s") is not None and b.get("plain_up_s") is not None:
-        lines.append(f"{'bring-up 32 hosts: ours / plain Mininet':<44} {b['up_ratio']:>9.2f} {'report':>10}  "
+        label = f"bring-up {b.get('hosts', '?')} hosts: ours / plain Mininet"
+        lines.append(f"{label:<44} {b['up_ratio']:>9.2f} {'report':>10}  "
                      f"      (up {b['ours_up_s']:.1f} s vs {b['plain_up_s']:.1f} s; up+down "
                      f"{b['ours_total_s']:.1f} s vs {b['plain_total_s']:.1f} s)")
     lines += ["", f"{'topology':<46} {'routing':<9} {'algo':<7} {'time s':>8} {'pred s':>8} {'meas/pred':>9} "
@@ -183,15 +184,20 @@ def format_report(data: dict[str, Any]) -> str:
             lines.append(f"{r['topology']:<46} {r['routing']:<9} {r['algorithm']:<7} failed: {r['error']}")
             continue
         seed = f"/{r['seed']}" if r["routing"] == "ecmp" else ""
-        lines.append(f"{r['topology']:<46} {r['routing'] + seed:<9} {r['algorithm']:<7} {r['time_s']:>8.3f} "
-                     f"{r['predicted_s']:>8.3f} {r['measured_over_predicted']:>9.3f} {r['busbw_over_link']:>10.3f} "
-                     f"{r['time_s'] / dil * 1e6:>9.1f} {r['datapath_load_mbps'] or 0:>8.0f}  "
+        scaled = r["time_s"] / dil * 1e6 if r["time_s"] is not None else None
+        lines.append(f"{r['topology']:<46} {r['routing'] + seed:<9} {r['algorithm']:<7} {_num(r['time_s'], 8, 3)} "
+                     f"{_num(r['predicted_s'], 8, 3)} {_num(r['measured_over_predicted'], 9, 3)} "
+                     f"{_num(r['busbw_over_link'], 10, 3)} {_num(scaled, 9, 1)} {_num(r['datapath_load_mbps'], 8, 0)}  "
                      f"{verdict(r['within_target'])} {' '.join(r['flags'])}")
     cap = data.get("calibration_capacity_mbps")
     lines.append(f"# dp load: offered switch-hop Mbit/s (calibrated capacity "
                  f"{f'{cap:.0f}' if cap else 'unknown'}); @100G: emulated time / dilation")
     lines.append(f"# total {data.get('duration_s', 0):.0f} s; results in {data.get('path')}")
     return "\n".join(lines)
+
+
+def _num(value: float | None, width: int, digits: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
 
 
 # ------------------------------------------------------------- the live part
@@ -282,8 +288,9 @@ def our_bringup(topo: topology.Topology, datapath: str, mtu: int) -> dict[str, A
     return {"up_s": up, "down_s": down, "total_s": up + down, "datapath": en.datapath}
 
 
-def measure_bringup(rounds: int, datapath: str, mtu: int, echo: Callable[[str], None]) -> dict[str, Any]:
-    topo = topology.build(BRINGUP_TOPOLOGY)
+def measure_bringup(rounds: int, datapath: str, mtu: int, echo: Callable[[str], None],
+                    spec: str = BRINGUP_TOPOLOGY) -> dict[str, Any]:
+    topo = topology.build(spec)
     ours, plain = [], []
     for i in range(rounds):
         ours.append(our_bringup(topo, datapath, mtu))
@@ -291,7 +298,8 @@ def measure_bringup(rounds: int, datapath: str, mtu: int, echo: Callable[[str], 
         echo(f"  bring-up {i + 1}/{rounds} ({len(topo.hosts)} hosts, {len(topo.switches)} switches, "
              f"{len(topo.links)} links): ours {ours[-1]['up_s']:.1f} s up + {ours[-1]['down_s']:.1f} s down, "
              f"plain Mininet {plain[-1]['up_s']:.1f} s + {plain[-1]['down_s']:.1f} s")
-    return {"topology": topo.spec, **bringup_summary(ours, plain)}
+    return {"topology": topo.spec, "hosts": len(topo.hosts), "switches": len(topo.switches),
+            "links": len(topo.links), **bringup_summary(ours, plain)}
 
 
 def run_case(case: Case, bw: float, size: int, repeat: int, out: str, datapath: str, mtu: int,
@@ -317,9 +325,10 @@ def run_case(case: Case, bw: float, size: int, repeat: int, out: str, datapath: 
     return rows
 
 
-def bench(bw: float | None = None, size: int = DEFAULT_SIZE, repeat: int = 3, bringup_rounds: int = 2,
+def bench(bw: float | None = None, size: int = DEFAULT_SIZE, repeat: int = 2, bringup_rounds: int = 2,
           datapath: str = "auto", mtu: int = 9000, out_dir: str | None = None,
-          cases: tuple[Case, ...] = DEFAULT_CASES, echo: Callable[[str], None] = print) -> dict[str, Any]:
+          cases: tuple[Case, ...] = DEFAULT_CASES, bringup_topology: str = BRINGUP_TOPOLOGY,
+          echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""
     from emulator.calibrate import _loadavg, machine_info, measure_agents_vs_iperf
 
@@ -368,7 +377,7 @@ def bench(bw: float | None = None, size: int = DEFAULT_SIZE, repeat: int = 3, br
     data["hdrm"] = hdrm[0] if hdrm else None
     echo("bring-up:")
     try:
-        data["bringup"] = measure_bringup(bringup_rounds, datapath, mtu, echo)
+        data["bringup"] = measure_bringup(bringup_rounds, datapath, mtu, echo, bringup_topology)
     except Exception as exc:
         data["bringup"] = {"error": f"{type(exc).__name__}: {exc}"}
         echo(f"  failed: {exc}")

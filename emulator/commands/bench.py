@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bw", type=float, default=None, metavar="MBPS",
                    help="link rate (default: the calibration's recommended rate, else 10)")
     p.add_argument("--size", default="1MiB", metavar="SIZE", help="bytes per rank of every replay (default 1MiB)")
-    p.add_argument("--repeat", type=int, default=3, metavar="N", help="measured repetitions per replay (default 3)")
+    p.add_argument("--repeat", type=int, default=2, metavar="N",
+                   help="measured repetitions per replay, after one warm-up (default 2)")
     p.add_argument("--bringup-rounds", type=int, default=2, metavar="N", help="bring-ups of each kind (default 2)")
     p.add_argument("--out", default=None, metavar="DIR", help="results directory (default: results/)")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))

@@ -63,7 +63,7 @@ def test_report_prints_every_ratio_with_verdicts():
             "link_mbps": 6.0, "link_source": "--bw", "dilation": bench.REAL_FABRIC_MBPS / 6.0,
             "agents": {"ratio": 0.96, "agent_mbps": 5.7, "iperf3_mbps": 5.94}, "replays": rows, "hdrm": rows[0],
             "bringup": bench.bringup_summary([{"up_s": 4.0, "down_s": 2.0, "total_s": 6.0}],
-                                             [{"up_s": 2.0, "down_s": 1.0, "total_s": 3.0}]),
+                                             [{"up_s": 2.0, "down_s": 1.0, "total_s": 3.0}]) | {"hosts": 32},
             "calibration_capacity_mbps": 400.0, "duration_s": 300, "path": "results/x.json"}
     text = bench.format_report(data)
     assert "agent / iperf3" in text and "0.960" in text and "MISS" in text
