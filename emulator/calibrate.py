@@ -12,8 +12,10 @@ fidelity check reads:
    :data:`FLOW_OK_RATIO` of the rate or the CPU saturates. The capacity is
    the highest aggregate *switch-hop* rate (Σ flow goodput × switches crossed,
    Mbit/s, the unit of :func:`emulator.fidelity.assess`) at which every flow
-   still got ≥ 90 % of its rate. From it, :func:`recommended_link_mbps` picks
-   a link rate that keeps a 16-host fabric with 3-switch paths inside it.
+   still got ≥ 90 % of its rate (a failing rung is measured twice and the
+   better run counts: other processes' load disturbs it). From it,
+   :func:`recommended_link_mbps` picks a link rate that keeps a 16-host
+   fabric with 3-switch paths inside it.
 2. **one link** -- ``star:hosts=2``, static routes, one iperf3 TCP flow:
    goodput / configured rate, and against the model's
    :func:`emulator.network.tcp_goodput_factor`.
@@ -335,14 +337,26 @@ def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str
     hops = [len(p) - 2 for p in paths]
     seconds = 3.0 if quick else 5.0
     points: list[CapacityPoint] = []
+    retried: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing=CAPACITY_ROUTING, datapath=datapath, mtu=mtu, label="calibrate") as en:
         dp = en.datapath
         for rate in ladder:
             if not should_continue(points):
                 break
             reshape(en, topo, rate)
-            fr = run_iperf_flows(en, topo, pairs, seconds)
-            point = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
+            point = None
+            # A failing rung is measured twice (others' load disturbs it); the better one counts.
+            for attempt in range(2):
+                fr = run_iperf_flows(en, topo, pairs, seconds)
+                p = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
+                if point is not None:
+                    retried.append(point.to_json() if p.min_ratio >= point.min_ratio else p.to_json())
+                point = p if point is None or p.min_ratio >= point.min_ratio else point
+                if point.ok() or attempt == 1:
+                    break
+                echo(f"  capacity: {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, CPU idle "
+                     f"{point.cpu_idle:.0%}; measuring again")
+            assert point is not None
             points.append(point)
             echo(f"  capacity: {len(pairs)} flows at {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, "
                  f"{point.switch_hop_mbps:.0f} switch-hop Mbit/s, CPU idle {point.cpu_idle:.0%}"
@@ -350,7 +364,8 @@ def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str
                  + ("" if point.ok() else "  <- below 90% or CPU saturated"))
     result = capacity_from_points(points)
     return {"topology": topo.spec, "routing": CAPACITY_ROUTING, "flows": len(pairs), "switch_hops": hops,
-            "seconds": seconds, "datapath": dp, "points": [p.to_json() for p in points], **result}
+            "seconds": seconds, "datapath": dp, "points": [p.to_json() for p in points], "discarded": retried,
+            **result}
 
 
 def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto", mtu: int = 9000,
