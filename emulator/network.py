@@ -35,7 +35,7 @@ from emulator import NAME_PREFIX, routing
 from emulator.errors import UserError
 from emulator.runstate import RunState, kill_recorded, proc_netns, state_root
 from emulator.system import Runner, choose_datapath, require_ovs, require_root, require_tools, run
-from emulator.topology import Topology
+from emulator.topology import DEFAULT_MTU, Topology, tcp_goodput_factor  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -51,16 +51,6 @@ def host_intf(host: str) -> str:
 
 def switch_intf(switch: str, port: int) -> str:
     return f"{bridge_name(switch)}-eth{port}"
-
-
-#: Jumbo frames, as training fabrics use them: six times fewer packets through
-#: the single-threaded userspace datapath than at 1500 bytes.
-DEFAULT_MTU = 9000
-
-
-def tcp_goodput_factor(mtu: int) -> float:
-    """TCP payload per byte on the wire as HTB counts it (Ethernet header, IP, TCP with timestamps)."""
-    return (mtu - 52) / (mtu + 14)
 
 
 #: Packets a switch port queues before it drops (the HTB leaf's pfifo limit).

@@ -61,7 +61,7 @@ class ReplayConfig:
     pcap: list[str] = field(default_factory=list)
     datapath: str = "auto"
     stats_interval_s: float = 0.5
-    mtu: int = 9000
+    mtu: int = topology.DEFAULT_MTU
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
@@ -252,9 +252,7 @@ def prepare(cfg: ReplayConfig) -> tuple[Schedule, topology.Topology, scheck.Chec
 def predict(schedule: Schedule, topo: topology.Topology, policy: str, seed: int, mtu: int,
             where: str = "schedule") -> scheck.CheckReport:
     """``schedule check``'s proof and prediction at the network's MTU; UserError unless a correct allreduce."""
-    from emulator.network import tcp_goodput_factor
-
-    report = scheck.check(schedule, topo, policy, seed=seed, goodput=tcp_goodput_factor(mtu), where=where)
+    report = scheck.check(schedule, topo, policy, seed=seed, goodput=topology.tcp_goodput_factor(mtu), where=where)
     if not report.valid:
         first = (report.execution.errors or ["it deadlocks"])[0]
         raise UserError(f"{where} is not a correct allreduce: {first} (see `emu schedule check`)")
@@ -268,7 +266,7 @@ class ReplaySession:
     """
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
-                 mtu: int = 9000, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print,
+                 mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print,
                  network_options: dict[str, Any] | None = None):
         routing.check_policy(topo, policy)
         self.topo = topo

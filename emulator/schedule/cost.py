@@ -19,7 +19,9 @@ max-min fair (flow level)
     ``alpha`` plus the time until the last flow finishes.
 
 Rates: a link of ``bw_mbps`` carries ``bw_mbps·1e6/8·goodput`` bytes/s in each
-direction, ``goodput`` = 1448/1514 for TCP over Ethernet at MTU 1500.
+direction, ``goodput`` = TCP payload per wire byte at the network's MTU
+(:func:`emulator.topology.tcp_goodput_factor`: 0.993 at the default 9000,
+1448/1514 at 1500).
 Local reductions cost ``gamma`` seconds per byte (default 0: not modelled).
 """
 
@@ -30,9 +32,9 @@ from typing import Any
 
 from emulator import routing
 from emulator.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
-from emulator.topology import Topology
+from emulator.topology import DEFAULT_MTU, Topology, tcp_goodput_factor
 
-TCP_GOODPUT = 1448 / 1514
+TCP_GOODPUT = tcp_goodput_factor(DEFAULT_MTU)  # the emulated network's default MTU
 #: Per-message latency of the alpha-beta and max-min models (seconds): a few
 #: switch hops plus the agent's per-message work in Python.
 DEFAULT_ALPHA_S = 100e-6

@@ -8,7 +8,8 @@ import pytest
 
 from emulator import fidelity, topology
 from emulator.errors import UserError
-from emulator.network import parse_htb_rates, tcp_goodput_factor
+from emulator.network import parse_htb_rates
+from emulator.topology import tcp_goodput_factor
 
 
 def test_parse_tc_json_keeps_root_qdiscs():
