@@ -53,7 +53,7 @@ $(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements.txt
 	# Chakra's protobuf schema only; its other dependencies are notebook tooling.
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps mlc-chakra==1.0.0
-	$(BIN)/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
 lint: venv
