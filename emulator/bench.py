@@ -19,7 +19,8 @@ Sections, in order:
    datapath, no controller, none of our host set-up), alternated.
 
 The link rate is ``--bw``, else the calibration's ``recommended_link_mbps``
-(``emu calibrate``), else 10 Mbit/s. Emulated figures are reported with the
+(``emu calibrate``), else 10 Mbit/s; the size per rank ``--size``, else
+1 MiB halved until a 16-rank ring ideally takes at most 3.5 s at that rate. Emulated figures are reported with the
 dilation factor to a real fabric of :data:`REAL_FABRIC_MBPS` links.
 """
 
@@ -95,6 +96,18 @@ def link_rate(bw: float | None, calibration: dict[str, Any] | None) -> tuple[flo
     return 10.0, "default (no calibration: run `emu calibrate`)"
 
 
+def default_size(link_mbps: float, p: int = 16, budget_s: float = 3.5) -> int:
+    """The largest power-of-two size <= :data:`DEFAULT_SIZE` whose ideal ``p``-rank ring takes <= ``budget_s``.
+
+    Keeps the whole bench near 8 minutes at the low link rates a small machine
+    calibrates to (at least 64 KiB).
+    """
+    size = DEFAULT_SIZE
+    while size > 64 << 10 and 2 * (p - 1) / p * size * 8 / (link_mbps * 1e6) > budget_s:
+        size //= 2
+    return size
+
+
 def with_bw(spec: str, bw: float) -> str:
     return f"{spec},bw={bw:g}"
 
@@ -118,6 +131,7 @@ def replay_row(case: Case, algo: str, results: dict[str, Any], link_mbps: float)
         "busbw_over_link": busbw / link_mbps if busbw else None,
         "datapath_load_mbps": max(loads, default=None),
         "cpu_idle_min": min(idles, default=None),
+        "tcp_retransmits": [r["fidelity"].get("tcp_retransmits") for r in reps if "fidelity" in r],
         "flags": flags,
         "within_target": within(mp),
     }
@@ -178,7 +192,7 @@ def format_report(data: dict[str, Any]) -> str:
                      f"      (up {b['ours_up_s']:.1f} s vs {b['plain_up_s']:.1f} s; up+down "
                      f"{b['ours_total_s']:.1f} s vs {b['plain_total_s']:.1f} s)")
     lines += ["", f"{'topology':<46} {'routing':<9} {'algo':<7} {'time s':>8} {'pred s':>8} {'meas/pred':>9} "
-              f"{'busbw/link':>10} {'@100G us':>9} {'dp load':>8}  verdict / flags"]
+              f"{'busbw/link':>10} {'@100G us':>9} {'dp load':>8} {'retx':>6}  verdict / flags"]
     for r in rows:
         if r["status"] != "ok":
             lines.append(f"{r['topology']:<46} {r['routing']:<9} {r['algorithm']:<7} failed: {r['error']}")
@@ -187,9 +201,11 @@ def format_report(data: dict[str, Any]) -> str:
         scaled = r["time_s"] / dil * 1e6 if r["time_s"] is not None else None
         lines.append(f"{r['topology']:<46} {r['routing'] + seed:<9} {r['algorithm']:<7} {_num(r['time_s'], 8, 3)} "
                      f"{_num(r['predicted_s'], 8, 3)} {_num(r['measured_over_predicted'], 9, 3)} "
-                     f"{_num(r['busbw_over_link'], 10, 3)} {_num(scaled, 9, 1)} {_num(r['datapath_load_mbps'], 8, 0)}  "
+                     f"{_num(r['busbw_over_link'], 10, 3)} {_num(scaled, 9, 1)} {_num(r['datapath_load_mbps'], 8, 0)} "
+                     f"{sum(x or 0 for x in r.get('tcp_retransmits', [])):>6}  "
                      f"{verdict(r['within_target'])} {' '.join(r['flags'])}")
     cap = data.get("calibration_capacity_mbps")
+    lines.append("# retx: TCP retransmissions over the measured repetitions (all hosts)")
     lines.append(f"# dp load: offered switch-hop Mbit/s (calibrated capacity "
                  f"{f'{cap:.0f}' if cap else 'unknown'}); @100G: emulated time / dilation")
     lines.append(f"# total {data.get('duration_s', 0):.0f} s; results in {data.get('path')}")
@@ -325,7 +341,7 @@ def run_case(case: Case, bw: float, size: int, repeat: int, out: str, datapath: 
     return rows
 
 
-def bench(bw: float | None = None, size: int = DEFAULT_SIZE, repeat: int = 2, bringup_rounds: int = 2,
+def bench(bw: float | None = None, size: int | None = None, repeat: int = 2, bringup_rounds: int = 2,
           datapath: str = "auto", mtu: int = 9000, out_dir: str | None = None,
           cases: tuple[Case, ...] = DEFAULT_CASES, bringup_topology: str = BRINGUP_TOPOLOGY,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
@@ -335,6 +351,7 @@ def bench(bw: float | None = None, size: int = DEFAULT_SIZE, repeat: int = 2, br
     t0 = time.monotonic()
     calibration = fidelity.load_calibration()
     link_mbps, source = link_rate(bw, calibration)
+    size = size or default_size(link_mbps)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join(PROJECT_ROOT, "results")
     path = os.path.join(out_dir, f"bench-{stamp}.json")

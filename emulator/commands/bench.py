@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="agent/iperf3, hdrm busbw, measured/predicted and bring-up, in one run")
     p.add_argument("--bw", type=float, default=None, metavar="MBPS",
                    help="link rate (default: the calibration's recommended rate, else 10)")
-    p.add_argument("--size", default="1MiB", metavar="SIZE", help="bytes per rank of every replay (default 1MiB)")
+    p.add_argument("--size", default=None, metavar="SIZE",
+                   help="bytes per rank of every replay (default 1MiB, halved while a 16-rank ring would take "
+                        "more than 3.5 s at the link rate)")
     p.add_argument("--repeat", type=int, default=2, metavar="N",
                    help="measured repetitions per replay, after one warm-up (default 2)")
     p.add_argument("--bringup-rounds", type=int, default=2, metavar="N", help="bring-ups of each kind (default 2)")
@@ -30,7 +32,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.bench import bench, format_report, link_rate
 
-    size = parse_size(args.size, where="bench", field_name="size")
+    size = parse_size(args.size, where="bench", field_name="size") if args.size is not None else None
     for name, value in (("repeat", args.repeat), ("bringup-rounds", args.bringup_rounds)):
         if value < 1:
             raise UserError(f"bench: field '{name}': expected an integer >= 1, got {value!r}")

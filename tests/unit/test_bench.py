@@ -20,6 +20,12 @@ def test_link_rate_sources():
         bench.link_rate(2000, None)
 
 
+def test_default_size_fits_the_time_budget():
+    assert bench.default_size(10) == 1 << 20
+    assert bench.default_size(3) == 512 << 10
+    assert bench.default_size(0.1) == 64 << 10
+
+
 def test_default_cases_generate_and_fit_their_topologies():
     for case in bench.DEFAULT_CASES:
         topo = build(bench.with_bw(case.topology, 6))
