@@ -246,7 +246,7 @@ def speedup_tables(rows: list[dict[str, Any]], ref: dict[str, str]) -> list[dict
                 meas = _median([c["busbw_mbps"] for c in cells])
                 model = _median([c["predicted_busbw_mbps"] for c in cells])
                 ok = [c["busbw_mbps"] for c in cells if c["busbw_mbps"]]
-                entry = {"busbw": meas, "model_busbw": model, "seeds": len(cells),
+                entry: dict[str, Any] = {"busbw": meas, "model_busbw": model, "seeds": len(cells),
                          "speedup": None, "model_speedup": None, "range": None}
                 if rr and rr["busbw_mbps"] and meas:
                     entry["speedup"] = rr["busbw_mbps"] / meas
@@ -319,7 +319,7 @@ def pick_heatmap_cells(rows: list[dict[str, Any]], ref: dict[str, str]) -> tuple
     clean = max(clean_pool, key=lambda r: (r["hosts"] == congested["hosts"], r["busbw_mbps"] or 0)) \
         if clean_pool else None
     if congested["max_flows_per_link"] <= 1:
-        congested = None
+        return None, clean
     return congested, clean
 
 
