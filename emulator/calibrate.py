@@ -363,7 +363,7 @@ def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str
                  + (f", ovs-vswitchd {point.vswitchd_cpu:.2f} cores" if point.vswitchd_cpu is not None else "")
                  + ("" if point.ok() else "  <- below 90% or CPU saturated"))
     result = capacity_from_points(points)
-    return {"topology": topo.spec, "routing": CAPACITY_ROUTING, "flows": len(pairs), "switch_hops": hops,
+    return {"topology": CAPACITY_TOPOLOGY, "routing": CAPACITY_ROUTING, "flows": len(pairs), "switch_hops": hops,
             "seconds": seconds, "datapath": dp, "points": [p.to_json() for p in points], "discarded": retried,
             **result}
 
