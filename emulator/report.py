@@ -312,8 +312,10 @@ def pick_heatmap_cells(rows: list[dict[str, Any]], ref: dict[str, str]) -> tuple
     largest = max(r["size"] for r in ok)
     pool = [r for r in ok if r["size"] == largest] or ok
     # the paper's case first: halving-doubling hashed by ECMP; then whatever shares links most
+    # at the host count most cells have (the main comparison), not a scaling point
+    hosts = statistics.mode(r["hosts"] for r in pool)
     congested = max(pool, key=lambda r: (r["routing"] == "ecmp" and r["algorithm"] == "hd" and r["max_flows_per_link"] > 1,
-                                         r["max_flows_per_link"], -(r["busbw_mbps"] or 0)))
+                                         r["hosts"] == hosts, r["max_flows_per_link"], -(r["busbw_mbps"] or 0)))
     clean_pool = [r for r in pool if is_reference(r, ref) and r["max_flows_per_link"] <= 1] or \
                  [r for r in pool if r["max_flows_per_link"] <= 1]
     clean = max(clean_pool, key=lambda r: (r["hosts"] == congested["hosts"], r["busbw_mbps"] or 0)) \
