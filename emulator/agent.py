@@ -28,12 +28,14 @@ between sender and receiver is caught and named instead of corrupting data.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import logging
 import queue
 import socket
 import struct
 import sys
+import termios
 import threading
 import time
 import traceback
@@ -68,10 +70,12 @@ def expected_sum(p: int, n: int) -> np.ndarray:
     return table[(i * 7) % 61]
 
 
-def _recv_exact(sock: socket.socket, view: memoryview) -> None:
+def _recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False) -> None:
     got = 0
     total = len(view)
     while got < total:
+        if quickack:  # the kernel leaves quick-ACK mode on its own; ask again before every read
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         n = sock.recv_into(view[got:], total - got)
         if n == 0:
             raise AgentError("connection closed by peer")
@@ -100,6 +104,10 @@ class Agent:
         self.out_socks: dict[int, socket.socket] = {}
         self.in_socks: dict[int, socket.socket] = {}
         self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
+        self.inputs = input_values(rank, len(self.buffers["data"]))
+        self.link_bps = topo.host_bw * 1e6
+        largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
+        self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
 
     # ------------------------------------------------------------ connections
     def host_of(self, rank: int) -> topology.Host:
@@ -113,6 +121,10 @@ class Agent:
         me = self.host_of(self.rank)
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # Room for a whole message before the receiver has posted its receive,
+        # so a late receiver does not throttle its sender (set before listen:
+        # accepted sockets inherit it, and the window scale follows it).
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
         listener.bind((self.ip(self.rank), routing.AGENT_LISTEN_PORT))
         listener.listen(max(len(self.recv_peers), 1))
         listener.settimeout(timeout_s)
@@ -176,10 +188,13 @@ class Agent:
         e = self.elems_per_chunk
         return self.buffers[buffer][chunk * e:(chunk + nchunks) * e]
 
-    def run_once(self, rep: int) -> dict[str, Any]:
-        """One repetition: returns per-op timings and whether the result is right."""
-        self.buffers["data"][:] = input_values(self.rank, len(self.buffers["data"]))
+    def prepare(self) -> None:
+        """Reset the buffers to this rank's input, before the barrier: after ``go`` every rank starts at once."""
+        np.copyto(self.buffers["data"], self.inputs)
         self.buffers["scratch"][:] = 0
+
+    def run_once(self, rep: int) -> dict[str, Any]:
+        """One repetition (after :meth:`prepare`): returns per-op timings and whether the result is right."""
         events: queue.Queue[tuple[int, float, float, BaseException | None]] = queue.Queue()
         send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
         recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
@@ -279,10 +294,28 @@ class Agent:
                     raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
                 sock.sendall(HEADER.pack(rep, op.step, op.bytes))
                 sock.sendall(payload)
+                self._wait_delivered(sock)
                 events.put((op.id, t0, time.monotonic(), None))
             except BaseException as exc:
                 events.put((op.id, 0.0, 0.0, AgentError(f"send {op.describe()} to rank {peer}: {exc}")))
                 return
+
+    def _wait_delivered(self, sock: socket.socket) -> None:
+        """Return once the peer has acknowledged every byte sent on ``sock``.
+
+        ``sendall`` returns as soon as the data is in the kernel's send buffer;
+        a send counted complete then would let the next step's flow share the
+        uplink with this one's tail. So a send completes when it is delivered,
+        as the schedule checker assumes. Polls the unacknowledged byte count,
+        sleeping about half the time the remainder needs at the link rate.
+        """
+        buf = bytearray(4)
+        while True:
+            fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)
+            left = int.from_bytes(buf, sys.byteorder)
+            if left <= 0:
+                return
+            time.sleep(min(max(left * 8 / self.link_bps / 2, 0.0002), 0.02))
 
     def _recv_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
         sock = self.in_socks[peer]
@@ -297,13 +330,14 @@ class Agent:
                     raise AgentError(f"expected repetition {rep} step {op.step} with {op.bytes} bytes, "
                                      f"got repetition {their_rep} step {step} with {nbytes} bytes")
                 target = self._view(op.buffer, op.chunk, op.nchunks)
+                # ACK at once: the sender's send completes on the last ACK.
                 if op.kind == RECV:
-                    _recv_exact(sock, memoryview(target).cast("B"))
+                    _recv_exact(sock, memoryview(target).cast("B"), quickack=True)
                 else:
                     if scratch.size < target.size:
                         scratch = np.empty(target.size, dtype=np.float32)
                     tmp = scratch[:target.size]
-                    _recv_exact(sock, memoryview(tmp).cast("B"))
+                    _recv_exact(sock, memoryview(tmp).cast("B"), quickack=True)
                     np.add(target, tmp, out=target)
                 events.put((op.id, t0, time.monotonic(), None))
             except BaseException as exc:
@@ -349,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         agent = Agent(schedule, topo, args.rank)
         log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
         agent.connect()
+        agent.prepare()
         control.send(type="ready", rank=args.rank)
         log.info("ready")
         while True:
@@ -361,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("repetition %d done, correct=%s", rep, result["correct"])
                 if not result["correct"]:
                     log.error("wrong result: %s", result["wrong"])
+                agent.prepare()
                 control.send(type="done", rank=args.rank, rep=rep, **result)
         return 0
     except BaseException as exc:

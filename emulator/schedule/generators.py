@@ -153,16 +153,41 @@ class Builder:
         self.ops[src].append(_Pending(SEND, dst, chunk, nchunks, step))
         self.ops[dst].append(_Pending(RECV_REDUCE if reduce else RECV, src, chunk, nchunks, step))
 
-    def programs(self, hosts: list[str]) -> tuple[RankProgram, ...]:
+    def programs(self, hosts: list[str], lockstep: bool = False) -> tuple[RankProgram, ...]:
+        """Each rank's ops sorted by step, with their data-hazard deps.
+
+        ``lockstep``: a rank's ops of one step also wait for all its transfers
+        of its previous step, send included, as ``MPI_Sendrecv`` rounds do.
+        Data hazards alone let a rank start step s+1 while its step-s send is
+        still on the wire; its uplink is then shared, its partner's step-s
+        receive slows, and the delay cascades through later steps.
+        """
         out = []
         for r, pending in enumerate(self.ops):
             pending = sorted(pending, key=lambda o: o.step)
-            deps = derive_dep_indices(pending)
+            deps = derive_dep_indices(pending, _round_barriers(pending) if lockstep else None)
             ops = tuple(Op(id=i, kind=o.kind, peer=o.peer, chunk=o.chunk, nchunks=o.nchunks,
                            bytes=o.nchunks * self.chunk_bytes, step=o.step, deps=tuple(d))
                         for i, (o, d) in enumerate(zip(pending, deps, strict=True)))
             out.append(RankProgram(r, hosts[r], ops))
         return tuple(out)
+
+
+def _round_barriers(pending: list[_Pending]) -> list[list[int]]:
+    """Per op, the indices of the transfers of the rank's previous step (ops are sorted by step)."""
+    extra: list[list[int]] = []
+    previous: list[int] = []
+    current: list[int] = []
+    step = None
+    for i, op in enumerate(pending):
+        if op.step != step:
+            if current:
+                previous = current
+            current, step = [], op.step
+        extra.append(list(previous))
+        if op.kind in (SEND, RECV, RECV_REDUCE):
+            current.append(i)
+    return extra
 
 
 def ring_reduce_scatter(b: Builder, members: list[int], lo: int, bs: int, step0: int) -> int:
@@ -311,7 +336,9 @@ def generate(algo: str, topo: Topology, size: int, placement: str | None = None,
     else:
         _hier(b, topo, hosts, unit)
     meta = {"generator": algo, "seed": seed} if placement == "random" else {"generator": algo}
-    return Schedule(algorithm=algo, size=size, chunks=chunks, ranks=b.programs(hosts), topology=topo.spec,
+    # dbtree pipelines chunks across steps on purpose; the others run in rounds.
+    programs = b.programs(hosts, lockstep=algo != "dbtree")
+    return Schedule(algorithm=algo, size=size, chunks=chunks, ranks=programs, topology=topo.spec,
                     placement=placement, meta=meta)
 
 

@@ -34,6 +34,7 @@ def run_agents(schedule, topo, reps=1, base=10):
         try:
             a.connect(timeout_s=20)
             for rep in range(reps):
+                a.prepare()
                 barrier.wait(timeout=30)
                 results[a.rank].append(a.run_once(rep))
         except BaseException as exc:
