@@ -30,8 +30,10 @@ Placements: ``identity`` (rank ``r`` on host ``h(r+1)``), ``random`` (a seeded
 permutation), ``hdrm`` (BiGraph only).
 
 All operations are filled in with their ``step``; ``deps`` come from
-:func:`emulator.schedule.deps.derive_dep_indices`, so they are exactly the data
-hazards, and every generator is proved by the symbolic executor in the tests.
+:func:`emulator.schedule.deps.derive_dep_indices`: the data hazards, plus for
+every algorithm but dbtree the previous round's transfers (lockstep, see
+:meth:`Builder.programs`). Every generator is proved by the symbolic executor
+in the tests.
 """
 
 from __future__ import annotations
