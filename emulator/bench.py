@@ -26,13 +26,11 @@ dilation factor to a real fabric of :data:`REAL_FABRIC_MBPS` links.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -217,20 +215,6 @@ def _num(value: float | None, width: int, digits: int) -> str:
 
 
 # ------------------------------------------------------------- the live part
-@contextlib.contextmanager
-def machine_lock() -> Iterator[None]:
-    """The machine-wide network lock :class:`~emulator.network.EmulatedNetwork` takes (same file)."""
-    from emulator.runstate import state_root
-
-    os.makedirs(state_root(), exist_ok=True)
-    fd = os.open(os.path.join(state_root(), "network.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> dict[str, float]:
     """Build, start and stop ``topo`` with bare Mininet; returns ``up_s``, ``down_s``, ``total_s``.
 
@@ -246,12 +230,12 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> dict[str, f
     from mininet.net import Mininet
     from mininet.node import OVSSwitch
 
-    from emulator.network import bridge_name, host_intf, remove_our_bridges, switch_intf
+    from emulator.network import NetworkLock, bridge_name, host_intf, remove_our_bridges, switch_intf
     from emulator.runstate import RunState, kill_recorded, proc_netns
     from emulator.system import run
 
     setLogLevel(os.environ.get("EF_MININET_LOG", "error"))
-    with machine_lock():
+    with NetworkLock():
         state = RunState.create("bench-plain")
         net = None
         try:

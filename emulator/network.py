@@ -200,6 +200,51 @@ def parse_htb_rates(text: str) -> list[float]:
     return rates
 
 
+class NetworkLock:
+    """One emulated network at a time on a machine: two on two cores would measure each other.
+
+    ``acquire`` waits for the network that is up, at most ``EF_NET_LOCK_WAIT``
+    seconds (default 900), then raises :class:`UserError`. The kernel drops the
+    lock when its holder dies, even by SIGKILL. Also a context manager.
+    """
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+
+    def __enter__(self) -> NetworkLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        os.makedirs(state_root(), exist_ok=True)
+        fd = os.open(os.path.join(state_root(), "network.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        wait_s = float(os.environ.get("EF_NET_LOCK_WAIT", "900"))
+        deadline = time.monotonic() + wait_s
+        told = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self.fd = fd
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    raise UserError(f"another emulated network has been up for more than {wait_s:g} s on this "
+                                    "machine; wait for it, or stop it (`emu clean --force`)") from None
+                if not told:
+                    log.warning("another emulated network is up on this machine: waiting for it to finish")
+                    told = True
+                time.sleep(0.5)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
 class EmulatedNetwork:
     """A live Mininet network built from a topology model.
 
@@ -239,7 +284,7 @@ class EmulatedNetwork:
         self.net: Any = None
         self.state: RunState | None = None
         self.bringup_s: float | None = None
-        self._lock_fd: int | None = None
+        self._lock: NetworkLock | None = None
         self.socket_buffers: dict[str, int] = {}
 
     # ------------------------------------------------------------- lifecycle
@@ -269,35 +314,13 @@ class EmulatedNetwork:
         return self.runner(["ovs-vsctl", "--timeout=5", "br-exists", name]).returncode == 0
 
     def _acquire_lock(self) -> None:
-        """One emulated network at a time on a machine: wait for the one that is up.
-
-        ``EF_NET_LOCK_WAIT`` seconds (default 900) bound the wait. The kernel
-        drops the lock when its holder dies, even by SIGKILL.
-        """
-        os.makedirs(state_root(), exist_ok=True)
-        fd = os.open(os.path.join(state_root(), "network.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        wait_s = float(os.environ.get("EF_NET_LOCK_WAIT", "900"))
-        deadline = time.monotonic() + wait_s
-        told = False
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._lock_fd = fd
-                return
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    os.close(fd)
-                    raise UserError(f"another emulated network has been up for more than {wait_s:g} s on this "
-                                    "machine; wait for it, or stop it (`emu clean --force`)") from None
-                if not told:
-                    log.warning("another emulated network is up on this machine: waiting for it to finish")
-                    told = True
-                time.sleep(0.5)
+        self._lock = NetworkLock()
+        self._lock.acquire()
 
     def _release_lock(self) -> None:
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def start(self) -> None:
         self.check()
