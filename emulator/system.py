@@ -96,3 +96,13 @@ def cpu_times() -> tuple[float, float]:
         fields = [float(x) for x in fh.readline().split()[1:]]
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
     return idle, sum(fields)
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise KeyboardInterrupt, so a terminated command tears down as Ctrl-C does."""
+    import signal
+
+    def _raise(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _raise)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
 
 from emulator.errors import UserError
 from emulator.schedule.format import parse_size
-from emulator.system import require_root
+from emulator.system import interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,9 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.bench import bench, format_report, link_rate
@@ -38,7 +34,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise UserError(f"bench: field '{name}': expected an integer >= 1, got {value!r}")
     link_rate(args.bw, None)  # validates --bw
     require_root()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     data = bench(args.bw, size=size, repeat=args.repeat, bringup_rounds=args.bringup_rounds,
                  datapath=args.datapath, out_dir=args.out)
     print()

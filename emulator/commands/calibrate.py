@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 
 from emulator import fidelity
 from emulator.errors import UserError
-from emulator.system import require_root
+from emulator.system import interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,9 +21,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_calibrate)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from emulator.calibrate import calibrate, summary_table
@@ -32,7 +28,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.bw is not None and not 0 < args.bw <= 1000:
         raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {args.bw!r}")
     require_root()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     echo = (lambda s: None) if args.json else print
     data = calibrate(args.bw, quick=args.quick, datapath=args.datapath, echo=echo)
     if args.json:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 
 from emulator import experiment as xp
 from emulator import runner
 from emulator.errors import UserError
+from emulator.system import interrupt_on_sigterm
 
 RESULTS_ROOT = "results"
 
@@ -36,9 +36,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("dir", metavar="DIR", help="results folder, e.g. results/latest")
     r.set_defaults(func=cmd_report)
 
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -72,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner.point_latest(RESULTS_ROOT, out)
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
     summary = runner.Runner(exp, out, source_text=text, prepared=prepared).run()
     try:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
 from emulator import topology
 from emulator.errors import UserError
 from emulator.network import EmulatedNetwork
-from emulator.system import require_root
+from emulator.system import interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,16 +41,13 @@ def parse_hostport(text: str, field: str = "controller") -> tuple[str, int]:
     return host, number
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
 
 def cmd_up(args: argparse.Namespace) -> int:
     topo = topology.load(args.spec)
     controller = parse_hostport(args.controller) if args.controller else None
     net = EmulatedNetwork(topo, controller=controller, routing=args.routing, seed=args.ecmp_seed,
                           datapath=args.datapath, label="up")
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    interrupt_on_sigterm()
     net.start()
     try:
         routes = f"controller {args.controller}" if controller else f"static {args.routing} routes"

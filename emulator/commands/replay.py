@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 
 from emulator.errors import UserError
 from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
-from emulator.system import require_root
+from emulator.system import interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,9 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_replay)
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
 
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
@@ -40,7 +36,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
     require_root()
-    signal.signal(signal.SIGTERM, _interrupt)
+    interrupt_on_sigterm()
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
     try:
