@@ -106,6 +106,8 @@ class Agent:
         self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
         self.inputs = input_values(rank, len(self.buffers["data"]))
         self.link_bps = topo.host_bw * 1e6
+        sends = {op.id for op in self.program.ops if op.kind == SEND}
+        self.awaited_sends = {d for op in self.program.ops for d in op.deps if d in sends}
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
         self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
 
@@ -294,7 +296,8 @@ class Agent:
                     raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
                 sock.sendall(HEADER.pack(rep, op.step, op.bytes))
                 sock.sendall(payload)
-                self._wait_delivered(sock)
+                if op.id in self.awaited_sends:
+                    self._wait_delivered(sock)
                 events.put((op.id, t0, time.monotonic(), None))
             except BaseException as exc:
                 events.put((op.id, 0.0, 0.0, AgentError(f"send {op.describe()} to rank {peer}: {exc}")))
@@ -305,9 +308,12 @@ class Agent:
 
         ``sendall`` returns as soon as the data is in the kernel's send buffer;
         a send counted complete then would let the next step's flow share the
-        uplink with this one's tail. So a send completes when it is delivered,
-        as the schedule checker assumes. Polls the unacknowledged byte count,
-        sleeping about half the time the remainder needs at the link rate.
+        uplink with this one's tail. So a send that other operations wait for
+        completes when it is delivered, as the schedule checker assumes. (Sends
+        nothing waits for do not wait: the connection's next send, as in a
+        ring, starts at once and keeps the pipe full.) Polls the
+        unacknowledged byte count, sleeping about half the time the remainder
+        needs at the link rate.
         """
         buf = bytearray(4)
         while True:

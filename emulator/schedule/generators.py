@@ -31,7 +31,7 @@ permutation), ``hdrm`` (BiGraph only).
 
 All operations are filled in with their ``step``; ``deps`` come from
 :func:`emulator.schedule.deps.derive_dep_indices`: the data hazards, plus for
-every algorithm but dbtree the previous round's transfers (lockstep, see
+``hd`` and ``hdrm`` the previous round's transfers (lockstep, see
 :meth:`Builder.programs`). Every generator is proved by the symbolic executor
 in the tests.
 """
@@ -338,8 +338,10 @@ def generate(algo: str, topo: Topology, size: int, placement: str | None = None,
     else:
         _hier(b, topo, hosts, unit)
     meta = {"generator": algo, "seed": seed} if placement == "random" else {"generator": algo}
-    # dbtree pipelines chunks across steps on purpose; the others run in rounds.
-    programs = b.programs(hosts, lockstep=algo != "dbtree")
+    # Halving-doubling runs in MPI_Sendrecv rounds; ring, hier and dbtree pipeline
+    # (their data dependencies already chain the steps, and a round barrier
+    # would add a delivery wait to each of ring's 2(p-1) small steps).
+    programs = b.programs(hosts, lockstep=algo in ("hd", "hdrm"))
     return Schedule(algorithm=algo, size=size, chunks=chunks, ranks=programs, topology=topo.spec,
                     placement=placement, meta=meta)
 
