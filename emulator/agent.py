@@ -106,6 +106,9 @@ class Agent:
         self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
         self.inputs = input_values(rank, len(self.buffers["data"]))
         self.link_bps = topo.host_bw * 1e6
+        # Additions into one chunk may be unordered (the schedule allows it);
+        # numpy releases the GIL while adding, so they take turns here.
+        self.reduce_lock = threading.Lock()
         sends = {op.id for op in self.program.ops if op.kind == SEND}
         self.awaited_sends = {d for op in self.program.ops for d in op.deps if d in sends}
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
@@ -281,10 +284,11 @@ class Agent:
     def _local(self, op: Op) -> None:
         target = self._view(op.buffer, op.chunk, op.nchunks)
         source = self._view(op.src or "data", op.src_chunk or 0, op.nchunks)
-        if op.kind == REDUCE:
-            np.add(target, source, out=target)
-        else:
-            target[:] = source
+        with self.reduce_lock:
+            if op.kind == REDUCE:
+                np.add(target, source, out=target)
+            else:
+                target[:] = source
 
     def _send_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
         sock = self.out_socks[peer]
@@ -344,7 +348,8 @@ class Agent:
                         scratch = np.empty(target.size, dtype=np.float32)
                     tmp = scratch[:target.size]
                     _recv_exact(sock, memoryview(tmp).cast("B"), quickack=True)
-                    np.add(target, tmp, out=target)
+                    with self.reduce_lock:  # two receives may add into the same chunk (tree children)
+                        np.add(target, tmp, out=target)
                 events.put((op.id, t0, time.monotonic(), None))
             except BaseException as exc:
                 events.put((op.id, 0.0, 0.0, AgentError(f"{op.describe()}: {exc}")))

@@ -137,3 +137,25 @@ def test_nccl_table_layout():
 
 def test_header_struct_is_fixed():
     assert agent_mod.HEADER.size == 16
+
+
+def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
+    """Tree children's receives add into the same chunk, unordered: a slow add exposes any lost update."""
+    import time as time_mod
+
+    real_add = np.add
+
+    def slow_add(a, b, out=None):
+        result = real_add(a, b)  # read both operands ...
+        time_mod.sleep(0.005)  # ... let the other receive interleave here ...
+        out[...] = result  # ... then write
+        return out
+
+    monkeypatch.setattr(agent_mod.np, "add", slow_add)
+    topo = topology.build("star:hosts=7")
+    schedule = generators.generate("dbtree", topo, 7 * 1024)
+    assert any(len({op.peer for op in prog.ops if op.kind == "recv_reduce" and op.chunk == c}) > 1
+               for prog in schedule.ranks for c in range(schedule.chunks)), "no chunk reduced from two peers"
+    results, errors = run_agents(schedule, topo, reps=2, base=50)
+    assert not errors, errors
+    assert all(res["correct"] for reps in results.values() for res in reps)
