@@ -4,8 +4,8 @@ What is ours is found two ways (see :mod:`emulator.runstate`): processes from
 the run-state records (pid + start time, plus every process inside a recorded
 host namespace), and bridges and root-namespace interfaces by their name
 pattern (``efsN``, ``efsN-ethP``, ``efhN-eth0``). Runs whose owning process is
-still alive are left alone unless ``force`` is given. Never a global
-``mn -c``, ``killall`` or ``pkill -f``.
+still alive are left alone unless ``force`` is given. Never Mininet's global
+cleanup, and never killing processes by name pattern.
 """
 
 from __future__ import annotations
