@@ -42,6 +42,7 @@ from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
 from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule
+from emulator.topology import DEFAULT_MTU
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class ReplayConfig:
     pcap: list[str] = field(default_factory=list)
     datapath: str = "auto"
     stats_interval_s: float = 0.5
-    mtu: int = topology.DEFAULT_MTU
+    mtu: int = DEFAULT_MTU  # (the field "topology" shadows the module in this class body)
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
