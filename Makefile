@@ -58,6 +58,7 @@ $(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
 
 lint: venv
 	$(BIN)/ruff check emulator controllers tests
+	$(BIN)/mypy emulator controllers
 
 unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)

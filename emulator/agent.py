@@ -70,6 +70,11 @@ def expected_sum(p: int, n: int) -> np.ndarray:
     return table[(i * 7) % 61]
 
 
+def _bytes_view(array: np.ndarray) -> memoryview:
+    """A writable byte view of a contiguous numpy array (no copy)."""
+    return memoryview(array.data).cast("B")
+
+
 def _recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False) -> None:
     got = 0
     total = len(view)
@@ -99,8 +104,8 @@ class Agent:
             "data": np.zeros(schedule.chunks * self.elems_per_chunk, dtype=np.float32),
             "scratch": np.zeros(max(schedule.scratch_chunks, 1) * self.elems_per_chunk, dtype=np.float32),
         }
-        self.send_peers = sorted({op.peer for op in self.program.ops if op.kind == SEND})
-        self.recv_peers = sorted({op.peer for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
+        self.send_peers = sorted({op.partner for op in self.program.ops if op.kind == SEND})
+        self.recv_peers = sorted({op.partner for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
         self.out_socks: dict[int, socket.socket] = {}
         self.in_socks: dict[int, socket.socket] = {}
         self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
@@ -217,7 +222,7 @@ class Agent:
         key_of: dict[int, tuple[str, int]] = {}
         for op in self.program.ops:
             if op.kind in (SEND, RECV, RECV_REDUCE):
-                key = ("send" if op.kind == SEND else "recv", op.peer)
+                key = ("send" if op.kind == SEND else "recv", op.partner)
                 order[key].append(op.id)
                 key_of[op.id] = key
         next_in_order = {key: 0 for key in order}
@@ -257,7 +262,7 @@ class Agent:
                 while next_in_order[key] < len(ids) and ids[next_in_order[key]] in ready_comm:
                     queued = self.ops[ids[next_in_order[key]]]
                     next_in_order[key] += 1
-                    (send_q if queued.kind == SEND else recv_q)[queued.peer].put(queued)
+                    (send_q if queued.kind == SEND else recv_q)[queued.partner].put(queued)
 
         try:
             dispatch([op.id for op in self.program.ops if not op.deps])
@@ -295,7 +300,7 @@ class Agent:
         while (op := ops.get()) is not None:
             try:
                 t0 = time.monotonic()
-                payload = memoryview(self._view(op.buffer, op.chunk, op.nchunks)).cast("B")
+                payload = _bytes_view(self._view(op.buffer, op.chunk, op.nchunks))
                 if len(payload) != op.bytes:
                     raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
                 sock.sendall(HEADER.pack(rep, op.step, op.bytes))
@@ -342,12 +347,12 @@ class Agent:
                 target = self._view(op.buffer, op.chunk, op.nchunks)
                 # ACK at once: the sender's send completes on the last ACK.
                 if op.kind == RECV:
-                    _recv_exact(sock, memoryview(target).cast("B"), quickack=True)
+                    _recv_exact(sock, _bytes_view(target), quickack=True)
                 else:
                     if scratch.size < target.size:
                         scratch = np.empty(target.size, dtype=np.float32)
                     tmp = scratch[:target.size]
-                    _recv_exact(sock, memoryview(tmp).cast("B"), quickack=True)
+                    _recv_exact(sock, _bytes_view(tmp), quickack=True)
                     with self.reduce_lock:  # two receives may add into the same chunk (tree children)
                         np.add(target, tmp, out=target)
                 events.put((op.id, t0, time.monotonic(), None))

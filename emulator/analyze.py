@@ -25,7 +25,7 @@ import glob
 import json
 import math
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,7 @@ class FlowStats:
         }
 
 
-def analyze_packets(packets_by_link: dict[str, Iterable[PacketTuple]], bin_s: float = DEFAULT_BIN_S,
+def analyze_packets(packets_by_link: Mapping[str, Iterable[PacketTuple]], bin_s: float = DEFAULT_BIN_S,
                     names: dict[str, str] | None = None, t0: float | None = None) -> dict[str, Any]:
     """Per (link, flow) statistics from ``(time, src, dst, sport, dport, payload)`` tuples.
 
@@ -121,6 +121,7 @@ def read_pcap(path: str) -> Iterator[PacketTuple]:
     except Exception as exc:  # scapy raises Scapy_Exception or OSError for unreadable files
         raise UserError(f"analyze: cannot read {path}: {exc}") from None
     with reader:
+        pkt: Any  # scapy's stubs type packets loosely
         for pkt in reader:
             if IP not in pkt or TCP not in pkt:
                 continue

@@ -379,7 +379,7 @@ def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto
 
     topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
     factor = tcp_goodput_factor(mtu)
-    sweep = []
+    sweep: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing="shortest", datapath=datapath, mtu=mtu, label="calibrate") as en:
         for rate in [bw_mbps, *extra_rates]:
             if rate != bw_mbps or sweep:

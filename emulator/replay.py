@@ -89,9 +89,9 @@ def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
     for prog in schedule.ranks:
         for op in prog.ops:
             if op.kind == SEND:
-                sends.setdefault((prog.rank, op.peer), []).append(op.id)
+                sends.setdefault((prog.rank, op.partner), []).append(op.id)
             elif op.kind in (RECV, RECV_REDUCE):
-                recvs.setdefault((op.peer, prog.rank), []).append(op.id)
+                recvs.setdefault((op.partner, prog.rank), []).append(op.id)
     out = []
     for (a, b), ids in sorted(sends.items()):
         for send_id, recv_id in zip(ids, recvs.get((a, b), []), strict=False):  # validated schedules pair up
@@ -124,7 +124,7 @@ def repetition_metrics(schedule: Schedule, op_times: dict[int, dict[int, tuple[f
                 span[0] = min(span[0], s)
             else:
                 span[1] = max(span[1], e)
-    step_times = [{"step": k, "start_s": v[0] - t0, "time_s": v[1] - v[0]} for k, v in sorted(steps.items())
+    step_times: list[dict[str, Any]] = [{"step": k, "start_s": v[0] - t0, "time_s": v[1] - v[0]} for k, v in sorted(steps.items())
                   if v[0] != float("inf") and v[1] != float("-inf")]
     out: dict[str, Any] = {
         "time_s": elapsed,
@@ -474,13 +474,13 @@ def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[i
     deadline = time.monotonic() + timeout
     while set(got) != ranks:
         for msg in control.poll(0.2):
-            rank = msg.get("rank")
+            rank = int(msg.get("rank", -1))
             if msg["type"] == "error":
                 raise ReplayFailed(f"rank {rank} failed: {msg.get('message')}")
             if msg["type"] == "closed" and rank not in got:
                 raise ReplayFailed(f"rank {rank}: agent exited (status {agents[rank].poll()}) before '{kind}'")
             if msg["type"] == kind:
-                got[int(rank)] = msg
+                got[rank] = msg
         for rank, proc in agents.items():
             if rank not in got and proc.poll() is not None:
                 raise ReplayFailed(f"rank {rank}: agent exited with status {proc.returncode} before '{kind}'")

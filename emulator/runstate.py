@@ -115,7 +115,7 @@ class RunState:
 
     def owner_alive(self) -> bool:
         owner = self.owner()
-        return bool(owner) and alive(int(owner["pid"]), owner.get("start_time"))
+        return owner is not None and alive(int(owner["pid"]), owner.get("start_time"))
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

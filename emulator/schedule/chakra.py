@@ -142,10 +142,13 @@ def read_collectives(path: str) -> list[Collective]:
             continue
         attrs = {a.name: _attr_value(a) for a in node.attr}
         npath = f"node {node.id} ({node.name or 'unnamed'})"
+        values = []
         for key in ("comm_type", "comm_size"):
-            if not isinstance(attrs.get(key), int) or isinstance(attrs.get(key), bool) or attrs[key] < 0:
+            value = attrs.get(key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise FieldError(where, f"{npath}.attr.{key}", "a non-negative integer", attrs.get(key, "nothing"))
-        out.append(Collective(node.id, node.name, int(attrs["comm_type"]), int(attrs["comm_size"])))  # type: ignore[arg-type]
+            values.append(value)
+        out.append(Collective(node.id, node.name, values[0], values[1]))
     return out
 
 

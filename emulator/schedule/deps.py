@@ -47,7 +47,8 @@ def accesses(op: Op) -> list[tuple[str, int, str]]:
     buf = op.buffer
     out = [(buf, c, target) for c in range(op.chunk, op.chunk + op.nchunks)]
     if op.kind in (REDUCE, COPY):
-        out += [(op.src, c, READ) for c in range(op.src_chunk, op.src_chunk + op.nchunks)]  # type: ignore[operator]
+        src, src_chunk = op.source
+        out += [(src, c, READ) for c in range(src_chunk, src_chunk + op.nchunks)]
     return out
 
 

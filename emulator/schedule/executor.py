@@ -224,12 +224,12 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
         pairs = []
         for r, i in sorted(ready_sends):
             op = ops[r][i]
-            ch = (r, op.peer)
+            ch = (r, op.partner)
             if sends[ch][head_send[ch]] != i or ch not in recvs or head_recv[ch] >= len(recvs[ch]):
                 continue
             j = recvs[ch][head_recv[ch]]
-            if ready[op.peer][j]:  # type: ignore[index]
-                pairs.append((r, i, op.peer, j))
+            if ready[op.partner][j]:
+                pairs.append((r, i, op.partner, j))
         if not pairs:
             break
         payloads = []

@@ -129,6 +129,20 @@ class Op:
     def is_comm(self) -> bool:
         return self.kind in COMM_KINDS
 
+    @property
+    def partner(self) -> int:
+        """The peer rank of a send or receive (validation guarantees it is set)."""
+        if self.peer is None:
+            raise ValueError(f"{self.kind} op {self.id} has no peer")
+        return self.peer
+
+    @property
+    def source(self) -> tuple[str, int]:
+        """``(src buffer, src_chunk)`` of a reduce or copy (validation guarantees both are set)."""
+        if self.src is None or self.src_chunk is None:
+            raise ValueError(f"{self.kind} op {self.id} has no source")
+        return self.src, self.src_chunk
+
     def describe(self) -> str:
         rng = f"chunk {self.chunk}" if self.nchunks == 1 else f"chunks {self.chunk}..{self.chunk + self.nchunks - 1}"
         buf = "" if self.buffer == "data" else f" of {self.buffer}"
