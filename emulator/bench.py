@@ -326,7 +326,7 @@ def run_case(case: Case, bw: float, size: int, repeat: int, out: str, datapath: 
 
 
 def bench(bw: float | None = None, size: int | None = None, repeat: int = 2, bringup_rounds: int = 2,
-          datapath: str = "auto", mtu: int = 9000, out_dir: str | None = None,
+          datapath: str = "auto", mtu: int = topology.DEFAULT_MTU, out_dir: str | None = None,
           cases: tuple[Case, ...] = DEFAULT_CASES, bringup_topology: str = BRINGUP_TOPOLOGY,
           echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""

@@ -326,7 +326,7 @@ def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
 
 
 def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str = "auto",
-                     mtu: int = 9000, echo: Callable[[str], None] = print) -> dict[str, Any]:
+                     mtu: int = topology.DEFAULT_MTU, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY`; returns points and :func:`capacity_from_points`."""
     from emulator.network import EmulatedNetwork
 
@@ -368,7 +368,7 @@ def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str
             **result}
 
 
-def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto", mtu: int = 9000,
+def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,
                      extra_rates: Sequence[float] = ()) -> dict[str, Any]:
     """iperf3 over one shaped link (``star:hosts=2``, static routes): goodput / rate at ``bw_mbps``.
 
@@ -405,7 +405,7 @@ def agent_size_bytes(bw_mbps: float, seconds: float) -> int:
 
 
 def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 3, datapath: str = "auto",
-                            mtu: int = 9000, echo: Callable[[str], None] = print) -> dict[str, Any]:
+                            mtu: int = topology.DEFAULT_MTU, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """A 2-rank ring allreduce by the agents vs ``iperf3 --bidir`` on the same ``star:hosts=2`` network.
 
     Per direction, the agents' goodput is the allreduce's busbw (each rank sends
@@ -430,7 +430,7 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
             "agent_over_link": agent / bw_mbps, "iperf3_over_link": iperf / bw_mbps}
 
 
-def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = 9000,
+def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,
               echo: Callable[[str], None] = print, write: bool = True) -> dict[str, Any]:
     """All three measurements; writes the calibration file atomically (unless ``write`` is false)."""
     if bw_mbps is not None and not 0 < bw_mbps <= 1000:

@@ -48,7 +48,7 @@ DEFAULT_SIZES = (1 << 20,)
 DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
 #: The fabric a 10 Mbit/s emulated link stands for in the report (time dilation).
 TARGET_FABRIC_GBPS = 100.0
-MTU = 9000
+MTU = topology.DEFAULT_MTU  # every experiment network uses the default MTU
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _TOP_KEYS = ("name", "description", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",

@@ -53,8 +53,13 @@ def switch_intf(switch: str, port: int) -> str:
     return f"{bridge_name(switch)}-eth{port}"
 
 
-#: Packets a switch port queues before it drops (the HTB leaf's pfifo limit).
-DEFAULT_QUEUE_PACKETS = 100
+#: Bytes a switch port queues before it drops (the HTB leaf's pfifo limit is
+#: this in whole frames, at least 16): about 0.7 s at 10 Mbit/s.
+DEFAULT_QUEUE_BYTES = 900_000
+
+
+def queue_packets_for(mtu: int, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> int:
+    return max(16, queue_bytes // mtu)
 #: Bytes one TCP flow may hold in its host's own queue (TCP small queues):
 #: keeps a host's ACKs from waiting behind a deep queue of its own data.
 DEFAULT_HOST_TSQ_BYTES = 65536
@@ -145,7 +150,7 @@ def leaf_queue_command(intf: str, packets: int) -> list[str]:
 
 
 def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU,
-                        queue_packets: int = DEFAULT_QUEUE_PACKETS,
+                        queue_packets: int | None = None,
                         tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES) -> list[list[str]]:
     """Commands run inside ``host`` after the links are up (argument lists)."""
     intf = host_intf(host)
@@ -153,7 +158,7 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
         ["ip", "link", "set", "dev", intf, "mtu", str(mtu)],
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
          "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}"],
-        leaf_queue_command(intf, queue_packets),
+        leaf_queue_command(intf, queue_packets or queue_packets_for(mtu)),
     ]
     if datapath == "user":
         # Userspace OVS does not complete checksums or segment TSO frames:
@@ -262,13 +267,13 @@ class EmulatedNetwork:
         datapath: ``auto``, ``user`` or ``kernel``.
         label: names the run-state directory.
         mtu: of every interface (default :data:`DEFAULT_MTU`).
-        queue_packets: the FIFO depth of every link end (default :data:`DEFAULT_QUEUE_PACKETS`).
+        queue_packets: the FIFO depth of every link end (default: :data:`DEFAULT_QUEUE_BYTES` in frames).
         tsq_bytes: per-flow host queue bound (default :data:`DEFAULT_HOST_TSQ_BYTES`).
     """
 
     def __init__(self, topo: Topology, *, controller: tuple[str, int] | None = None,
                  routing: str = "shortest", seed: int = 0, datapath: str = "auto",
-                 label: str = "net", mtu: int = DEFAULT_MTU, queue_packets: int = DEFAULT_QUEUE_PACKETS,
+                 label: str = "net", mtu: int = DEFAULT_MTU, queue_packets: int | None = None,
                  tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES, runner: Runner = run):
         self.topo = topo
         self.controller = controller
@@ -278,7 +283,7 @@ class EmulatedNetwork:
         self.datapath = ""
         self.label = label
         self.mtu = mtu
-        self.queue_packets = queue_packets
+        self.queue_packets = queue_packets or queue_packets_for(mtu)
         self.tsq_bytes = tsq_bytes
         self.runner = runner
         self.net: Any = None

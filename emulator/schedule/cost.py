@@ -20,7 +20,7 @@ max-min fair (flow level)
 
 Rates: a link of ``bw_mbps`` carries ``bw_mbps·1e6/8·goodput`` bytes/s in each
 direction, ``goodput`` = TCP payload per wire byte at the network's MTU
-(:func:`emulator.topology.tcp_goodput_factor`: 0.993 at the default 9000,
+(:func:`emulator.topology.tcp_goodput_factor`: 0.998 at the default 32000,
 1448/1514 at 1500).
 Local reductions cost ``gamma`` seconds per byte (default 0: not modelled).
 """

@@ -12,6 +12,7 @@ import pytest
 from emulator import routing, topology
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
+from emulator.topology import DEFAULT_MTU
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +30,7 @@ def test_calibrate_quick_writes_a_calibration_file(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads((state / "calibration.json").read_text())
     assert data["one_link_ratio"] >= 0.9, data["measurements"]["one_link"]
-    assert data["machine"]["mtu"] == 9000 and data["machine"]["nproc"] >= 1
+    assert data["machine"]["mtu"] == DEFAULT_MTU and data["machine"]["nproc"] >= 1
     assert data["measurements"]["capacity"]["points"], "no capacity point measured"
     assert data["datapath_capacity_mbps"] is None or data["datapath_capacity_mbps"] > 0
     assert data["agent_over_iperf3"] > 0.5, data["measurements"]["agents_vs_iperf3"]

@@ -25,10 +25,10 @@ pytestmark = pytest.mark.integration
 
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
-#: Issue 5 asks for 0.85; measured here 0.71-0.83 (2 cores, userspace OVS near
+#: Issue 5 asks for 0.85; measured here 0.85-0.94 at MTU 32000 (2 cores, userspace OVS near
 #: a core, rank skew between steps: see the issue notes). The test holds the
 #: floor that is reliably met, not the target.
-HDRM_MIN_BUSBW = 0.65
+HDRM_MIN_BUSBW = 0.75
 SIZE = 4 << 20  # bandwidth-bound: per-step latencies are small against 0.2-1.7 s steps
 
 
