@@ -45,6 +45,13 @@ def bridge_name(switch: str) -> str:
     return f"{NAME_PREFIX}{switch}"
 
 
+def root_interfaces(topo: Topology) -> list[str]:
+    """Every link end in the root namespace: the switch side of each link (both sides of switch links)."""
+    names = [switch_intf(lk.b, lk.b_port) for lk in topo.links]
+    names += [switch_intf(lk.a, lk.a_port) for lk in topo.links if lk.kind == "switch"]
+    return names
+
+
 def host_intf(host: str) -> str:
     return f"{NAME_PREFIX}{host}-eth0"
 
@@ -397,8 +404,7 @@ class EmulatedNetwork:
                 fh.write(static_arp_batch(self.topo, h.name))
             self._host_run(node, ["ip", "-batch", path])
         # Root-namespace ends of the links: the MTU, and no IPv6 chatter into the fabric.
-        names = [switch_intf(lk.b, lk.b_port) for lk in self.topo.links]
-        names += [switch_intf(lk.a, lk.a_port) for lk in self.topo.links if lk.kind == "switch"]
+        names = root_interfaces(self.topo)
         batch = "".join(f"link set dev {n} mtu {self.mtu}\n" for n in names)
         path = os.path.join(self.state.path, "mtu.batch")
         with open(path, "w", encoding="ascii") as fh:
@@ -427,8 +433,7 @@ class EmulatedNetwork:
         frame = first.mac.replace(":", "") + "020000000000" + "88b5" + "00" * 46
         self.runner(["ovs-ofctl", "-O", "OpenFlow13", "packet-out", bridge_name(first.switch),
                      f"in_port=controller,packet={frame},actions=output:{first.switch_port}"])
-        names = [switch_intf(lk.b, lk.b_port) for lk in self.topo.links]
-        names += [switch_intf(lk.a, lk.a_port) for lk in self.topo.links if lk.kind == "switch"]
+        names = root_interfaces(self.topo)
         try:
             self.socket_buffers = enlarge_ovs_sockets(names)
         except OSError as exc:
