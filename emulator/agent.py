@@ -203,8 +203,15 @@ class Agent:
         np.copyto(self.buffers["data"], self.inputs)
         self.buffers["scratch"][:] = 0
 
-    def run_once(self, rep: int) -> dict[str, Any]:
-        """One repetition (after :meth:`prepare`): returns per-op timings and whether the result is right."""
+    def run_once(self, rep: int, start_at: float | None = None) -> dict[str, Any]:
+        """One repetition (after :meth:`prepare`): returns per-op timings and whether the result is right.
+
+        ``start_at`` is a time on the monotonic clock, which every emulated
+        host shares: all ranks set up their workers, then release their first
+        operations at that same instant. (Released on receipt of the control
+        message instead, ranks started up to 20 ms apart on 2 cores, and
+        halving-doubling rounds carry such lateness forward.)
+        """
         events: queue.Queue[tuple[int, float, float, BaseException | None]] = queue.Queue()
         send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
         recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
@@ -264,6 +271,8 @@ class Agent:
                     next_in_order[key] += 1
                     (send_q if queued.kind == SEND else recv_q)[queued.partner].put(queued)
 
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.monotonic()))
         try:
             dispatch([op.id for op in self.program.ops if not op.deps])
             while pending:
@@ -408,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if msg["type"] == "go":
                 rep = int(msg["rep"])
-                result = agent.run_once(rep)
+                result = agent.run_once(rep, msg.get("start_at"))
                 log.info("repetition %d done, correct=%s", rep, result["correct"])
                 if not result["correct"]:
                     log.error("wrong result: %s", result["wrong"])

@@ -161,10 +161,16 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
                         tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES) -> list[list[str]]:
     """Commands run inside ``host`` after the links are up (argument lists)."""
     intf = host_intf(host)
+    # tcp_early_retrans=0 turns tail loss probes off: under time dilation a
+    # 32000-byte frame takes 25.6 ms at 10 Mbit/s, so the probe timer (about
+    # two round trips) fired while the tail was still queued and resent whole
+    # frames nobody had lost (5 per HDRM run, each costing a frame time on
+    # the link). Loss is still repaired by fast retransmit and the RTO.
     cmds = [
         ["ip", "link", "set", "dev", intf, "mtu", str(mtu)],
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
-         "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}"],
+         "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}",
+         "net.ipv4.tcp_early_retrans=0"],
         leaf_queue_command(intf, queue_packets or queue_packets_for(mtu)),
     ]
     if datapath == "user":

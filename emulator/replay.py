@@ -47,6 +47,10 @@ from emulator.topology import DEFAULT_MTU
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: Every rank starts a repetition at the same instant on the shared monotonic
+#: clock, this long after the "go" message leaves (enough for 16-64 agents on
+#: 2 cores to wake, read it and start their worker threads).
+START_MARGIN_S = 0.1
 
 
 @dataclass
@@ -388,7 +392,7 @@ class ReplaySession:
             for rep in range(warmup + repeat):
                 warm = rep < warmup
                 before = fidelity.snapshot(en, topo)
-                control.send_all(type="go", rep=rep)
+                control.send_all(type="go", rep=rep, start_at=time.monotonic() + START_MARGIN_S)
                 done = _wait_for(control, agents, "done", set(agents), timeout=timeout)
                 after = fidelity.snapshot(en, topo)
                 op_times = {r: {int(i): (st, e) for i, st, e in msg["ops"]} for r, msg in done.items()}

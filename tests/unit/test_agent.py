@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ def test_expected_sum_matches_a_direct_sum():
     assert not np.array_equal(input_values(0, 100), input_values(1, 100))
 
 
-def run_agents(schedule, topo, reps=1, base=10):
+def run_agents(schedule, topo, reps=1, base=10, start_at=None):
     """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}."""
     ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
     agents = [Agent(schedule, topo, r, ip_of=ip_of) for r in range(schedule.p)]
@@ -36,7 +37,7 @@ def run_agents(schedule, topo, reps=1, base=10):
             for rep in range(reps):
                 a.prepare()
                 barrier.wait(timeout=30)
-                results[a.rank].append(a.run_once(rep))
+                results[a.rank].append(a.run_once(rep, start_at))
         except BaseException as exc:
             errors.append(exc)
             barrier.abort()
@@ -78,6 +79,16 @@ def test_agents_compute_an_allreduce_over_tcp(algo, spec):
     records = replay.timeline_records(schedule, 0, op_times)
     assert len(records) == sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
     assert all(rec["end"] >= rec["start"] for rec in records)
+
+
+def test_ranks_release_their_first_operations_at_start_at():
+    topo = topology.build("star:hosts=4")
+    schedule = generators.generate("ring", topo, 16 * 1024)
+    start_at = time.monotonic() + 2.0
+    results, errors = run_agents(schedule, topo, base=40, start_at=start_at)
+    assert not errors, errors
+    starts = [start for reps in results.values() for _, start, _ in reps[0]["ops"]]
+    assert min(starts) >= start_at
 
 
 def test_a_wrong_schedule_is_caught_by_the_data_check():
