@@ -46,9 +46,9 @@ def bridge_name(switch: str) -> str:
 
 
 def root_interfaces(topo: Topology) -> list[str]:
-    """Every link end in the root namespace: the switch side of each link (both sides of switch links)."""
+    """Every link end in the root namespace: the switch side of each link (both sides of switch and NIC links)."""
     names = [switch_intf(lk.b, lk.b_port) for lk in topo.links]
-    names += [switch_intf(lk.a, lk.a_port) for lk in topo.links if lk.kind == "switch"]
+    names += [switch_intf(lk.a, lk.a_port) for lk in topo.links if lk.kind != "host"]
     return names
 
 

@@ -8,11 +8,28 @@ every packet exactly along :func:`route` (checked by the unit tests with a fake
 flow table).
 
 How a path is built
-    Hop by hop, from the source host towards the destination over links that
-    are not ``failed``: at every switch the *candidates* are the neighbours one
-    hop closer to the destination (shortest paths only; hosts are never
-    transit). With one candidate there is no choice; with several, the policy
-    chooses. Candidates are sorted by name (``s2`` before ``s10``).
+    A host enters the fabric at its *slot*: its own switch, or with servers
+    (:mod:`emulator.topology`) the fabric switch of its pinned NIC, reached
+    through its server's PCIe switch (:meth:`~emulator.topology.Topology.access_path`).
+    Inside the fabric the path goes hop by hop, from the source's slot switch
+    towards the destination's over fabric links that are not ``failed``: at
+    every switch the *candidates* are the fabric neighbours one hop closer to
+    the destination's slot switch (shortest paths only; hosts and PCIe
+    switches are never transit). With one candidate there is no choice; with
+    several, the policy chooses. Candidates are sorted by name (``s2`` before
+    ``s10``). From the destination's slot switch the path leaves the fabric the
+    way the destination's traffic enters it. So between servers a path is
+    ``src, its PCIe switch, slot switch of src's NIC, ..., slot switch of
+    dst's NIC, dst's PCIe switch, dst``; two accelerators of one server talk
+    through their PCIe switch only. An accelerator uses its pinned NIC and no
+    other, in both directions: when that NIC's link fails it is cut off from
+    every other server. ``failed`` links are node pairs, so when a server has
+    several NICs on one fabric switch their parallel links fail together.
+
+The policies below read a host's *slot* where they read its switch, port or
+number: for a host without servers that is its own switch, ``switch_port - 1``
+and ``index - 1``; with servers the same of its pinned NIC's slot
+(:meth:`~emulator.topology.Topology.nic_slot`).
 
 Policies (see :data:`POLICIES`):
 
@@ -24,7 +41,7 @@ Policies (see :data:`POLICIES`):
   destination's 0-based host number and ``r`` the fabric's up-radix (``k/2``
   for a fat-tree, the number of spines for a leaf-spine), a switch at stage
   ``t`` (edge/leaf 0, aggregation/spine 1, core 2) takes candidate
-  ``(d // r**t) mod n`` of its ``n`` candidates: edge switches spread
+  ``(d // r**t) mod n`` of its ``n`` candidates (``d``: the global slot index): edge switches spread
   destinations over aggregation switches by ``d mod k/2``, aggregation
   switches over cores by ``(d // (k/2)) mod k/2``.
 * ``bigraph`` -- topology-aware routing for ``bigraph`` only. Hosts in
@@ -57,7 +74,12 @@ Entries (see :func:`flow_table`)
     destination; ``PRIORITY_PAIR`` matches source and destination where a
     pair's path leaves the destination's default; ``PRIORITY_FLOW`` matches
     the whole 5-tuple where an agent connection leaves its pair's path. Pairs
-    cut off by failed links get no entries.
+    cut off by failed links get no entries. A PCIe switch holds ARP and
+    destination entries for its own accelerators only, and per accelerator
+    one ``PRIORITY_UPLINK`` entry matching nothing but its ``in_port``: every
+    other packet from that accelerator (any protocol, ARP included) goes out
+    of its pinned NIC. Packets arriving from a NIC for anything but the
+    server's own accelerators match nothing and are dropped.
 
 Agent flows have fixed 5-tuples (:func:`agent_flow`), so a hash-based policy
 predicts exactly the path the emulated TCP connection takes.
@@ -99,6 +121,7 @@ PRIORITY_ARP = 300
 PRIORITY_FLOW = 200
 PRIORITY_PAIR = 150
 PRIORITY_DEST = 100
+PRIORITY_UPLINK = 50
 
 
 class NoPath(UserError):
@@ -172,24 +195,49 @@ def _failed_set(failed: Iterable[Iterable[str]]) -> frozenset[frozenset[str]]:
     return frozenset(frozenset(x) for x in failed)
 
 
-def _usable_graph(topo: Topology, failed: frozenset[frozenset[str]]) -> nx.Graph:
-    g = topo.graph
-    if not failed:
-        return g
-    return nx.restricted_view(g, [], [tuple(link) for link in failed if len(link) == 2])
+class _Reach:
+    """Who reaches whom under one set of failed links: pinned access paths and fabric distances."""
+
+    def __init__(self, topo: Topology, failed: Iterable[Iterable[str]]):
+        self.topo = topo
+        self.failed = _failed_set(failed)
+        hidden = [tuple(link) for link in self.failed if len(link) == 2]
+        self.fabric = nx.restricted_view(topo.fabric_graph, [], hidden) if hidden else topo.fabric_graph
+        self._dist: dict[str, dict[str, int]] = {}
+        self._access: dict[str, list[str] | None] = {}
+
+    def up(self, a: str, b: str) -> bool:
+        return frozenset((a, b)) not in self.failed
+
+    def access(self, host: str) -> list[str] | None:
+        """``host`` up to the fabric switch of its slot, or None when a link of that is down."""
+        if host not in self._access:
+            path = self.topo.access_path(host)
+            self._access[host] = path if all(self.up(a, b) for a, b in path_links(path)) else None
+        return self._access[host]
+
+    def dist(self, target: str) -> dict[str, int]:
+        """Fabric hops from every fabric switch that still reaches fabric switch ``target``."""
+        if target not in self._dist:
+            self._dist[target] = dict(nx.single_source_shortest_path_length(self.fabric, target))
+        return self._dist[target]
+
+    def reachable(self, src: str, dst: str) -> bool:
+        if self.topo.same_server(src, dst):
+            switch = self.topo.host(src).switch
+            return self.up(src, switch) and self.up(dst, switch)
+        a, b = self.access(src), self.access(dst)
+        return a is not None and b is not None and a[-1] in self.dist(b[-1])
 
 
-class _Router:
-    """Shortest-path distances towards each destination under one set of failed links."""
+class _Router(_Reach):
+    """Paths and next hops of one policy under one set of failed links."""
 
     def __init__(self, topo: Topology, policy: str, seed: int, failed: Iterable[Iterable[str]]):
         check_policy(topo, policy)
-        self.topo = topo
+        super().__init__(topo, failed)
         self.policy = policy
         self.seed = int(seed)
-        self.failed = _failed_set(failed)
-        self.graph = _usable_graph(topo, self.failed)
-        self._dist: dict[str, dict[str, int]] = {}
         self._cands: dict[tuple[str, str], list[str]] = {}
         if policy == "bigraph":
             self._group_pos = {}
@@ -199,30 +247,42 @@ class _Router:
         if policy == "dmodk":
             self._radix = topo.params["k"] // 2 if topo.kind == "fattree" else topo.params["spines"]
 
-    def dist(self, dst: str) -> dict[str, int]:
-        if dst not in self._dist:
-            self._dist[dst] = dict(nx.single_source_shortest_path_length(self.graph, dst))
-        return self._dist[dst]
-
-    def candidates(self, node: str, dst: str) -> list[str]:
-        key = (node, dst)
+    def candidates(self, node: str, target: str) -> list[str]:
+        """Fabric neighbours of fabric switch ``node`` one hop closer to fabric switch ``target``."""
+        key = (node, target)
         cands = self._cands.get(key)
         if cands is None:
-            dist = self.dist(dst)
+            dist = self.dist(target)
             here = dist.get(node)
             cands = [] if here is None else sorted(
-                (n for n in self.graph.neighbors(node) if dist.get(n) == here - 1
-                 and (n == dst or self.topo.is_switch(n))), key=node_sort_key)
+                (n for n in self.fabric.neighbors(node) if dist.get(n) == here - 1), key=node_sort_key)
             self._cands[key] = cands
         return cands
 
+    def fabric_hops(self, path: list[str]) -> list[tuple[str, str]]:
+        """The directed links of ``path`` leaving a fabric switch: where the policy's entries act."""
+        return [(a, b) for a, b in path_links(path) if self.topo.is_fabric_switch(a)]
+
     # ------------------------------------------------------------- choices
+    def dest_next(self, switch: str, dst: str) -> str | None:
+        """The next hop of the destination entries (``PRIORITY_DEST``) at ``switch``; None: no entry."""
+        host = self.topo.host(dst)
+        if switch == host.switch:
+            return dst if self.up(dst, switch) else None
+        access = self.access(dst)
+        if access is None or not self.topo.is_fabric_switch(switch):
+            return None
+        if switch == access[-1]:
+            return access[-2]
+        cands = self.candidates(switch, access[-1])
+        return self.dest_choice(switch, cands, dst) if cands else None
+
     def dest_choice(self, node: str, cands: list[str], dst: str) -> str:
-        """The next hop of the destination-only entry (``PRIORITY_DEST``)."""
+        """The destination-only choice among several fabric candidates."""
         if len(cands) == 1 or self.policy != "dmodk":
             return cands[0]
         stage = {"edge": 0, "leaf": 0, "agg": 1, "spine": 1, "core": 2}.get(self.topo.switch(node).role, 0)
-        d = self.topo.host(dst).index - 1
+        d = self.topo.nic_slot(dst)[2]
         return cands[(d // self._radix**stage) % len(cands)]
 
     def choice(self, node: str, cands: list[str], flow: Flow, exact: bool) -> str:
@@ -230,10 +290,10 @@ class _Router:
         if len(cands) == 1:
             return cands[0]
         if self.policy == "bigraph":
-            src, dst = self.topo.host(flow.src), self.topo.host(flow.dst)
+            src_switch, i, _ = self.topo.nic_slot(flow.src)
+            dst_switch, j, _ = self.topo.nic_slot(flow.dst)
             m = self.topo.params["hosts_per_switch"]
-            i, j = (src.switch_port - 1), (dst.switch_port - 1)
-            a, b = self._group_pos[src.switch], self._group_pos[dst.switch]
+            a, b = self._group_pos[src_switch], self._group_pos[dst_switch]
             return cands[(i + m * j + a + b) % len(cands)]
         if self.policy == "ecmp":
             return cands[ecmp_hash(self.topo, self.seed, node, flow, exact) % len(cands)]
@@ -253,15 +313,19 @@ class _Router:
         self.topo.host(flow.dst)
         if flow.src == flow.dst:
             return [flow.src]
-        if flow.src not in self.dist(flow.dst):
+        if not self.reachable(flow.src, flow.dst):
             raise NoPath(f"routing: {flow.src} -> {flow.dst}: no path (cut off by failed links)")
+        if self.topo.same_server(flow.src, flow.dst):
+            return [flow.src, self.topo.host(flow.src).switch, flow.dst]
+        up, down = self.access(flow.src), self.access(flow.dst)
+        assert up is not None and down is not None
         exact = self.is_exact(flow)
-        path = [flow.src]
-        node = flow.src
-        while node != flow.dst:
-            node = self.choice(node, self.candidates(node, flow.dst), flow, exact)
+        path = list(up)
+        node = up[-1]
+        while node != down[-1]:
+            node = self.choice(node, self.candidates(node, down[-1]), flow, exact)
             path.append(node)
-        return path
+        return path + down[-2::-1]
 
 
 def ecmp_hash(topo: Topology, seed: int, switch: str, flow: Flow, exact: bool) -> int:
@@ -288,19 +352,56 @@ def path_links(path: list[str]) -> list[tuple[str, str]]:
     return list(zip(path, path[1:], strict=False))
 
 
+def hop_port(topo: Topology, node: str, nxt: str, src: str, dst: str) -> int:
+    """The port ``node`` sends on towards ``nxt`` on a path from host ``src`` to host ``dst``.
+
+    Tells parallel NIC links apart: leaving a PCIe switch a packet takes
+    ``src``'s pinned NIC, entering one ``dst``'s. A host sends on port 0.
+    """
+    if topo.is_host(node):
+        return 0
+    if topo.is_pcie_switch(node) and topo.is_switch(nxt):
+        return topo.pinned_nic(src).a_port
+    if topo.is_pcie_switch(nxt) and topo.is_switch(node):
+        return topo.pinned_nic(dst).b_port
+    return topo.port_to(node, nxt)
+
+
+def directed_links(topo: Topology, path: list[str]) -> list[tuple[str, int]]:
+    """Each hop of ``path`` as ``(node, port it sends on)``: one directed physical link.
+
+    Unlike :func:`path_links` this tells apart the parallel links of a
+    server whose NICs share a fabric switch; ``topo.link_at(node, port)``
+    gives the :class:`~emulator.topology.Link`.
+    """
+    return [(a, hop_port(topo, a, b, path[0], path[-1])) for a, b in path_links(path)]
+
+
 def switch_links_of(path: list[str]) -> list[tuple[str, str]]:
     """The directed switch-to-switch links of a path (host links left out)."""
     return path_links(path)[1:-1]
 
 
 def cut_pairs(topo: Topology, failed: Iterable[frozenset[str]]) -> list[tuple[str, str]]:
-    """Ordered host pairs with no path left when ``failed`` links are down."""
-    g = _usable_graph(topo, _failed_set(failed))
+    """Ordered host pairs with no path left when ``failed`` links are down (pinned NICs only, with servers)."""
+    reach = _Reach(topo, failed)
+    component = {node: i for i, part in enumerate(nx.connected_components(reach.fabric)) for node in part}
+    where = {}
+    for h in topo.hosts:
+        access = reach.access(h.name)
+        where[h.name] = None if access is None else component[access[-1]]
     out: list[tuple[str, str]] = []
-    for dst in topo.hosts:
-        reach = nx.node_connected_component(g, dst.name)
-        out.extend((src.name, dst.name) for src in topo.hosts if src.name != dst.name and src.name not in reach)
-    return sorted(out, key=lambda p: (node_sort_key(p[0]), node_sort_key(p[1])))
+    for src in topo.hosts:
+        for dst in topo.hosts:
+            if src.name == dst.name:
+                continue
+            if topo.same_server(src.name, dst.name):
+                ok = reach.up(src.name, src.switch) and reach.up(dst.name, dst.switch)
+            else:
+                ok = where[src.name] is not None and where[src.name] == where[dst.name]
+            if not ok:
+                out.append((src.name, dst.name))
+    return out
 
 
 def link_sharing(topo: Topology, policy: str, flows: Iterable[Flow], *, seed: int = 0,
@@ -344,20 +445,27 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
     along the destination's default next hop. Per pair, where its path leaves
     that default: a source+destination entry (``bigraph``, ``ecmp``). Per
     agent connection, where it leaves its pair's path: a 5-tuple entry
-    (``ecmp``). Pairs cut off by ``failed`` links get no entry. Entries are in
-    a deterministic order.
+    (``ecmp``). With servers, per accelerator an ``in_port`` entry on its PCIe
+    switch towards its pinned NIC. Pairs cut off by ``failed`` links get no
+    entry. Entries are in a deterministic order.
     """
     router = _Router(topo, policy, seed, failed)
     table: dict[str, list[FlowEntry]] = {s.name: [] for s in topo.switches}
+    if topo.has_servers:
+        for h in topo.hosts:
+            access = router.access(h.name)
+            if access is not None:
+                table[h.switch].append(FlowEntry(h.switch, PRIORITY_UPLINK, (("in_port", h.switch_port),),
+                                                 topo.pinned_nic(h.name).a_port))
     for dst_host in topo.hosts:
         dst = dst_host.name
         default: dict[str, str] = {}
         for sw in topo.switches:
-            cands = router.candidates(sw.name, dst)
-            if not cands:
+            nxt = router.dest_next(sw.name, dst)
+            if nxt is None:
                 continue
-            nxt = default[sw.name] = router.dest_choice(sw.name, cands, dst)
-            port = topo.port_to(sw.name, nxt)
+            default[sw.name] = nxt
+            port = hop_port(topo, sw.name, nxt, dst, dst)
             table[sw.name].append(FlowEntry(sw.name, PRIORITY_ARP,
                                             (("eth_type", ETH_TYPE_ARP), ("arp_tpa", dst_host.ip)), port))
             table[sw.name].append(FlowEntry(sw.name, PRIORITY_DEST,
@@ -366,20 +474,20 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
             continue
         for src_host in topo.hosts:
             src = src_host.name
-            if src == dst or src not in router.dist(dst):
+            if src == dst or not router.reachable(src, dst):
                 continue
             pair = Flow(src, dst, 0)
-            pair_path = router.walk(pair)
-            pair_next = dict(path_links(pair_path))
-            for here, nxt in path_links(pair_path)[1:]:
+            hops = router.fabric_hops(router.walk(pair))
+            pair_next = dict(hops)
+            for here, nxt in hops:
                 if nxt != default[here]:
                     table[here].append(FlowEntry(here, PRIORITY_PAIR, _ip_match(topo, pair, False),
-                                                 topo.port_to(here, nxt)))
+                                                 hop_port(topo, here, nxt, src, dst)))
             if policy != "ecmp":
                 continue
             for flow in exact_flows(topo, src, dst):
-                for here, nxt in path_links(router.walk(flow))[1:]:
+                for here, nxt in router.fabric_hops(router.walk(flow)):
                     if nxt != pair_next.get(here, default[here]):
                         table[here].append(FlowEntry(here, PRIORITY_FLOW, _ip_match(topo, flow, True),
-                                                     topo.port_to(here, nxt)))
+                                                     hop_port(topo, here, nxt, src, dst)))
     return table

@@ -21,14 +21,47 @@ Spec strings
     default ``bw``). Rates must lie in (0, 1000]: Mininet's HTB shaping ignores
     anything above 1000 Mbit/s.
 
+Servers (every kind, all keys optional)
+    ``servers=S,accels_per_server=A,nics_per_server=N[,pcie_bw=R][,nic_placement=P]``.
+    A topology has servers iff ``servers`` is given; ``accels_per_server`` and
+    ``nics_per_server`` are then required (integers >= 1, ``N <= A``), and
+    any server key without ``servers`` is an error. The fabric's own keys
+    define its host *slots* (the hosts it would have without servers, in host
+    order); the ``S·N`` NICs take ``S·N`` of them and the others stay empty.
+    ``pcie_bw`` (default ``host_bw``) is the rate of the accelerator links
+    inside a server; NIC links run at ``host_bw``. ``nic_placement``:
+
+    * ``packed`` (default) -- NIC ``k`` of server ``s`` takes slot ``s·N + k``:
+      a server's NICs fill consecutive slots, on one switch as far as possible.
+    * ``spread`` -- NIC number ``g = s·N + k`` goes to host-bearing switch
+      ``g mod W`` (``W`` of them), on that switch's lowest free slot: a
+      server's NICs round-robin over the switches.
+    * ``hdrm`` -- BiGraph only, and only where the HDRM placement exists
+      (:func:`hdrm_problem`): NIC ``g`` takes the slot HDRM gives rank ``g``
+      (:func:`hdrm_slot_order`). Ranks ``2i`` and ``2i+1`` always sit in
+      opposite groups, so a server with an even ``N`` has half its NICs in
+      the upper and half in the lower group: this is how a server's NICs
+      attach to both groups.
+
+    Model: an accelerator is a host; accelerators are ``h1..h(S·A)``, server
+    by server. Fabric switches keep exactly the names, roles and ports they
+    have without servers; server ``s`` adds switch ``s(F+1+s)`` (``F`` fabric
+    switches) with role ``pcie``, whose ports are its ``A`` accelerators
+    (``host`` links at ``pcie_bw``) then its ``N`` NICs (``nic`` links to the
+    fabric switch port of the NIC's slot). Accelerator ``j`` (0-based in its
+    server) is pinned to NIC ``j·N // A`` (:meth:`Topology.pinned_nic`) and
+    uses no other; a PCIe switch is never transit for other servers' traffic.
+    ``N = 1`` is the traditional shared-NIC server, ``N = A`` the EFLOPS
+    server with one NIC per accelerator.
+
 Naming and numbering
     Hosts are ``h1``..``hN`` and switches ``s1``..``sS``, both 1-based.
     Host-bearing switches come first (BiGraph: upper then lower; fat-tree:
     edge switches pod by pod; leaf-spine: leaves), then the others (fat-tree
-    aggregation then core; spines). Hosts are numbered switch by switch, so
-    the hosts of ``s1`` are ``h1``..``hM``. A switch's ports are numbered from
-    1: first its hosts (in host order), then its switch links in the order the
-    builder adds them. A host has one interface, ``eth0``. Switch ``sI`` has
+    aggregation then core; spines), then the PCIe switches of servers. Hosts
+    are numbered switch by switch, so the hosts of ``s1`` are ``h1``..``hM``. A
+    switch's ports are numbered from 1: first its hosts (in host order) or
+    host slots, then its switch links in the order the builder adds them. A host has one interface, ``eth0``. Switch ``sI`` has
     datapath id ``I``. Host ``hI`` has IP ``10.a.b.c`` with ``I = a*65536 +
     b*256 + c`` (prefix /8) and MAC ``02:00:00:xx:xx:xx`` (locally
     administered) holding ``I``.
@@ -62,11 +95,13 @@ MAX_LINK_MBPS = 1000.0
 DEFAULT_LINK_MBPS = 10.0
 MAX_HOSTS = 1024
 MAX_SWITCHES = 512
+PCIE = "pcie"  # the role of a server's internal switch
+NIC_PLACEMENTS = ("packed", "spread", "hdrm")
 
 
 @dataclass(frozen=True)
 class Host:
-    """An emulated endpoint (one accelerator with its own NIC)."""
+    """An emulated endpoint: an accelerator (on a fabric switch, or on its server's PCIe switch)."""
 
     name: str
     index: int  # 1-based, the number in the name
@@ -83,7 +118,7 @@ class Switch:
     name: str
     index: int  # 1-based
     dpid: int
-    role: str  # upper, lower, edge, agg, core, leaf, spine, star
+    role: str  # upper, lower, edge, agg, core, leaf, spine, star; pcie for a server's switch
     pod: int | None = None  # fat-tree pod of edge and aggregation switches
 
 
@@ -92,7 +127,8 @@ class Link:
     """An undirected link between ``a`` port ``a_port`` and ``b`` port ``b_port``.
 
     For host links ``a`` is the host (port 0 stands for its ``eth0``) and ``b``
-    its switch.
+    its switch; for NIC links ``a`` is the server's PCIe switch and ``b`` the
+    fabric switch of the NIC's slot.
     """
 
     a: str
@@ -100,7 +136,7 @@ class Link:
     b: str
     b_port: int
     bw_mbps: float
-    kind: str  # "host" or "switch"
+    kind: str  # "host", "nic" or "switch"
 
     def other(self, node: str) -> str:
         return self.b if node == self.a else self.a
@@ -118,6 +154,7 @@ class Topology:
     hosts: tuple[Host, ...]
     switches: tuple[Switch, ...]
     links: tuple[Link, ...]
+    slots: tuple[tuple[str, int], ...] = ()  # the fabric's host slots (switch, port), in host order
 
     # ----------------------------------------------------------------- lookup
     @property
@@ -149,8 +186,11 @@ class Topology:
         return out
 
     @cached_property
-    def _links_by_pair(self) -> dict[frozenset[str], Link]:
-        return {frozenset((lk.a, lk.b)): lk for lk in self.links}
+    def _links_by_pair(self) -> dict[frozenset[str], list[Link]]:
+        out: dict[frozenset[str], list[Link]] = {}
+        for lk in self.links:
+            out.setdefault(frozenset((lk.a, lk.b)), []).append(lk)
+        return out
 
     def host(self, name: str) -> Host:
         try:
@@ -171,13 +211,19 @@ class Topology:
         return name in self._switches_by_name
 
     def link_between(self, a: str, b: str) -> Link | None:
-        return self._links_by_pair.get(frozenset((a, b)))
+        """The link between ``a`` and ``b``; of parallel NIC links (a server's NICs on one fabric switch) the first."""
+        links = self._links_by_pair.get(frozenset((a, b)))
+        return links[0] if links else None
+
+    def links_between(self, a: str, b: str) -> list[Link]:
+        """Every link between ``a`` and ``b``: several only for NICs of one server on one fabric switch."""
+        return list(self._links_by_pair.get(frozenset((a, b)), []))
 
     def link_at(self, node: str, port: int) -> Link | None:
         return self._links_by_port.get((node, port))
 
     def port_to(self, node: str, neighbor: str) -> int:
-        """The port of ``node`` whose link leads to ``neighbor``."""
+        """The port of ``node`` whose link leads to ``neighbor`` (see :meth:`link_between`)."""
         link = self.link_between(node, neighbor)
         if link is None:
             raise KeyError(f"{node} has no link to {neighbor}")
@@ -187,21 +233,102 @@ class Topology:
         return sorted(self.graph.neighbors(node), key=node_sort_key)
 
     def hosts_of(self, switch: str) -> list[Host]:
+        """The hosts on ``switch`` (with servers: a PCIe switch's accelerators; none on fabric switches)."""
         return [h for h in self.hosts if h.switch == switch]
 
     def host_switches(self) -> list[Switch]:
-        """Switches that have hosts attached, in switch order."""
+        """Switches that have hosts attached, in switch order (with servers: the PCIe switches)."""
         bearing = {h.switch for h in self.hosts}
         return [s for s in self.switches if s.name in bearing]
 
     def switch_links(self) -> list[Link]:
+        """Links between two fabric switches (NIC links are not among them)."""
         return [lk for lk in self.links if lk.kind == "switch"]
+
+    def nic_links(self) -> list[Link]:
+        """Links from a server's PCIe switch to the fabric, server by server, NIC by NIC."""
+        return [lk for lk in self.links if lk.kind == "nic"]
+
+    # ---------------------------------------------------------------- servers
+    @property
+    def has_servers(self) -> bool:
+        return "servers" in self.params
+
+    @cached_property
+    def _fabric_names(self) -> frozenset[str]:
+        return frozenset(s.name for s in self.switches if s.role != PCIE)
+
+    def fabric_switches(self) -> list[Switch]:
+        """Every switch but the servers' PCIe switches, in switch order."""
+        return [s for s in self.switches if s.name in self._fabric_names]
+
+    def is_fabric_switch(self, name: str) -> bool:
+        return name in self._fabric_names
+
+    def is_pcie_switch(self, name: str) -> bool:
+        return self.is_switch(name) and name not in self._fabric_names
+
+    def _server_params(self) -> tuple[int, int, int]:
+        if not self.has_servers:
+            raise UserError(f"topology {self.spec}: has no servers")
+        return self.params["servers"], self.params["accels_per_server"], self.params["nics_per_server"]
+
+    def server_of(self, host: str) -> int:
+        """The 0-based server of accelerator ``host``."""
+        _, a, _ = self._server_params()
+        return (self.host(host).index - 1) // a
+
+    def servers(self) -> list[list[str]]:
+        """The accelerators of every server, server by server."""
+        n, a, _ = self._server_params()
+        return [[h.name for h in self.hosts[s * a:(s + 1) * a]] for s in range(n)]
+
+    def pinned_nic(self, host: str) -> Link:
+        """The NIC link accelerator ``host`` uses: local accelerator ``j`` of ``A`` takes NIC ``j·N // A``."""
+        _, a, n = self._server_params()
+        h = self.host(host)
+        link = self.link_at(h.switch, a + 1 + (h.switch_port - 1) * n // a)
+        assert link is not None and link.kind == "nic"
+        return link
+
+    @cached_property
+    def _slot_index(self) -> dict[tuple[str, int], int]:
+        return {slot: i for i, slot in enumerate(self.slots)}
+
+    def nic_slot(self, host: str) -> tuple[str, int, int]:
+        """``(fabric switch, 0-based slot position on it, 0-based global slot index)`` where ``host`` enters the fabric.
+
+        With servers the slot of the host's pinned NIC; without, the host's
+        own slot (its switch, ``switch_port - 1``, ``index - 1``).
+        """
+        if self.has_servers:
+            nic = self.pinned_nic(host)
+            switch, port = nic.b, nic.b_port
+        else:
+            h = self.host(host)
+            switch, port = h.switch, h.switch_port
+        return switch, port - 1, self._slot_index[(switch, port)]
+
+    def access_path(self, host: str) -> list[str]:
+        """The nodes from ``host`` to the fabric switch its traffic enters by (with servers: via its pinned NIC)."""
+        h = self.host(host)
+        if self.has_servers:
+            return [host, h.switch, self.pinned_nic(host).b]
+        return [host, h.switch]
+
+    def same_server(self, a: str, b: str) -> bool:
+        """True for two accelerators of one server (always False without servers)."""
+        return self.has_servers and self.server_of(a) == self.server_of(b)
 
     # ------------------------------------------------------------------ graph
     @cached_property
     def graph(self) -> nx.Graph:
-        """An undirected networkx graph with node and link attributes."""
-        g = nx.Graph()
+        """An undirected networkx graph with node and link attributes.
+
+        A ``MultiGraph`` for topologies with servers, whose NICs may give a
+        PCIe switch parallel links to one fabric switch.
+        """
+        g = nx.MultiGraph() if self.has_servers else nx.Graph()
         for h in self.hosts:
             g.add_node(h.name, type="host", index=h.index, switch=h.switch,
                        switch_port=h.switch_port, ip=h.ip, mac=h.mac)
@@ -213,32 +340,67 @@ class Topology:
         return g
 
     @cached_property
-    def _switch_graph(self) -> nx.Graph:
-        return self.graph.subgraph([s.name for s in self.switches])
+    def fabric_graph(self) -> nx.Graph:
+        """The fabric switches and the links between them (no hosts, no PCIe switches), without attributes."""
+        g = nx.Graph()
+        g.add_nodes_from(s.name for s in self.fabric_switches())
+        g.add_edges_from((lk.a, lk.b) for lk in self.switch_links())
+        return g
 
     @cached_property
-    def _switch_distances(self) -> dict[str, dict[str, int]]:
-        return dict(nx.all_pairs_shortest_path_length(self._switch_graph))
+    def _fabric_distances(self) -> dict[str, dict[str, int]]:
+        return dict(nx.all_pairs_shortest_path_length(self.fabric_graph))
 
     def switch_hops(self, src: str, dst: str) -> int:
-        """Switches a packet crosses from host ``src`` to host ``dst`` on a shortest path."""
-        a, b = self.host(src).switch, self.host(dst).switch
-        return self._switch_distances[a][b] + 1
+        """Switches a packet crosses from host ``src`` to host ``dst`` on a shortest path.
+
+        With servers, the path routing allows: inside a server its PCIe switch
+        only, between servers both PCIe switches and a shortest fabric path
+        between the slots of the two pinned NICs.
+        """
+        if self.same_server(src, dst):
+            return 1
+        a, b = self.nic_slot(src)[0], self.nic_slot(dst)[0]
+        return self._fabric_distances[a][b] + (3 if self.has_servers else 1)
 
     def diameter_hops(self) -> int:
         """The largest :meth:`switch_hops` over all host pairs."""
-        bearing = [s.name for s in self.host_switches()]
-        return max(self._switch_distances[a][b] for a in bearing for b in bearing) + 1
+        dist = self._fabric_distances
+        if not self.has_servers:
+            bearing = [s.name for s in self.host_switches()]
+            return max(dist[a][b] for a in bearing for b in bearing) + 1
+        if self.params["servers"] == 1:
+            return 1
+        # Every NIC is some accelerator's pinned NIC (j·N // A takes every value).
+        on: dict[str, set[int]] = {}
+        for s, nic in enumerate(self.nic_links()):
+            on.setdefault(nic.b, set()).add(s // self.params["nics_per_server"])
+        return max(dist[a][b] for a in on for b in on if len(on[a] | on[b]) > 1) + 3
 
     def bisection_bw_mbps(self) -> float:
         """Bisection bandwidth in Mbit/s (one direction).
 
-        The smallest total rate of links that must be cut to split the hosts
-        into two halves (``floor(N/2)`` and ``ceil(N/2)``), with switches free
-        to fall on either side. Closed forms per kind, checked against an
-        exhaustive min-cut search on small instances in the unit tests.
+        Without servers: the smallest total rate of links that must be cut to
+        split the hosts into two halves (``floor(N/2)`` and ``ceil(N/2)``),
+        with switches free to fall on either side. Closed forms per kind,
+        checked against an exhaustive min-cut search on small instances in
+        the unit tests.
+
+        With ``S >= 2`` servers: ``min(B_fabric, floor(S/2)·N·host_bw)``, the
+        bare fabric's bisection (every host slot taken, as above) capped by
+        what the NICs of half of the servers carry. This is the rate between
+        two halves of the servers as far as fabric and NICs allow, not an
+        exact min cut over accelerators (empty slots, the NIC placement and the
+        odd server of an odd ``S`` are not looked at). With one server:
+        ``floor(A/2)·pcie_bw``, the PCIe links of half its accelerators.
         """
-        return _BISECTION[self.kind](self.params, self.host_bw, self.switch_bw)
+        fabric = _BISECTION[self.kind](self.params, self.host_bw, self.switch_bw)
+        if not self.has_servers:
+            return fabric
+        servers, accels, nics = self._server_params()
+        if servers == 1:
+            return (accels // 2) * float(self.params["pcie_bw"])
+        return min(fabric, (servers // 2) * nics * self.host_bw)
 
     # ------------------------------------------------------------------- json
     def to_json(self) -> dict[str, Any]:
@@ -249,19 +411,26 @@ class Topology:
         return nx.node_link_data(g, edges="links")
 
     def summary(self) -> dict[str, Any]:
-        return {
+        """Counts, diameter and bisection; with servers also the server shape and the PCIe rate."""
+        out = {
             "spec": self.spec,
             "kind": self.kind,
             "hosts": len(self.hosts),
             "switches": len(self.switches),
             "links": len(self.links),
             "host_links": sum(1 for lk in self.links if lk.kind == "host"),
+            "nic_links": sum(1 for lk in self.links if lk.kind == "nic"),
             "switch_links": sum(1 for lk in self.links if lk.kind == "switch"),
             "diameter_hops": self.diameter_hops(),
             "bisection_bw_mbps": self.bisection_bw_mbps(),
             "host_bw_mbps": self.host_bw,
             "switch_bw_mbps": self.switch_bw,
         }
+        if self.has_servers:
+            out.update(servers=self.params["servers"], accels_per_server=self.params["accels_per_server"],
+                       nics_per_server=self.params["nics_per_server"], pcie_bw_mbps=self.params["pcie_bw"],
+                       nic_placement=self.params["nic_placement"], host_slots=len(self.slots))
+        return out
 
 
 def tcp_goodput_factor(mtu: int = DEFAULT_MTU) -> float:
@@ -288,6 +457,7 @@ _KIND_KEYS: dict[str, dict[str, int]] = {
     "star": {"hosts": 1},
 }
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
+_SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement")
 
 
 def _where(spec: object) -> str:
@@ -347,7 +517,8 @@ def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """Validate a spec string or mapping; return ``(kind, params)``.
 
     ``params`` holds every key of the kind, plus ``host_bw`` and ``switch_bw``
-    resolved from ``bw``. Raises :class:`FieldError` naming the first bad field.
+    resolved from ``bw``; with servers also every server key, defaults
+    resolved. Raises :class:`FieldError` naming the first bad field.
     """
     where = _where(spec)
     if isinstance(spec, str):
@@ -364,8 +535,8 @@ def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         raise FieldError(where, "kind", f"one of {', '.join(_KIND_KEYS)}", kind)
     keys = _KIND_KEYS[kind]
     for key in items:
-        if key not in keys and key not in _RATE_KEYS:
-            allowed = ", ".join([*keys, *_RATE_KEYS])
+        if key not in keys and key not in _RATE_KEYS and key not in _SERVER_KEYS:
+            allowed = ", ".join([*keys, *_RATE_KEYS, *_SERVER_KEYS])
             raise FieldError(where, key, f"a key of {kind} ({allowed})", f"unknown key {key}")
     params: dict[str, Any] = {}
     for key, minimum in keys.items():
@@ -379,13 +550,108 @@ def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     params["host_bw"] = _parse_rate(where, "host_bw", items["host_bw"]) if "host_bw" in items else bw
     params["switch_bw"] = _parse_rate(where, "switch_bw", items["switch_bw"]) if "switch_bw" in items else bw
     hosts, switches = _counts(kind, params)
+    what = "host slots in the fabric" if "servers" in items else "hosts in all"
     if hosts > MAX_HOSTS:
-        raise FieldError(where, "hosts", f"at most {MAX_HOSTS} hosts in all", hosts)
+        raise FieldError(where, "hosts", f"at most {MAX_HOSTS} {what}", hosts)
     if switches > MAX_SWITCHES:
         raise FieldError(where, "switches", f"at most {MAX_SWITCHES} switches in all", switches)
     if kind != "star" and hosts < 2:
-        raise FieldError(where, "hosts", "at least 2 hosts in all", hosts)
+        raise FieldError(where, "hosts", f"at least 2 {what}", hosts)
+    if "servers" in items:
+        params.update(_parse_servers(where, kind, params, items, hosts, switches))
+    else:
+        for key in _SERVER_KEYS:
+            if key in items:
+                raise FieldError(where, key, "servers=S alongside it (server keys describe servers)",
+                                 f"{key} without servers")
     return kind, params
+
+
+def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapping[str, Any], slots: int,
+                   fabric_switches: int) -> dict[str, Any]:
+    """The server keys of a spec (see the module docstring), checked against the fabric's ``slots``."""
+    servers = _parse_int(where, "servers", items["servers"], 1)
+    counts = {}
+    for key in ("accels_per_server", "nics_per_server"):
+        if key not in items:
+            raise FieldError(where, key, "an integer >= 1 (required with servers)", MISSING)
+        counts[key] = _parse_int(where, key, items[key], 1)
+    accels, nics = counts["accels_per_server"], counts["nics_per_server"]
+    if nics > accels:
+        raise FieldError(where, "nics_per_server", f"an integer in 1..{accels} (at most one NIC per accelerator)",
+                         items["nics_per_server"])
+    pcie = _parse_rate(where, "pcie_bw", items["pcie_bw"]) if "pcie_bw" in items else params["host_bw"]
+    raw = items.get("nic_placement", "packed")
+    placement = raw.strip() if isinstance(raw, str) else raw
+    if placement not in NIC_PLACEMENTS:
+        raise FieldError(where, "nic_placement", f"one of {', '.join(NIC_PLACEMENTS)}", raw)
+    if placement == "hdrm":
+        problem = ("a bigraph" if kind != "bigraph" else
+                   hdrm_problem(params["upper"], params["lower"], params["hosts_per_switch"]))
+        if problem:
+            raise FieldError(where, "nic_placement", f"packed or spread (hdrm needs {problem})", raw)
+    if servers * nics > slots:
+        raise FieldError(where, "servers", f"at most {slots // nics} servers of {nics} NICs "
+                         f"(the fabric has {slots} host slots)", items["servers"])
+    if servers * accels > MAX_HOSTS:
+        raise FieldError(where, "servers", f"at most {MAX_HOSTS} accelerators in all (servers x accels_per_server)",
+                         items["servers"])
+    if fabric_switches + servers > MAX_SWITCHES:
+        raise FieldError(where, "servers", f"at most {MAX_SWITCHES} switches in all, one PCIe switch per server "
+                         f"included ({fabric_switches} in the fabric)", items["servers"])
+    if kind != "star" and servers * accels < 2:
+        raise FieldError(where, "servers", "at least 2 accelerators in all (servers x accels_per_server)",
+                         items["servers"])
+    return {"servers": servers, "accels_per_server": accels, "nics_per_server": nics, "pcie_bw": pcie,
+            "nic_placement": placement}
+
+
+def hdrm_problem(upper: int, lower: int, hosts_per_switch: int) -> str | None:
+    """Why a BiGraph has no contention-free HDRM placement (what it would need), or None if it has one."""
+    m = hosts_per_switch
+    if upper != lower:
+        return ("a bigraph with upper = lower (halving-doubling partners alternate groups, so each group must hold "
+                "half the ranks)")
+    if m > upper:
+        return (f"at most {upper} hosts per switch for a contention-free hdrm (a step has {2 * upper * m} flows "
+                f"but only {2 * upper * lower} directed upper-lower links)")
+    p = 2 * upper * m
+    if p & (p - 1):
+        return f"a bigraph whose (upper+lower)*hosts_per_switch is a power of two for hdrm (here {p})"
+    return None
+
+
+def hdrm_slot_order(upper: int, hosts_per_switch: int) -> list[int]:
+    """The 0-based BiGraph host slots of HDRM ranks ``0..p-1`` (``p = 2·U·M``); see :func:`hdrm_problem`.
+
+    Requirements: ``U = L``, ``M <= U`` (M hosts per switch), ``p`` a power of
+    two (so ``U = 2^u``, ``M = 2^m``, ``p = 2^k`` with ``k = u + m + 1``).
+    Slot ``i·M + q`` is port ``q + 1`` of switch ``s(i+1)`` (upper switches
+    first, then lower).
+
+    Construction (a linear code over GF(2)): write rank ``r`` in bits
+    ``r_0..r_{k-1}``. Rank ``r`` goes to the upper group iff ``popcount(r)`` is
+    even; partners ``r, r ^ 2^s`` differ in one bit, so every pair spans both
+    groups and takes the single direct upper-lower link. For an even rank the
+    upper switch is ``A(r) = bits 1..u`` and the port ``bits u+1..u+m``; for an
+    odd rank the lower switch is ``B(r) = bits m+1..m+u`` and the port ``bits
+    1..m``. On even ranks, bits ``1..k-1`` determine ``r`` (bit 0 is their
+    parity) and ``A`` and ``B`` together cover all of them because ``m <= u``,
+    so ``r -> (A(r), B(r))`` is injective there. In step ``s`` the pair of even
+    ``r`` uses the link ``(A(r), B(r ^ 2^s)) = (A(r), B(r) ^ B(2^s))``: also
+    injective in ``r``. Hence no two pairs share an upper-lower switch pair,
+    in either direction, in any step. Each switch receives exactly ``M`` ranks.
+    """
+    m = hosts_per_switch
+    u, mb = upper.bit_length() - 1, m.bit_length() - 1
+    out = []
+    for r in range(2 * upper * m):
+        if bin(r).count("1") % 2 == 0:
+            switch, port = (r >> 1) & (upper - 1), (r >> (u + 1)) & (m - 1)
+        else:
+            switch, port = upper + ((r >> (mb + 1)) & (upper - 1)), (r >> 1) & (m - 1)
+        out.append(switch * m + port)
+    return out
 
 
 def _counts(kind: str, p: Mapping[str, Any]) -> tuple[int, int]:
@@ -400,7 +666,7 @@ def _counts(kind: str, p: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def format_spec(kind: str, params: Mapping[str, Any]) -> str:
-    """The canonical spec string; rates are shown only where they differ from the default."""
+    """The canonical spec string; rates and the NIC placement are shown only where they differ from the default."""
     parts = [f"{key}={params[key]}" for key in _KIND_KEYS[kind]]
     bw = params.get("bw", DEFAULT_LINK_MBPS)
     if bw != DEFAULT_LINK_MBPS:
@@ -408,6 +674,12 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
     for key in ("host_bw", "switch_bw"):
         if params.get(key, bw) != bw:
             parts.append(f"{key}={params[key]:g}")
+    if "servers" in params:
+        parts += [f"{key}={params[key]}" for key in ("servers", "accels_per_server", "nics_per_server")]
+        if params["pcie_bw"] != params.get("host_bw", bw):
+            parts.append(f"pcie_bw={params['pcie_bw']:g}")
+        if params["nic_placement"] != "packed":
+            parts.append(f"nic_placement={params['nic_placement']}")
     return f"{kind}:{','.join(parts)}"
 
 
@@ -416,14 +688,20 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
 # ---------------------------------------------------------------------------
 
 class _Builder:
-    """Accumulates switches, hosts and links, numbering ports as it goes."""
+    """Accumulates switches, host slots and links, numbering ports as it goes.
+
+    The fabric builders reserve host slots (:meth:`add_slot`); :meth:`build`
+    then puts a host on every slot, or the servers' NICs on some of them.
+    """
 
     def __init__(self, host_bw: float, switch_bw: float):
         self.host_bw = host_bw
         self.switch_bw = switch_bw
         self.switches: list[Switch] = []
+        self.slots: list[tuple[str, int]] = []
         self.hosts: list[Host] = []
-        self.links: list[Link] = []
+        self.host_links: list[Link] = []
+        self.switch_links: list[Link] = []
         self._next_port: dict[str, int] = {}
 
     def add_switch(self, role: str, pod: int | None = None) -> str:
@@ -438,21 +716,51 @@ class _Builder:
         self._next_port[switch] = port + 1
         return port
 
-    def add_host(self, switch: str) -> str:
+    def add_slot(self, switch: str) -> None:
+        self.slots.append((switch, self._port(switch)))
+
+    def _add_host(self, switch: str, port: int, bw: float) -> None:
         index = len(self.hosts) + 1
         name = f"h{index}"
-        port = self._port(switch)
         self.hosts.append(Host(name=name, index=index, switch=switch, switch_port=port,
                                ip=host_ip(index), mac=host_mac(index)))
-        self.links.append(Link(name, 0, switch, port, self.host_bw, "host"))
-        return name
+        self.host_links.append(Link(name, 0, switch, port, bw, "host"))
 
     def connect(self, a: str, b: str) -> None:
-        self.links.append(Link(a, self._port(a), b, self._port(b), self.switch_bw, "switch"))
+        self.switch_links.append(Link(a, self._port(a), b, self._port(b), self.switch_bw, "switch"))
 
     def build(self, kind: str, params: Mapping[str, Any]) -> Topology:
-        return Topology(kind=kind, params=dict(params), hosts=tuple(self.hosts),
-                        switches=tuple(self.switches), links=tuple(self.links))
+        nic_links: list[Link] = []
+        if "servers" not in params:
+            for switch, port in self.slots:
+                self._add_host(switch, port, self.host_bw)
+        else:
+            accels, nics = params["accels_per_server"], params["nics_per_server"]
+            taken = _nic_slots(kind, params, self.slots)
+            for s in range(params["servers"]):
+                pcie = self.add_switch(PCIE)
+                for _ in range(accels):
+                    self._add_host(pcie, self._port(pcie), params["pcie_bw"])
+                for switch, port in taken[s * nics:(s + 1) * nics]:
+                    nic_links.append(Link(pcie, self._port(pcie), switch, port, self.host_bw, "nic"))
+        return Topology(kind=kind, params=dict(params), hosts=tuple(self.hosts), switches=tuple(self.switches),
+                        links=(*self.host_links, *nic_links, *self.switch_links), slots=tuple(self.slots))
+
+
+def _nic_slots(kind: str, params: Mapping[str, Any], slots: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """The slots of NICs ``0..S·N-1`` (NIC ``k`` of server ``s`` is ``s·N + k``) under ``nic_placement``."""
+    count = params["servers"] * params["nics_per_server"]
+    placement = params["nic_placement"]
+    if placement == "packed":
+        return slots[:count]
+    if placement == "hdrm":
+        return [slots[i] for i in hdrm_slot_order(params["upper"], params["hosts_per_switch"])[:count]]
+    per_switch: dict[str, list[tuple[str, int]]] = {}
+    for slot in slots:
+        per_switch.setdefault(slot[0], []).append(slot)
+    # Every kind has the same number of slots on every host-bearing switch, so none runs out first.
+    columns = list(per_switch.values())
+    return [columns[g % len(columns)][g // len(columns)] for g in range(count)]
 
 
 def host_ip(index: int) -> str:
@@ -469,7 +777,7 @@ def _build_bigraph(b: _Builder, p: Mapping[str, Any]) -> None:
     # Hosts first on every switch so that ports 1..M are host ports.
     for sw in upper + lower:
         for _ in range(p["hosts_per_switch"]):
-            b.add_host(sw)
+            b.add_slot(sw)
     for u in upper:
         for lo in lower:
             b.connect(u, lo)
@@ -484,7 +792,7 @@ def _build_fattree(b: _Builder, p: Mapping[str, Any]) -> None:
     for pod in range(k):
         for edge in edges[pod]:
             for _ in range(half):
-                b.add_host(edge)
+                b.add_slot(edge)
     for pod in range(k):
         for edge in edges[pod]:
             for agg in aggs[pod]:
@@ -501,7 +809,7 @@ def _build_leafspine(b: _Builder, p: Mapping[str, Any]) -> None:
     spines = [b.add_switch("spine") for _ in range(p["spines"])]
     for leaf in leaves:
         for _ in range(p["hosts_per_leaf"]):
-            b.add_host(leaf)
+            b.add_slot(leaf)
     for leaf in leaves:
         for spine in spines:
             b.connect(leaf, spine)
@@ -510,7 +818,7 @@ def _build_leafspine(b: _Builder, p: Mapping[str, Any]) -> None:
 def _build_star(b: _Builder, p: Mapping[str, Any]) -> None:
     sw = b.add_switch("star")
     for _ in range(p["hosts"]):
-        b.add_host(sw)
+        b.add_slot(sw)
 
 
 _BUILDERS = {

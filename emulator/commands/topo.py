@@ -34,8 +34,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     print(f"topology   {summary['spec']}")
     print(f"hosts      {summary['hosts']}")
     print(f"switches   {summary['switches']}  ({_roles(topo)})")
-    print(f"links      {summary['links']}  ({summary['host_links']} host, {summary['switch_links']} switch-switch)")
-    print(f"rates      host links {summary['host_bw_mbps']:g} Mbit/s, switch links {summary['switch_bw_mbps']:g} Mbit/s")
+    if topo.has_servers:
+        print(f"links      {summary['links']}  ({summary['host_links']} accelerator-PCIe, {summary['nic_links']} NIC, "
+              f"{summary['switch_links']} switch-switch)")
+        print(f"rates      PCIe links {summary['pcie_bw_mbps']:g} Mbit/s, NIC links {summary['host_bw_mbps']:g} Mbit/s, "
+              f"switch links {summary['switch_bw_mbps']:g} Mbit/s")
+        print(f"servers    {summary['servers']} x ({summary['accels_per_server']} accelerators, "
+              f"{summary['nics_per_server']} NICs), NICs {summary['nic_placement']} on {summary['host_slots']} host slots")
+    else:
+        print(f"links      {summary['links']}  ({summary['host_links']} host, {summary['switch_links']} switch-switch)")
+        print(f"rates      host links {summary['host_bw_mbps']:g} Mbit/s, "
+              f"switch links {summary['switch_bw_mbps']:g} Mbit/s")
     print(f"diameter   {summary['diameter_hops']} switch hops")
     print(f"bisection  {summary['bisection_bw_mbps']:g} Mbit/s")
     return 0

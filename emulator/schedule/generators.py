@@ -14,20 +14,34 @@ Algorithms (``ALGORITHMS``), for ``p`` ranks, one per host of the topology:
     remaining ranks, and a last step returning the result to rank ``2i``.
     ``P`` chunks; ``2 log2 P`` steps, plus 2 when ``p`` is not a power of two.
 ``hdrm``
-    ``hd`` with the HDRM placement (:func:`hdrm_placement`).
+    ``hd`` with the HDRM placement (:func:`hdrm_placement`). On a topology
+    with servers the placement is the identity over accelerators (rank ``r``
+    on local accelerator ``r mod A`` of server ``r // A``), with ``S`` and
+    ``A`` powers of two: the first ``log2(A)`` steps, the largest, pair
+    accelerators of one server (over PCIe), the others pair the same local
+    accelerator of two servers (so the same NIC index when ``N = A``). With
+    ``N = A`` and ``nic_placement=hdrm`` on a BiGraph where HDRM exists, NIC
+    ``g = s·A + j`` sits on the slot HDRM gives rank ``g``, so no NIC or fabric
+    link carries two flows in any step (proved in the tests with
+    :func:`emulator.schedule.cost.analyze`). With ``N = 1`` the ``A``
+    accelerators of a server share its NIC in the inter-server steps.
 ``dbtree``
     NCCL-style double binary tree: two complementary binary trees each reduce
     half of the buffer towards their root and broadcast it back, pipelined in
     chunks (``chunks`` in all, half per tree, default 8).
 ``hier``
-    Hierarchical: ranks on the same switch form a "server" (until multi-NIC
-    servers exist). Ring reduce-scatter inside each server, ring allreduce
-    across servers among the ranks with the same local index, ring all-gather
-    inside each server. ``p`` chunks, ``2(g-1) + 2(S-1)`` steps for ``S``
-    servers of ``g`` ranks.
+    Hierarchical: ranks on the same switch form a group: with servers, the
+    accelerators of one server (they share its PCIe switch); without, the
+    hosts of one fabric switch. Ring reduce-scatter inside each group, ring
+    allreduce across groups among the ranks with the same local index (with
+    servers and ``N = A``: each over its own NIC), ring all-gather inside
+    each group. ``p`` chunks, ``2(g-1) + 2(S-1)`` steps for ``S`` groups of
+    ``g`` ranks.
 
-Placements: ``identity`` (rank ``r`` on host ``h(r+1)``), ``random`` (a seeded
-permutation), ``hdrm`` (BiGraph only).
+Placements: ``identity`` (rank ``r`` on host ``h(r+1)``; with servers
+accelerators are numbered server by server), ``random`` (a seeded
+permutation), ``hdrm`` (BiGraph without servers; any fabric with servers, see
+``hdrm`` above).
 
 All operations are filled in with their ``step``; ``deps`` come from
 :func:`emulator.schedule.deps.derive_dep_indices`: the data hazards, plus for
@@ -53,7 +67,7 @@ from emulator.schedule.format import (
     check_chunking,
     is_power_of_two,
 )
-from emulator.topology import Topology
+from emulator.topology import Topology, hdrm_problem, hdrm_slot_order
 
 ALGORITHMS = ("ring", "hd", "hdrm", "dbtree", "hier")
 PLACEMENTS = ("identity", "random", "hdrm")
@@ -67,50 +81,29 @@ WHERE = "schedule gen"
 # ---------------------------------------------------------------------------
 
 def hdrm_placement(topo: Topology) -> list[str]:
-    """Hosts for ranks ``0..p-1`` so that halving-doubling is contention-free on a BiGraph.
+    """Hosts for ranks ``0..p-1`` so that halving-doubling is contention-free.
 
-    Requirements: BiGraph with ``U = L`` and ``M <= U`` (M hosts per switch),
-    ``p = 2·U·M`` a power of two (so ``U = 2^u``, ``M = 2^m``, ``p = 2^k`` with
-    ``k = u + m + 1``).
-
-    Construction (a linear code over GF(2)): write rank ``r`` in bits
-    ``r_0..r_{k-1}``. Rank ``r`` goes to the upper group iff ``popcount(r)`` is
-    even; partners ``r, r ^ 2^s`` differ in one bit, so every pair spans both
-    groups and takes the single direct upper-lower link. For an even rank the
-    upper switch is ``A(r) = bits 1..u`` and the port ``bits u+1..u+m``; for an
-    odd rank the lower switch is ``B(r) = bits m+1..m+u`` and the port ``bits
-    1..m``. On even ranks, bits ``1..k-1`` determine ``r`` (bit 0 is their
-    parity) and ``A`` and ``B`` together cover all of them because ``m <= u``,
-    so ``r -> (A(r), B(r))`` is injective there. In step ``s`` the pair of even
-    ``r`` uses the link ``(A(r), B(r ^ 2^s)) = (A(r), B(r) ^ B(2^s))``: also
-    injective in ``r``. Hence no two pairs share an upper-lower switch pair,
-    in either direction, in any step. Each switch receives exactly ``M`` ranks.
+    Without servers: a BiGraph with ``U = L``, ``M <= U`` hosts per switch
+    and ``p = 2·U·M`` a power of two; rank ``r`` runs on the host of slot
+    :func:`emulator.topology.hdrm_slot_order` ``[r]`` (the construction and
+    its proof are there). With servers: the identity over accelerators, with
+    ``servers`` and ``accels_per_server`` powers of two (see the module
+    docstring).
     """
+    if topo.has_servers:
+        servers, accels = topo.params["servers"], topo.params["accels_per_server"]
+        if not (is_power_of_two(servers) and is_power_of_two(accels)):
+            raise FieldError(WHERE, "topology", "servers and accels_per_server powers of two for hdrm on servers "
+                             "(rank r runs on accelerator r, the low bits of r pair accelerators of one server)",
+                             topo.spec)
+        return [h.name for h in topo.hosts]
     if topo.kind != "bigraph":
         raise FieldError(WHERE, "placement", "a bigraph topology for the hdrm placement", topo.spec)
-    upper, lower, m = topo.params["upper"], topo.params["lower"], topo.params["hosts_per_switch"]
-    if upper != lower:
-        raise FieldError(WHERE, "topology", "a bigraph with upper = lower (halving-doubling partners alternate "
-                         "groups, so each group must hold half the ranks)", topo.spec)
-    if m > upper:
-        raise FieldError(WHERE, "topology", f"at most {upper} hosts per switch for a contention-free hdrm "
-                         f"(a step has {2 * upper * m} flows but only {2 * upper * lower} directed upper-lower "
-                         "links)", topo.spec)
-    p = 2 * upper * m
-    if not is_power_of_two(p):
-        raise FieldError(WHERE, "topology", f"a bigraph whose (upper+lower)*hosts_per_switch is a power of two "
-                         f"for hdrm (here {p})", topo.spec)
-    u, mb = upper.bit_length() - 1, m.bit_length() - 1
-    uppers = [s for s in topo.switches if s.role == "upper"]
-    lowers = [s for s in topo.switches if s.role == "lower"]
-    hosts: list[str] = []
-    for r in range(p):
-        if bin(r).count("1") % 2 == 0:
-            sw, port = uppers[(r >> 1) & (upper - 1)], (r >> (u + 1)) & (m - 1)
-        else:
-            sw, port = lowers[(r >> (mb + 1)) & (upper - 1)], (r >> 1) & (m - 1)
-        hosts.append(topo.hosts_of(sw.name)[port].name)
-    return hosts
+    upper, m = topo.params["upper"], topo.params["hosts_per_switch"]
+    problem = hdrm_problem(upper, topo.params["lower"], m)
+    if problem:
+        raise FieldError(WHERE, "topology", problem, topo.spec)
+    return [topo.hosts[slot].name for slot in hdrm_slot_order(upper, m)]
 
 
 def placement_hosts(topo: Topology, placement: str, seed: int = 0) -> list[str]:

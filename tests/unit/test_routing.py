@@ -21,6 +21,16 @@ CASES = [(BIGRAPH, "bigraph"), (BIGRAPH, "ecmp"), (BIGRAPH, "shortest"),
          (FATTREE, "ecmp"), (FATTREE, "dmodk"), (FATTREE, "shortest"),
          (LEAFSPINE, "ecmp"), (LEAFSPINE, "dmodk"), (LEAFSPINE, "shortest"),
          ("star:hosts=4", "shortest"), ("star:hosts=4", "ecmp")]
+# Servers: N = A (parallel NIC links on one switch), N = 1, 1 < N < A, every NIC placement.
+SERVERS_NA = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=2,accels_per_server=4,nics_per_server=4"
+SERVERS_N1 = "leafspine:leaves=2,spines=2,hosts_per_leaf=2,servers=4,accels_per_server=2,nics_per_server=1"
+SERVERS_FAT = "fattree:k=4,servers=4,accels_per_server=4,nics_per_server=2,nic_placement=spread"
+SERVERS_HDRM = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=4,accels_per_server=2,nics_per_server=2,nic_placement=hdrm"
+SERVERS_STAR = "star:hosts=4,servers=2,accels_per_server=3,nics_per_server=2"
+SERVER_CASES = [(SERVERS_NA, "bigraph"), (SERVERS_NA, "ecmp"), (SERVERS_NA, "shortest"),
+                (SERVERS_N1, "dmodk"), (SERVERS_N1, "ecmp"),
+                (SERVERS_FAT, "ecmp"), (SERVERS_FAT, "dmodk"), (SERVERS_FAT, "shortest"),
+                (SERVERS_HDRM, "bigraph"), (SERVERS_STAR, "ecmp"), (SERVERS_STAR, "shortest")]
 
 
 class FakeFlowTable:
@@ -57,20 +67,26 @@ class FakeFlowTable:
 
     def trace(self, flow: Flow, eth_type: int = routing.ETH_TYPE_IP) -> list[str]:
         """The nodes a packet of ``flow`` visits; stops at a host or a drop."""
+        return self.trace_hops(flow, eth_type)[0]
+
+    def trace_hops(self, flow: Flow, eth_type: int = routing.ETH_TYPE_IP) -> tuple[list[str], list[tuple[str, int]]]:
+        """The nodes a packet visits and each hop as (node, port it leaves by)."""
         pkt = self.packet(flow, eth_type)
         host = self.topo.host(flow.src)
         path = [host.name, host.switch]
+        hops = [(host.name, 0)]
         node, in_port = host.switch, host.switch_port
         while True:
             entry = self.lookup(node, pkt, in_port)
             if entry is None:
-                return path + ["DROP"]
+                return path + ["DROP"], hops
             link = self.topo.link_at(node, entry.out_port)
             assert link is not None, f"{node} port {entry.out_port} has no link"
+            hops.append((node, entry.out_port))
             nxt = link.other(node)
             path.append(nxt)
             if self.topo.is_host(nxt):
-                return path
+                return path, hops
             in_port = link.port_of(nxt)
             node = nxt
             assert len(path) < 20, f"loop: {path}"
@@ -81,16 +97,49 @@ def _flows(topo: topology.Topology, src: str, dst: str) -> list[Flow]:
             *routing.exact_flows(topo, src, dst)]
 
 
-@pytest.mark.parametrize("spec,policy", CASES)
+@pytest.mark.parametrize("spec,policy", CASES + SERVER_CASES)
 def test_flow_table_forwards_every_packet_along_route(spec, policy):
     topo = topology.load(spec)
     fake = FakeFlowTable(topo, routing.flow_table(topo, policy, seed=3))
     for src, dst in topology.all_host_pairs(topo):
         for flow in _flows(topo, src, dst):
             path = routing.route(topo, policy, flow, seed=3)
-            assert fake.trace(flow) == path, (flow, policy)
+            # Ports too: a server's parallel NIC links to one switch are told apart.
+            assert fake.trace_hops(flow) == (path, routing.directed_links(topo, path)), (flow, policy)
             assert len(path) - 2 == topo.switch_hops(src, dst)  # shortest paths only
         assert fake.trace(Flow(src, dst), routing.ETH_TYPE_ARP)[-1] == dst
+
+
+@pytest.mark.parametrize("spec,policy", [(SERVERS_NA, "ecmp"), (SERVERS_N1, "dmodk"), (SERVERS_FAT, "shortest"),
+                                         (SERVERS_HDRM, "bigraph")])
+def test_failed_links_on_server_topologies(spec, policy):
+    topo = topology.load(spec)
+    far = next(h.name for h in topo.hosts if not topo.same_server("h1", h.name)
+               and topo.nic_slot(h.name)[0] != topo.nic_slot("h1")[0])
+    fabric_link = frozenset(routing.switch_links_of(routing.route(topo, policy, Flow("h1", far)))[1])
+    nic = topo.pinned_nic("h2")
+    dead_nic = frozenset((nic.a, nic.b))
+    for failed in ([fabric_link], [dead_nic]):
+        fake = FakeFlowTable(topo, routing.flow_table(topo, policy, seed=1, failed=failed))
+        cut = set(routing.cut_pairs(topo, failed))
+        for src, dst in topology.all_host_pairs(topo):
+            for f in _flows(topo, src, dst):
+                if (src, dst) in cut:
+                    assert fake.trace(f)[-1] == "DROP"
+                    with pytest.raises(routing.NoPath):
+                        routing.route(topo, policy, f, seed=1, failed=failed)
+                    continue
+                path = routing.route(topo, policy, f, seed=1, failed=failed)
+                assert not {frozenset(x) for x in routing.path_links(path)} & set(failed)
+                assert fake.trace_hops(f) == (path, routing.directed_links(topo, path))
+    # The fabric stays connected without one link; a dead NIC cuts off exactly its accelerators,
+    # from every other server in both directions, while they still reach their own server. Failures
+    # are node pairs, so parallel NIC links of one server to one switch fail together.
+    assert routing.cut_pairs(topo, [fabric_link]) == []
+    pinned = {h.name for h in topo.hosts if frozenset((topo.pinned_nic(h.name).a, topo.pinned_nic(h.name).b)) == dead_nic}
+    expected = {(a, b) for a, b in topology.all_host_pairs(topo)
+                if (a in pinned or b in pinned) and not topo.same_server(a, b)}
+    assert set(routing.cut_pairs(topo, [dead_nic])) == expected and expected
 
 
 def test_fake_table_answers_out_port():
