@@ -40,6 +40,7 @@ import threading
 import time
 import traceback
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -203,7 +204,8 @@ class Agent:
         np.copyto(self.buffers["data"], self.inputs)
         self.buffers["scratch"][:] = 0
 
-    def run_once(self, rep: int, start_at: float | None = None) -> dict[str, Any]:
+    def run_once(self, rep: int, start_at: float | None = None, watch_steps: Iterable[int] = (),
+                 on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
         """One repetition (after :meth:`prepare`): returns per-op timings and whether the result is right.
 
         ``start_at`` is a time on the monotonic clock, which every emulated
@@ -211,7 +213,11 @@ class Agent:
         operations at that same instant. (Released on receipt of the control
         message instead, ranks started up to 20 ms apart on 2 cores, and
         halving-doubling rounds carry such lateness forward.)
+        ``on_step(step)`` is called the first time an operation of one of
+        ``watch_steps`` is released (the replay fires step-triggered faults
+        on it).
         """
+        watched = set(watch_steps)
         events: queue.Queue[tuple[int, float, float, BaseException | None]] = queue.Queue()
         send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
         recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
@@ -256,6 +262,9 @@ class Agent:
             stack = list(op_ids)
             while stack:
                 op = self.ops[stack.pop()]
+                if op.step in watched and on_step is not None:
+                    watched.discard(op.step)
+                    on_step(op.step)
                 if op.kind in (REDUCE, COPY):
                     t0 = time.monotonic()
                     self._local(op)
@@ -417,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
                 break
             if msg["type"] == "go":
                 rep = int(msg["rep"])
-                result = agent.run_once(rep, msg.get("start_at"))
+                result = agent.run_once(rep, msg.get("start_at"), msg.get("watch_steps", ()),
+                                        lambda step: control.send(type="step", rank=args.rank, step=step))
                 log.info("repetition %d done, correct=%s", rep, result["correct"])
                 if not result["correct"]:
                     log.error("wrong result: %s", result["wrong"])

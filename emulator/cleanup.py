@@ -6,6 +6,11 @@ host namespace), and bridges and root-namespace interfaces by their name
 pattern (``efsN``, ``efsN-ethP``, ``efhN-eth0``). Runs whose owning process is
 still alive are left alone unless ``force`` is given. Never Mininet's global
 cleanup, and never killing processes by name pattern.
+
+Every network bring-up calls :func:`clean` with ``network_lock_held``: it
+holds the machine-wide network lock, so no live network can own a bridge of
+our pattern, and what a killed run (even SIGKILL) left is removed before the
+next run starts.
 """
 
 from __future__ import annotations
@@ -15,8 +20,12 @@ from emulator.runstate import BRIDGE_RE, INTERFACE_RE, all_runs, kill_recorded
 from emulator.system import Runner, run
 
 
-def clean(force: bool = False, runner: Runner = run) -> list[str]:
-    """Remove leftovers; return one line per thing done."""
+def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:
+    """Remove leftovers; return one line per thing done.
+
+    Bridges and interfaces are left alone while another run is alive (it may
+    be a network), unless the caller holds the network lock.
+    """
     report: list[str] = []
     active = []
     for state in all_runs():
@@ -30,7 +39,7 @@ def clean(force: bool = False, runner: Runner = run) -> list[str]:
         if killed:
             report.append(f"run {state.run_id}: killed {len(killed)} processes")
         state.remove()
-    if active:
+    if active and not network_lock_held:
         return report  # their bridges share our name pattern: leave all bridges alone
     res = runner(["ovs-vsctl", "--timeout=10", "list-br"])
     bridges = [b for b in res.stdout.split() if BRIDGE_RE.match(b)]

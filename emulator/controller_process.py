@@ -175,6 +175,16 @@ class ControllerProcess:
     def log_tail(self, lines: int = 3) -> str:
         return " | ".join(self.log_text().strip().splitlines()[-lines:]) or "(no log)"
 
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no goodbye to the switches. The log is kept; :meth:`start` may follow."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(5.0)
+        self.stop()
+
     def stop(self, timeout: float = 5.0) -> None:
         """SIGTERM, then SIGKILL after ``timeout``; remove the run-state directory. Safe to call twice."""
         proc, self.proc = self.proc, None

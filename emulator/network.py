@@ -323,10 +323,16 @@ class EmulatedNetwork:
         self.datapath = choose_datapath(self.requested_datapath)
 
     def _check_no_leftovers(self) -> None:
+        """Remove what killed runs left (we hold the network lock, so no live network owns it)."""
+        from emulator.cleanup import clean
+
+        done = [line for line in clean(runner=self.runner, network_lock_held=True) if not line.startswith(
+            ("nothing", "left run"))]
+        if done:
+            log.warning("removed leftovers of a killed run: %s", "; ".join(done))
         busy = [b for b in map(bridge_name, (s.name for s in self.topo.switches)) if self._bridge_exists(b)]
         if busy:
-            raise UserError(f"bridge {busy[0]} already exists: another run is up, or one was killed "
-                            "(run `emu clean`)")
+            raise UserError(f"bridge {busy[0]} still exists after cleaning up: run `emu clean --force`")
 
     def _bridge_exists(self, name: str) -> bool:
         return self.runner(["ovs-vsctl", "--timeout=5", "br-exists", name]).returncode == 0

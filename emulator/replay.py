@@ -32,16 +32,19 @@ import socket
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from emulator import fidelity, routing, topology
+from emulator import faults, fidelity, routing, topology
 from emulator.errors import UserError
+from emulator.faults import Fault, FaultEvent, Injector
 from emulator.results import append_jsonl, write_json_atomic
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
 from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule
+from emulator.system import run
 from emulator.topology import DEFAULT_MTU
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,7 @@ class ReplayConfig:
     datapath: str = "auto"
     stats_interval_s: float = 0.5
     mtu: int = DEFAULT_MTU  # (the field "topology" shadows the module in this class body)
+    faults: list[Any] = field(default_factory=list)  # specs, see emulator.faults
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
@@ -251,6 +255,7 @@ def prepare(cfg: ReplayConfig) -> tuple[Schedule, topology.Topology, scheck.Chec
     report = predict(schedule, topo, cfg.routing, cfg.seed, cfg.mtu, where=f"schedule {cfg.schedule!r}")
     for link in cfg.pcap:
         fidelity.parse_link_name(topo, link)
+    faults.parse_faults(cfg.faults, topo, schedule.p, schedule.steps, cfg.repeat, where="replay: fault")
     return schedule, topo, report
 
 
@@ -287,6 +292,7 @@ class ReplaySession:
         self.en: Any = None
         self.topo_path = ""
         self.stats_file = ""
+        self._downed: set[tuple[str, str]] = set()
 
     def __enter__(self) -> ReplaySession:
         self.start()
@@ -336,8 +342,12 @@ class ReplaySession:
 
     def run(self, schedule: Schedule, out: str, *, repeat: int = 3, warmup: int = 1, timeout_s: float | None = None,
             pcap: list[str] | None = None, config: dict[str, Any] | None = None,
-            report: scheck.CheckReport | None = None) -> dict[str, Any]:
+            report: scheck.CheckReport | None = None, fault_plan: Sequence[Fault] = ()) -> dict[str, Any]:
         """Replay ``schedule``; write results into ``out`` (see the module docstring) and return them.
+
+        ``fault_plan`` (from :func:`emulator.faults.parse_faults`) fires in
+        their measured repetition; the network and the controller are
+        restored afterwards, so a session stays usable for the next run.
 
         Raises :class:`ReplayFailed` naming the rank when an agent fails, hangs
         or computes wrong data; what was measured is in ``out/results.json``.
@@ -363,12 +373,15 @@ class ReplaySession:
             "repetitions": [],
             "warmup": [],
             "status": "running",
+            "outcome": "running",
             "error": None,
+            "faults": [],
         }
         results_path = os.path.join(out, "results.json")
         write_json_atomic(results_path, results)
         calibration = fidelity.load_calibration()
-        dp_bytes = fidelity.datapath_bytes(scost.transfers(schedule, topo, self.policy, self.seed))
+        planned = scost.transfers(schedule, topo, self.policy, self.seed)
+        dp_bytes = fidelity.datapath_bytes(planned)
         timeout = timeout_s or _default_timeout(report.predicted_time_s)
         stats_offset = self._stats_offset()
         agents: dict[int, Any] = {}
@@ -392,14 +405,28 @@ class ReplaySession:
             for rep in range(warmup + repeat):
                 warm = rep < warmup
                 before = fidelity.snapshot(en, topo)
-                control.send_all(type="go", rep=rep, start_at=time.monotonic() + START_MARGIN_S)
-                done = _wait_for(control, agents, "done", set(agents), timeout=timeout)
+                start_at = time.monotonic() + START_MARGIN_S
+                mine = [f for f in fault_plan if not warm and f.rep == rep - warmup]
+                injector = Injector(mine, self._fault_actions(agents), start_at) if mine else None
+                control.send_all(type="go", rep=rep, start_at=start_at,
+                                 watch_steps=injector.watch_steps if injector else [])
+                if injector is not None:
+                    injector.start()
+                try:
+                    done = _wait_for(control, agents, "done", set(agents), timeout=timeout,
+                                     on_step=injector.step_started if injector else None)
+                finally:
+                    if injector is not None:
+                        results["faults"] += self._fault_records(injector.finish(), planned, rep, start_at)
                 after = fidelity.snapshot(en, topo)
                 op_times = {r: {int(i): (st, e) for i, st, e in msg["ops"]} for r, msg in done.items()}
                 metrics = repetition_metrics(schedule, op_times, report)
                 wrong = {r: msg["wrong"] for r, msg in done.items() if not msg["correct"]}
                 metrics["rep"] = rep
                 metrics["correct"] = not wrong
+                metrics["faults"] = [f for f in results["faults"] if f["rep_index"] == rep and f["fired_s"] is not None]
+                if metrics["faults"]:
+                    _measure_affected(metrics["faults"], op_times, schedule)
                 metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration)
                 for rec in fidelity.link_records(before, after, rep):
                     append_jsonl(os.path.join(out, "links.jsonl"), rec)
@@ -423,14 +450,18 @@ class ReplaySession:
             control.send_all(type="quit")
             _reap(agents, 5.0)
             results["status"] = "ok"
+            results["outcome"] = "degraded" if any(f["fired_s"] is not None for f in results["faults"]) else "ok"
             return results
         except BaseException as exc:
             results["status"] = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            results["outcome"] = results["status"]
             results["error"] = str(exc) or type(exc).__name__
             raise
         finally:
             fidelity.stop_captures(captures)
             _reap(agents, 0.5)
+            if fault_plan:
+                self._restore()
             if control is not None:
                 control.close()
                 try:
@@ -439,6 +470,78 @@ class ReplaySession:
                     pass
             self._copy_port_stats(stats_offset, os.path.join(out, "links.jsonl"))
             write_json_atomic(results_path, results)
+
+    # ------------------------------------------------------------- faults
+    def _set_link(self, a: str, b: str, up: bool) -> None:
+        for intf in faults.link_ends(self.topo, a, b):
+            run(["ip", "link", "set", "dev", intf, "up" if up else "down"])
+            if up:
+                self._downed.discard((a, b))
+            else:
+                self._downed.add((a, b))
+
+    def _wait_controller(self, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0) -> float | None:
+        """Seconds until the controller's status satisfies ``ready`` with every switch confirmed; None if never."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout_s:
+            if self.ctl is None or not self.ctl.running():
+                return None
+            st = self.ctl.status()
+            if st and ready(st) and len(st.get("installed", [])) == len(self.topo.switches):
+                return time.monotonic() - t0
+            time.sleep(0.005)
+        return None
+
+    def _fault_actions(self, agents: dict[int, Any]) -> dict[str, Callable[[Fault], Any]]:
+        def link(fault: Fault, up: bool) -> tuple[str, float | None]:
+            a, b = fault.link
+            name = sorted((a, b), key=topology.node_sort_key)
+            self._set_link(a, b, up)
+            t = self._wait_controller(lambda st: (name in st.get("failed_links", [])) != up)
+            if t is None:
+                return f"{a}-{b} {'up' if up else 'down'}; no controller rerouted it", None
+            return f"{a}-{b} {'up' if up else 'down'}; controller rerouted", t
+
+        def controller_kill(fault: Fault) -> str:
+            self.ctl.kill()
+            return "controller killed; switches keep their entries"
+
+        def controller_restart(fault: Fault) -> tuple[str, float | None]:
+            self.ctl.kill()
+            t0 = time.monotonic()
+            self.ctl.start()
+            self.ctl.wait_installed(timeout=30.0, no_failures=False)
+            return "controller restarted; every switch resynchronised", time.monotonic() - t0
+
+        def agent_kill(fault: Fault) -> str:
+            agents[fault.rank].kill()
+            return f"rank {fault.rank}'s agent killed"
+
+        return {"link_down": lambda f: link(f, False), "link_up": lambda f: link(f, True),
+                "controller_kill": controller_kill, "controller_restart": controller_restart,
+                "agent_kill": agent_kill}
+
+    def _fault_records(self, events: list[FaultEvent], planned: list[Any], rep: int,
+                       start_at: float) -> list[dict[str, Any]]:
+        out = []
+        for ev in events:
+            rec = ev.to_json()
+            rec["rep_index"] = rep
+            if ev.fault.action == "link_down":
+                rec["affected_transfers"] = faults.crossing_transfers(planned, *ev.fault.link)
+            if ev.fired_s is None:
+                rec["note"] = "not fired: the repetition ended first"
+            out.append(rec)
+        return out
+
+    def _restore(self) -> None:
+        """Links up and a running controller with every switch confirmed, after a run with faults."""
+        for a, b in sorted(self._downed):
+            self._set_link(a, b, True)
+        if self.ctl is not None and not self.ctl.running():
+            self.ctl.start()
+        if self.ctl is not None:
+            self.ctl.wait_installed(timeout=30.0)
 
     def _copy_port_stats(self, offset: int, dest: str) -> None:
         """The controller's port counters written since ``offset``, into this run's links.jsonl."""
@@ -467,13 +570,31 @@ def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
     with ReplaySession(topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, mtu=cfg.mtu,
                        stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
                        echo=echo) as session:
+        plan = faults.parse_faults(cfg.faults, topo, schedule.p, schedule.steps, cfg.repeat)
         return session.run(schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                           pcap=cfg.pcap, config=asdict(cfg), report=report)
+                           pcap=cfg.pcap, config=asdict(cfg), report=report, fault_plan=plan)
+
+
+def _measure_affected(records: list[dict[str, Any]], op_times: dict[int, dict[int, tuple[float, float]]],
+                      schedule: Schedule) -> None:
+    """Add each affected transfer's measured duration (send start to receive end) to the fault records."""
+    step_of = {(prog.rank, op.id): op.step for prog in schedule.ranks for op in prog.ops}
+    durations: dict[tuple[int, int, int], float] = {}
+    for src, send_id, dst, recv_id in match_transfers(schedule):
+        if send_id in op_times.get(src, {}) and recv_id in op_times.get(dst, {}):
+            durations[(step_of[(src, send_id)], src, dst)] = round(op_times[dst][recv_id][1] - op_times[src][send_id][0], 4)
+    for rec in records:
+        for t in rec.get("affected_transfers", []):
+            t["time_s"] = durations.get((t["step"], t["src"], t["dst"]))
 
 
 def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[int], *,
-              timeout: float) -> dict[int, dict[str, Any]]:
-    """Wait for message ``kind`` from every rank; fail naming the rank on error, death or timeout."""
+              timeout: float, on_step: Callable[[int], None] | None = None) -> dict[int, dict[str, Any]]:
+    """Wait for message ``kind`` from every rank; fail naming the rank on error, death or timeout.
+
+    ``step`` messages (an agent released its first operation of a watched
+    step) go to ``on_step``.
+    """
     got: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while set(got) != ranks:
@@ -485,6 +606,8 @@ def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[i
                 raise ReplayFailed(f"rank {rank}: agent exited (status {agents[rank].poll()}) before '{kind}'")
             if msg["type"] == kind:
                 got[rank] = msg
+            elif msg["type"] == "step" and on_step is not None:
+                on_step(int(msg["step"]))
         for rank, proc in agents.items():
             if rank not in got and proc.poll() is not None:
                 raise ReplayFailed(f"rank {rank}: agent exited with status {proc.returncode} before '{kind}'")

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from emulator.errors import UserError
+from emulator.faults import fault_line
 from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
 from emulator.system import interrupt_on_sigterm, require_root
 
@@ -23,6 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
     p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
+                        "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
+                        "(see emulator/faults.py)")
     p.set_defaults(func=cmd_replay)
 
 
@@ -30,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
                        repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
-                       pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath)
+                       pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,
+                       faults=args.fault)
     schedule, topo, report = prepare(cfg)
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
@@ -45,6 +51,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"emu: replay failed: {exc} (partial results in {args.out})")
         return 1
     print(nccl_table(schedule, results["repetitions"]))
+    for f in results["faults"]:
+        print(fault_line(f))
     print(f"# busbw median {results['busbw_mbps_median']:.2f} Mbit/s on {results['link_mbps']:g} Mbit/s links; "
           f"results in {args.out}")
     return 0

@@ -1,0 +1,139 @@
+"""Faults on real networks: controller killed and restarted mid-run, a link down mid-step, an agent
+killed, and SIGINT / SIGKILL to ``emu run`` followed by a clean restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from emulator import experiment as xp
+from emulator import topology
+from emulator.replay import ReplayConfig, ReplayFailed, replay
+from emulator.runstate import BRIDGE_RE, all_runs
+from emulator.schedule import format as sformat
+from emulator.schedule import generators
+from emulator.system import run
+
+pytestmark = pytest.mark.integration
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
+SIZE = 1 << 20  # 8 ranks at 10 Mbit/s: about 1.5 s per repetition
+
+
+def schedule_file(tmp_path, algo="hdrm", spec=BIGRAPH) -> str:
+    path = str(tmp_path / f"{algo}.json")
+    sformat.save(generators.generate(algo, topology.build(spec), SIZE), path)
+    return path
+
+
+def nothing_of_ours_left() -> None:
+    assert not [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)]
+    assert not [r for r in all_runs() if not r.owner_alive()], "run state of a dead run left behind"
+
+
+def test_controller_killed_mid_run_switches_keep_forwarding_then_restart_resyncs(tmp_path):
+    out = tmp_path / "ctl"
+    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
+                              repeat=2, warmup=0,
+                              faults=["controller_kill@0.2s", "controller_restart@step=5"]))
+    assert res["status"] == "ok" and res["outcome"] == "degraded"
+    assert all(rep["correct"] for rep in res["repetitions"])
+    kill, restart = res["faults"]
+    assert kill["fired_s"] is not None and kill["error"] is None
+    assert restart["fired_s"] is not None and restart["error"] is None
+    assert restart["reroute_s"] is not None and restart["reroute_s"] < 20, restart
+    assert [len(r["faults"]) for r in res["repetitions"]] == [2, 0]
+    # The restarted controller resynchronised every switch: the second
+    # repetition ran through its entries as fast as the first.
+    t0, t1 = (r["time_s"] for r in res["repetitions"])
+    assert t1 < 2 * t0
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["outcome"] == "degraded" and len(saved["faults"]) == 2
+    nothing_of_ours_left()
+
+
+def test_link_down_mid_step_reroutes_and_the_run_completes_degraded(tmp_path):
+    out = tmp_path / "link"
+    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
+                              repeat=1, warmup=0, faults=["link_down:s1-s3@step=1"]))
+    assert res["status"] == "ok" and res["outcome"] == "degraded"
+    assert res["repetitions"][0]["correct"]
+    (down,) = res["faults"]
+    assert down["error"] is None and down["fired_s"] is not None
+    assert down["reroute_s"] is not None and down["reroute_s"] < 3.0, down
+    affected = down["affected_transfers"]
+    assert affected and all(t["time_s"] is not None and t["time_s"] > 0 for t in affected)
+    assert {t["step"] for t in affected} <= set(range(res["prediction"]["steps"]))
+    nothing_of_ours_left()
+
+
+def test_agent_killed_by_a_fault_fails_the_run_naming_the_rank(tmp_path):
+    out = tmp_path / "agent"
+    started = time.monotonic()
+    with pytest.raises(ReplayFailed, match="rank 3"):
+        replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
+                            repeat=2, warmup=0, timeout_s=30, faults=["agent_kill:3@step=2"]))
+    assert time.monotonic() - started < 60
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["status"] == "failed" and saved["outcome"] == "failed" and "rank 3" in saved["error"]
+    assert saved["faults"][0]["fired_s"] is not None
+    nothing_of_ours_left()
+
+
+def _start_run(out: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "emulator", "run", os.path.join(ROOT, "experiments", "tiny.yaml"),
+                             "--out", out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+
+
+def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_s: float = 240) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = [c.id for c in xp.expand(exp) if xp.cell_finished(out, c)]
+        if len(done) >= n:
+            return done
+        assert proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {n} cells finished in {timeout_s} s")
+
+
+def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cells(tmp_path):
+    exp = xp.load(os.path.join(ROOT, "experiments", "tiny.yaml"))
+    cells = xp.expand(exp)
+    out = str(tmp_path / "tiny")
+
+    proc = _start_run(out)
+    first = _wait_finished_cells(out, exp, 1, proc)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0, output
+    assert "Traceback" not in output, output
+    nothing_of_ours_left()
+    kept = {c: os.stat(os.path.join(out, "cells", c, "results.json")).st_mtime_ns for c in first}
+
+    proc = _start_run(out)
+    # SIGKILL while the next cell's network is up: nothing gets to clean up.
+    deadline = time.monotonic() + 120
+    while not [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)]:
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()[0]
+        time.sleep(0.1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    assert [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)], "SIGKILL left nothing?"
+    assert [r for r in all_runs() if not r.owner_alive()], "SIGKILL left no run state?"
+
+    proc = _start_run(out)  # its bring-up removes what the killed run left
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output
+    assert all(xp.cell_finished(out, c) for c in cells)
+    for cid, mtime in kept.items():
+        assert os.stat(os.path.join(out, "cells", cid, "results.json")).st_mtime_ns == mtime
+    assert f"skipped {first[0]}" in open(os.path.join(out, "run.log")).read()
+    nothing_of_ours_left()
