@@ -35,7 +35,7 @@ from typing import Any
 
 import yaml
 
-from emulator import routing, topology
+from emulator import faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError
 from emulator.schedule import generators
 from emulator.schedule.format import format_size, parse_size
@@ -54,7 +54,7 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _TOP_KEYS = ("name", "description", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
              "reference", "series")
 _SERIES_KEYS = ("name", "description", "sizes", "runs")
-_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes")
+_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults")
 _REFERENCE_KEYS = ("algorithm", "routing")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 
@@ -69,6 +69,7 @@ class Run:
     placements: tuple[str, ...] = ("identity",)
     seeds: tuple[int, ...] | None = None
     sizes: tuple[int, ...] | None = None
+    faults: tuple[str, ...] = ()  # canonical fault specs (emulator.faults), for every cell of the run
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,7 @@ class Cell:
     repeat: int
     warmup: int
     timeout_s: float | None
+    faults: tuple[str, ...] = ()
 
     @property
     def group(self) -> tuple[str, str, int]:
@@ -131,7 +133,7 @@ class Cell:
         return (self.topology, self.routing, self.seed)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "faults": list(self.faults)}  # as it reads back from results.json
 
 
 # ---------------------------------------------------------------- parsing
@@ -307,14 +309,22 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
                 _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
             rseeds = _seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None
             rsizes = _sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None
+            rfaults = _faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else ()
             runs.append(Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
-                            seeds=rseeds, sizes=rsizes))
+                            seeds=rseeds, sizes=rsizes, faults=rfaults))
         series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc))
     exp = Experiment(name=name, series=tuple(series_list), description=description, link_mbps=link,
                      repeat=repeat, warmup=warmup, ecmp_seeds=seeds, sizes=sizes, timeout_s=timeout,
                      reference=ref, source=where)
     expand(exp)  # duplicate cells are an error of the file
     return exp
+
+
+def _faults(where: str, name: str, value: object, topo: topology.Topology, repeat: int) -> tuple[str, ...]:
+    """Fault specs checked against the topology (steps are checked per cell in :func:`prepare`)."""
+    plan = faults.parse_faults(_list(where, name, value), topo, len(topo.hosts), 1 << 30, repeat,
+                               where=f"{where}: {name}")
+    return tuple(f.describe() for f in plan)
 
 
 def _check_placement(where: str, name: str, topo: topology.Topology, placement: str) -> None:
@@ -364,7 +374,8 @@ def expand(exp: Experiment) -> list[Cell]:
                                 cells.append(Cell(id=cid, series=ser.name, field=where_field, topology=run.topology,
                                                   kind=kind, hosts=hosts, routing=policy, seed=seed,
                                                   algorithm=algo, placement=placement, size=size,
-                                                  repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s))
+                                                  repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s,
+                                                  faults=run.faults))
     return cells
 
 
@@ -393,6 +404,7 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None) -> list[PreparedCe
         try:
             schedule = generators.generate(cell.algorithm, topo, cell.size, placement=cell.placement)
             report = predict(schedule, topo, cell.routing, cell.seed, MTU, where=f"cell {cell.id}")
+            faults.parse_faults(cell.faults, topo, schedule.p, schedule.steps, cell.repeat, where=f"cell {cell.id}")
         except FieldError as exc:
             raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "
                              f"must be {exc.expected}", exc.given) from None

@@ -39,7 +39,7 @@ from emulator.results import write_atomic
 from emulator.schedule.format import format_size
 
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
-              "status", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
+              "status", "outcome", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
               "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted", "max_flows_per_link",
               "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s", "error")
 
@@ -193,6 +193,8 @@ def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "goodput": pred.get("goodput"),
             "link_mbps": res.get("link_mbps") or plan["experiment"]["link_mbps"],
             "datapath": res.get("datapath"),
+            "outcome": res.get("outcome") or status,
+            "faults": res.get("faults") or [],
             "dir": cdir,
         })
     return plan, rows
@@ -669,6 +671,27 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
           "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
           "calibrate` never ran here (the capacity is the documented default). A cell with `over_capacity` or "
           "`cpu_saturated` is not trusted: it measures the emulator, not the fabric.")
+
+    faulted = [r for r in rows if r["faults"]]
+    if faulted:
+        doc.h(2, "Faults")
+        body = []
+        for r in faulted:
+            for f in r["faults"]:
+                affected = f.get("affected_transfers") or []
+                slow = [t["time_s"] for t in affected if t.get("time_s") is not None]
+                body.append([f"`{r['id']}`", f"`{f['spec']}`",
+                             "not fired" if f.get("fired_s") is None else f"{f['fired_s']:.3f} s",
+                             "" if f.get("reroute_s") is None else f"{f['reroute_s'] * 1000:.0f} ms",
+                             f"{len(affected)}" + (f" (slowest {max(slow):.3f} s)" if slow else ""),
+                             f.get("error") or f.get("note") or "", r["outcome"]])
+        doc.table(["cell", "fault", "fired at", "controller done after", "transfers on the link", "what happened",
+                   "cell outcome"], body)
+        doc.p("`fired at` counts from the repetition's common start; `controller done after` is the time until "
+              "the controller had every switch confirmed with entries that route around (or back over) the link, "
+              "or had resynchronised every switch after a restart. Transfers on the link are those whose planned "
+              "path crossed it, with the slowest one's measured time. A cell whose repetitions all finished with "
+              "correct data despite a fault is `degraded`; a fault that stops a rank fails the cell.")
 
     doc.h(2, "Fidelity flags and failures")
     flag_counts: dict[str, int] = {}

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from emulator import experiment as xp
+from emulator import faults
 from emulator.results import write_atomic, write_json_atomic
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
@@ -260,8 +261,9 @@ class Runner:
                 self._record(cell, "running", 0.0, None)
                 c0 = self.clock()
                 try:
+                    plan = faults.parse_faults(cell.faults, pc.topo, pc.schedule.p, pc.schedule.steps, cell.repeat)
                     session.run(pc.schedule, where, repeat=cell.repeat, warmup=cell.warmup,
-                                timeout_s=cell.timeout_s, report=pc.report,
+                                timeout_s=cell.timeout_s, report=pc.report, fault_plan=plan,
                                 config={"cell": cell.to_json(), "experiment": self.exp.name})
                 except KeyboardInterrupt:
                     self._record(cell, "interrupted", self.clock() - c0, "interrupted")

@@ -32,7 +32,8 @@ class FakeSession:
     def stop(self):
         self.up = False
 
-    def run(self, schedule, out, *, repeat=3, warmup=1, timeout_s=None, pcap=None, config=None, report=None):
+    def run(self, schedule, out, *, repeat=3, warmup=1, timeout_s=None, pcap=None, config=None, report=None,
+            fault_plan=()):
         assert self.up, "run() on a session that is not up"
         cell_id = (config or {})["cell"]["id"]
         FakeSession.runs.append(cell_id)
@@ -81,7 +82,11 @@ class FakeSession:
         results["time_s_median"] = statistics.median(r["time_s"] for r in reps)
         results["measured_over_predicted_median"] = results["time_s_median"] / report.predicted_time_s
         results["trusted"] = all(r["fidelity"]["trusted"] for r in reps)
+        results["faults"] = [{**f.to_json(), "rep_index": warmup + f.rep, "fired_s": 0.5, "action_s": 0.01,
+                              "reroute_s": 0.04 if f.action.startswith("link") else None, "error": None,
+                              "affected_transfers": [], "note": "fake"} for f in fault_plan]
         results["status"] = "ok"
+        results["outcome"] = "degraded" if fault_plan else "ok"
         write_json_atomic(path, results)
         return results
 

@@ -134,3 +134,37 @@ def test_cli_report(tmp_path, capsys):
     assert "report.md" in capsys.readouterr().out
     assert cli.main(["report", str(tmp_path)]) == 2
     assert "field 'dir'" in capsys.readouterr().err
+
+
+def test_faults_in_an_experiment_reach_every_cell_of_the_run_and_the_report(tmp_path):
+    data = yaml.safe_load(EXP)
+    data["series"][1]["runs"][0]["faults"] = ["link_down:s1-s3@step=1", {"action": "controller_kill", "at": 0.2}]
+    exp = xp.from_dict(data, where="synth.yaml")
+    faulted = [c for c in xp.expand(exp) if c.faults]
+    assert [c.id for c in faulted] == ["scale.bigraph-2x2x1.bigraph.hdrm.64KiB"]
+    assert faulted[0].faults == ("link_down:s1-s3@step=1", "controller_kill@0.2s")
+    out = str(tmp_path / "run")
+    runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
+    md = open(report.write_report(out)).read()
+    assert "## Faults" in md and "`link_down:s1-s3@step=1`" in md and "40 ms" in md and "degraded" in md
+    _, rows = report.load_rows(out)
+    assert {r["outcome"] for r in rows if r["faults"]} == {"degraded"}
+
+
+def test_a_bad_fault_in_an_experiment_names_its_field(tmp_path):
+    data = yaml.safe_load(EXP)
+    data["series"][1]["runs"][0]["faults"] = ["link_down:s1-s2@1s"]
+    try:
+        xp.from_dict(data, where="synth.yaml")
+    except xp.UserError as exc:
+        assert "series[1].runs[0].faults" in str(exc) and "'target'" in str(exc)
+    else:
+        raise AssertionError("accepted a fault on a link that does not exist")
+    data["series"][1]["runs"][0]["faults"] = ["link_down:s1-s3@step=99"]
+    exp = xp.from_dict(data, where="synth.yaml")  # steps are known per cell only
+    try:
+        xp.prepare(exp)
+    except xp.UserError as exc:
+        assert "step must be a step in 0..3" in str(exc)
+    else:
+        raise AssertionError("accepted a step the schedule does not have")
