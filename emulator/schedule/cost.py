@@ -120,6 +120,23 @@ def link_capacity(topo: Topology, link: Link, goodput: float = TCP_GOODPUT) -> f
     return lk.bw_mbps * 1e6 / 8 * goodput
 
 
+def physical_links(topo: Topology, path: list[str], goodput: float = TCP_GOODPUT) -> list[tuple[Link, float]]:
+    """The directed physical links of ``path`` with their capacities (bytes/s).
+
+    A link is named ``(from, to)``; where a server has several NICs on one
+    fabric switch the parallel links are told apart by the sending port,
+    ``("s17-eth6", "s1")``, so each NIC counts its own flows.
+    """
+    out = []
+    for (node, port), nxt in zip(routing.directed_links(topo, path), path[1:], strict=True):
+        lk = topo.link_at(node, port) if port else topo.link_between(node, nxt)
+        if lk is None:
+            raise KeyError(f"no link {node} - {nxt}")
+        name = (f"{node}-eth{port}", nxt) if len(topo.links_between(node, nxt)) > 1 else (node, nxt)
+        out.append((name, lk.bw_mbps * 1e6 / 8 * goodput))
+    return out
+
+
 def maxmin_rates(flows: list[list[Link]], capacity: dict[Link, float]) -> list[float]:
     """Max-min fair rates by progressive filling; ``flows`` are lists of directed links."""
     rates = [0.0] * len(flows)
@@ -185,12 +202,12 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, a
         flows = []
         ab = 0.0
         for t in items:
-            links = routing.path_links(t.path)
+            named = physical_links(topo, t.path, goodput)
+            links = [name for name, _ in named]
             flows.append(links)
-            for link in links:
-                counts[link] = counts.get(link, 0) + 1
-                if link not in capacity:
-                    capacity[link] = link_capacity(topo, link, goodput)
+            for name, cap in named:
+                counts[name] = counts.get(name, 0) + 1
+                capacity[name] = cap
             ab = max(ab, alpha + t.bytes / min(capacity[link] for link in links))
         compute = gamma * max(reduced.get(step, {}).values(), default=0)
         mm = (alpha + maxmin_completion([t.bytes for t in items], flows, capacity)) if items else 0.0
