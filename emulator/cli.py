@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from emulator.errors import UserError
+from emulator.errors import UserError, printable
 
 COMMAND_MODULES = (
     "emulator.commands.topo",
@@ -33,7 +33,7 @@ class OneLineParser(argparse.ArgumentParser):
     """An argparse parser whose errors are a single line and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"emu: {exc}", file=sys.stderr)
+        print(f"emu: {printable(exc)}", file=sys.stderr)  # one line, whatever the input held
         return exc.exit_status
     except KeyboardInterrupt:
         print("emu: interrupted", file=sys.stderr)

@@ -14,6 +14,16 @@ class UserError(Exception):
     exit_status = 2
 
 
+def printable(text: object) -> str:
+    """``text`` as one printable line: line breaks and other control characters escaped as in ``repr``.
+
+    Where a message embeds names taken from the input (a file path, an
+    unknown key), this keeps it on the one line the CLI promises.
+    """
+    text = str(text)
+    return text if text.isprintable() else repr(text)[1:-1]
+
+
 class FieldError(UserError):
     """A field holds a value that is not what was expected.
 
@@ -25,7 +35,8 @@ class FieldError(UserError):
         self.field = field
         self.expected = expected
         self.given = given
-        super().__init__(f"{where}: field '{field}': expected {expected}, got {given!r}")
+        super().__init__(f"{printable(where)}: field '{printable(field)}': expected {printable(expected)}, "
+                         f"got {given!r}")
 
 
 class _Missing:
