@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from emulator import routing, topology
 from emulator.errors import FieldError
@@ -62,11 +63,25 @@ def _summary(s: fmt.Schedule) -> str:
             f"{sum(len(r.ops) for r in s.ranks)} ops")
 
 
+def _check_output(path: str, where: str) -> None:
+    """Refuse an output path that can never be a file, before any work."""
+    if not path or os.path.isdir(path):
+        raise FieldError(where, "output", "the name of a file to write", path)
+
+
+def _save(sched: fmt.Schedule, path: str, where: str) -> None:
+    try:
+        fmt.save(sched, path)
+    except OSError as exc:
+        raise FieldError(where, "output", "a file that can be written", f"{path} ({exc.strerror})") from None
+
+
 def cmd_gen(args: argparse.Namespace) -> int:
+    _check_output(args.output, "schedule gen")
     topo = topology.load(args.topology)
     size = fmt.parse_size(args.size, "schedule gen", "size")
     sched = generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks)
-    fmt.save(sched, args.output)
+    _save(sched, args.output, "schedule gen")
     print(f"wrote {args.output}: {_summary(sched)}")
     return 0
 
@@ -112,6 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_import(args: argparse.Namespace) -> int:
     files = args.files
+    _check_output(args.output, "schedule import")
     if all(f.lower().endswith(".xml") for f in files):
         if len(files) != 1:
             raise FieldError("schedule import", "FILE", "one MSCCL XML file", f"{len(files)} files")
@@ -124,6 +140,6 @@ def cmd_import(args: argparse.Namespace) -> int:
         sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology)
     else:
         raise FieldError("schedule import", "FILE", "one MSCCL .xml file or Chakra .et files", " ".join(files))
-    fmt.save(sched, args.output)
+    _save(sched, args.output, "schedule import")
     print(f"wrote {args.output}: {_summary(sched)}")
     return 0

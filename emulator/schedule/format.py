@@ -274,7 +274,7 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     if not isinstance(algorithm, str) or not algorithm:
         raise FieldError(where, "algorithm", "a non-empty string", algorithm)
     dtype = data.get("dtype", "float32")
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise FieldError(where, "dtype", "'float32'", dtype)
     if "size" not in data:
         raise FieldError(where, "size", "a positive size in bytes", "nothing")
@@ -444,17 +444,36 @@ def save(schedule: Schedule, path: str) -> None:
     write_atomic(path, dumps(schedule, format_of(path)))
 
 
-def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
+#: What the YAML and JSON readers raise for text they cannot turn into data: besides their own errors,
+#: constructors fail on values such as ``!!float x``, ``!!float``, ``2001-13-45`` or a 5000-digit integer, and deep
+#: nesting exhausts the recursion limit.
+PARSE_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
+                RecursionError)
+
+
+def describe_parse_error(exc: BaseException) -> str:
+    """One line saying where (line N, when known) and what is wrong in unreadable YAML or JSON text."""
+    if isinstance(exc, json.JSONDecodeError):
+        return f"line {exc.lineno}: {exc.msg}"
+    mark = getattr(exc, "problem_mark", None)
+    line = f"line {mark.line + 1}: " if mark is not None else ""
+    what = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
+    return line + " ".join(str(what).split())
+
+
+def parse_text(text: str, where: str, fmt: str = "yaml") -> object:
+    """YAML (safe subset) or JSON text -> data; one-line :class:`UserError` if it is not readable."""
     try:
-        data = json.loads(text) if fmt == "json" else yaml.load(text, Loader=getattr(yaml, "CSafeLoader",
-                                                                                   yaml.SafeLoader))
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f"line {mark.line + 1}: " if mark is not None else ""
-        raise UserError(f"{where}: not valid YAML ({line}{getattr(exc, 'problem', None) or exc})") from None
-    return from_dict(data, where)
+        if fmt == "json":
+            return json.loads(text)
+        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except PARSE_ERRORS as exc:
+        kind = "JSON" if fmt == "json" else "YAML"
+        raise UserError(f"{where}: not valid {kind} ({describe_parse_error(exc)})") from None
+
+
+def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
+    return from_dict(parse_text(text, where, fmt), where)
 
 
 def load(path: str) -> Schedule:

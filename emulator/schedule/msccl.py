@@ -50,6 +50,8 @@ from emulator.schedule.deps import derive_deps
 from emulator.schedule.executor import execute
 from emulator.schedule.format import (
     COPY,
+    MAX_CHUNKS,
+    MAX_RANKS,
     RECV,
     RECV_REDUCE,
     REDUCE,
@@ -66,7 +68,7 @@ DEFAULT_TARGET_SIZE = 1 << 20
 
 
 def _attr_int(where: str, elem: ET.Element, name: str, path: str, minimum: int | None = None,
-              default: int | None = None) -> int:
+              default: int | None = None, maximum: int | None = None) -> int:
     raw = elem.get(name)
     if raw is None:
         if default is not None:
@@ -78,6 +80,8 @@ def _attr_int(where: str, elem: ET.Element, name: str, path: str, minimum: int |
         raise FieldError(where, f"{path}@{name}", "an integer", raw) from None
     if minimum is not None and value < minimum:
         raise FieldError(where, f"{path}@{name}", f"an integer >= {minimum}", raw)
+    if maximum is not None and value > maximum:
+        raise FieldError(where, f"{path}@{name}", f"an integer <= {maximum}", raw)
     return value
 
 
@@ -94,8 +98,8 @@ def load(path: str, size: int | None = None) -> Schedule:
         root = ET.parse(path).getroot()
     except OSError as exc:
         raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
-    except ET.ParseError as exc:
-        raise UserError(f"{where}: not valid XML ({exc})") from None
+    except (ET.ParseError, LookupError, ValueError) as exc:  # LookupError: an unknown encoding="..."
+        raise UserError(f"{where}: not valid XML ({' '.join(str(exc).split())})") from None
     return from_xml(root, where, size)
 
 
@@ -105,15 +109,15 @@ def from_xml(root: ET.Element, where: str, size: int | None = None) -> Schedule:
     coll = root.get("coll", "")
     if coll.lower() != "allreduce":
         raise FieldError(where, "algo@coll", "allreduce", coll)
-    ngpus = _attr_int(where, root, "ngpus", "algo", 2)
-    chunks = _attr_int(where, root, "nchunksperloop", "algo", 1)
+    ngpus = _attr_int(where, root, "ngpus", "algo", 2, maximum=MAX_RANKS)
+    chunks = _attr_int(where, root, "nchunksperloop", "algo", 1, maximum=MAX_CHUNKS)
     size = default_size(chunks) if size is None else size
     chunk_bytes = check_chunking(size, chunks, where)
     gpus = root.findall("gpu")
     ids = sorted(_attr_int(where, g, "id", f"gpu[{n}]", 0) for n, g in enumerate(gpus))
     if ids != list(range(ngpus)):
         raise FieldError(where, "gpu@id", f"the ids 0..{ngpus - 1} once each (ngpus={ngpus})", ids)
-    scratch_base = max(_attr_int(where, g, "s_chunks", f"gpu[{n}]", 0, 0) for n, g in enumerate(gpus))
+    scratch_base = max(_attr_int(where, g, "s_chunks", f"gpu[{n}]", 0, 0, MAX_CHUNKS) for n, g in enumerate(gpus))
     scratch_next = scratch_base
     programs: list[list[Op]] = [[] for _ in range(ngpus)]
     extras: list[list[list[int]]] = [[] for _ in range(ngpus)]
@@ -135,14 +139,16 @@ def from_xml(root: ET.Element, where: str, size: int | None = None) -> Schedule:
     return assign_steps(sched)
 
 
-def _loc(where: str, path: str, step: ET.Element, which: str, chunks: int, scratch: int) -> tuple[str, int]:
+def _loc(where: str, path: str, step: ET.Element, which: str, chunks: int, scratch: int,
+         cnt: int = 1) -> tuple[str, int]:
     buf = step.get(f"{which}buf")
     if buf not in BUFS:
         raise FieldError(where, f"{path}@{which}buf", "i, o or s", buf)
     off = _attr_int(where, step, f"{which}off", path, 0)
     limit = chunks if BUFS[buf] == "data" else scratch
-    if off >= limit:
-        raise FieldError(where, f"{path}@{which}off", f"an offset below {limit} in buffer {buf}", off)
+    if off + cnt > limit:
+        raise FieldError(where, f"{path}@{which}off", f"an offset at most {limit - cnt} in buffer {buf} ({cnt} "
+                         f"chunks from it must fit its {limit})", off)
     return BUFS[buf], off
 
 
@@ -214,7 +220,7 @@ def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int,
         kind = step.get("type")
         if kind not in STEP_TYPES:
             raise FieldError(where, f"{spath}@type", f"one of {', '.join(STEP_TYPES)}", kind)
-        cnt = _attr_int(where, step, "cnt", spath, 1, 1)
+        cnt = _attr_int(where, step, "cnt", spath, 1, 1, chunks)
         preds = sorted({i for p in graph.predecessors(node) for i in last[p]})
         send_peer, recv_peer = int(tb.get("send", -1)), int(tb.get("recv", -1))
         if kind in ("s", "rcs", "rrcs", "rrs") and send_peer < 0:
@@ -227,27 +233,30 @@ def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int,
             last[node] = preds
             continue
         if kind == "rrs":
-            src = _loc(where, spath, step, "src", chunks, scratch_limit)
+            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
             tmp = scratch_next
             scratch_next += cnt
+            if scratch_next > MAX_CHUNKS:
+                raise FieldError(where, f"{spath}@cnt", f"rrs steps that need at most {MAX_CHUNKS} scratch chunks "
+                                 "in all", cnt)
             a = add(COPY, "scratch", tmp, cnt, preds, src=src)
             b = add(RECV_REDUCE, "scratch", tmp, cnt, [a], peer=recv_peer)
             add(SEND, "scratch", tmp, cnt, [b], peer=send_peer)
             last[node] = [b]
             continue
         if kind == "s":
-            buf, off = _loc(where, spath, step, "src", chunks, scratch_limit)
+            buf, off = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
             add(SEND, buf, off, cnt, preds, peer=send_peer)
             last[node] = preds  # sends are buffered in MSCCL: later steps need not wait for them
             continue
-        dst = _loc(where, spath, step, "dst", chunks, scratch_limit)
+        dst = _loc(where, spath, step, "dst", chunks, scratch_limit, cnt)
         if kind in ("r", "rcs"):
             a = add(RECV, dst[0], dst[1], cnt, preds, peer=recv_peer)
             if kind == "rcs":
                 add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
             last[node] = [a]
         elif kind in ("rrc", "rrcs"):
-            src = _loc(where, spath, step, "src", chunks, scratch_limit)
+            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
             if src != dst:
                 preds = [add(COPY, dst[0], dst[1], cnt, preds, src=src)]
             a = add(RECV_REDUCE, dst[0], dst[1], cnt, preds, peer=recv_peer)
@@ -255,7 +264,7 @@ def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int,
                 add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
             last[node] = [a]
         else:  # cpy, re
-            src = _loc(where, spath, step, "src", chunks, scratch_limit)
+            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
             if src == dst:
                 raise FieldError(where, f"{spath}@srcoff", "a source other than the destination", src[1])
             last[node] = [add(COPY if kind == "cpy" else REDUCE, dst[0], dst[1], cnt, preds, src=src)]
