@@ -36,9 +36,9 @@ from typing import Any
 import yaml
 
 from emulator import faults, routing, topology
-from emulator.errors import MISSING, FieldError, UserError
+from emulator.errors import MISSING, FieldError, UserError, printable
 from emulator.schedule import generators
-from emulator.schedule.format import format_size, parse_size
+from emulator.schedule.format import PARSE_ERRORS, describe_parse_error, format_size, parse_size
 
 DEFAULT_LINK_MBPS = 10.0
 DEFAULT_REPEAT = 2
@@ -144,12 +144,12 @@ def load(path: str) -> Experiment:
             text = fh.read()
     except OSError as exc:
         raise UserError(f"experiment file {path!r}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"experiment file {path!r}: not a UTF-8 text file") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" (line {mark.line + 1})" if mark is not None else ""
-        raise UserError(f"{path}: not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
+    except PARSE_ERRORS as exc:
+        raise UserError(f"{printable(path)}: not valid YAML ({describe_parse_error(exc)})") from None
     default_name = os.path.splitext(os.path.basename(path))[0]
     return from_dict(data, where=path, default_name=default_name)
 
@@ -221,7 +221,7 @@ def _topology(where: str, name: str, value: object, link_mbps: float) -> topolog
         except FieldError as exc:
             raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
         except UserError as exc:
-            raise UserError(f"{where}: field '{name}': {exc}") from None
+            raise UserError(f"{printable(where)}: field '{name}': {printable(exc)}") from None
         spec: str | dict[str, Any] = value if any(k in raw for k in _RATE_KEYS) else f"{value},bw={link_mbps:g}"
     elif isinstance(value, Mapping):
         spec = dict(value)
@@ -234,7 +234,7 @@ def _topology(where: str, name: str, value: object, link_mbps: float) -> topolog
     except FieldError as exc:
         raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
     except UserError as exc:
-        raise UserError(f"{where}: field '{name}': {exc}") from None
+        raise UserError(f"{printable(where)}: field '{name}': {printable(exc)}") from None
 
 
 def from_dict(data: object, where: str = "experiment", default_name: str = "experiment") -> Experiment:
@@ -409,7 +409,8 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None) -> list[PreparedCe
             raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "
                              f"must be {exc.expected}", exc.given) from None
         except UserError as exc:
-            raise UserError(f"{exp.source}: field '{cell.field}': cell {cell.id}: {exc}") from None
+            raise UserError(f"{printable(exp.source)}: field '{cell.field}': cell {cell.id}: {printable(exc)}") \
+                from None
         out.append(PreparedCell(cell=cell, topo=topo, schedule=schedule, report=report))
     return out
 

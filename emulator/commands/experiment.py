@@ -38,7 +38,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 
+def _check_out(out: str | None) -> None:
+    """``--out`` must name a folder that is or can become a directory (checked before anything starts)."""
+    if out is None:
+        return
+    if not out or (os.path.exists(out) and not os.path.isdir(out)):
+        raise UserError(f"run: field 'out': expected a results folder (a directory, new or of the same "
+                        f"experiment), got {out!r}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    _check_out(args.out)
     exp = xp.load(args.file)
     prepared = xp.prepare(exp)
     total_pred = sum(xp.estimate_s(pc, runner.DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
@@ -64,7 +74,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else runner.find_unfinished(RESULTS_ROOT, exp)
         out = found or runner.new_out_dir(RESULTS_ROOT, exp.name)
     require_root()
-    os.makedirs(out, exist_ok=True)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"run: field 'out': expected a folder that can be created, got {out!r} ({exc.strerror})") \
+            from None
     if not args.out:
         runner.point_latest(RESULTS_ROOT, out)
     with open(args.file, encoding="utf-8") as fh:
@@ -91,8 +105,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from emulator import report
 
-    if not os.path.exists(os.path.join(args.dir, "experiment.json")):
-        raise UserError(f"report: field 'dir': expected a results folder of `emu run` (with experiment.json), "
-                        f"got {args.dir!r}")
-    print(f"report: {report.write_report(args.dir)}")
+    expected = "a results folder of `emu run` (with its experiment.json)"
+    plan = runner._read_json(os.path.join(args.dir, "experiment.json"))
+    cells = plan.get("cells") if isinstance(plan, dict) else None
+    if not (isinstance(plan, dict) and isinstance(plan.get("experiment"), dict) and isinstance(cells, list)
+            and all(isinstance(c, dict) and isinstance(c.get("id"), str) and "." in c["id"] for c in cells)):
+        raise UserError(f"report: field 'dir': expected {expected}, got {args.dir!r}")
+    try:
+        path = report.write_report(args.dir)
+    except (LookupError, TypeError, ValueError, AttributeError, FileNotFoundError) as exc:
+        # a results folder damaged by hand: say which, in one line, rather than a traceback
+        raise UserError(f"report: field 'dir': expected {expected} and intact cell results, got {args.dir!r} "
+                        f"({type(exc).__name__}: {exc})") from None
+    print(f"report: {path}")
     return 0
