@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import time
 from collections.abc import Iterable
@@ -62,14 +63,24 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                         state_file=args.state_file, listen=parse_listen(args.listen))
     settings.check()
     for name, path in (("stats-file", args.stats_file), ("state-file", args.state_file)):
-        if path:
-            try:
-                with open(path, "a", encoding="utf-8"):
-                    pass
-            except OSError as exc:
-                raise FieldError("controller", name, "a file that can be written", f"{path} ({exc.strerror})") \
-                    from None
+        if path is not None:
+            check_writable("controller", name, path)
     return settings
+
+
+def check_writable(where: str, name: str, path: str) -> None:
+    """:class:`FieldError` unless ``path`` is a file that can be written, checked without creating it."""
+    parent = os.path.dirname(os.path.abspath(path)) if path else ""
+    if not path or os.path.isdir(path):
+        problem = "a directory" if path else "empty"
+    elif os.path.exists(path):
+        problem = "" if os.access(path, os.W_OK) else "not writable"
+    elif not os.path.isdir(parent):
+        problem = "no such directory"
+    else:
+        problem = "" if os.access(parent, os.W_OK | os.X_OK) else "directory not writable"
+    if problem:
+        raise FieldError(where, name, "a file that can be written", f"{path} ({problem})")
 
 
 def check_can_listen(host: str, port: int) -> None:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 
-from emulator import topology
-from emulator.errors import UserError
+from emulator import routing, topology
+from emulator.errors import FieldError, UserError
 from emulator.network import EmulatedNetwork
-from emulator.system import interrupt_on_sigterm, require_root
+from emulator.system import choose_datapath, interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,8 +31,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def parse_hostport(text: str, field: str = "controller") -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        host = ""
     if not sep or not host:
-        raise UserError(f"field '{field}': expected HOST:PORT (e.g. 127.0.0.1:6653), got {text!r}")
+        raise UserError(f"field '{field}': expected HOST:PORT with an IPv4 address (e.g. 127.0.0.1:6653), "
+                        f"got {text!r}")
     try:
         number = int(port)
     except ValueError:
@@ -45,6 +51,11 @@ def parse_hostport(text: str, field: str = "controller") -> tuple[str, int]:
 def cmd_up(args: argparse.Namespace) -> int:
     topo = topology.load(args.spec)
     controller = parse_hostport(args.controller) if args.controller else None
+    if controller is None:  # static routes: everything about them is checked before anything starts
+        routing.check_policy(topo, args.routing)
+        if args.ecmp_seed < 0:
+            raise FieldError("up", "ecmp-seed", "an integer >= 0", args.ecmp_seed)
+    choose_datapath(args.datapath)
     net = EmulatedNetwork(topo, controller=controller, routing=args.routing, seed=args.ecmp_seed,
                           datapath=args.datapath, label="up")
     interrupt_on_sigterm()
