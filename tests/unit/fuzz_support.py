@@ -1,0 +1,321 @@
+"""Shared pieces of the property-based fuzz tests (``test_fuzz_*.py``).
+
+* :data:`WEIRD` -- values of every wrong kind (types, signs, sizes, NaN, unicode, nesting);
+* :func:`mutate` -- one structured corruption of a valid JSON-like document, so the
+  fuzzers reach deep validation instead of failing at the first field;
+* :func:`user_error_or` -- call a parser: its result, or ``None`` after a one-line
+  :class:`UserError` (anything else propagates and fails the test);
+* :func:`run_cli` / :func:`check_cli` -- ``emulator.cli.main`` with captured output,
+  asserting the bad-input contract (exit 2, one line, no traceback);
+* :class:`Started` and :func:`forbid_starting` -- every edge that starts a process or
+  brings a network up, replaced by a function that raises :class:`Started`;
+* :func:`snapshot` -- the files under a directory, to prove bad input wrote nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from emulator.errors import UserError
+
+#: Every fuzz test: 1000 examples, no per-example deadline (a 2-core CI machine is slow).
+FUZZ = settings(max_examples=1000, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                       HealthCheck.data_too_large, HealthCheck.filter_too_much])
+
+ODD_STRINGS = ("", " ", "nothing", "none", "null", "~", "h0", "h-1", "h1", "h9999", "s1", "é", "日本",
+               "\x00", "\n", "a\nb", "\t", "'", '"', "\\", "1e3", "-1", "0", "NaN", "inf", "64KiB", "1Kb",
+               "-5MiB", "0B", "99999999999999999999TiB", "ring", "hdrm", "bigraph", "data", "scratch",
+               "send", "recv", "star:hosts=2", "fattree:k=3", "../x", "/dev/null", "%s", "{}", "[]",
+               "\U0001f600", "\ud800".encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.sampled_from([0, -1, 1, 2, 3, 4, 7, 2**31, 2**63, -(2**63), 10**30, 1 << 16, (1 << 16) + 1, 1025]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.5, -0.0, 1e308, 1e-300]),
+    st.text(max_size=12),
+    st.sampled_from(ODD_STRINGS),
+)
+
+#: Values of every kind, including containers of the wrong shape.
+WEIRD = st.one_of(
+    scalars,
+    st.lists(scalars, max_size=3),
+    st.dictionaries(st.one_of(st.text(max_size=4), st.integers(-2, 2)), scalars, max_size=3),
+    st.lists(st.lists(scalars, max_size=2), max_size=2),
+)
+
+
+def _children(node: Any) -> list[Any]:
+    if isinstance(node, dict):
+        return list(node)
+    if isinstance(node, list):
+        return list(range(len(node)))
+    return []
+
+
+def mutate(data: st.DataObject, doc: Any, extra_keys: tuple[str, ...] = ()) -> Any:
+    """A deep copy of ``doc`` with one random corruption somewhere in it.
+
+    The corruption is one of: a value replaced by :data:`WEIRD`, a key
+    removed, an unknown (or known but misplaced, from ``extra_keys``) key
+    added, a container emptied, a list entry duplicated or dropped, a value
+    wrapped in a list or a mapping, a number negated/enlarged/turned into a
+    string. The walk from the root descends at random, so every depth is hit.
+    """
+    doc = copy.deepcopy(doc)
+    holder: Any = None
+    key: Any = None
+    node = doc
+    while _children(node) and data.draw(st.integers(0, 3), label="depth") > 0:
+        holder = node
+        key = data.draw(st.sampled_from(_children(node)), label="key")
+        node = node[key]
+    ops = ["replace", "wrap_list", "wrap_map", "as_string"]
+    if isinstance(node, dict):
+        ops += ["drop_key", "add_key", "empty"]
+    if isinstance(node, list):
+        ops += ["empty", "dup", "drop_item", "append_weird"]
+    if isinstance(node, int | float) and not isinstance(node, bool):
+        ops += ["negate", "huge", "plus_one", "minus_one", "float", "nan"]
+    op = data.draw(st.sampled_from(ops), label="mutation")
+    new: Any = node
+    if op == "replace":
+        new = data.draw(WEIRD, label="value")
+    elif op == "wrap_list":
+        new = [node]
+    elif op == "wrap_map":
+        new = {"value": node}
+    elif op == "as_string":
+        new = str(node)
+    elif op == "drop_key" and node:
+        del node[data.draw(st.sampled_from(list(node)), label="dropped")]
+    elif op == "add_key":
+        name = data.draw(st.one_of(st.sampled_from(extra_keys or ("x",)), st.text(max_size=6)), label="new key")
+        node[name] = data.draw(WEIRD, label="new value")
+    elif op == "empty":
+        node.clear()
+    elif op == "dup" and node:
+        i = data.draw(st.integers(0, len(node) - 1), label="dup index")
+        node.insert(i, copy.deepcopy(node[i]))
+    elif op == "drop_item" and node:
+        del node[data.draw(st.integers(0, len(node) - 1), label="drop index")]
+    elif op == "append_weird":
+        node.append(data.draw(WEIRD, label="appended"))
+    elif op == "negate":
+        new = -node - 1 if isinstance(node, int) else -node
+    elif op == "huge":
+        new = data.draw(st.sampled_from([2**31, 2**63, 10**30, 2**64 + 1, 1e300]), label="huge")
+    elif op == "plus_one":
+        new = node + 1
+    elif op == "minus_one":
+        new = node - 1
+    elif op == "float":
+        new = node + 0.5
+    elif op == "nan":
+        new = math.nan
+    if new is not node:
+        if holder is None:
+            return new
+        holder[key] = new
+    return doc
+
+
+def assert_one_line(message: str) -> None:
+    assert message.strip(), "empty error message"
+    assert "\n" not in message.rstrip("\n"), f"error is not one line: {message!r}"
+    assert "Traceback" not in message, message
+
+
+def user_error_or(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, or ``None`` when it raised a one-line :class:`UserError`."""
+    try:
+        return fn(*args, **kwargs)
+    except UserError as exc:
+        assert_one_line(str(exc))
+        assert exc.exit_status == 2
+        return None
+
+
+# ---------------------------------------------------------------------------
+# The command line
+# ---------------------------------------------------------------------------
+
+class Started(BaseException):  # noqa: N818 - a signal, not an error; BaseException so no `except Exception` eats it
+    """Raised by the fakes of :func:`forbid_starting`: the input was accepted and something would start."""
+
+
+def run_cli(argv: list[str]) -> tuple[int | None, str, str]:
+    """``emulator.cli.main(argv)`` -> ``(status, stdout, stderr)``; status ``None`` if something started."""
+    from emulator.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    status: int | None
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exc:  # argparse: --help (0) and usage errors (2)
+            status = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        except Started:
+            status = None
+    return status, out.getvalue(), err.getvalue()
+
+
+def check_cli(argv: list[str], root: str | None = None, before: set[str] | None = None) -> int | None:
+    """Run the CLI; for exit status 2 assert one stderr line and (given ``root``) no new files."""
+    status, _out, err = run_cli(argv)
+    assert status in (None, 0, 1, 2, 130), (status, argv, err)
+    if status == 2:
+        assert err.endswith("\n"), (argv, err)
+        assert_one_line(err)
+        if root is not None and before is not None:
+            assert snapshot(root) == before, f"bad input {argv!r} wrote files: {snapshot(root) - before}"
+    else:
+        assert "Traceback" not in err, err
+    return status
+
+
+def fast_parser(mp: pytest.MonkeyPatch) -> None:
+    """Build the ``emu`` argument parser once (argparse construction is ~10 ms, mostly gettext look-ups).
+
+    ``main`` still parses every argv with the real parser.
+    """
+    import emulator.cli
+
+    mp.setattr(emulator.cli, "build_parser", functools.cache(emulator.cli.build_parser))
+
+
+@pytest.fixture(scope="module")
+def cli_fixture():
+    with pytest.MonkeyPatch.context() as mp:
+        fast_parser(mp)
+        forbid_starting(mp)
+        yield
+
+
+def snapshot(root: str) -> set[str]:
+    """Every file and directory under ``root`` (relative paths)."""
+    out = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            out.add(os.path.relpath(os.path.join(dirpath, name), root))
+    return out
+
+
+def _fake(name: str) -> Callable[..., Any]:
+    def fake(*args: Any, **kwargs: Any) -> Any:
+        raise Started(name)
+    return fake
+
+
+class _FakeClass:
+    label = "?"
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise Started(self.label)
+
+
+def _must_pass(what: str, check: Callable[[], Any]) -> None:
+    """Inside a fake start edge: the arguments it got must be valid, else bad input started something."""
+    try:
+        check()
+    except UserError as exc:
+        raise AssertionError(f"{what} was started with bad input ({exc})") from None
+
+
+class _FakeNetwork(_FakeClass):
+    label = "EmulatedNetwork"
+
+    def __init__(self, topo: Any, controller: Any = None, routing: str = "shortest", seed: int = 0,
+                 datapath: str = "auto", **kwargs: Any):
+        from controllers.core import parse_listen
+        from emulator import routing as routing_mod
+        from emulator import system
+
+        if controller is None:
+            _must_pass("a network", lambda: routing_mod.check_policy(topo, routing))
+            assert isinstance(seed, int) and seed >= 0, f"a network was started with seed {seed!r}"
+        else:
+            _must_pass("a network", lambda: parse_listen(f"{controller[0]}:{controller[1]}"))
+        _must_pass("a network", lambda: system.choose_datapath(datapath, module_loaded=True))
+        raise Started(self.label)
+
+
+class _FakeController(_FakeClass):
+    label = "ControllerProcess"
+
+    def __init__(self, settings: Any, **kwargs: Any):
+        _must_pass("a controller", settings.check)
+        raise Started(self.label)
+
+
+def _fake_foreground(settings: Any, *args: Any) -> None:
+    _must_pass("a controller", settings.check)
+    raise Started("run_foreground")
+
+
+def _fake_replay(cfg: Any, *args: Any, **kwargs: Any) -> None:
+    from emulator import replay
+
+    _must_pass("a replay", lambda: replay.prepare(cfg))
+    raise Started("replay")
+
+
+def forbid_starting(mp: pytest.MonkeyPatch) -> None:
+    """Replace every edge that starts a process, a controller or a network with a :class:`Started` raiser.
+
+    Also makes ``require_root`` pass (so the fuzzers reach the checks after
+    it) and ``interrupt_on_sigterm`` do nothing (no signal handlers in the
+    test process).
+    """
+    import subprocess
+
+    import controllers.launcher
+    import emulator.bench
+    import emulator.calibrate
+    import emulator.cleanup
+    import emulator.commands.bench
+    import emulator.commands.calibrate
+    import emulator.commands.experiment
+    import emulator.commands.net
+    import emulator.commands.replay
+    import emulator.controller_process
+    import emulator.network
+    import emulator.replay
+    import emulator.runner
+    import emulator.system
+
+    mp.setattr(emulator.network, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.commands.net, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.controller_process, "ControllerProcess", _FakeController)
+    mp.setattr(controllers.launcher, "run_foreground", _fake_foreground)
+    mp.setattr(emulator.replay, "replay", _fake_replay)
+    mp.setattr(emulator.commands.replay, "replay", _fake_replay)
+    for module, name in ((emulator.replay, "ReplaySession"), (emulator.runner, "Runner")):
+        mp.setattr(module, name, type(f"Fake{name}", (_FakeClass,), {"label": name}))
+    for module, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
+                         (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
+                         (emulator.system, "run"), (emulator.calibrate, "calibrate"), (emulator.bench, "bench"),
+                         (emulator.cleanup, "clean")):
+        mp.setattr(module, name, _fake(f"{module.__name__}.{name}"))
+    for module in (emulator.system, emulator.commands.net, emulator.commands.replay, emulator.commands.calibrate,
+                   emulator.commands.bench):
+        if hasattr(module, "require_root"):
+            mp.setattr(module, "require_root", lambda: None)
+        if hasattr(module, "interrupt_on_sigterm"):
+            mp.setattr(module, "interrupt_on_sigterm", lambda: None)
+    mp.setattr(emulator.commands.experiment, "interrupt_on_sigterm", lambda: None)

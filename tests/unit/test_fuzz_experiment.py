@@ -1,0 +1,126 @@
+"""Fuzzing experiment files and ``emu run`` / ``emu run --check`` / ``emu report``.
+
+Random YAML and structured corruptions of ``experiments/tiny.yaml`` and of a
+richer file using every key: :func:`emulator.experiment.load` /
+``from_dict`` / ``prepare`` (what ``--check`` validates) return, or raise a
+one-line :class:`UserError`. Through the CLI, with every process-starting
+edge replaced by a raiser (:func:`fuzz_support.forbid_starting`): bad input
+exits 2 with one line before anything starts and creates no results folder.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import yaml
+from fuzz_support import FUZZ, check_cli, cli_fixture, mutate, snapshot, user_error_or
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emulator import experiment as xp
+
+pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+with open(os.path.join(ROOT, "experiments", "tiny.yaml"), encoding="utf-8") as _fh:
+    TINY = yaml.safe_load(_fh)
+RICH = yaml.safe_load("""
+name: rich
+description: every key once
+link_mbps: 10
+repeat: 1
+warmup: 0
+ecmp_seeds: [0, 1]
+sizes: [64KiB]
+timeout_s: 30
+reference: {algorithm: hdrm, routing: bigraph}
+series:
+  - name: a
+    description: two runs
+    sizes: [1KiB]
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: [bigraph, ecmp]
+        algorithms: [hdrm, ring]
+        placements: [random]
+        seeds: [3]
+      - topology: {kind: star, hosts: 4}
+        routing: shortest
+        algorithms: hd
+        sizes: 1KiB
+""")
+BASES = (TINY, RICH)
+KEYS = tuple(sorted(set(xp._TOP_KEYS + xp._SERIES_KEYS + xp._RUN_KEYS + xp._REFERENCE_KEYS + ("kind", "hosts"))))
+#: ``prepare`` generates and predicts every cell (~5 ms each): only for grids this small.
+PREPARE_CELLS = 4
+
+
+def _check_parsed(exp: xp.Experiment | None) -> None:
+    if exp is None:
+        return
+    cells = xp.expand(exp)
+    assert cells and len({c.id for c in cells}) == len(cells)
+    if len(cells) <= PREPARE_CELLS:
+        user_error_or(xp.prepare, exp)
+
+
+@FUZZ
+@given(data=st.data(), which=st.integers(0, len(BASES) - 1))
+def test_from_dict_mutated_experiments(data, which):
+    """One corrupted field of a valid experiment: an Experiment whose cells prepare, or one line of error."""
+    bad = mutate(data, BASES[which], KEYS)
+    _check_parsed(user_error_or(xp.from_dict, bad, "experiments/fuzz.yaml", "fuzz"))
+
+
+yaml_fragments = st.sampled_from([
+    "name: x\n", "series:\n", "  - name: s\n", "    runs:\n", "      - topology: star:hosts=2\n",
+    "        routing: shortest\n", "        algorithms: ring\n", "sizes: [1KiB]\n", "repeat: 0\n", "{", "]", ": ",
+    "- ", "&a ", "*a", "!!python/object/apply:os.system ['true']", "!!float x", "2001-13-45", "1" * 5000,
+    "\t", "\x1f", "---\n", "? ", "'", "\n", "é", "link_mbps: .nan\n", "timeout_s: -1\n",
+])
+
+
+@FUZZ
+@given(text=st.one_of(st.text(max_size=120), st.lists(yaml_fragments, max_size=14).map("".join)),
+       name=st.sampled_from(["e.yaml", "bad name!.yaml", "x\ny.yaml", ".yaml"]))
+def test_load_random_files(text, name):
+    with tempfile.TemporaryDirectory() as root:
+        path = os.path.join(root, name)
+        with open(path, "w", encoding="utf-8", errors="surrogatepass") as fh:
+            fh.write(text)
+        _check_parsed(user_error_or(xp.load, path))
+
+
+@FUZZ
+@given(data=st.data(), which=st.integers(0, len(BASES) - 1),
+       flags=st.lists(st.sampled_from(["--check", "--check", "--new", "--out", "out", "--out", "", "--out", "e.yaml",
+                                       "--out", "sub/dir"]), max_size=3),
+       garbage=st.booleans())
+def test_run_cli(data, which, flags, garbage):
+    """``emu run FILE ...``: bad input exits 2 with one line, starts nothing, creates no results folder."""
+    doc = data.draw(st.text(max_size=40), label="text") if garbage else mutate(data, BASES[which], KEYS)
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as root:
+        os.chdir(root)  # results/ (the default output) is relative to the working directory
+        try:
+            with open("e.yaml", "w", encoding="utf-8", errors="surrogatepass") as fh:
+                fh.write(doc if isinstance(doc, str) else yaml.dump(doc, Dumper=yaml.CSafeDumper))
+            before = snapshot(root)
+            check_cli(["run", "e.yaml", *flags], root, before)
+        finally:
+            os.chdir(cwd)
+
+
+@FUZZ
+@given(contents=st.sampled_from(["", "{}", "[]", "x", '{"name": 1}', '{"series": []}', '{"experiment": {}, "cells": []}',
+                                 '{"experiment": {}, "cells": [{"id": "a.b"}]}', '{"experiment": 1, "cells": [1]}']),
+       where=st.sampled_from(["r", "r/experiment.json", "missing", ""]))
+def test_report_cli(contents, where):
+    """``emu report DIR`` on folders that are not results of ``emu run``: exit 2, one line."""
+    with tempfile.TemporaryDirectory() as root:
+        os.mkdir(os.path.join(root, "r"))
+        with open(os.path.join(root, "r", "experiment.json"), "w", encoding="utf-8") as fh:
+            fh.write(contents)
+        check_cli(["report", os.path.join(root, where) if where else where])
