@@ -338,10 +338,16 @@ def _check_placement(where: str, name: str, topo: topology.Topology, placement: 
 def topology_slug(spec: str, link_mbps: float) -> str:
     """``leafspine:leaves=4,spines=4,hosts_per_leaf=4,...`` -> ``leafspine-4x4x4`` (+ rates if not the default)."""
     kind, params = topology.parse_spec(spec)
-    dims = "x".join(str(v) for k, v in params.items() if k not in _RATE_KEYS)
+    dims = "x".join(str(params[k]) for k in topology.fabric_keys(kind))
     slug = f"{kind}-{dims}"
     if params["host_bw"] != link_mbps or params["switch_bw"] != link_mbps:
         slug += f"-h{params['host_bw']:g}-s{params['switch_bw']:g}"
+    if "servers" in params:
+        # servers x accelerators, NICs each, their placement; PCIe rate when not the NIC's
+        slug += (f"-srv{params['servers']}x{params['accels_per_server']}n{params['nics_per_server']}"
+                 f"{params['nic_placement'][0]}")
+        if params["pcie_bw"] != params["host_bw"]:
+            slug += f"-p{params['pcie_bw']:g}"
     return slug
 
 

@@ -52,6 +52,12 @@ def root_interfaces(topo: Topology) -> list[str]:
     return names
 
 
+def _quiet_htb_quantum(record: logging.LogRecord) -> bool:
+    """Drop tc's "quantum of class ... is big" warnings (links over 16 Mbit/s): with one class per link,
+    HTB's quantum decides nothing."""
+    return "quantum of class" not in record.getMessage()
+
+
 def host_intf(host: str) -> str:
     return f"{NAME_PREFIX}{host}-eth0"
 
@@ -65,8 +71,26 @@ def switch_intf(switch: str, port: int) -> str:
 DEFAULT_QUEUE_BYTES = 900_000
 
 
+#: PCIe is lossless (credit-based flow control): where accelerators of a
+#: server converge on a shared NIC nothing is dropped, the senders wait. The
+#: PCIe switch's ports approximate that with queues deeper than anything TCP
+#: keeps in flight (a flow holds at most one message here).
+PCIE_QUEUE_BYTES = 64 << 20
+
+
 def queue_packets_for(mtu: int, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> int:
     return max(16, queue_bytes // mtu)
+
+
+def queue_limits(topo: Topology, mtu: int, queue_packets: int | None = None) -> dict[str, int]:
+    """The pfifo limit (frames) of every root-namespace link end: PCIe switch ports deep, the others ``queue_packets``."""
+    default = queue_packets or queue_packets_for(mtu)
+    pcie = queue_packets_for(mtu, PCIE_QUEUE_BYTES)
+    limits = {}
+    for name in root_interfaces(topo):
+        switch = name[len(NAME_PREFIX):].rsplit("-eth", 1)[0]
+        limits[name] = pcie if topo.is_pcie_switch(switch) else default
+    return limits
 #: Bytes one TCP flow may hold in its host's own queue (TCP small queues):
 #: keeps a host's ACKs from waiting behind a deep queue of its own data.
 DEFAULT_HOST_TSQ_BYTES = 65536
@@ -373,11 +397,12 @@ class EmulatedNetwork:
         from functools import partial
 
         from mininet.link import TCLink
-        from mininet.log import setLogLevel
+        from mininet.log import lg, setLogLevel
         from mininet.net import Mininet
         from mininet.node import OVSSwitch, RemoteController
 
         setLogLevel(os.environ.get("EF_MININET_LOG", "output"))
+        lg.addFilter(_quiet_htb_quantum)
         switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13", failMode="secure",
                              reconnectms=1000)
         net = Mininet(topo=None, switch=switch_cls, link=TCLink, controller=None, build=False,
@@ -426,7 +451,8 @@ class EmulatedNetwork:
             raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
         path = os.path.join(self.state.path, "queues.batch")
         with open(path, "w", encoding="ascii") as fh:
-            fh.write("".join(" ".join(leaf_queue_command(n, self.queue_packets)[1:]) + "\n" for n in names))
+            limits = queue_limits(self.topo, self.mtu, self.queue_packets)
+            fh.write("".join(" ".join(leaf_queue_command(n, limits[n])[1:]) + "\n" for n in names))
         res = self.runner(["tc", "-batch", path])
         if res.returncode != 0:
             raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")

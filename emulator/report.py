@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from emulator import topology
 from emulator.experiment import TARGET_FABRIC_GBPS
 from emulator.results import write_atomic
 from emulator.schedule.format import format_size
@@ -169,6 +170,7 @@ def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         flags = sorted({f for r in reps for f in (r.get("fidelity") or {}).get("flags", [])})
         busbws = [r["busbw_mbps"] for r in reps]
         slug = cell["id"].split(".")[1]
+        params = topology.parse_spec(cell["topology"])[1]
         rows.append({
             **{k: cell[k] for k in ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm",
                                     "placement", "size")},
@@ -194,6 +196,10 @@ def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "link_mbps": res.get("link_mbps") or plan["experiment"]["link_mbps"],
             "datapath": res.get("datapath"),
             "outcome": res.get("outcome") or status,
+            "servers": params.get("servers"),
+            "accels_per_server": params.get("accels_per_server"),
+            "nics_per_server": params.get("nics_per_server"),
+            "server_design": _server_design(params),
             "faults": res.get("faults") or [],
             "dir": cdir,
         })
@@ -258,6 +264,47 @@ def speedup_tables(rows: list[dict[str, Any]], ref: dict[str, str]) -> list[dict
                     entry["model_speedup"] = rr["predicted_busbw_mbps"] / model
                 base.setdefault(fam, {})[size] = entry
         out.append({"series": series, "hosts": hosts, "sizes": sizes, "reference": refs, "baselines": base})
+    return out
+
+
+def _server_design(params: dict[str, Any]) -> str | None:
+    if "servers" not in params:
+        return None
+    a, n = params["accels_per_server"], params["nics_per_server"]
+    return "shared NIC" if n == 1 else "NIC per accelerator" if n == a else f"{n} NICs for {a}"
+
+
+def server_speedup_tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One NIC per accelerator against a shared NIC, for every (fabric, servers, routing, algorithm, size).
+
+    Cells match when everything but ``nics_per_server`` and the NIC
+    placement is the same. Returns dicts with ``family``, ``size``, ``own``
+    and ``shared`` (rows), and the measured and model ``speedup`` (own busbw
+    over shared busbw).
+    """
+    def key(r: dict[str, Any]) -> tuple:
+        fabric = r["topology_slug"].split("-srv")[0]
+        return (fabric, r["servers"], r["accels_per_server"], r["routing"], r["seed"], r["algorithm"],
+                r["placement"], r["size"])
+
+    own: dict[tuple, dict[str, Any]] = {}
+    shared: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r["servers"] is None:
+            continue
+        if r["nics_per_server"] == r["accels_per_server"] and r["nics_per_server"] > 1:
+            own[key(r)] = r
+        elif r["nics_per_server"] == 1:
+            shared[key(r)] = r
+    out = []
+    for k in sorted(set(own) & set(shared)):
+        o, sh = own[k], shared[k]
+        fabric, servers, accels, routing, seed, algo, placement, size = k
+        out.append({"family": f"{fabric} {servers}x{accels} {routing} {algo}", "size": size, "own": o,
+                    "shared": sh,
+                    "speedup": o["busbw_mbps"] / sh["busbw_mbps"] if o["busbw_mbps"] and sh["busbw_mbps"] else None,
+                    "model_speedup": (o["predicted_busbw_mbps"] / sh["predicted_busbw_mbps"]
+                                      if o["predicted_busbw_mbps"] and sh["predicted_busbw_mbps"] else None)})
     return out
 
 
@@ -600,6 +647,22 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
         doc.table(head, body)
     doc.p("Speedup = reference busbw / baseline busbw (medians; for ECMP the median over seeds, with the range "
           "over seeds). Above 1: the reference is faster. In brackets: the same ratio from the model.")
+
+    server_tables = server_speedup_tables(rows)
+    if server_tables:
+        doc.h(2, "Server designs: one NIC per accelerator against a shared NIC")
+        doc.table(["servers x accelerators, routing, algorithm", "size", "speedup (model)",
+                   "NIC per accelerator busbw (model)", "shared NIC busbw (model)"],
+                  [[t["family"], format_size(t["size"]), f"x{_fmt(t['speedup'])} (x{_fmt(t['model_speedup'])})",
+                    f"{_fmt(t['own']['busbw_mbps'])} ({_fmt(t['own']['predicted_busbw_mbps'])})",
+                    f"{_fmt(t['shared']['busbw_mbps'])} ({_fmt(t['shared']['predicted_busbw_mbps'])})"]
+                   for t in server_tables])
+        doc.p("Each server's accelerators sit behind one PCIe switch; with a shared NIC they all leave the "
+              "server through one link, with a NIC each every accelerator uses its own (EFLOPS). Speedup = busbw "
+              "with a NIC per accelerator / busbw with the shared NIC, same fabric, routing, algorithm and size; "
+              "in brackets the model's ratio. Only the phases that cross servers gain: intra-server steps run "
+              "over PCIe either way (which is also why busbw may exceed the NIC rate). A ring with identity "
+              "placement sends one flow out of each server per step, so a shared NIC costs it nothing.")
 
     # busbw vs size
     doc.h(2, "busbw against message size")

@@ -513,6 +513,11 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     return kind, raw
 
 
+def fabric_keys(kind: str) -> tuple[str, ...]:
+    """The integer keys that shape a fabric of ``kind`` (no rates, no server keys)."""
+    return tuple(_KIND_KEYS[kind])
+
+
 def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """Validate a spec string or mapping; return ``(kind, params)``.
 

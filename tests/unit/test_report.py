@@ -6,6 +6,7 @@ import csv
 import io
 import os
 
+import pytest
 import yaml
 from fake_session import factory
 
@@ -168,3 +169,29 @@ def test_a_bad_fault_in_an_experiment_names_its_field(tmp_path):
         assert "step must be a step in 0..3" in str(exc)
     else:
         raise AssertionError("accepted a step the schedule does not have")
+
+
+def test_server_designs_get_their_speedup_table(tmp_path):
+    fabric = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=2,accels_per_server=4,pcie_bw=20"
+    exp = xp.from_dict(yaml.safe_load(f"""
+name: servers
+sizes: [64KiB]
+series:
+  - name: own
+    runs: [{{topology: "{fabric},nics_per_server=4,nic_placement=spread", routing: bigraph, algorithms: [hier, ring]}}]
+  - name: shared
+    runs: [{{topology: "{fabric},nics_per_server=1,nic_placement=spread", routing: bigraph, algorithms: [hier, ring]}}]
+"""), where="servers.yaml")
+    out = str(tmp_path / "run")
+    runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
+    _, rows = report.load_rows(out)
+    assert {r["server_design"] for r in rows} == {"NIC per accelerator", "shared NIC"}
+    tables = {t["family"]: t for t in report.server_speedup_tables(rows)}
+    assert set(tables) == {"bigraph-2x2x2 2x4 bigraph hier", "bigraph-2x2x2 2x4 bigraph ring"}
+    hier = tables["bigraph-2x2x2 2x4 bigraph hier"]
+    assert hier["own"]["nics_per_server"] == 4 and hier["shared"]["nics_per_server"] == 1
+    assert hier["model_speedup"] > 1.5  # four flows share the NIC in the inter-server phase
+    assert hier["speedup"] == pytest.approx(hier["model_speedup"])  # the fake session runs at the model's pace
+    md = open(report.write_report(out)).read()
+    assert "## Server designs: one NIC per accelerator against a shared NIC" in md
+    assert f"x{hier['speedup']:.2f}" in md
