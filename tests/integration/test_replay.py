@@ -25,16 +25,19 @@ pytestmark = pytest.mark.integration
 
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
-#: Issue 5 asks for 0.85; measured here 0.85-0.94 at MTU 32000 (2 cores, userspace OVS near
-#: a core, rank skew between steps: see the issue notes). The test holds the
-#: floor that is reliably met, not the target.
-HDRM_MIN_BUSBW = 0.75
-SIZE = 4 << 20  # bandwidth-bound: per-step latencies are small against 0.2-1.7 s steps
+#: Issue 5's target, held where the run is bandwidth-bound (16 MiB per rank:
+#: 25 s at 10 Mbit/s; measured 0.90-0.96 here).
+HDRM_MIN_BUSBW = 0.85
+BANDWIDTH_BOUND_SIZE = 16 << 20
+#: At 4 MiB every halving-doubling round also pays the latest rank's lateness
+#: (30-60 ms on 2 cores, against 0.2-1.7 s steps): measured 0.83-0.94.
+HDRM_MIN_BUSBW_4MIB = 0.75
+SIZE = 4 << 20
 
 
-def write_schedule(tmp_path, algo, spec, placement=None, name=None):
+def write_schedule(tmp_path, algo, spec, placement=None, name=None, size=SIZE):
     topo = topology.build(spec)
-    schedule = generators.generate(algo, topo, SIZE, placement=placement)
+    schedule = generators.generate(algo, topo, size, placement=placement)
     path = tmp_path / (name or f"{algo}.json")
     sformat.save(schedule, str(path))
     return str(path), schedule, topo
@@ -63,7 +66,7 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
                                repeat=3, warmup=1))
     assert good["status"] == "ok"
     assert all(rep["correct"] for rep in good["repetitions"])
-    assert good["busbw_mbps_median"] >= HDRM_MIN_BUSBW * good["link_mbps"], good["busbw_mbps_median"]
+    assert good["busbw_mbps_median"] >= HDRM_MIN_BUSBW_4MIB * good["link_mbps"], good["busbw_mbps_median"]
     saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
     assert saved["busbw_mbps_median"] == good["busbw_mbps_median"]
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
@@ -89,6 +92,14 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
                                                                           step_time(good, colliding))
     ratio = bad["measured_over_predicted_median"]
     assert ratio is not None and 0.5 < ratio < 2.0, ratio
+
+
+def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):
+    path, _, _ = write_schedule(tmp_path, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
+    res = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm16"),
+                              repeat=2, warmup=0))
+    assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
+    assert res["busbw_mbps_median"] >= HDRM_MIN_BUSBW * res["link_mbps"], res["busbw_mbps_median"]
 
 
 def test_killed_agent_fails_the_run_naming_its_rank(tmp_path):

@@ -84,3 +84,12 @@ def test_report_prints_every_ratio_with_verdicts():
 def test_cli_rejects_bad_input(argv, field, capsys):
     assert main(argv) == 2
     assert field in capsys.readouterr().err
+
+
+def test_bandwidth_bound_size_keeps_hdrm_within_its_budget():
+    assert bench.bandwidth_bound_size(10.0) == 16 << 20  # 25 s ideal at 10 Mbit/s
+    assert bench.bandwidth_bound_size(5.0) == 8 << 20
+    assert bench.bandwidth_bound_size(0.1) == 1 << 20  # never below the grid's size
+    for bw in (1.0, 3.0, 10.0, 50.0):
+        size = bench.bandwidth_bound_size(bw)
+        assert size == 1 << 20 or 2 * 15 / 16 * size * 8 / (bw * 1e6) <= 30.0
