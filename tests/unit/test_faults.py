@@ -131,3 +131,58 @@ def test_fault_line_reads_at_a_glance():
     line = faults.fault_line(rec)
     assert "fired at 0.412 s" in line and "31 ms" in line and "1 planned transfers" in line
     assert "not fired" in faults.fault_line({"spec": "controller_kill@9s", "fired_s": None})
+
+
+class _Silent:
+    """A control channel on which ranks 0 and 2 report done and rank 1 never does."""
+
+    def poll(self, timeout):
+        time.sleep(min(timeout, 0.01))
+        return [{"type": "done", "rank": 0}, {"type": "done", "rank": 2}]
+
+
+class _Alive:
+    returncode = None
+
+    def poll(self):
+        return None
+
+
+def test_a_hung_agent_fails_the_run_naming_it_within_the_timeout():
+    from emulator.replay import ReplayFailed, _wait_for
+
+    started = time.monotonic()
+    with pytest.raises(ReplayFailed, match=r"rank 1 .*did not report 'done' within 1 s: agent hung"):
+        _wait_for(_Silent(), {r: _Alive() for r in range(3)}, "done", {0, 1, 2}, timeout=1.0)
+    assert time.monotonic() - started < 3
+
+
+def test_step_reports_reach_the_injector_while_waiting():
+    from emulator.replay import _wait_for
+
+    class Control:
+        def __init__(self):
+            self.batches = [[{"type": "step", "rank": 1, "step": 2}], [{"type": "done", "rank": 0}]]
+
+        def poll(self, timeout):
+            return self.batches.pop(0) if self.batches else []
+
+    seen = []
+    _wait_for(Control(), {0: _Alive()}, "done", {0}, timeout=5, on_step=seen.append)
+    assert seen == [2]
+
+
+def test_a_second_network_waits_for_the_lock_then_says_so_in_one_line(tmp_path, monkeypatch):
+    from emulator.network import NetworkLock
+
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("EF_NET_LOCK_WAIT", "0.3")
+    with NetworkLock():
+        started = time.monotonic()
+        with pytest.raises(UserError) as exc:
+            NetworkLock().acquire()
+        assert 0.3 <= time.monotonic() - started < 3
+        assert "another emulated network" in str(exc.value) and "\n" not in str(exc.value)
+    second = NetworkLock()
+    second.acquire()  # free again once the first is released
+    second.release()
