@@ -417,7 +417,7 @@ class ReplaySession:
                                      on_step=injector.step_started if injector else None)
                 finally:
                     if injector is not None:
-                        results["faults"] += self._fault_records(injector.finish(), planned, rep, start_at)
+                        results["faults"] += self._fault_records(injector.finish(), planned, rep)
                 after = fidelity.snapshot(en, topo)
                 op_times = {r: {int(i): (st, e) for i, st, e in msg["ops"]} for r, msg in done.items()}
                 metrics = repetition_metrics(schedule, op_times, report)
@@ -475,10 +475,11 @@ class ReplaySession:
     def _set_link(self, a: str, b: str, up: bool) -> None:
         for intf in faults.link_ends(self.topo, a, b):
             run(["ip", "link", "set", "dev", intf, "up" if up else "down"])
-            if up:
-                self._downed.discard((a, b))
-            else:
-                self._downed.add((a, b))
+        key = (a, b) if topology.node_sort_key(a) <= topology.node_sort_key(b) else (b, a)
+        if up:
+            self._downed.discard(key)
+        else:
+            self._downed.add(key)
 
     def _wait_controller(self, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0) -> float | None:
         """Seconds until the controller's status satisfies ``ready`` with every switch confirmed; None if never."""
@@ -521,8 +522,7 @@ class ReplaySession:
                 "controller_kill": controller_kill, "controller_restart": controller_restart,
                 "agent_kill": agent_kill}
 
-    def _fault_records(self, events: list[FaultEvent], planned: list[Any], rep: int,
-                       start_at: float) -> list[dict[str, Any]]:
+    def _fault_records(self, events: list[FaultEvent], planned: list[Any], rep: int) -> list[dict[str, Any]]:
         out = []
         for ev in events:
             rec = ev.to_json()
