@@ -388,3 +388,17 @@ def test_random_server_specs_build_and_route_every_pair(case):
         assert len(path) - 2 == topo.switch_hops(src, dst) <= topo.diameter_hops()
     assert routing.cut_pairs(topo, []) == []
     assert math.isfinite(topo.bisection_bw_mbps())
+
+
+def test_pcie_switch_ports_get_deep_queues_and_fabric_ports_the_default():
+    from emulator.network import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces, switch_intf
+
+    topo = topology.build(SHARED)
+    limits = queue_limits(topo, 32000)
+    pcie = {s.name for s in topo.switches if s.role == "pcie"}
+    assert pcie and set(limits) == set(root_interfaces(topo))
+    for name, packets in limits.items():
+        owner = name[len("ef"):].rsplit("-eth", 1)[0]
+        assert packets == (queue_packets_for(32000, PCIE_QUEUE_BYTES) if owner in pcie else queue_packets_for(32000))
+    nic = topo.nic_links()[0]
+    assert limits[switch_intf(nic.a, nic.a_port)] > 1000 > limits[switch_intf(nic.b, nic.b_port)]
