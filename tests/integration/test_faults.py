@@ -87,9 +87,25 @@ def test_agent_killed_by_a_fault_fails_the_run_naming_the_rank(tmp_path):
     nothing_of_ours_left()
 
 
-def _start_run(out: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "emulator", "run", os.path.join(ROOT, "experiments", "tiny.yaml"),
-                             "--out", out], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+#: tiny.yaml's cells take about a second each, too short to interrupt one
+#: reliably: these take about 4 s (1 MiB on 4 hosts, 1 warm-up + 2 repetitions).
+SLOW = """
+name: slow
+repeat: 2
+warmup: 1
+sizes: [1MiB]
+series:
+  - name: s
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [hdrm, hd, ring]
+"""
+
+
+def _start_run(path: str, out: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "emulator", "run", path, "--out", out],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
 
 
 def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_s: float = 240) -> list[str]:
@@ -104,11 +120,14 @@ def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_
 
 
 def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cells(tmp_path):
-    exp = xp.load(os.path.join(ROOT, "experiments", "tiny.yaml"))
+    path = str(tmp_path / "slow.yaml")
+    with open(path, "w") as fh:
+        fh.write(SLOW)
+    exp = xp.load(path)
     cells = xp.expand(exp)
-    out = str(tmp_path / "tiny")
+    out = str(tmp_path / "slow")
 
-    proc = _start_run(out)
+    proc = _start_run(path, out)
     first = _wait_finished_cells(out, exp, 1, proc)
     proc.send_signal(signal.SIGINT)
     output, _ = proc.communicate(timeout=60)
@@ -117,7 +136,7 @@ def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cell
     nothing_of_ours_left()
     kept = {c: os.stat(os.path.join(out, "cells", c, "results.json")).st_mtime_ns for c in first}
 
-    proc = _start_run(out)
+    proc = _start_run(path, out)
     # SIGKILL while the next cell's network is up: nothing gets to clean up.
     deadline = time.monotonic() + 120
     while not [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)]:
@@ -129,7 +148,7 @@ def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cell
     assert [b for b in run(["ovs-vsctl", "list-br"]).stdout.split() if BRIDGE_RE.match(b)], "SIGKILL left nothing?"
     assert [r for r in all_runs() if not r.owner_alive()], "SIGKILL left no run state?"
 
-    proc = _start_run(out)  # its bring-up removes what the killed run left
+    proc = _start_run(path, out)  # its bring-up removes what the killed run left
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
     assert all(xp.cell_finished(out, c) for c in cells)
