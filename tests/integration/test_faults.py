@@ -103,9 +103,16 @@ series:
 """
 
 
+def _default_sigint() -> None:
+    # A shell's background job (as CI may run us) inherits SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt: give the child Ctrl-C back.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_run(path: str, out: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "emulator", "run", path, "--out", out],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                            preexec_fn=_default_sigint)
 
 
 def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_s: float = 240) -> list[str]:
