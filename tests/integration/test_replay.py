@@ -33,6 +33,8 @@ LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 #: (90-300 drops against 0-9) and retransmission timeouts widen the skew. So
 #: the test asks that the emulated fabric *reaches* the target in one of
 #: three repetitions, and that the median does not collapse below a floor.
+#: (Port queues of 4 MB removed the drops but not the collapses: 0.76 and
+#: 0.79 with no drop at all, so the skew feeds itself through the rounds.)
 HDRM_MIN_BUSBW = 0.85
 HDRM_MEDIAN_FLOOR = 0.6
 BANDWIDTH_BOUND_SIZE = 16 << 20
