@@ -296,9 +296,6 @@ class Injector:
             t.join(max(0.0, deadline - self.clock()))
         return self.events
 
-    def fired(self) -> list[FaultEvent]:
-        return [e for e in self.events if e.fired_s is not None]
-
 
 def fault_line(rec: Mapping[str, Any]) -> str:
     """One line for a fault record of ``results.json`` (``emu replay`` prints these)."""
