@@ -424,13 +424,14 @@ class ReplaySession:
                 wrong = {r: msg["wrong"] for r, msg in done.items() if not msg["correct"]}
                 metrics["rep"] = rep
                 metrics["correct"] = not wrong
+                transfers = timeline_records(schedule, rep, op_times)
                 metrics["faults"] = [f for f in results["faults"] if f["rep_index"] == rep and f["fired_s"] is not None]
                 if metrics["faults"]:
-                    _measure_affected(metrics["faults"], op_times, schedule)
+                    _measure_affected(metrics["faults"], transfers)
                 metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration)
                 for rec in fidelity.link_records(before, after, rep):
                     append_jsonl(os.path.join(out, "links.jsonl"), rec)
-                for rec in timeline_records(schedule, rep, op_times):
+                for rec in transfers:
                     append_jsonl(os.path.join(out, "timeline.jsonl"), rec)
                 (results["warmup"] if warm else results["repetitions"]).append(metrics)
                 measured = results["repetitions"]
@@ -575,14 +576,9 @@ def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
                            pcap=cfg.pcap, config=asdict(cfg), report=report, fault_plan=plan)
 
 
-def _measure_affected(records: list[dict[str, Any]], op_times: dict[int, dict[int, tuple[float, float]]],
-                      schedule: Schedule) -> None:
-    """Add each affected transfer's measured duration (send start to receive end) to the fault records."""
-    step_of = {(prog.rank, op.id): op.step for prog in schedule.ranks for op in prog.ops}
-    durations: dict[tuple[int, int, int], float] = {}
-    for src, send_id, dst, recv_id in match_transfers(schedule):
-        if send_id in op_times.get(src, {}) and recv_id in op_times.get(dst, {}):
-            durations[(step_of[(src, send_id)], src, dst)] = round(op_times[dst][recv_id][1] - op_times[src][send_id][0], 4)
+def _measure_affected(records: list[dict[str, Any]], transfers: list[dict[str, Any]]) -> None:
+    """Add each affected transfer's measured duration (from :func:`timeline_records`) to the fault records."""
+    durations = {(t["step"], t["src"], t["dst"]): round(t["end"] - t["start"], 4) for t in transfers}
     for rec in records:
         for t in rec.get("affected_transfers", []):
             t["time_s"] = durations.get((t["step"], t["src"], t["dst"]))

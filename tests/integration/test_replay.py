@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -20,6 +19,8 @@ from emulator.schedule import format as sformat
 from emulator.schedule import generators
 from emulator.schedule.check import check
 from emulator.system import run
+
+from .measured import step_time
 
 pytestmark = pytest.mark.integration
 
@@ -50,15 +51,6 @@ def write_schedule(tmp_path, algo, spec, placement=None, name=None, size=SIZE):
     path = tmp_path / (name or f"{algo}.json")
     sformat.save(schedule, str(path))
     return str(path), schedule, topo
-
-
-def step_time(results, steps) -> float:
-    """Sum over ``steps`` of the median (over repetitions) step time."""
-    per_step: dict[int, list[float]] = {}
-    for rep in results["repetitions"]:
-        for st in rep["steps"]:
-            per_step.setdefault(st["step"], []).append(st["time_s"])
-    return sum(statistics.median(per_step[s]) for s in steps)
 
 
 def colliding_seed(schedule, topo) -> int:

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import statistics
-
 import pytest
 
 from emulator import topology
 from emulator.replay import ReplayConfig, replay
 from emulator.schedule import cost, generators
 from emulator.schedule import format as sformat
+
+from .measured import step_time
 
 pytestmark = pytest.mark.integration
 
@@ -31,14 +31,6 @@ def inter_server_steps(schedule, topo) -> list[int]:
                    if not topo.same_server(t.src_host, t.dst_host)})
 
 
-def phase_time(results, steps) -> float:
-    per_step: dict[int, list[float]] = {}
-    for rep in results["repetitions"]:
-        for st in rep["steps"]:
-            per_step.setdefault(st["step"], []).append(st["time_s"])
-    return sum(statistics.median(per_step[s]) for s in steps)
-
-
 def predicted_phase(results, steps) -> float:
     return sum(st["maxmin_s"] for st in results["prediction"]["per_step"] if st["step"] in steps)
 
@@ -58,7 +50,7 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
         assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
         flows = res["prediction"]["max_flows_per_link"]
         assert max(flows[s] for s in steps) == (1 if nics == 4 else 4)
-        measured[nics] = phase_time(res, steps)
+        measured[nics] = step_time(res, steps)
         predicted[nics] = predicted_phase(res, steps)
     model_ratio = predicted[1] / predicted[4]
     assert model_ratio == pytest.approx(4.0, rel=0.01)
