@@ -27,17 +27,12 @@ pytestmark = pytest.mark.integration
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 #: Issue 5's target, held where the run is bandwidth-bound (16 MiB per rank:
-#: 25 s at 10 Mbit/s). Measured here: 0.89-0.96 in most repetitions, but
-#: about one in three collapses to 0.68-0.78: a hiccup of the 2-core machine
-#: makes one transfer of a contention-free step 0.4 s late, later steps of
-#: different ranks overlap, two flows meet at a switch port, its queue drops
-#: (90-300 drops against 0-9) and retransmission timeouts widen the skew. So
-#: the test asks that the emulated fabric *reaches* the target in one of
-#: three repetitions, and that the median does not collapse below a floor.
-#: (Port queues of 4 MB removed the drops but not the collapses: 0.76 and
-#: 0.79 with no drop at all, so the skew feeds itself through the rounds.)
+#: 25 s at 10 Mbit/s), by the median of three repetitions. Measured here with
+#: the agents' rendezvous protocol: 0.96-0.97 in every repetition. (Before it,
+#: one repetition in three collapsed to 0.68-0.78: a rank running late let its
+#: partners' next messages reach it during the current one, two flows met at a
+#: switch port, and the lateness fed itself through the lockstep rounds.)
 HDRM_MIN_BUSBW = 0.85
-HDRM_MEDIAN_FLOOR = 0.6
 BANDWIDTH_BOUND_SIZE = 16 << 20
 #: At 4 MiB every halving-doubling round also pays the latest rank's lateness
 #: (30-60 ms on 2 cores, against 0.2-1.7 s steps): measured 0.83-0.94.
@@ -101,8 +96,7 @@ def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):
                               repeat=3, warmup=0))
     assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
     busbw = [rep["busbw_mbps"] for rep in res["repetitions"]]
-    assert max(busbw) >= HDRM_MIN_BUSBW * res["link_mbps"], busbw
-    assert res["busbw_mbps_median"] >= HDRM_MEDIAN_FLOOR * res["link_mbps"], busbw
+    assert res["busbw_mbps_median"] >= HDRM_MIN_BUSBW * res["link_mbps"], busbw
 
 
 def test_killed_agent_fails_the_run_naming_its_rank(tmp_path):

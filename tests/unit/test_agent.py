@@ -24,7 +24,10 @@ def test_expected_sum_matches_a_direct_sum():
 
 
 def run_agents(schedule, topo, reps=1, base=10, start_at=None):
-    """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}."""
+    """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}.
+
+    ``start_at``: one monotonic time for all ranks, or a dict rank -> time.
+    """
     ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
     agents = [Agent(schedule, topo, r, ip_of=ip_of) for r in range(schedule.p)]
     errors: list[BaseException] = []
@@ -37,7 +40,8 @@ def run_agents(schedule, topo, reps=1, base=10, start_at=None):
             for rep in range(reps):
                 a.prepare()
                 barrier.wait(timeout=30)
-                results[a.rank].append(a.run_once(rep, start_at))
+                at = start_at.get(a.rank) if isinstance(start_at, dict) else start_at
+                results[a.rank].append(a.run_once(rep, at))
         except BaseException as exc:
             errors.append(exc)
             barrier.abort()
@@ -118,7 +122,21 @@ def test_mismatched_sizes_are_named():
     bad = with_ops(schedule, [ops0, list(schedule.ranks[1].ops)])
     results, errors = run_agents(bad, topo, base=40)
     assert errors and isinstance(errors[0], AgentError)
-    assert "expected repetition 0 step" in str(errors[0])
+    # caught by whichever side sees it first: the sender's clear-to-send check or the receiver's header check
+    assert "repetition 0 step" in str(errors[0]) and "got repetition 0 step" in str(errors[0])
+
+
+def test_a_sender_waits_until_its_receiver_has_posted_the_receive():
+    """Rendezvous: rank 1 starts 0.6 s late, so rank 0's first message starts no earlier than that."""
+    topo = topology.build("star:hosts=2")
+    schedule = generators.generate("ring", topo, 64 * 1024)
+    now = time.monotonic()
+    results, errors = run_agents(schedule, topo, base=41, start_at={0: now + 0.5, 1: now + 1.1})
+    assert not errors, errors
+    assert all(reps[0]["correct"] for reps in results.values())
+    first_send = min(op.id for op in schedule.ranks[0].ops if op.kind == "send")
+    start = next(s for i, s, _ in results[0][0]["ops"] if i == first_send)
+    assert start >= now + 1.1
 
 
 def test_match_transfers_pairs_in_order():
