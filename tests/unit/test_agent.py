@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import queue
+import socket
 import threading
 import time
+from collections import deque
 
 import numpy as np
 import pytest
@@ -188,3 +191,36 @@ def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
     results, errors = run_agents(schedule, topo, reps=2, base=50)
     assert not errors, errors
     assert all(res["correct"] for reps in results.values() for res in reps)
+
+
+def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it():
+    """Delivery tracking: bytes in the send queue that the peer has not taken keep the send pending."""
+    topo = topology.build("star:hosts=2")
+    schedule = generators.generate("ring", topo, 64 * 1024)
+    agent = Agent(schedule, topo, 0, ip_of={h.name: "127.0.0.1" for h in topo.hosts})
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the peer must read to ACK
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    client = socket.create_connection(listener.getsockname())
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+    server, _ = listener.accept()
+    try:
+        client.sendall(b"x" * (1 << 20))
+        agent.written[1] = 1 << 20
+        op = next(o for o in schedule.ranks[0].ops if o.kind == "send")
+        pending, events = deque([(op, 1.0, 1 << 20)]), queue.Queue()
+        assert agent._report_delivered(client, 1, pending, events) > 0
+        assert pending and events.empty()
+        got = 0
+        while got < 1 << 20:
+            got += len(server.recv(1 << 20))
+        deadline = time.monotonic() + 5
+        while pending and time.monotonic() < deadline:
+            time.sleep(agent._report_delivered(client, 1, pending, events))
+        assert not pending
+        op_id, t0, t1, error = events.get_nowait()
+        assert (op_id, t0, error) == (op.id, 1.0, None) and t1 > t0
+    finally:
+        for sock in (client, server, listener):
+            sock.close()
