@@ -68,6 +68,9 @@ HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
 HELLO = struct.Struct("!I")  # sender rank, first thing on a data connection
 CLEAR_TO_SEND = struct.Struct("!II")  # repetition, step: receiver -> sender, "this receive is posted"
 GIL_SWITCH_INTERVAL_S = 0.0002
+#: Below this many unacknowledged bytes (two 32000-byte frames and change), delivery is polled every
+DELIVERY_TAIL_BYTES = 1 << 17
+DELIVERY_TAIL_POLL_S = 0.001  # ... this often.
 log = logging.getLogger("emulator.agent")
 
 
@@ -134,7 +137,9 @@ class Agent:
         # numpy releases the GIL while adding, so they take turns here.
         self.reduce_lock = threading.Lock()
         sends = {op.id for op in self.program.ops if op.kind == SEND}
-        self.awaited_sends = {d for op in self.program.ops for d in op.deps if d in sends}
+        # Sends another send waits for complete on delivery (see _send_worker);
+        # receives and local work wait only until the data is written.
+        self.awaited_sends = {d for op in self.program.ops if op.kind == SEND for d in op.deps if d in sends}
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
         self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
 
@@ -237,7 +242,8 @@ class Agent:
         on it).
         """
         watched = set(watch_steps)
-        events: queue.Queue[tuple[int, float, float, BaseException | None]] = queue.Queue()
+        # (op id, start, end, error, final): final is False for "an awaited send is written"
+        events: queue.Queue[tuple[int, float, float, BaseException | None, bool]] = queue.Queue()
         send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
         recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
         workers = []
@@ -267,10 +273,12 @@ class Agent:
         timings: dict[int, tuple[float, float]] = {}
         pending = len(self.program.ops)
 
-        def release(op_id: int) -> list[int]:
-            """Mark ``op_id``'s dependents; return those now free to run."""
+        def release(op_id: int, sends: bool = True, others: bool = True) -> list[int]:
+            """Mark ``op_id``'s dependents (sends, others or both); return those now free to run."""
             free = []
             for nxt in dependents[op_id]:
+                if not (sends if self.ops[nxt].kind == SEND else others):
+                    continue
                 waiting[nxt] -= 1
                 if waiting[nxt] == 0:
                     free.append(nxt)
@@ -306,12 +314,16 @@ class Agent:
         try:
             dispatch([op.id for op in self.program.ops if not op.deps])
             while pending:
-                op_id, t0, t1, error = events.get()
+                op_id, t0, t1, error, final = events.get()
                 if error is not None:
                     raise error
+                if not final:  # an awaited send is written: receives and local work may use its buffer
+                    dispatch(release(op_id, sends=False))
+                    continue
                 timings[op_id] = (t0, t1)
                 pending -= 1
-                dispatch(release(op_id))
+                awaited = op_id in self.awaited_sends
+                dispatch(release(op_id, sends=True, others=not awaited))
         finally:
             for q in [*send_q.values(), *recv_q.values()]:
                 q.put(None)
@@ -346,9 +358,12 @@ class Agent:
 
         ``sendall`` returns once the data is in the kernel's send buffer; a send
         counted complete then would let a dependent send to *another* peer
-        share the uplink with this one's tail. So a send that other operations
-        wait for completes when the peer has acknowledged its last byte, as the
-        schedule checker assumes. The next message to the same peer does not
+        share the uplink with this one's tail. So a send that other sends wait
+        for completes when the peer has acknowledged its last byte, as the
+        schedule checker assumes; receives and local work that wait for it go
+        as soon as it is written (the kernel holds a copy, the buffer is free,
+        and a receive posted then lets its sender start one return trip
+        earlier). The next message to the same peer does not
         wait for that (it follows in the same TCP stream, so they cannot share
         a link): deliveries are watched while this worker waits for its next
         operation or clear to send. (Blocking the channel until the ACK came
@@ -373,13 +388,14 @@ class Agent:
                 sock.sendall(payload)
                 self.written[peer] += HEADER.size + len(payload)
                 if op.id in self.awaited_sends:
+                    events.put((op.id, t0, time.monotonic(), None, False))
                     pending.append((op, t0, self.written[peer]))
                 else:
-                    events.put((op.id, t0, time.monotonic(), None))
+                    events.put((op.id, t0, time.monotonic(), None, True))
         except BaseException as exc:
             failed = pending[0][0] if pending else op
             if failed is not None:
-                events.put((failed.id, 0.0, 0.0, AgentError(f"send {failed.describe()} to rank {peer}: {exc}")))
+                events.put((failed.id, 0.0, 0.0, AgentError(f"send {failed.describe()} to rank {peer}: {exc}"), True))
 
     def _report_delivered(self, sock: socket.socket, peer: int, pending: deque, events: queue.Queue) -> float:
         """Complete the pending sends the peer has acknowledged; return how long to wait before looking again."""
@@ -389,11 +405,16 @@ class Agent:
         now = time.monotonic()
         while pending and pending[0][2] <= acked:
             op, t0, _ = pending.popleft()
-            events.put((op.id, t0, now, None))
+            events.put((op.id, t0, now, None, True))
         if not pending:
             return 0.0
-        # about half the time the first pending send's remainder needs at the link rate
-        return min(max((pending[0][2] - acked) * 8 / self.link_bps / 2, 0.0002), 0.02)
+        # About half the time the first pending send's remainder needs at the
+        # link rate; but once only the last frames are unacknowledged, their
+        # ACK can come any moment (they may be past the bottleneck already):
+        # look every millisecond, or each step would end up to a frame time late.
+        left = pending[0][2] - acked
+        wait = min(max(left * 8 / self.link_bps / 2, 0.0002), 0.02)
+        return min(wait, DELIVERY_TAIL_POLL_S) if left <= DELIVERY_TAIL_BYTES else wait
 
     def _next_while_delivering(self, ops: queue.Queue, sock: socket.socket, peer: int, pending: deque,
                                events: queue.Queue) -> Op | None:
@@ -442,9 +463,9 @@ class Agent:
                     _recv_exact(sock, _bytes_view(tmp), quickack=True)
                     with self.reduce_lock:  # two receives may add into the same chunk (tree children)
                         np.add(target, tmp, out=target)
-                events.put((op.id, t0, time.monotonic(), None))
+                events.put((op.id, t0, time.monotonic(), None, True))
             except BaseException as exc:
-                events.put((op.id, 0.0, 0.0, AgentError(f"{op.describe()}: {exc}")))
+                events.put((op.id, 0.0, 0.0, AgentError(f"{op.describe()}: {exc}"), True))
                 return
 
 

@@ -219,8 +219,8 @@ def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it():
         while pending and time.monotonic() < deadline:
             time.sleep(agent._report_delivered(client, 1, pending, events))
         assert not pending
-        op_id, t0, t1, error = events.get_nowait()
-        assert (op_id, t0, error) == (op.id, 1.0, None) and t1 > t0
+        op_id, t0, t1, error, final = events.get_nowait()
+        assert (op_id, t0, error, final) == (op.id, 1.0, None, True) and t1 > t0
     finally:
         for sock in (client, server, listener):
             sock.close()
