@@ -180,6 +180,35 @@ def leaf_queue_command(intf: str, packets: int) -> list[str]:
     return ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "pfifo", "limit", str(packets)]
 
 
+#: IP packets shorter than this (ACKs, the agents' clear-to-send messages) leave a host before its queued data frames.
+HOST_CONTROL_PACKET_BYTES = 256
+
+
+def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
+    """A host NIC's queue under Mininet's HTB class 5:1: control packets first, then data frames (FIFO of ``packets``).
+
+    A NIC serves its transmit queues (queue pairs) in turn, packet by packet,
+    so a small control message waits for at most the frame on the wire, not
+    for the data the host has queued. Emulated with a second HTB whose classes
+    never limit (10 Gbit/s; the shaping is 5:1's) and differ only in
+    priority; a ``u32`` filter sends IP packets under
+    :data:`HOST_CONTROL_PACKET_BYTES` (total length's high byte zero) to the
+    first.
+    """
+    tc = ["tc"]  # run inside the host's namespace by the caller
+    return [
+        [*tc, "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "htb", "default", "2"],
+        [*tc, "class", "add", "dev", intf, "parent", "10:", "classid", "10:1", "htb", "rate", "10gbit",
+         "burst", "1mb", "cburst", "1mb", "prio", "0"],
+        [*tc, "class", "add", "dev", intf, "parent", "10:", "classid", "10:2", "htb", "rate", "10gbit",
+         "burst", "1mb", "cburst", "1mb", "prio", "1"],
+        [*tc, "qdisc", "add", "dev", intf, "parent", "10:1", "handle", "11:", "pfifo", "limit", str(packets)],
+        [*tc, "qdisc", "add", "dev", intf, "parent", "10:2", "handle", "12:", "pfifo", "limit", str(packets)],
+        [*tc, "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+         "match", "u16", "0x0000", "0xff00", "at", "2", "flowid", "10:1"],
+    ]
+
+
 def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU,
                         queue_packets: int | None = None,
                         tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES) -> list[list[str]]:
@@ -195,7 +224,7 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
          "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}",
          "net.ipv4.tcp_early_retrans=0"],
-        leaf_queue_command(intf, queue_packets or queue_packets_for(mtu)),
+        *host_queue_commands(intf, queue_packets or queue_packets_for(mtu)),
     ]
     if datapath == "user":
         # Userspace OVS does not complete checksums or segment TSO frames:
@@ -228,12 +257,16 @@ def tc_rates(runner: Runner, intf: str, netns_pid: int | None = None) -> list[fl
 
 
 def parse_htb_rates(text: str) -> list[float]:
-    """Rates in Mbit/s of every ``class htb`` line of ``tc class show`` output."""
+    """Rates in Mbit/s of the shaping classes (Mininet's root HTB, handle 5:) in ``tc class show`` output.
+
+    A host's inner priority classes (:func:`host_queue_commands`) never limit and are left out.
+    """
     units = {"bit": 1e-6, "Kbit": 1e-3, "Mbit": 1.0, "Gbit": 1e3}
     rates = []
     for line in text.splitlines():
         words = line.split()
-        if len(words) >= 2 and words[0] == "class" and words[1] == "htb" and "rate" in words:
+        if (len(words) >= 3 and words[0] == "class" and words[1] == "htb" and words[2].startswith("5:")
+                and "rate" in words):
             raw = words[words.index("rate") + 1]
             for unit, scale in sorted(units.items(), key=lambda kv: -len(kv[0])):
                 if raw.endswith(unit):

@@ -47,6 +47,23 @@ def test_bigraph_links_shaped_and_tcp_reaches_link_rate():
         assert topo.host("h1").switch == topo.host("h2").switch
         mbps = iperf3_mbps(en.host("h1"), en.host("h2"), topo.host("h2").ip)
         assert mbps >= 0.90 * topo.host_bw, f"TCP goodput {mbps:.2f} Mbit/s on a {topo.host_bw} Mbit/s link"
+        # Host NICs: the sender's data frames went through the data class, the receiver's ACKs the control class.
+        sent = {h: class_packets(en.host(h)) for h in ("h1", "h2")}
+        assert sent["h1"]["10:2"] > 100 and sent["h2"]["10:1"] > 100, sent
+        assert sent["h2"]["10:2"] < 0.1 * sent["h2"]["10:1"], sent
+
+
+def class_packets(host) -> dict[str, int]:
+    """Packets sent per HTB class on a host's interface (``tc -s class show``)."""
+    out = run(["mnexec", "-a", str(host.pid), "tc", "-s", "class", "show", "dev", host_intf(host.name)]).stdout
+    counts, current = {}, None
+    for line in out.splitlines():
+        words = line.split()
+        if words[:2] == ["class", "htb"]:
+            current = words[2]
+        elif words[:1] == ["Sent"] and current is not None:
+            counts[current] = int(words[3])
+    return counts
 
 
 def ovs_bridges() -> list[str]:

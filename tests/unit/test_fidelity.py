@@ -68,8 +68,9 @@ def test_link_names_for_capture():
 
 def test_htb_rates_parse():
     text = ("class htb 5:1 root leaf 10: prio 0 rate 10Mbit ceil 10Mbit burst 15Kb cburst 1600b\n"
-            "class htb 5:2 root prio 0 rate 500Kbit ceil 500Kbit burst 1600b cburst 1600b\n")
-    assert parse_htb_rates(text) == [10.0, 0.5]
+            "class htb 5:2 root prio 0 rate 500Kbit ceil 500Kbit burst 1600b cburst 1600b\n"
+            "class htb 10:1 root leaf 11: prio 0 rate 10Gbit ceil 10Gbit burst 1Mb cburst 1600b\n")
+    assert parse_htb_rates(text) == [10.0, 0.5]  # a host's priority classes (10:) never limit
 
 
 def test_goodput_factor():
