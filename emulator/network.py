@@ -195,7 +195,7 @@ def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
     :data:`HOST_CONTROL_PACKET_BYTES` (total length's high byte zero) to the
     first.
     """
-    tc = ["tc"]  # run inside the host's namespace by the caller
+    tc = ["tc"]
     return [
         [*tc, "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "htb", "default", "2"],
         [*tc, "class", "add", "dev", intf, "parent", "10:", "classid", "10:1", "htb", "rate", "10gbit",
@@ -224,7 +224,6 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
          "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}",
          "net.ipv4.tcp_early_retrans=0"],
-        *host_queue_commands(intf, queue_packets or queue_packets_for(mtu)),
     ]
     if datapath == "user":
         # Userspace OVS does not complete checksums or segment TSO frames:
@@ -469,6 +468,11 @@ class EmulatedNetwork:
             for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.queue_packets,
                                            self.tsq_bytes):
                 self._host_run(node, cmd)
+            path = os.path.join(self.state.path, f"queues-{h.name}.batch")  # one tc process, not six
+            with open(path, "w", encoding="ascii") as fh:
+                fh.write("".join(" ".join(cmd[1:]) + "\n" for cmd in
+                                 host_queue_commands(host_intf(h.name), self.queue_packets or queue_packets_for(self.mtu))))
+            self._host_run(node, ["tc", "-batch", path])
             path = os.path.join(self.state.path, f"arp-{h.name}")
             with open(path, "w", encoding="ascii") as fh:
                 fh.write(static_arp_batch(self.topo, h.name))
