@@ -28,15 +28,13 @@ BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 #: Issue 5's target, held where the run is bandwidth-bound (16 MiB per rank:
 #: 25 s at 10 Mbit/s), by the median of three repetitions. Measured here with
-#: the agents' rendezvous protocol: 0.96-0.97 in every repetition. (Before it,
+#: the agents' rendezvous protocol: 0.96-0.99 in every repetition. (Before it,
 #: one repetition in three collapsed to 0.68-0.78: a rank running late let its
 #: partners' next messages reach it during the current one, two flows met at a
 #: switch port, and the lateness fed itself through the lockstep rounds.)
 HDRM_MIN_BUSBW = 0.85
 BANDWIDTH_BOUND_SIZE = 16 << 20
-#: At 4 MiB every halving-doubling round also pays the latest rank's lateness
-#: (30-60 ms on 2 cores, against 0.2-1.7 s steps): measured 0.83-0.94.
-HDRM_MIN_BUSBW_4MIB = 0.75
+#: At 4 MiB (the first test) measured 0.97-0.985 in 6 of 6 repetitions.
 SIZE = 4 << 20
 
 
@@ -62,7 +60,7 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
                                repeat=3, warmup=1))
     assert good["status"] == "ok"
     assert all(rep["correct"] for rep in good["repetitions"])
-    assert good["busbw_mbps_median"] >= HDRM_MIN_BUSBW_4MIB * good["link_mbps"], good["busbw_mbps_median"]
+    assert good["busbw_mbps_median"] >= HDRM_MIN_BUSBW * good["link_mbps"], good["busbw_mbps_median"]
     saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
     assert saved["busbw_mbps_median"] == good["busbw_mbps_median"]
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
