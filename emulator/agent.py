@@ -30,9 +30,9 @@ writes into it): a receiver posts a receive once its dependencies are done
 and the earlier receives from that peer are posted, sends a *clear to send*
 (repetition, step) back on the same connection, and the sender starts the
 message only on receiving it. Receives that depend on nothing (a ring's) are
-all posted at once, so a pipeline never waits on a clear to send. This is the schedule checker's
-execution model too (a send and its receive complete together once both are
-ready). Without it, a rank that ran late let its partners' *next* messages
+all posted at once, so a pipeline never waits on a clear to send. This is the
+schedule checker's execution model too (a send and its receive complete
+together once both are ready). Without it, a rank that ran late let its partners' *next* messages
 reach it while it still received the current one: two flows met at one switch
 port in a contention-free schedule, the late transfer slowed further, and in
 halving-doubling's lockstep rounds the lateness fed itself (measured: one
@@ -363,9 +363,8 @@ class Agent:
         schedule checker assumes; receives and local work that wait for it go
         as soon as it is written (the kernel holds a copy, the buffer is free,
         and a receive posted then lets its sender start one return trip
-        earlier). The next message to the same peer does not
-        wait for that (it follows in the same TCP stream, so they cannot share
-        a link): deliveries are watched while this worker waits for its next
+        earlier). The next message to the same peer does not wait for that (it
+        follows in the same TCP stream, so they cannot share a link): deliveries are watched while this worker waits for its next
         operation or clear to send. (Blocking the channel until the ACK came
         back put the return path's queueing delay into every ring step.)
         """

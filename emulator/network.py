@@ -28,7 +28,7 @@ import logging
 import os
 import shlex
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from emulator import NAME_PREFIX, routing
@@ -180,7 +180,9 @@ def leaf_queue_command(intf: str, packets: int) -> list[str]:
     return ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "pfifo", "limit", str(packets)]
 
 
-#: IP packets shorter than this (ACKs, the agents' clear-to-send messages) leave a host before its queued data frames.
+#: IP packets shorter than this (ACKs, the agents' clear-to-send messages)
+#: leave a host before its queued data frames. A power of two: the filter
+#: matches the IP total length's high bits.
 HOST_CONTROL_PACKET_BYTES = 256
 
 
@@ -192,21 +194,25 @@ def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
     for the data the host has queued. Emulated with a second HTB whose classes
     never limit (10 Gbit/s; the shaping is 5:1's) and differ only in
     priority; a ``u32`` filter sends IP packets under
-    :data:`HOST_CONTROL_PACKET_BYTES` (total length's high byte zero) to the
-    first.
+    :data:`HOST_CONTROL_PACKET_BYTES` to the first.
     """
-    tc = ["tc"]
+    short = 0xFFFF & ~(HOST_CONTROL_PACKET_BYTES - 1)  # total length & mask == 0 <=> shorter than the constant
     return [
-        [*tc, "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "htb", "default", "2"],
-        [*tc, "class", "add", "dev", intf, "parent", "10:", "classid", "10:1", "htb", "rate", "10gbit",
+        ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "htb", "default", "2"],
+        ["tc", "class", "add", "dev", intf, "parent", "10:", "classid", "10:1", "htb", "rate", "10gbit",
          "burst", "1mb", "cburst", "1mb", "prio", "0"],
-        [*tc, "class", "add", "dev", intf, "parent", "10:", "classid", "10:2", "htb", "rate", "10gbit",
+        ["tc", "class", "add", "dev", intf, "parent", "10:", "classid", "10:2", "htb", "rate", "10gbit",
          "burst", "1mb", "cburst", "1mb", "prio", "1"],
-        [*tc, "qdisc", "add", "dev", intf, "parent", "10:1", "handle", "11:", "pfifo", "limit", str(packets)],
-        [*tc, "qdisc", "add", "dev", intf, "parent", "10:2", "handle", "12:", "pfifo", "limit", str(packets)],
-        [*tc, "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
-         "match", "u16", "0x0000", "0xff00", "at", "2", "flowid", "10:1"],
+        ["tc", "qdisc", "add", "dev", intf, "parent", "10:1", "handle", "11:", "pfifo", "limit", str(packets)],
+        ["tc", "qdisc", "add", "dev", intf, "parent", "10:2", "handle", "12:", "pfifo", "limit", str(packets)],
+        ["tc", "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+         "match", "u16", "0x0000", f"0x{short:04x}", "at", "2", "flowid", "10:1"],
     ]
+
+
+def tc_batch(commands: Iterable[list[str]]) -> str:
+    """``tc -batch`` text for ``tc`` argument lists (one process instead of one per command)."""
+    return "".join(" ".join(cmd[1:]) + "\n" for cmd in commands)
 
 
 def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU,
@@ -470,8 +476,8 @@ class EmulatedNetwork:
                 self._host_run(node, cmd)
             path = os.path.join(self.state.path, f"queues-{h.name}.batch")  # one tc process, not six
             with open(path, "w", encoding="ascii") as fh:
-                fh.write("".join(" ".join(cmd[1:]) + "\n" for cmd in
-                                 host_queue_commands(host_intf(h.name), self.queue_packets or queue_packets_for(self.mtu))))
+                fh.write(tc_batch(host_queue_commands(host_intf(h.name),
+                                                      self.queue_packets or queue_packets_for(self.mtu))))
             self._host_run(node, ["tc", "-batch", path])
             path = os.path.join(self.state.path, f"arp-{h.name}")
             with open(path, "w", encoding="ascii") as fh:
@@ -489,7 +495,7 @@ class EmulatedNetwork:
         path = os.path.join(self.state.path, "queues.batch")
         with open(path, "w", encoding="ascii") as fh:
             limits = queue_limits(self.topo, self.mtu, self.queue_packets)
-            fh.write("".join(" ".join(leaf_queue_command(n, limits[n])[1:]) + "\n" for n in names))
+            fh.write(tc_batch(leaf_queue_command(n, limits[n]) for n in names))
         res = self.runner(["tc", "-batch", path])
         if res.returncode != 0:
             raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")
