@@ -96,10 +96,14 @@ def _bytes_view(array: np.ndarray) -> memoryview:
     return memoryview(array.data).cast("B")
 
 
-def _recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False) -> None:
+def _recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
+                readable: Callable[[], bool] | None = None) -> None:
+    """Fill ``view`` from ``sock``; ``readable()``, when given, is asked before every read (False: ask again)."""
     got = 0
     total = len(view)
     while got < total:
+        if readable is not None and not readable():
+            continue
         if quickack:  # the kernel leaves quick-ACK mode on its own; ask again before every read
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         n = sock.recv_into(view[got:], total - got)
@@ -377,7 +381,8 @@ class Agent:
                 payload = _bytes_view(self._view(op.buffer, op.chunk, op.nchunks))
                 if len(payload) != op.bytes:
                     raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
-                self._recv_while_delivering(sock, memoryview(clear), peer, pending, events)
+                _recv_exact(sock, memoryview(clear),
+                            readable=lambda: self._readable_while_delivering(sock, peer, pending, events))
                 if CLEAR_TO_SEND.unpack(clear) != (rep, op.step):
                     their_rep, step = CLEAR_TO_SEND.unpack(clear)
                     raise AgentError(f"expected clear to send for repetition {rep} step {op.step}, "
@@ -426,18 +431,13 @@ class Agent:
             except queue.Empty:
                 continue
 
-    def _recv_while_delivering(self, sock: socket.socket, view: memoryview, peer: int, pending: deque,
-                               events: queue.Queue) -> None:
-        got = 0
-        while got < len(view):
-            if pending:
-                wait = self._report_delivered(sock, peer, pending, events)
-                if pending and not select.select([sock], [], [], wait)[0]:
-                    continue
-            n = sock.recv_into(view[got:], len(view) - got)
-            if n == 0:
-                raise AgentError("connection closed by peer")
-            got += n
+    def _readable_while_delivering(self, sock: socket.socket, peer: int, pending: deque,
+                                   events: queue.Queue) -> bool:
+        """Whether ``sock`` can be read now; meanwhile completes the pending sends the peer acknowledged."""
+        if not pending:
+            return True  # nothing to watch: a blocking read is fine
+        wait = self._report_delivered(sock, peer, pending, events)
+        return not pending or bool(select.select([sock], [], [], wait)[0])
 
     def _recv_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
         sock = self.in_socks[peer]

@@ -91,6 +91,8 @@ def queue_limits(topo: Topology, mtu: int, queue_packets: int | None = None) -> 
         switch = name[len(NAME_PREFIX):].rsplit("-eth", 1)[0]
         limits[name] = pcie if topo.is_pcie_switch(switch) else default
     return limits
+
+
 #: Bytes one TCP flow may hold in its host's own queue (TCP small queues):
 #: keeps a host's ACKs from waiting behind a deep queue of its own data.
 DEFAULT_HOST_TSQ_BYTES = 65536
@@ -175,9 +177,9 @@ def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES
     return done
 
 
-def leaf_queue_command(intf: str, packets: int) -> list[str]:
-    """Bound the queue under Mininet's HTB class 5:1 (a plain FIFO of ``packets``)."""
-    return ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "pfifo", "limit", str(packets)]
+def leaf_queue_command(intf: str, packets: int, parent: str = "5:1", handle: str = "10:") -> list[str]:
+    """Bound the queue under an HTB class (default Mininet's 5:1): a plain FIFO of ``packets``."""
+    return ["tc", "qdisc", "replace", "dev", intf, "parent", parent, "handle", handle, "pfifo", "limit", str(packets)]
 
 
 #: IP packets shorter than this (ACKs, the agents' clear-to-send messages)
@@ -203,8 +205,8 @@ def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
          "burst", "1mb", "cburst", "1mb", "prio", "0"],
         ["tc", "class", "add", "dev", intf, "parent", "10:", "classid", "10:2", "htb", "rate", "10gbit",
          "burst", "1mb", "cburst", "1mb", "prio", "1"],
-        ["tc", "qdisc", "add", "dev", intf, "parent", "10:1", "handle", "11:", "pfifo", "limit", str(packets)],
-        ["tc", "qdisc", "add", "dev", intf, "parent", "10:2", "handle", "12:", "pfifo", "limit", str(packets)],
+        leaf_queue_command(intf, packets, parent="10:1", handle="11:"),
+        leaf_queue_command(intf, packets, parent="10:2", handle="12:"),
         ["tc", "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
          "match", "u16", "0x0000", f"0x{short:04x}", "at", "2", "flowid", "10:1"],
     ]
