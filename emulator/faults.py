@@ -81,12 +81,18 @@ class Fault:
 
     def describe(self) -> str:
         target = f":{self.target}" if self.target is not None else ""
-        when = f"step={self.step}" if self.step is not None else f"{self.at_s:g}s"
+        when = f"step={self.step}" if self.step is not None else f"{_exact(self.at_s)}s"
         return f"{self.action}{target}@{when}" + (f",rep={self.rep}" if self.rep else "")
 
     def to_json(self) -> dict[str, Any]:
         return {"spec": self.describe(), "action": self.action, "target": self.target, "at_s": self.at_s,
                 "step": self.step, "rep": self.rep}
+
+
+def _exact(seconds: float | None) -> str:
+    """``seconds`` short where that reads back exactly (``1.5``), else every digit it needs (``0.001953125``)."""
+    short = f"{seconds:g}"
+    return short if float(short) == seconds else repr(seconds)
 
 
 def _int(where: str, key: str, raw: object, minimum: int) -> int:

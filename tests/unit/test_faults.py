@@ -31,7 +31,8 @@ def test_valid_faults_parse(spec, expected):
 
 
 def test_describe_round_trips():
-    for spec in ("link_down:s1-s3@1.5s", "agent_kill:2@step=3,rep=2", "controller_kill@0s"):
+    for spec in ("link_down:s1-s3@1.5s", "agent_kill:2@step=3,rep=2", "controller_kill@0s",
+                 "controller_kill@0.001953125s"):  # 7 significant digits: found by the fuzz test
         f = parse(spec)
         assert parse(f.describe()) == f
 
