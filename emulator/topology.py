@@ -83,14 +83,11 @@ import networkx as nx
 from emulator.errors import MISSING, FieldError, UserError
 
 JSON_FORMAT_VERSION = 1
-#: Frames of 32000 bytes: 21 times fewer packets through the single-threaded
-#: userspace datapath than at 1500 bytes, 3.5 times fewer than 9000-byte jumbo
-#: frames (measured: HDRM busbw 0.85-0.94 of the link against 0.74-0.75 at
-#: 9000). The price: under time dilation a frame's serialisation stands for
-#: 3.5x a real 9000-byte frame's (2.6 us against 0.7 us at 100 Gbit/s), which
-#: matters for latency-bound runs, not bandwidth-bound ones. veth and the
-#: userspace datapath carry it; ``mtu`` is a parameter wherever networks are built.
-DEFAULT_MTU = 32000
+#: The MTU of networks built without a fabric profile, and that of the
+#: default profile (:mod:`emulator.fabric`): a real 9000-byte jumbo frame, so
+#: that under time dilation every frame's serialisation and store-and-forward
+#: stand for a real frame's exactly. ``mtu`` is a parameter wherever networks are built.
+DEFAULT_MTU = 9000
 MAX_LINK_MBPS = 1000.0
 DEFAULT_LINK_MBPS = 10.0
 MAX_HOSTS = 1024
@@ -221,6 +218,12 @@ class Topology:
 
     def link_at(self, node: str, port: int) -> Link | None:
         return self._links_by_port.get((node, port))
+
+    def host_link(self, host: str) -> Link:
+        """The one link of ``host`` (its port 0)."""
+        link = self.link_at(self.host(host).name, 0)
+        assert link is not None, host  # every host has exactly one link, on port 0
+        return link
 
     def port_to(self, node: str, neighbor: str) -> int:
         """The port of ``node`` whose link leads to ``neighbor`` (see :meth:`link_between`)."""
@@ -435,7 +438,19 @@ class Topology:
 
 def tcp_goodput_factor(mtu: int = DEFAULT_MTU) -> float:
     """TCP payload per byte on the wire as HTB counts it (Ethernet header, IP, TCP with timestamps)."""
-    return (mtu - 52) / (mtu + 14)
+    return tcp_payload_bytes(mtu) / (mtu + 14)
+
+
+def tcp_payload_bytes(mtu: int = DEFAULT_MTU) -> int:
+    """TCP payload of a full frame (the MSS with timestamps: 20 bytes of IP, 32 of TCP)."""
+    return mtu - 52
+
+
+def last_segment_bytes(nbytes: int | float, mss: int) -> float:
+    """The payload of the last frame of a message of ``nbytes`` cut into frames of ``mss`` bytes."""
+    if nbytes <= 0:
+        return 0.0
+    return nbytes - mss * ((int(nbytes) - 1) // mss)
 
 
 def node_sort_key(name: str) -> tuple[str, int]:
@@ -518,12 +533,14 @@ def fabric_keys(kind: str) -> tuple[str, ...]:
     return tuple(_KIND_KEYS[kind])
 
 
-def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> tuple[str, dict[str, Any]]:
     """Validate a spec string or mapping; return ``(kind, params)``.
 
     ``params`` holds every key of the kind, plus ``host_bw`` and ``switch_bw``
     resolved from ``bw``; with servers also every server key, defaults
-    resolved. Raises :class:`FieldError` naming the first bad field.
+    resolved. ``bw`` defaults to ``default_mbps`` (a fabric profile's
+    emulated rate), else :data:`DEFAULT_LINK_MBPS`. Raises
+    :class:`FieldError` naming the first bad field.
     """
     where = _where(spec)
     if isinstance(spec, str):
@@ -550,7 +567,7 @@ def parse_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         params[key] = _parse_int(where, key, items[key], minimum)
     if kind == "fattree" and params["k"] % 2:
         raise FieldError(where, "k", "an even integer >= 2", items["k"])
-    bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else DEFAULT_LINK_MBPS
+    bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else (default_mbps or DEFAULT_LINK_MBPS)
     params["bw"] = bw
     params["host_bw"] = _parse_rate(where, "host_bw", items["host_bw"]) if "host_bw" in items else bw
     params["switch_bw"] = _parse_rate(where, "switch_bw", items["switch_bw"]) if "switch_bw" in items else bw
@@ -880,9 +897,9 @@ _BISECTION = {
 }
 
 
-def build(spec: str | Mapping[str, Any]) -> Topology:
-    """Build the topology a spec describes (see the module docstring)."""
-    kind, params = parse_spec(spec)
+def build(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> Topology:
+    """Build the topology a spec describes (see the module docstring; ``default_mbps`` as for :func:`parse_spec`)."""
+    kind, params = parse_spec(spec, default_mbps)
     builder = _Builder(params["host_bw"], params["switch_bw"])
     _BUILDERS[kind](builder, params)
     return builder.build(kind, params)
@@ -915,8 +932,9 @@ def from_json(data: Mapping[str, Any], where: str = "topology file") -> Topology
     return topo
 
 
-def load(source: str | Mapping[str, Any]) -> Topology:
-    """A topology from a spec string, a spec mapping, or the path of a JSON export."""
+def load(source: str | Mapping[str, Any], default_mbps: float | None = None) -> Topology:
+    """A topology from a spec string, a spec mapping (links of ``default_mbps`` where it sets no rate,
+    see :func:`parse_spec`), or the path of a JSON export (its own rates)."""
     if isinstance(source, str) and (source.endswith(".json") or os.sep in source) and ":" not in source:
         try:
             with open(source, encoding="utf-8") as fh:
@@ -925,8 +943,10 @@ def load(source: str | Mapping[str, Any]) -> Topology:
             raise UserError(f"topology file {source!r}: cannot read it ({exc.strerror})") from None
         except json.JSONDecodeError as exc:
             raise UserError(f"topology file {source!r}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # a NUL in the path; a file that is not text
+            raise UserError(f"topology file {source!r}: cannot read it ({exc})") from None
         return from_json(data, where=f"topology file {source!r}")
-    return build(source)
+    return build(source, default_mbps)
 
 
 def all_host_pairs(topo: Topology) -> Iterable[tuple[str, str]]:

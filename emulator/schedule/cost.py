@@ -1,43 +1,47 @@
-"""Contention and completion time of a schedule on a topology.
+"""Contention and the step models of a schedule on a topology.
 
 Every send operation is a transfer; transfers with the same ``step`` are taken
 to run at the same time. Each transfer is routed with the controller's own
 pure routing logic, ``routing.route(topo, policy, routing.agent_flow(topo,
 src_host, dst_host), seed=seed)``, so the path is the one the agent's TCP
 connection takes. Per step this module counts the flows on every directed link
-and predicts the step's duration with two models:
+and charges the step by two lockstep models:
 
 alpha-beta (no contention)
-    ``alpha + bytes / rate`` for the slowest transfer of the step, where
-    ``rate`` is the goodput of the slowest link on its path. Summed over steps,
-    a ring on a star gives exactly ``2(p-1)·alpha + 2(p-1)/p·n·beta``
-    (DOMAIN.md §2, see :func:`allreduce_formula`).
+    the slowest transfer alone: its latency (rendezvous, message latency and
+    store-and-forward tail, :mod:`emulator.latency`) plus ``bytes / rate``,
+    ``rate`` the goodput of the slowest link on its path. With latency
+    ``alpha`` per message only, a ring on a star sums to exactly
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (DOMAIN.md §2, :func:`allreduce_formula`).
 max-min fair (flow level)
-    All transfers of the step start together; every directed link's goodput is
+    all transfers of the step start together; every directed link's goodput is
     shared max-min fairly (progressive filling, bottleneck by bottleneck);
-    whenever a flow finishes the rates are recomputed. The step lasts
-    ``alpha`` plus the time until the last flow finishes.
+    whenever a flow finishes the rates are recomputed. The step lasts the
+    largest transfer latency plus the time until the last flow finishes.
+
+The prediction itself is the timing model's (:mod:`emulator.schedule.timing`),
+which follows the agents' dependencies instead of lockstep steps; it shares
+:func:`maxmin_rates` and :func:`path_function` with this module.
 
 Rates: a link of ``bw_mbps`` carries ``bw_mbps·1e6/8·goodput`` bytes/s in each
 direction, ``goodput`` = TCP payload per wire byte at the network's MTU
-(:func:`emulator.topology.tcp_goodput_factor`: 0.998 at the default 32000,
-1448/1514 at 1500).
-Local reductions cost ``gamma`` seconds per byte (default 0: not modelled).
+(:func:`emulator.topology.tcp_goodput_factor`: 0.9923 at 9000, 1448/1514 at
+1500). Local reductions cost ``gamma`` seconds per byte (default 0: not
+modelled).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from emulator import routing
+from emulator.latency import LatencyModel
 from emulator.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
-from emulator.topology import DEFAULT_MTU, Topology, tcp_goodput_factor
+from emulator.topology import DEFAULT_MTU, Topology, last_segment_bytes, tcp_goodput_factor, tcp_payload_bytes
 
 TCP_GOODPUT = tcp_goodput_factor(DEFAULT_MTU)  # the emulated network's default MTU
-#: Per-message latency of the alpha-beta and max-min models (seconds): a few
-#: switch hops plus the agent's per-message work in Python.
-DEFAULT_ALPHA_S = 100e-6
 
 Link = tuple[str, str]
 
@@ -80,9 +84,11 @@ class StepCost:
 class CostReport:
     routing: str
     seed: int
-    alpha_s: float
+    latency: LatencyModel
     goodput: float
+    mtu: int
     steps: list[StepCost] = field(default_factory=list)
+    switch_counts: list[int] = field(default_factory=list)  # of every transfer's path
 
     @property
     def max_flows_per_link(self) -> list[int]:
@@ -178,14 +184,37 @@ def maxmin_completion(sizes: list[float], flows: list[list[Link]], capacity: dic
     return now
 
 
-def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, alpha: float = DEFAULT_ALPHA_S,
-            gamma: float = 0.0, goodput: float = TCP_GOODPUT) -> CostReport:
-    """Per-step flows on every directed link, and the alpha-beta and max-min fair step times.
+def path_function(topo: Topology, policy: str, schedule: Schedule, seed: int = 0,
+                  goodput: float = TCP_GOODPUT) -> Callable[[int, int], tuple[list[Link], list[float], int]]:
+    """``(src_rank, dst_rank) -> (directed links, their capacities, switches crossed)`` for the timing model."""
+    cache: dict[tuple[int, int], tuple[list[Link], list[float], int]] = {}
+
+    def path_of(src: int, dst: int) -> tuple[list[Link], list[float], int]:
+        if (src, dst) not in cache:
+            a, b = schedule.ranks[src].host, schedule.ranks[dst].host
+            path = routing.route(topo, policy, routing.agent_flow(topo, a, b), seed=seed)
+            named = physical_links(topo, path, goodput)
+            cache[(src, dst)] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
+        return cache[(src, dst)]
+
+    return path_of
+
+
+def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
+            gamma: float = 0.0, mtu: int = DEFAULT_MTU) -> CostReport:
+    """Per-step flows on every directed link, the step models, and the timing model's execution.
 
     Steps run ``0..schedule.steps-1``; a step without transfers costs only its
-    local reductions.
+    local reductions. ``latency`` (default: none at all) gives every
+    transfer's latency terms by the switches its path crosses; the step
+    models charge each transfer its rendezvous, message latency and
+    store-and-forward tail, the timing model (:mod:`emulator.schedule.timing`)
+    applies the agents' rules.
     """
-    report = CostReport(routing=policy, seed=seed, alpha_s=alpha, goodput=goodput)
+    model = latency or LatencyModel()
+    goodput = tcp_goodput_factor(mtu)
+    mss = tcp_payload_bytes(mtu)
+    report = CostReport(routing=policy, seed=seed, latency=model, goodput=goodput, mtu=mtu)
     by_step: dict[int, list[Transfer]] = {}
     for t in transfers(schedule, topo, policy, seed):
         by_step.setdefault(t.step, []).append(t)
@@ -201,6 +230,7 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, a
         counts: dict[Link, int] = {}
         flows = []
         ab = 0.0
+        fixed = 0.0
         for t in items:
             named = physical_links(topo, t.path, goodput)
             links = [name for name, _ in named]
@@ -208,23 +238,48 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, a
             for name, cap in named:
                 counts[name] = counts.get(name, 0) + 1
                 capacity[name] = cap
-            ab = max(ab, alpha + t.bytes / min(capacity[link] for link in links))
+            lat = model.path(len(t.path) - 2)
+            tail = sum(last_segment_bytes(t.bytes, mss) / cap for _, cap in named[1:])
+            own = lat.rendezvous_target_s + lat.message_s + tail
+            fixed = max(fixed, own)
+            ab = max(ab, own + t.bytes / min(capacity[link] for link in links))
         compute = gamma * max(reduced.get(step, {}).values(), default=0)
-        mm = (alpha + maxmin_completion([t.bytes for t in items], flows, capacity)) if items else 0.0
+        mm = (fixed + maxmin_completion([t.bytes for t in items], flows, capacity)) if items else 0.0
         report.steps.append(StepCost(step=step, transfers=len(items), bytes=max((t.bytes for t in items), default=0),
                                      flows_per_link=counts, alpha_beta_s=ab + compute, maxmin_s=mm + compute))
+    report.switch_counts = sorted({len(t.path) - 2 for items in by_step.values() for t in items})
     return report
 
 
-def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0) -> float:
-    """Closed-form contention-free allreduce time (DOMAIN.md §2) for ``ring`` and ``hd``/``hdrm`` (p a power of 2)."""
+def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
+                      switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0) -> float:
+    """Closed-form contention-free allreduce time (DOMAIN.md §2, §8) for ``ring`` and ``hd``/``hdrm``.
+
+    Every message of ``b`` bytes over a path of ``switches`` switches costs
+    ``alpha + switches·switch_latency + b·beta + switches·last·beta``
+    (software latency, switch latency, serialisation, and the store-and-forward
+    of its last frame of ``last`` bytes on each further link: ``b`` cut into
+    frames of ``frame`` bytes, see :func:`~emulator.topology.last_segment_bytes`). A ring pipelines: its receives
+    are posted before its messages come, so it pays one rendezvous
+    (``switches·switch_latency``) in all; halving-doubling's lockstep rounds
+    pay one per round. With ``switches = 0`` these are the textbook
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma`` and
+    ``2·log2(p)·alpha + ...`` (``p`` a power of two).
+    """
+    def message(b: float) -> float:
+        last = last_segment_bytes(b, int(frame)) if frame else 0.0
+        return alpha + switches * switch_latency + b * beta + switches * last * beta
+
+    reduce = (p - 1) / p * n * gamma
+    rendezvous = switches * switch_latency
     if algo == "ring":
-        return 2 * (p - 1) * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
+        return rendezvous + 2 * (p - 1) * message(n / p) + reduce
     if algo in ("hd", "hdrm"):
         k = p.bit_length() - 1
         if 1 << k != p:
             raise ValueError("the halving-doubling formula needs p a power of two")
-        return 2 * k * alpha + 2 * (p - 1) / p * n * beta + (p - 1) / p * n * gamma
+        rounds = [n / 2 ** (s + 1) for s in range(k)]
+        return 2 * sum(rendezvous + message(b) for b in rounds) + reduce
     raise ValueError(f"no closed form for {algo}")
 
 

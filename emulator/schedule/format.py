@@ -228,6 +228,27 @@ class Schedule:
         return out
 
 
+def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
+    """Pair the k-th send from rank a to rank b with the k-th receive at b from a (execution model, rule 2).
+
+    Returns ``(src_rank, send_op_id, dst_rank, recv_op_id)`` tuples, by sender
+    and receiver rank, then in program order.
+    """
+    sends: dict[tuple[int, int], list[int]] = {}
+    recvs: dict[tuple[int, int], list[int]] = {}
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind == SEND:
+                sends.setdefault((prog.rank, op.partner), []).append(op.id)
+            elif op.kind in (RECV, RECV_REDUCE):
+                recvs.setdefault((op.partner, prog.rank), []).append(op.id)
+    out = []
+    for (a, b), ids in sorted(sends.items()):
+        for send_id, recv_id in zip(ids, recvs.get((a, b), []), strict=False):  # validated schedules pair up
+            out.append((a, send_id, b, recv_id))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # Validation
 # ---------------------------------------------------------------------------

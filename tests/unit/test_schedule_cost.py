@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import topology
+from emulator import fabric, topology
+from emulator.latency import LatencyModel
 from emulator.schedule.check import check
 from emulator.schedule.cost import (
-    TCP_GOODPUT,
     allreduce_formula,
     analyze,
     bus_bandwidth_mbps,
@@ -15,10 +15,15 @@ from emulator.schedule.cost import (
     maxmin_rates,
 )
 from emulator.schedule.generators import generate
+from emulator.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 
-def _beta(topo: topology.Topology) -> float:
-    return 1 / (topo.host_bw * 1e6 / 8 * TCP_GOODPUT)
+def _beta(topo: topology.Topology, mtu: int = DEFAULT_MTU) -> float:
+    return 1 / (topo.host_bw * 1e6 / 8 * tcp_goodput_factor(mtu))
+
+
+def _profile(alpha_us: float, switch_us: float) -> LatencyModel:
+    return LatencyModel(fabric.parse(f"alpha_us={alpha_us},switch_latency_us={switch_us},dilation=10000"))
 
 
 @pytest.mark.parametrize("algo, p", [("ring", 5), ("ring", 8), ("hd", 8), ("hd", 16), ("hdrm", 8)])
@@ -26,10 +31,66 @@ def test_step_sums_match_the_closed_forms_without_contention(algo, p):
     spec = f"star:hosts={p}" if algo != "hdrm" else "bigraph:upper=2,lower=2,hosts_per_switch=2"
     topo = topology.build(spec)
     n = 4 * p * 1024
-    costs = analyze(generate(algo, topo, n), topo, "shortest", alpha=1e-4)
-    expected = allreduce_formula(algo, p, n, 1e-4, _beta(topo))
+    costs = analyze(generate(algo, topo, n), topo, "shortest", latency=_profile(0, 0))
+    switches = 1 if algo != "hdrm" else 2  # hdrm's partners sit in opposite groups
+    expected = allreduce_formula(algo, p, n, 0.0, _beta(topo), switches=switches, frame=tcp_payload_bytes())
+    if algo == "ring":  # the lockstep sum charges every step what the pipelined closed form charges once
+        expected += 2 * (p - 1) * 0.0
     assert costs.alpha_beta_time_s == pytest.approx(expected, rel=1e-9)
-    assert costs.maxmin_time_s == pytest.approx(expected, rel=1e-9)  # no link is shared
+    assert costs.maxmin_time_s == pytest.approx(costs.alpha_beta_time_s, rel=1e-9)  # no link is shared
+
+
+@pytest.mark.parametrize("algo, p, n", [("ring", 4, 64 << 10), ("ring", 16, 1 << 20), ("ring", 16, 4096 * 16),
+                                        ("hd", 8, 64 << 10), ("hd", 16, 16 << 20), ("hd", 16, 64 * 16)])
+@pytest.mark.parametrize("alpha_us, switch_us", [(8.0, 0.0), (8.0, 1.0), (0.0, 0.0), (25.0, 3.0)])
+def test_the_timing_model_is_the_closed_form_on_a_star(algo, p, n, alpha_us, switch_us):
+    """Ring: 2(p-1) messages and one rendezvous; hd: 2 log2(p) lockstep rounds, each with its rendezvous."""
+    topo = topology.build(f"star:hosts={p}")
+    model = _profile(alpha_us, switch_us)
+    report = check(generate(algo, topo, n), topo, "shortest", latency=model)
+    expected = allreduce_formula(algo, p, n, model.profile.alpha_s, _beta(topo), switches=1,
+                                 switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes())
+    assert report.predicted_time_s == pytest.approx(expected, rel=1e-9)
+    assert report.real_time_s == pytest.approx(expected / 10000, rel=1e-9)
+
+
+def test_the_latency_terms_alone_are_2_p_minus_1_alphas_for_ring_and_2_log_p_for_hd():
+    topo = topology.build("star:hosts=16")
+    n = 64 * 16  # 1 KiB: serialisation a few ms at 10 Mbit/s
+    base = {a: check(generate(a, topo, n), topo, "shortest", latency=_profile(0, 0)).predicted_time_s
+            for a in ("ring", "hd")}
+    with_alpha = {a: check(generate(a, topo, n), topo, "shortest", latency=_profile(8, 0)).predicted_time_s
+                  for a in ("ring", "hd")}
+    alpha = 8e-6 * 10000
+    assert with_alpha["ring"] - base["ring"] == pytest.approx(2 * 15 * alpha, rel=1e-9)
+    assert with_alpha["hd"] - base["hd"] == pytest.approx(2 * 4 * alpha, rel=1e-9)
+
+
+def test_gamma_adds_the_reductions_on_the_critical_path():
+    topo = topology.build("star:hosts=8")
+    n = 8 << 10
+    for algo in ("ring", "hd"):
+        sched = generate(algo, topo, n)
+        without = check(sched, topo, "shortest").predicted_time_s
+        with_gamma = check(sched, topo, "shortest", gamma=1e-6).predicted_time_s
+        assert with_gamma - without == pytest.approx(7 / 8 * n * 1e-6, rel=1e-9)
+
+
+def test_lockstep_rounds_wait_for_the_slowest_pair_and_rings_pipeline():
+    """On a leaf-spine with dmodk (no contention), paths cross 1 or 3 switches: hd's rounds pay the slowest,
+    the ring's chains pay the mean of their hops."""
+    topo = topology.build("leafspine:leaves=4,spines=4,hosts_per_leaf=4")
+    model = _profile(0, 10)  # 0.1 s per switch, nothing else of note at 64 B
+    hd = check(generate("hd", topo, 64 * 16), topo, "dmodk", latency=model)
+    assert max(hd.costs.max_flows_per_link) == 1
+    spans = hd.step_times()  # a step runs from its transfers' start (after the rendezvous) to their end
+    # rounds 0-1 pair ranks on one leaf (1 switch), rounds 2-3 across leaves (3 switches)
+    assert spans[0] == pytest.approx(0.1, abs=0.01) and spans[2] == pytest.approx(0.3, abs=0.01)
+    # each round also waits for its rendezvous: 2 x (2 x 0.2 + 2 x 0.6)
+    assert hd.predicted_time_s == pytest.approx(3.2, abs=0.05)
+    ring = check(generate("ring", topo, 64 * 16), topo, "dmodk", latency=model)
+    # every chain of 30 hops visits one cross-leaf edge in four: 30 · (3·0.3 + 1·0.1) / 4 + the first rendezvous
+    assert ring.predicted_time_s == pytest.approx(30 * (3 * 0.1 + 0.3) / 4 + 0.3, rel=0.05)
 
 
 def test_maxmin_rates_share_bottlenecks_fairly():

@@ -297,7 +297,7 @@ def test_hdrm_with_a_nic_per_accelerator_has_one_flow_per_link_in_the_cost_model
 def test_hdrm_with_one_shared_nic_puts_a_flows_on_every_nic_link():
     topo = topology.build(SHARED)
     sched = generate("hdrm", topo, 1 << 20)
-    report = cost.analyze(sched, topo, "bigraph", alpha=0)
+    report = cost.analyze(sched, topo, "bigraph")
     assert report.max_flows_per_link == [1, 1, 4, 4, 4, 4, 4, 4, 1, 1]
     nic_ends = {(lk.a, lk.b) for lk in topo.nic_links()} | {(lk.b, lk.a) for lk in topo.nic_links()}
     for step in report.steps[2:8]:
@@ -305,9 +305,10 @@ def test_hdrm_with_one_shared_nic_puts_a_flows_on_every_nic_link():
     # The same steps with a NIC per accelerator: each transfer alone on its links, 4x faster.
     own = topology.build(_server_spec("bigraph:upper=8,lower=8,hosts_per_switch=1", 4, 4, 4, "hdrm"))
     shared = topology.build(_server_spec("bigraph:upper=8,lower=8,hosts_per_switch=1", 4, 4, 1, "hdrm"))
-    times = [cost.analyze(generate("hdrm", t, 1 << 20), t, "bigraph", alpha=0).steps for t in (own, shared)]
+    times = [cost.analyze(generate("hdrm", t, 64 << 20), t, "bigraph").steps for t in (own, shared)]
     inter = [sum(s.maxmin_s for s in steps[2:6]) for steps in times]
-    assert inter[1] == pytest.approx(4 * inter[0], rel=1e-9)
+    # 4x, but for the last frame's store-and-forward, which sharing does not slow (under 1% at 64 MiB)
+    assert inter[1] == pytest.approx(4 * inter[0], rel=0.01)
 
 
 def test_hdrm_on_servers_needs_powers_of_two():

@@ -260,3 +260,10 @@ def test_bad_mapping_specs(spec):
 def test_missing_key_says_nothing_was_given():
     with pytest.raises(FieldError, match=r"got nothing$"):
         build("bigraph:upper=4")
+
+
+def test_a_topology_path_that_cannot_be_opened_is_one_user_error():
+    """Found by the schedule gen fuzzer: a NUL byte in the path raised ValueError from open()."""
+    for path in ("/\x00", "/no/such/file.json"):
+        with pytest.raises(UserError, match="cannot read it"):
+            topology.load(path)

@@ -1,0 +1,52 @@
+"""One rank's dependency rules, shared by the agents and the timing model."""
+
+from __future__ import annotations
+
+from emulator import topology
+from emulator.schedule.dispatch import Dispatcher
+from emulator.schedule.format import Op, RankProgram, Schedule
+from emulator.schedule.generators import generate
+
+
+def _ids(ready):
+    return [(r.op.id, r.at) for r in ready]
+
+
+def _rank(schedule: Schedule, rank: int) -> RankProgram:
+    return schedule.ranks[rank]
+
+
+def test_hd_rounds_release_receives_when_a_send_is_written_and_sends_when_it_is_acknowledged():
+    sched = generate("hd", topology.build("star:hosts=2"), 64)
+    prog = _rank(sched, 0)
+    d = Dispatcher(prog)
+    send0, recv0, send1, recv1 = (op.id for op in prog.ops)
+    assert d.awaited == {send0}  # the next round's send waits for it
+    assert _ids(d.start(0.0)) == [(send0, 0.0), (recv0, 0.0)]
+    assert _ids(d.done(recv0, 2.0)) == []
+    # written: the next round's receive may go (it was ready since the receive completed at 2.0)
+    assert _ids(d.written(send0, 1.5)) == [(recv1, 2.0)]
+    assert _ids(d.done(send0, 2.5)) == [(send1, 2.5)]  # acknowledged: the next round's send
+    assert d.pending == 2
+
+
+def test_a_peers_queue_hands_out_operations_in_program_order_and_from_the_latest_time():
+    sched = generate("ring", topology.build("star:hosts=4"), 4 * 64)
+    prog = _rank(sched, 1)
+    d = Dispatcher(prog)
+    first = d.start(10.0)
+    receives = [r for r in first if r.op.kind != "send"]
+    # a ring's receives depend on nothing (or on sends long done): they are queued at once, in order
+    assert [r.op.id for r in receives] == sorted(r.op.id for r in receives)
+    assert all(r.at == 10.0 for r in first)
+
+
+def test_an_operation_ready_early_waits_for_the_earlier_ones_of_its_queue():
+    """A send ready at once, queued behind a send that waits for local work: it goes after it, at its time."""
+    ops = (Op(0, "copy", 0, 1, 4, 0, src="scratch", src_chunk=0),
+           Op(1, "send", 0, 1, 4, 0, peer=1, deps=(0,)),
+           Op(2, "send", 1, 1, 4, 0, peer=1))
+    d = Dispatcher(RankProgram(0, "h1", ops))
+    assert _ids(d.start(0.0)) == [(0, 0.0)]  # only the copy: send 2 waits behind send 1
+    assert _ids(d.done(0, 5.0)) == [(1, 5.0), (2, 5.0)]
+    assert not d.awaited
