@@ -61,12 +61,17 @@ from typing import Any
 import numpy as np
 
 from emulator import routing, topology
+from emulator.latency import ZERO, PathLatency
+from emulator.results import read_json
 from emulator.schedule import format as sformat
+from emulator.schedule.dispatch import Dispatcher, Ready
 from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
 
 HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
 HELLO = struct.Struct("!I")  # sender rank, first thing on a data connection
-CLEAR_TO_SEND = struct.Struct("!II")  # repetition, step: receiver -> sender, "this receive is posted"
+#: receiver -> sender, "this receive is posted": repetition, step, and when it was posted (CLOCK_MONOTONIC,
+#: virtual: the time its dependencies were done, see emulator.schedule.dispatch)
+CLEAR_TO_SEND = struct.Struct("!IId")
 GIL_SWITCH_INTERVAL_S = 0.0002
 #: Below this many unacknowledged bytes (two 32000-byte frames and change), delivery is polled every
 DELIVERY_TAIL_BYTES = 1 << 17
@@ -116,8 +121,9 @@ class Agent:
     """Executes one rank's program; see the module docstring."""
 
     def __init__(self, schedule: Schedule, topo: topology.Topology, rank: int,
-                 ip_of: dict[str, str] | None = None):
-        """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback)."""
+                 ip_of: dict[str, str] | None = None, latency: dict[int, PathLatency] | None = None):
+        """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback);
+        ``latency`` the latency terms of the path to each rank this one sends to (default: none)."""
         self.schedule = schedule
         self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
         self.topo = topo
@@ -130,6 +136,7 @@ class Agent:
             "scratch": np.zeros(max(schedule.scratch_chunks, 1) * self.elems_per_chunk, dtype=np.float32),
         }
         self.send_peers = sorted({op.partner for op in self.program.ops if op.kind == SEND})
+        self.latency = {peer: (latency or {}).get(peer, ZERO) for peer in self.send_peers}
         self.recv_peers = sorted({op.partner for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
         self.out_socks: dict[int, socket.socket] = {}
         self.written: dict[int, int] = {}  # bytes written on each out_sock, for delivery tracking
@@ -140,10 +147,9 @@ class Agent:
         # Additions into one chunk may be unordered (the schedule allows it);
         # numpy releases the GIL while adding, so they take turns here.
         self.reduce_lock = threading.Lock()
-        sends = {op.id for op in self.program.ops if op.kind == SEND}
         # Sends another send waits for complete on delivery (see _send_worker);
         # receives and local work wait only until the data is written.
-        self.awaited_sends = {d for op in self.program.ops if op.kind == SEND for d in op.deps if d in sends}
+        self.awaited_sends = Dispatcher(self.program).awaited
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
         self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
 
@@ -244,55 +250,35 @@ class Agent:
         ``on_step(step)`` is called the first time an operation of one of
         ``watch_steps`` is released (the replay fires step-triggered faults
         on it).
+
+        Which operations run when is :class:`~emulator.schedule.dispatch.Dispatcher`'s;
+        it hands each one over with the virtual time it became ready, which
+        the send workers schedule from (see :meth:`_send_worker`). Timings:
+        a send runs from its transfer's start to its completion, a receive
+        from being posted to its last byte, a local operation as it ran.
+        ``sends`` holds, per send, when its receive was posted, when the
+        clear to send came, when ``sendall`` began and how late that was.
         """
         watched = set(watch_steps)
+        dispatcher = Dispatcher(self.program)
         # (op id, start, end, error, final): final is False for "an awaited send is written"
         events: queue.Queue[tuple[int, float, float, BaseException | None, bool]] = queue.Queue()
-        send_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
-        recv_q: dict[int, queue.Queue[Op | None]] = defaultdict(queue.Queue)
-        workers = []
-        for peer in self.send_peers:
-            workers.append(threading.Thread(target=self._send_worker, args=(peer, rep, send_q[peer], events),
-                                            daemon=True))
-        for peer in self.recv_peers:
-            workers.append(threading.Thread(target=self._recv_worker, args=(peer, rep, recv_q[peer], events),
-                                            daemon=True))
+        send_q: dict[int, queue.Queue[tuple[Op, float] | None]] = defaultdict(queue.Queue)
+        recv_q: dict[int, queue.Queue[tuple[Op, float] | None]] = defaultdict(queue.Queue)
+        self.send_info: dict[int, list[float]] = {}
+        workers = [threading.Thread(target=self._send_worker, args=(peer, rep, send_q[peer], events), daemon=True)
+                   for peer in self.send_peers]
+        workers += [threading.Thread(target=self._recv_worker, args=(peer, rep, recv_q[peer], events), daemon=True)
+                    for peer in self.recv_peers]
         for w in workers:
             w.start()
-        # Per peer and direction, ops are queued strictly in program order.
-        order: dict[tuple[str, int], list[int]] = defaultdict(list)
-        key_of: dict[int, tuple[str, int]] = {}
-        for op in self.program.ops:
-            if op.kind in (SEND, RECV, RECV_REDUCE):
-                key = ("send" if op.kind == SEND else "recv", op.partner)
-                order[key].append(op.id)
-                key_of[op.id] = key
-        next_in_order = {key: 0 for key in order}
-        waiting = {op.id: len(op.deps) for op in self.program.ops}
-        dependents: dict[int, list[int]] = defaultdict(list)
-        for op in self.program.ops:
-            for d in op.deps:
-                dependents[d].append(op.id)
-        ready_comm: set[int] = set()
         timings: dict[int, tuple[float, float]] = {}
-        pending = len(self.program.ops)
 
-        def release(op_id: int, sends: bool = True, others: bool = True) -> list[int]:
-            """Mark ``op_id``'s dependents (sends, others or both); return those now free to run."""
-            free = []
-            for nxt in dependents[op_id]:
-                if not (sends if self.ops[nxt].kind == SEND else others):
-                    continue
-                waiting[nxt] -= 1
-                if waiting[nxt] == 0:
-                    free.append(nxt)
-            return free
-
-        def dispatch(op_ids: list[int]) -> None:
-            nonlocal pending
-            stack = list(op_ids)
-            while stack:
-                op = self.ops[stack.pop()]
+        def hand(ready: list[Ready]) -> None:
+            todo = deque(ready)  # in order: a peer's receives are posted as the dispatcher queued them
+            while todo:
+                r = todo.popleft()
+                op = r.op
                 if op.step in watched and on_step is not None:
                     watched.discard(op.step)
                     on_step(op.step)
@@ -300,34 +286,26 @@ class Agent:
                     t0 = time.monotonic()
                     self._local(op)
                     timings[op.id] = (t0, time.monotonic())
-                    pending -= 1
-                    stack.extend(release(op.id))
-                    continue
-                ready_comm.add(op.id)
-                key = key_of[op.id]
-                ids = order[key]
-                while next_in_order[key] < len(ids) and ids[next_in_order[key]] in ready_comm:
-                    queued = self.ops[ids[next_in_order[key]]]
-                    next_in_order[key] += 1
-                    if queued.kind != SEND:
-                        self._post_receive(queued, rep)
-                    (send_q if queued.kind == SEND else recv_q)[queued.partner].put(queued)
+                    todo.extend(dispatcher.done(op.id, r.at))  # local work costs the modelled fabric nothing
+                elif op.kind == SEND:
+                    send_q[op.partner].put((op, r.at))
+                else:
+                    self._post_receive(op, rep, r.at)
+                    recv_q[op.partner].put((op, r.at))
 
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.monotonic()))
         try:
-            dispatch([op.id for op in self.program.ops if not op.deps])
-            while pending:
+            hand(dispatcher.start(time.monotonic() if start_at is None else start_at))
+            while dispatcher.pending:
                 op_id, t0, t1, error, final = events.get()
                 if error is not None:
                     raise error
                 if not final:  # an awaited send is written: receives and local work may use its buffer
-                    dispatch(release(op_id, sends=False))
+                    hand(dispatcher.written(op_id, t1))
                     continue
                 timings[op_id] = (t0, t1)
-                pending -= 1
-                awaited = op_id in self.awaited_sends
-                dispatch(release(op_id, sends=True, others=not awaited))
+                hand(dispatcher.done(op_id, t1))
         finally:
             for q in [*send_q.values(), *recv_q.values()]:
                 q.put(None)
@@ -339,7 +317,8 @@ class Agent:
             wrong = (f"{len(bad)} of {len(self.expected)} elements wrong; element {first} "
                      f"(chunk {first // self.elems_per_chunk}) is {self.buffers['data'][first]:g}, "
                      f"expected {self.expected[first]:g}")
-        return {"ops": [[i, t[0], t[1]] for i, t in sorted(timings.items())], "correct": correct, "wrong": wrong}
+        return {"ops": [[i, t[0], t[1]] for i, t in sorted(timings.items())], "correct": correct, "wrong": wrong,
+                "sends": {str(i): v for i, v in sorted(self.send_info.items())}}
 
     def _local(self, op: Op) -> None:
         target = self._view(op.buffer, op.chunk, op.nchunks)
@@ -350,15 +329,24 @@ class Agent:
             else:
                 target[:] = source
 
-    def _post_receive(self, op: Op, rep: int) -> None:
-        """Tell ``op``'s sender that this receive is posted (its clear to send)."""
+    def _post_receive(self, op: Op, rep: int, at: float) -> None:
+        """Tell ``op``'s sender that this receive is posted (its clear to send), as of ``at``."""
         try:
-            self.in_socks[op.partner].sendall(CLEAR_TO_SEND.pack(rep, op.step))
+            self.in_socks[op.partner].sendall(CLEAR_TO_SEND.pack(rep, op.step, at))
         except OSError as exc:
             raise AgentError(f"{op.describe()}: clear to send to rank {op.partner}: {exc}") from None
 
     def _send_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
-        """Send ``peer``'s messages in order; each starts on its clear to send.
+        """Send ``peer``'s messages in order; each starts on its clear to send, at the fabric's latency.
+
+        A transfer starts (virtual time ``t_v``) once the send is queued and
+        the clear to send could have crossed the emulated fabric (posted +
+        ``rendezvous_target_s``); ``sendall`` follows ``sleep_s`` later, so
+        that the first byte arrives the profile's message latency after
+        ``t_v`` (:mod:`emulator.latency`). A message whose deadline passes
+        while the previous one is still being written follows it at once: its
+        bytes queue behind the previous ones in the stream, as on a real NIC.
+        Deliveries are watched while this worker waits or sleeps.
 
         ``sendall`` returns once the data is in the kernel's send buffer; a send
         counted complete then would let a dependent send to *another* peer
@@ -368,38 +356,56 @@ class Agent:
         as soon as it is written (the kernel holds a copy, the buffer is free,
         and a receive posted then lets its sender start one return trip
         earlier). The next message to the same peer does not wait for that (it
-        follows in the same TCP stream, so they cannot share a link): deliveries are watched while this worker waits for its next
-        operation or clear to send. (Blocking the channel until the ACK came
-        back put the return path's queueing delay into every ring step.)
+        follows in the same TCP stream, so they cannot share a link).
+        (Blocking the channel until the ACK came back put the return path's
+        queueing delay into every ring step.)
         """
         sock = self.out_socks[peer]
+        lat = self.latency[peer]
         clear = bytearray(CLEAR_TO_SEND.size)
         pending: deque[tuple[Op, float, int]] = deque()  # awaited sends not yet acknowledged: op, t0, end offset
         op: Op | None = None
+        written_at = float("-inf")
         try:
-            while (op := self._next_while_delivering(ops, sock, peer, pending, events)) is not None:
+            while (item := self._next_while_delivering(ops, sock, peer, pending, events)) is not None:
+                op, queued_at = item
                 payload = _bytes_view(self._view(op.buffer, op.chunk, op.nchunks))
                 if len(payload) != op.bytes:
                     raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
                 _recv_exact(sock, memoryview(clear),
                             readable=lambda: self._readable_while_delivering(sock, peer, pending, events))
-                if CLEAR_TO_SEND.unpack(clear) != (rep, op.step):
-                    their_rep, step = CLEAR_TO_SEND.unpack(clear)
+                cts_at = time.monotonic()
+                their_rep, step, posted_at = CLEAR_TO_SEND.unpack(clear)
+                if (their_rep, step) != (rep, op.step):
                     raise AgentError(f"expected clear to send for repetition {rep} step {op.step}, "
                                      f"got repetition {their_rep} step {step}")
-                t0 = time.monotonic()  # the transfer starts now; waiting for the receiver is not part of it
+                t_v = max(queued_at, posted_at + lat.rendezvous_target_s)
+                deadline = t_v + lat.sleep_s + lat.unshaped_s(op.bytes)
+                self._sleep_while_delivering(deadline, sock, peer, pending, events)
+                sent = time.monotonic()
                 sock.sendall(HEADER.pack(rep, op.step, op.bytes))
                 sock.sendall(payload)
+                # late: beyond the deadline, and beyond the previous message's sendall, which it follows anyway
+                late = max(0.0, sent - max(deadline, written_at))
+                written_at = time.monotonic()
                 self.written[peer] += HEADER.size + len(payload)
+                self.send_info[op.id] = [posted_at, cts_at, sent, late]
                 if op.id in self.awaited_sends:
-                    events.put((op.id, t0, time.monotonic(), None, False))
-                    pending.append((op, t0, self.written[peer]))
+                    events.put((op.id, t_v, written_at, None, False))
+                    pending.append((op, t_v, self.written[peer]))
                 else:
-                    events.put((op.id, t0, time.monotonic(), None, True))
+                    events.put((op.id, t_v, written_at, None, True))
         except BaseException as exc:
             failed = pending[0][0] if pending else op
             if failed is not None:
                 events.put((failed.id, 0.0, 0.0, AgentError(f"send {failed.describe()} to rank {peer}: {exc}"), True))
+
+    def _sleep_while_delivering(self, deadline: float, sock: socket.socket, peer: int, pending: deque,
+                                events: queue.Queue) -> None:
+        """Wait until ``deadline`` (monotonic), completing the pending sends the peer acknowledges meanwhile."""
+        while (left := deadline - time.monotonic()) > 0:
+            wait = self._report_delivered(sock, peer, pending, events)
+            time.sleep(min(left, wait) if pending else left)
 
     def _report_delivered(self, sock: socket.socket, peer: int, pending: deque, events: queue.Queue) -> float:
         """Complete the pending sends the peer has acknowledged; return how long to wait before looking again."""
@@ -421,7 +427,7 @@ class Agent:
         return min(wait, DELIVERY_TAIL_POLL_S) if left <= DELIVERY_TAIL_BYTES else wait
 
     def _next_while_delivering(self, ops: queue.Queue, sock: socket.socket, peer: int, pending: deque,
-                               events: queue.Queue) -> Op | None:
+                               events: queue.Queue) -> tuple[Op, float] | None:
         while True:
             wait = self._report_delivered(sock, peer, pending, events)
             if not pending:
@@ -443,9 +449,9 @@ class Agent:
         sock = self.in_socks[peer]
         header = bytearray(HEADER.size)
         scratch = np.empty(0, dtype=np.float32)
-        while (op := ops.get()) is not None:
+        while (item := ops.get()) is not None:
+            op, t0 = item  # a receive's time runs from its posting
             try:
-                t0 = time.monotonic()
                 _recv_exact(sock, memoryview(header))
                 their_rep, step, nbytes = HEADER.unpack(header)
                 if (their_rep, step, nbytes) != (rep, op.step, op.bytes):
@@ -487,6 +493,24 @@ class Control:
         return json.loads(line)
 
 
+def latency_plan(paths: dict[tuple[int, int], PathLatency]) -> dict[str, Any]:
+    """The latency plan file's contents: per sending rank, per receiving rank, the path's latency terms."""
+    plan: dict[str, dict[str, Any]] = {}
+    for (src, dst), path in sorted(paths.items()):
+        plan.setdefault(str(src), {})[str(dst)] = path.to_json()
+    return {"version": 1, "ranks": plan}
+
+
+def load_latency_plan(path: str | None, rank: int) -> dict[int, PathLatency]:
+    """This rank's entries of a plan written from :func:`latency_plan` (none without a file)."""
+    if path is None:
+        return {}
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("version") != 1:
+        raise AgentError(f"latency plan {path}: not a version 1 plan")
+    return {int(dst): PathLatency.from_json(v) for dst, v in data["ranks"].get(str(rank), {}).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="emulator.agent")
     parser.add_argument("--schedule", required=True)
@@ -494,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--control", required=True)
     parser.add_argument("--log", required=True)
+    parser.add_argument("--latency", default=None, help="latency plan (JSON, see load_latency_plan)")
     args = parser.parse_args(argv)
     # A worker woken by its socket waits for the GIL up to the switch interval
     # (5 ms by default) while another thread computes; every message passes
@@ -508,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         schedule = sformat.load(args.schedule)
         topo = topology.load(args.topology)
-        agent = Agent(schedule, topo, args.rank)
+        agent = Agent(schedule, topo, args.rank, latency=load_latency_plan(args.latency, args.rank))
         log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
         agent.connect()
         agent.prepare()

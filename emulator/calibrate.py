@@ -1,8 +1,8 @@
 """``emu calibrate``: what this machine's emulation can be trusted to do.
 
-Three measurements (DOMAIN.md §4, Mininet-HiFi's lesson), written to the
-calibration file :func:`emulator.fidelity.calibration_path` that replay's
-fidelity check reads:
+Four measurements (DOMAIN.md §4, Mininet-HiFi's lesson) at one MTU, written
+to that MTU's calibration file (:func:`emulator.fidelity.calibration_path`),
+which replay's fidelity check and the timing model read:
 
 1. **datapath capacity** -- on a multi-hop fabric (:data:`CAPACITY_TOPOLOGY`,
    ``dmodk`` static routes) 16 concurrent iperf3 flows, leaf ``l`` to leaf
@@ -22,6 +22,13 @@ fidelity check reads:
 3. **agents vs iperf3** -- on the same kind of link, a 2-rank ring allreduce
    replayed by the host agents (both directions at once; per-direction
    goodput = busbw) against ``iperf3 --bidir``'s per-direction goodput.
+4. **intrinsic latency** per path length (:mod:`emulator.latency_probe`): what
+   this machine adds to every message by itself, which the agents subtract
+   from the fabric profile's latency and the model takes as a floor.
+
+``emu run`` and ``emu bench`` make a *minimal* calibration (capacity on a
+short ladder, and latency; about a minute) when none exists for this
+machine at their MTU (:func:`ensure_calibration`).
 
 Pure parts (:func:`parse_iperf3`, :class:`CapacityPoint`,
 :func:`capacity_from_points`, :func:`rate_ladder`, :func:`capacity_pairs`,
@@ -33,7 +40,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
@@ -42,10 +48,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from emulator import fidelity, routing, topology
+from emulator import fidelity, latency_probe, routing, topology
 from emulator.errors import UserError
+from emulator.fabric import FabricProfile
+from emulator.network import EmulatedNetwork, host_intf, shaping_class_command, switch_intf, tc_rates
 from emulator.results import write_json_atomic
-from emulator.system import cpu_times, run
+from emulator.system import cpu_times, machine_identity, run
 from emulator.topology import Topology
 
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
@@ -57,6 +65,9 @@ FLOW_OK_RATIO = 0.90
 LADDER_MBPS = (2, 3, 4, 5, 6, 8, 10, 12, 15, 20, 25, 30, 40, 50, 60, 80, 100, 125, 150, 200, 250, 300, 400, 500,
                700, 1000)
 QUICK_LADDER_MBPS = (2, 4, 8, 16, 32, 64)
+#: The automatic (minimal) calibration's ladder: rates below 16 Mbit/s carry a 16-host fabric easily, and the
+#: default fabric profile's links (20 Mbit/s) need the capacity known between 32 and 64.
+MINIMAL_LADDER_MBPS = (16, 32, 40, 48, 64, 96)
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
@@ -153,9 +164,10 @@ def capacity_from_points(points: Sequence[CapacityPoint], min_ratio: float = FLO
     }
 
 
-def rate_ladder(start_mbps: float, quick: bool = False, max_mbps: float = 1000.0) -> list[float]:
+def rate_ladder(start_mbps: float, quick: bool = False, max_mbps: float = 1000.0,
+                minimal: bool = False) -> list[float]:
     """The per-link rates to try, from ``start_mbps`` up (Mininet shapes at most 1000 Mbit/s)."""
-    ladder = QUICK_LADDER_MBPS if quick else LADDER_MBPS
+    ladder = MINIMAL_LADDER_MBPS if minimal else QUICK_LADDER_MBPS if quick else LADDER_MBPS
     return [float(r) for r in ladder if start_mbps <= r <= max_mbps]
 
 
@@ -199,32 +211,25 @@ def flow_paths(topo: Topology, policy: str, pairs: Sequence[tuple[str, str]], se
 
 
 def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]) -> list[list[str]]:
-    """``tc`` commands setting every link's HTB class (Mininet ``TCLink``: 5:1) to ``rate_mbps``.
+    """``tc`` commands setting every link's shaping class (:func:`emulator.network.shaping_class_command`) to ``rate_mbps``.
 
     Host ends run inside the host's namespace (``mnexec -a PID``).
     """
-    from emulator.network import host_intf, switch_intf
-
-    def change(intf: str) -> list[str]:
-        return ["tc", "class", "change", "dev", intf, "parent", "5:0", "classid", "5:1", "htb",
-                "rate", f"{rate_mbps:g}Mbit", "burst", "15k"]
-
     cmds = []
     for lk in topo.links:
         if lk.kind == "host":
-            cmds.append(["mnexec", "-a", str(host_pids[lk.a]), *change(host_intf(lk.a))])
-            cmds.append(change(switch_intf(lk.b, lk.b_port)))
+            cmds.append(["mnexec", "-a", str(host_pids[lk.a]), *shaping_class_command(host_intf(lk.a), rate_mbps)])
+            cmds.append(shaping_class_command(switch_intf(lk.b, lk.b_port), rate_mbps))
         else:
-            cmds.append(change(switch_intf(lk.a, lk.a_port)))
-            cmds.append(change(switch_intf(lk.b, lk.b_port)))
+            cmds.append(shaping_class_command(switch_intf(lk.a, lk.a_port), rate_mbps))
+            cmds.append(shaping_class_command(switch_intf(lk.b, lk.b_port), rate_mbps))
     return cmds
 
 
 def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
-    return {"nproc": os.cpu_count(), "datapath": datapath, "mtu": mtu, "kernel": platform.release(),
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "ovs_version": run(["ovs-vsctl", "--timeout=5", "get", "Open_vSwitch", ".", "ovs_version"])
-            .stdout.strip().strip('"'), "loadavg_before": _loadavg()}
+    """The machine a calibration describes: :func:`emulator.system.machine_identity` and the conditions."""
+    return {**machine_identity(), "datapath": datapath, "mtu": mtu,
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "loadavg_before": _loadavg()}
 
 
 def _loadavg() -> list[float]:
@@ -312,8 +317,6 @@ def run_iperf_flows(en: Any, topo: Topology, pairs: Sequence[tuple[str, str]], s
 
 def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
     """Set every link of the live network to ``rate_mbps`` (see :func:`reshape_commands`)."""
-    from emulator.network import host_intf, tc_rates
-
     pids = {h.name: en.host(h.name).pid for h in topo.hosts}
     for cmd in reshape_commands(topo, rate_mbps, pids):
         res = run(cmd)
@@ -326,16 +329,16 @@ def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
 
 
 def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str = "auto",
-                     mtu: int = topology.DEFAULT_MTU, echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY`; returns points and :func:`capacity_from_points`."""
-    from emulator.network import EmulatedNetwork
-
-    ladder = rate_ladder(start_mbps, quick)
+                     mtu: int = topology.DEFAULT_MTU, echo: Callable[[str], None] = print,
+                     minimal: bool = False) -> dict[str, Any]:
+    """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY` (flows of 5 s, 3 s quick, 2 s minimal);
+    returns points and :func:`capacity_from_points`."""
+    ladder = rate_ladder(start_mbps, quick, minimal=minimal)
     topo = topology.build(f"{CAPACITY_TOPOLOGY},bw={ladder[0]:g}")
     pairs = capacity_pairs(topo)
     paths = flow_paths(topo, CAPACITY_ROUTING, pairs)
     hops = [len(p) - 2 for p in paths]
-    seconds = 3.0 if quick else 5.0
+    seconds = 2.0 if minimal else 3.0 if quick else 5.0
     points: list[CapacityPoint] = []
     retried: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing=CAPACITY_ROUTING, datapath=datapath, mtu=mtu, label="calibrate") as en:
@@ -375,10 +378,8 @@ def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto
     ``extra_rates`` are measured too on the same network (links reshaped) and
     returned under ``sweep``.
     """
-    from emulator.network import EmulatedNetwork, tcp_goodput_factor
-
     topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
-    factor = tcp_goodput_factor(mtu)
+    factor = topology.tcp_goodput_factor(mtu)
     sweep: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing="shortest", datapath=datapath, mtu=mtu, label="calibrate") as en:
         for rate in [bw_mbps, *extra_rates]:
@@ -431,51 +432,71 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
 
 
 def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,
-              echo: Callable[[str], None] = print, write: bool = True) -> dict[str, Any]:
-    """All three measurements; writes the calibration file atomically (unless ``write`` is false)."""
+              echo: Callable[[str], None] = print, write: bool = True, latency_mbps: float | None = None,
+              minimal: bool = False) -> dict[str, Any]:
+    """Every measurement at ``mtu``; writes the calibration file of that MTU atomically (unless ``write`` is false).
+
+    ``latency_mbps`` is the link rate of the latency probes (default: the
+    recommended rate); ``minimal`` (the automatic calibration of ``emu run``
+    and ``emu bench``, about a minute) measures only the capacity, on a short
+    ladder, and the latency.
+    """
     if bw_mbps is not None and not 0 < bw_mbps <= 1000:
         raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {bw_mbps!r}")
     t0 = time.monotonic()
     info = machine_info(datapath, mtu)
-    echo(f"calibrating ({'quick' if quick else 'full'}; {info['nproc']} CPUs, load {info['loadavg_before']})")
-    capacity = measure_capacity(quick=quick, datapath=datapath, mtu=mtu, echo=echo)
+    kind = "minimal" if minimal else ("quick" if quick else "full")
+    echo(f"calibrating at MTU {mtu} ({kind}; {info['nproc']} CPUs, load {info['loadavg_before']})")
+    capacity = measure_capacity(quick=quick, datapath=datapath, mtu=mtu, echo=echo, minimal=minimal)
     info["datapath"] = capacity["datapath"]
     recommended = recommended_link_mbps(capacity["capacity_mbps"])
     bw = bw_mbps or recommended
-    seconds = 3.0 if quick else 5.0
-    one = measure_one_link(bw, seconds, datapath, mtu, extra_rates=() if quick else (10.0, 50.0, 100.0, 200.0))
-    echo(f"  one link at {bw:g} Mbit/s: {one['goodput_mbps']:.2f} Mbit/s = {one['ratio']:.3f} of the rate, "
-         f"{one['ratio_to_model']:.3f} of the model")
-    agents = measure_agents_vs_iperf(bw, seconds, repeat=2 if quick else 3, datapath=datapath, mtu=mtu, echo=echo)
-    echo(f"  agents vs iperf3 --bidir at {bw:g} Mbit/s: {agents['agent_mbps']:.2f} / {agents['iperf3_mbps']:.2f} "
-         f"Mbit/s per direction = {agents['ratio']:.3f}")
-    data = {
-        "version": 1,
-        "machine": {**info, "loadavg_after": _loadavg()},
-        "quick": quick,
+    measurements: dict[str, Any] = {"capacity": capacity}
+    data: dict[str, Any] = {
+        "version": fidelity.CALIBRATION_VERSION, "quick": quick or minimal, "minimal": minimal,
         "datapath_capacity_mbps": capacity["capacity_mbps"],
         "datapath_capacity_unit": "switch-hop Mbit/s: sum of bytes x switches traversed x 8 / seconds / 1e6",
-        "recommended_link_mbps": recommended,
-        "one_link_ratio": one["ratio"],
-        "agent_over_iperf3": agents["ratio"],
-        "measurements": {"capacity": capacity, "one_link": one, "agents_vs_iperf3": agents},
-        "duration_s": time.monotonic() - t0,
+        "recommended_link_mbps": recommended, "measurements": measurements,
     }
+    if not minimal:
+        seconds = 3.0 if quick else 5.0
+        one = measure_one_link(bw, seconds, datapath, mtu, extra_rates=() if quick else (10.0, 50.0, 100.0, 200.0))
+        echo(f"  one link at {bw:g} Mbit/s: {one['goodput_mbps']:.2f} Mbit/s = {one['ratio']:.3f} of the rate, "
+             f"{one['ratio_to_model']:.3f} of the model")
+        agents = measure_agents_vs_iperf(bw, seconds, repeat=2 if quick else 3, datapath=datapath, mtu=mtu, echo=echo)
+        echo(f"  agents vs iperf3 --bidir at {bw:g} Mbit/s: {agents['agent_mbps']:.2f} / "
+             f"{agents['iperf3_mbps']:.2f} Mbit/s per direction = {agents['ratio']:.3f}")
+        measurements.update(one_link=one, agents_vs_iperf3=agents)
+        data.update(one_link_ratio=one["ratio"], agent_over_iperf3=agents["ratio"])
+    data["latency"] = latency_probe.measure(latency_mbps or bw, mtu, datapath, echo=echo)
+    data["machine"] = {**info, "loadavg_after": _loadavg()}
+    data["duration_s"] = time.monotonic() - t0
     if write:
-        write_json_atomic(fidelity.calibration_path(), data)
+        write_json_atomic(fidelity.calibration_path(mtu), data)
     return data
+
+
+def ensure_calibration(profile: FabricProfile, datapath: str = "auto",
+                       echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """This machine's calibration at the profile's MTU; when there is none, make a minimal one (about a minute)."""
+    found = fidelity.load_calibration(profile.emulated_mtu)
+    if found is not None:
+        return found
+    echo(f"no calibration of this machine at MTU {profile.emulated_mtu}: measuring one now (about a minute; "
+         f"`emu calibrate` makes a full one), written to {fidelity.calibration_path(profile.emulated_mtu)}")
+    return calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
+                     latency_mbps=profile.emulated_link_mbps, echo=lambda line: None)
 
 
 def summary_table(data: dict[str, Any]) -> str:
     """The short table ``emu calibrate`` prints."""
     m = data["measurements"]
     cap = m["capacity"]
-    one, ag = m["one_link"], m["agents_vs_iperf3"]
     mi = data["machine"]
     cap_text = f"{cap['capacity_mbps']:.0f}" if cap["capacity_mbps"] else "none (even the first rung failed)"
     lines = [
         f"machine: {mi['nproc']} CPUs, {mi['datapath']} datapath, MTU {mi['mtu']}, OVS {mi['ovs_version']}, "
-        f"load {mi['loadavg_before']}",
+        f"kernel {mi.get('kernel')}, load {mi['loadavg_before']}",
         f"{'measurement':<34} {'value':>12}  detail",
         f"{'datapath capacity (switch-hop Mb/s)':<34} {cap_text:>12}  {cap['flows']} flows x "
         f"{max(cap['switch_hops'])} switches on {cap['topology']}, "
@@ -484,12 +505,28 @@ def summary_table(data: dict[str, Any]) -> str:
         f"{'recommended link rate (Mbit/s)':<34} {data['recommended_link_mbps']:>12g}  16 hosts x 3 switches "
         f"within {HEADROOM:.0%} of capacity; time dilation to 100 Gbit/s links: "
         f"x{100_000 / data['recommended_link_mbps']:g}",
-        f"{'one link goodput / rate':<34} {one['ratio']:>12.3f}  {one['goodput_mbps']:.2f} of {one['link_mbps']:g} "
-        f"Mbit/s; model factor {one['model_goodput_factor']:.4f} -> {one['ratio_to_model']:.3f} of the model",
     ]
-    for s in one.get("sweep", []):
-        lines.append(f"{'  one link at ' + format(s['link_mbps'], 'g') + ' Mbit/s':<34} {s['ratio']:>12.3f}  "
-                     f"{s['goodput_mbps']:.2f} Mbit/s")
-    lines.append(f"{'agents / iperf3 (per direction)':<34} {ag['ratio']:>12.3f}  {ag['agent_mbps']:.2f} vs "
-                 f"{ag['iperf3_mbps']:.2f} Mbit/s, 2-rank ring of {ag['size'] >> 20} MiB vs iperf3 --bidir")
+    one, ag = m.get("one_link"), m.get("agents_vs_iperf3")
+    if one:
+        lines.append(f"{'one link goodput / rate':<34} {one['ratio']:>12.3f}  {one['goodput_mbps']:.2f} of "
+                     f"{one['link_mbps']:g} Mbit/s; model factor {one['model_goodput_factor']:.4f} -> "
+                     f"{one['ratio_to_model']:.3f} of the model")
+        for s in one.get("sweep", []):
+            lines.append(f"{'  one link at ' + format(s['link_mbps'], 'g') + ' Mbit/s':<34} {s['ratio']:>12.3f}  "
+                         f"{s['goodput_mbps']:.2f} Mbit/s")
+    if ag:
+        lines.append(f"{'agents / iperf3 (per direction)':<34} {ag['ratio']:>12.3f}  {ag['agent_mbps']:.2f} vs "
+                     f"{ag['iperf3_mbps']:.2f} Mbit/s, 2-rank ring of {ag['size'] >> 20} MiB vs iperf3 --bidir")
+    lat = data.get("latency")
+    if lat:
+        lines.append(f"intrinsic latency per message (ms) at {lat['link_mbps']:g} Mbit/s, MTU {lat['mtu']}, "
+                     f"{lat['bytes']}-byte messages:")
+        lines.append(f"{'  switches':<12} {'ping one-way':>13} {'sendall->recv':>14} {'agents':>8} "
+                     f"{'rendezvous':>11} {'ack':>7}")
+        for sw, v in sorted(lat["per_switches"].items(), key=lambda kv: int(kv[0])):
+            lines.append(f"  {sw:<10} {v['oneway_s'] * 1e3:>13.3f} {v['data_s'] * 1e3:>14.3f} "
+                         f"{v['agent_overhead_s'] * 1e3:>8.3f} {v['rendezvous_s'] * 1e3:>11.3f} "
+                         f"{v['ack_s'] * 1e3:>7.3f}")
+        lines.append("  (other path lengths: straight lines between these; the agents subtract sendall->recv from "
+                     "the profile's message latency)")
     return "\n".join(lines)

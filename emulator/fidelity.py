@@ -5,10 +5,16 @@ This module owns what tells a user whether a measurement can be trusted:
 * snapshots of the machine around a repetition -- tc qdisc counters of every
   link interface (both ends), TCP retransmissions per host, CPU idle time;
 * :func:`assess`, which flags a repetition whose offered datapath load
-  exceeded the capacity ``emu calibrate`` measured on this machine, or whose
-  CPU saturated;
-* the calibration file (``$EF_STATE_DIR/calibration.json``, default
-  ``/var/lib/ef-emu``), written by :mod:`emulator.calibrate`;
+  exceeded the capacity ``emu calibrate`` measured on this machine, whose
+  CPU saturated, or whose messages could not meet the fabric profile's
+  latency (``latency_floor``: the machine's own latency is above the
+  target on some path, or the agents sent late);
+* the calibration files, one per MTU (``$EF_STATE_DIR/calibration-mtuN.json``,
+  default ``/var/lib/ef-emu``), written by :mod:`emulator.calibrate`; a file
+  counts for this machine only while its kernel, Open vSwitch version and
+  CPU count are this machine's (:func:`load_calibration`);
+* :func:`latency_model`: a fabric profile with the intrinsic latency the
+  calibration measured, and netem where the kernel has it;
 * packet captures of chosen links with tcpdump.
 
 The pure parts (parsing, deltas, flags) are unit-tested without root.
@@ -24,28 +30,61 @@ import time
 from typing import Any
 
 from emulator.errors import UserError
-from emulator.system import cpu_times, run
-from emulator.topology import Topology
+from emulator.fabric import FabricProfile
+from emulator.latency import Intrinsic, LatencyModel
+from emulator.results import read_json
+from emulator.system import cpu_times, has_netem, machine_identity, run
+from emulator.topology import DEFAULT_MTU, Topology
 
 #: Used when this machine was never calibrated (DOMAIN.md: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
 UNCALIBRATED_CAPACITY_MBPS = 280.0
 CPU_SATURATED_IDLE = 0.05
+#: A repetition whose median send left this much of its target message latency late is flagged ``latency_floor``.
+LATE_FRACTION = 0.05
+CALIBRATION_VERSION = 2
 
 
 def state_dir() -> str:
     return os.environ.get("EF_STATE_DIR", "/var/lib/ef-emu")
 
 
-def calibration_path() -> str:
-    return os.path.join(state_dir(), "calibration.json")
+def calibration_path(mtu: int = DEFAULT_MTU) -> str:
+    return os.path.join(state_dir(), f"calibration-mtu{mtu}.json")
 
 
-def load_calibration() -> dict[str, Any] | None:
-    try:
-        with open(calibration_path(), encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, json.JSONDecodeError):
+def calibration_problem(data: Any, identity: dict[str, Any]) -> str | None:
+    """Why ``data`` is not a calibration of the machine ``identity`` describes (None if it is)."""
+    if not isinstance(data, dict) or data.get("version") != CALIBRATION_VERSION:
+        return f"not a version {CALIBRATION_VERSION} calibration"
+    machine = data.get("machine") or {}
+    for key, value in identity.items():
+        if machine.get(key) != value:
+            return f"made with {key} {machine.get(key)!r}, this machine has {value!r}"
+    return None
+
+
+def load_calibration(mtu: int = DEFAULT_MTU, identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """This machine's calibration at ``mtu``, or None (none made, unreadable, or made on another machine)."""
+    data = read_json(calibration_path(mtu))
+    if calibration_problem(data, machine_identity() if identity is None else identity) is not None:
         return None
+    return data
+
+
+def intrinsic_of(calibration: dict[str, Any] | None) -> Intrinsic:
+    """The intrinsic latency a calibration measured (none: zero, and the model says so)."""
+    latency = (calibration or {}).get("latency")
+    if not latency:
+        return Intrinsic()
+    date = (calibration or {}).get("machine", {}).get("date", "?")
+    return Intrinsic.from_json({**latency["intrinsic"], "source": f"emu calibrate of {date}"})
+
+
+def latency_model(profile: FabricProfile, calibration: dict[str, Any] | None,
+                  netem: bool | None = None) -> LatencyModel:
+    """``profile`` with the calibration's intrinsic latency; switch latency on the links where netem exists."""
+    use_netem = has_netem() if netem is None else netem
+    return LatencyModel(profile, intrinsic_of(calibration), netem=use_netem and profile.switch_latency_s > 0)
 
 
 # ----------------------------------------------------------------- link names
@@ -154,12 +193,21 @@ def link_records(before: dict[str, Any], after: dict[str, Any], rep: int) -> lis
     return out
 
 
+def lateness(late_s: list[float], targets_s: list[float]) -> float | None:
+    """The median send's lateness as a fraction of its path's target message latency (None: no target)."""
+    ratios = sorted(late / target for late, target in zip(late_s, targets_s, strict=True) if target > 0)
+    return ratios[len(ratios) // 2] if ratios else None
+
+
 def assess(before: dict[str, Any], after: dict[str, Any], elapsed_s: float, datapath_bytes: int,
-           calibration: dict[str, Any] | None) -> dict[str, Any]:
-    """Fidelity of one repetition: CPU idle, offered datapath load against capacity, flags.
+           calibration: dict[str, Any] | None, floors: list[int] | None = None,
+           late_fraction: float | None = None) -> dict[str, Any]:
+    """Fidelity of one repetition: CPU idle, offered datapath load against capacity, latency, flags.
 
     ``datapath_bytes`` is the bytes the schedule makes switches forward (each
-    transfer's bytes times the switches on its path).
+    transfer's bytes times the switches on its path); ``floors`` the path
+    lengths (switches) where the calibrated intrinsic latency exceeds the
+    profile's target; ``late_fraction`` what :func:`lateness` found.
     """
     d_total = after["cpu_total"] - before["cpu_total"]
     idle = (after["cpu_idle"] - before["cpu_idle"]) / d_total if d_total > 0 else 1.0
@@ -172,11 +220,14 @@ def assess(before: dict[str, Any], after: dict[str, Any], elapsed_s: float, data
         flags.append("over_capacity")
     if calibration is None:
         flags.append("uncalibrated")
+    if floors or (late_fraction is not None and late_fraction > LATE_FRACTION):
+        flags.append("latency_floor")
     drops = sum(v["drops"] - before["qdisc"].get(dev, {}).get("drops", 0) for dev, v in after["qdisc"].items())
     retrans = sum(v - before["retrans"].get(h, 0) for h, v in after["retrans"].items())
     return {"cpu_idle": idle, "datapath_load_mbps": offered, "datapath_capacity_mbps": capacity,
-            "qdisc_drops": drops, "tcp_retransmits": retrans, "flags": flags,
-            "trusted": not ({"cpu_saturated", "over_capacity"} & set(flags))}
+            "qdisc_drops": drops, "tcp_retransmits": retrans, "latency_floor_switches": floors or [],
+            "late_fraction": late_fraction, "flags": flags,
+            "trusted": not ({"cpu_saturated", "over_capacity", "latency_floor"} & set(flags))}
 
 
 def flag_text(fid: dict[str, Any]) -> str:

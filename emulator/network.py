@@ -34,7 +34,7 @@ from typing import Any
 from emulator import NAME_PREFIX, routing
 from emulator.errors import UserError
 from emulator.runstate import RunState, kill_recorded, proc_netns, state_root
-from emulator.system import Runner, choose_datapath, require_ovs, require_root, require_tools, run
+from emulator.system import Runner, choose_datapath, netem_available, require_ovs, require_root, require_tools, run
 from emulator.topology import DEFAULT_MTU, Topology, tcp_goodput_factor  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,33 @@ def bridge_name(switch: str) -> str:
 
 def root_interfaces(topo: Topology) -> list[str]:
     """Every link end in the root namespace: the switch side of each link (both sides of switch and NIC links)."""
-    names = [switch_intf(lk.b, lk.b_port) for lk in topo.links]
-    names += [switch_intf(lk.a, lk.a_port) for lk in topo.links if lk.kind != "host"]
-    return names
+    return list(root_interface_rates(topo))
+
+
+def root_interface_rates(topo: Topology) -> dict[str, float]:
+    """Every root-namespace link end (see :func:`root_interfaces`) with its link's rate in Mbit/s."""
+    rates = {switch_intf(lk.b, lk.b_port): lk.bw_mbps for lk in topo.links}
+    rates.update((switch_intf(lk.a, lk.a_port), lk.bw_mbps) for lk in topo.links if lk.kind != "host")
+    return rates
+
+
+#: The burst of every shaping class (bytes). HTB lets a packet leave when the
+#: class has any tokens left, so after an idle moment a link releases its
+#: first packet at once and ``burst`` bytes more; a real link holds every
+#: frame for its serialisation. A small burst keeps the difference to the one
+#: packet, which the agents then add themselves (:attr:`emulator.latency.PathLatency.unshaped_s`).
+#: Mininet's 15 kB let a 9000-byte frame and the next one through unshaped
+#: (measured: a ping of 16000 bytes 0.32 ms round trip at 20 Mbit/s, 7.6 ms
+#: with 100 bytes, 25.7 ms of serialisation on a real link); the rate is kept
+#: (iperf3 19.83 of 20 Mbit/s either way).
+SHAPER_BURST_BYTES = 100
+
+
+def shaping_class_command(intf: str, rate_mbps: float) -> list[str]:
+    """Set the shaping class of ``intf`` (Mininet ``TCLink``'s HTB 5:1) to ``rate_mbps`` with :data:`SHAPER_BURST_BYTES`."""
+    burst = f"{SHAPER_BURST_BYTES}b"
+    return ["tc", "class", "change", "dev", intf, "parent", "5:0", "classid", "5:1", "htb", "rate",
+            f"{rate_mbps:g}Mbit", "burst", burst, "cburst", burst]
 
 
 def _quiet_htb_quantum(record: logging.LogRecord) -> bool:
@@ -177,9 +201,28 @@ def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES
     return done
 
 
-def leaf_queue_command(intf: str, packets: int, parent: str = "5:1", handle: str = "10:") -> list[str]:
-    """Bound the queue under an HTB class (default Mininet's 5:1): a plain FIFO of ``packets``."""
-    return ["tc", "qdisc", "replace", "dev", intf, "parent", parent, "handle", handle, "pfifo", "limit", str(packets)]
+def leaf_queue_command(intf: str, packets: int, parent: str = "5:1", handle: str = "10:",
+                       delay_s: float = 0.0) -> list[str]:
+    """Bound the queue under an HTB class (default Mininet's 5:1): a plain FIFO of ``packets``.
+
+    With ``delay_s`` the FIFO is netem's, holding every packet that long
+    (a switch's forwarding latency, where the kernel has netem).
+    """
+    cmd = ["tc", "qdisc", "replace", "dev", intf, "parent", parent, "handle", handle]
+    if delay_s > 0:
+        return [*cmd, "netem", "delay", f"{delay_s * 1e6:.0f}us", "limit", str(packets)]
+    return [*cmd, "pfifo", "limit", str(packets)]
+
+
+def switch_port_queue_commands(topo: Topology, mtu: int, queue_packets: int | None = None,
+                               delay_s: float = 0.0) -> list[list[str]]:
+    """The queue of every switch port (root-namespace link end): :func:`queue_limits` frames, ``delay_s`` each.
+
+    A packet crossing ``s`` switches leaves ``s`` switch ports, so it is held
+    ``s · delay_s`` in all: the switch latency of a fabric profile.
+    """
+    limits = queue_limits(topo, mtu, queue_packets)
+    return [leaf_queue_command(name, limits[name], delay_s=delay_s) for name in root_interfaces(topo)]
 
 
 #: IP packets shorter than this (ACKs, the agents' clear-to-send messages)
@@ -346,12 +389,13 @@ class EmulatedNetwork:
         mtu: of every interface (default :data:`DEFAULT_MTU`).
         queue_packets: the FIFO depth of every link end (default: :data:`DEFAULT_QUEUE_BYTES` in frames).
         tsq_bytes: per-flow host queue bound (default :data:`DEFAULT_HOST_TSQ_BYTES`).
+        switch_delay_s: what every switch port holds each packet (netem; the kernel must have it).
     """
 
     def __init__(self, topo: Topology, *, controller: tuple[str, int] | None = None,
                  routing: str = "shortest", seed: int = 0, datapath: str = "auto",
                  label: str = "net", mtu: int = DEFAULT_MTU, queue_packets: int | None = None,
-                 tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES, runner: Runner = run):
+                 tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES, switch_delay_s: float = 0.0, runner: Runner = run):
         self.topo = topo
         self.controller = controller
         self.routing = routing
@@ -362,6 +406,7 @@ class EmulatedNetwork:
         self.mtu = mtu
         self.queue_packets = queue_packets or queue_packets_for(mtu)
         self.tsq_bytes = tsq_bytes
+        self.switch_delay_s = switch_delay_s
         self.runner = runner
         self.net: Any = None
         self.state: RunState | None = None
@@ -384,6 +429,9 @@ class EmulatedNetwork:
         require_ovs(self.runner)
         if self.controller is None:
             routing.check_policy(self.topo, self.routing)
+        if self.switch_delay_s > 0 and not netem_available(self.runner):
+            raise UserError("network: switch latency on the links needs the kernel's netem qdisc, which this "
+                            "kernel lacks (the agents add the latency instead where it is missing)")
         self.datapath = choose_datapath(self.requested_datapath)
 
     def _check_no_leftovers(self) -> None:
@@ -476,10 +524,11 @@ class EmulatedNetwork:
             for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.queue_packets,
                                            self.tsq_bytes):
                 self._host_run(node, cmd)
-            path = os.path.join(self.state.path, f"queues-{h.name}.batch")  # one tc process, not six
+            path = os.path.join(self.state.path, f"queues-{h.name}.batch")  # one tc process, not seven
+            intf = host_intf(h.name)
             with open(path, "w", encoding="ascii") as fh:
-                fh.write(tc_batch(host_queue_commands(host_intf(h.name),
-                                                      self.queue_packets or queue_packets_for(self.mtu))))
+                fh.write(tc_batch([shaping_class_command(intf, self.topo.host_link(h.name).bw_mbps),
+                                   *host_queue_commands(intf, self.queue_packets or queue_packets_for(self.mtu))]))
             self._host_run(node, ["tc", "-batch", path])
             path = os.path.join(self.state.path, f"arp-{h.name}")
             with open(path, "w", encoding="ascii") as fh:
@@ -496,8 +545,9 @@ class EmulatedNetwork:
             raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
         path = os.path.join(self.state.path, "queues.batch")
         with open(path, "w", encoding="ascii") as fh:
-            limits = queue_limits(self.topo, self.mtu, self.queue_packets)
-            fh.write(tc_batch(leaf_queue_command(n, limits[n]) for n in names))
+            shaping = [shaping_class_command(n, rate) for n, rate in root_interface_rates(self.topo).items()]
+            fh.write(tc_batch([*shaping, *switch_port_queue_commands(self.topo, self.mtu, self.queue_packets,
+                                                                     self.switch_delay_s)]))
         res = self.runner(["tc", "-batch", path])
         if res.returncode != 0:
             raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")

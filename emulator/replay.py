@@ -1,25 +1,30 @@
 """``emu replay``: run a schedule over real TCP on an emulated network and measure it.
 
-:func:`replay` checks everything first (schedule, topology, routing; the
-schedule must be a proven allreduce), then brings up the controller and the
-network, starts one :mod:`emulator.agent` per rank inside its host, and runs
-``warmup + repeat`` repetitions behind a barrier. After every repetition it
-rewrites ``results.json`` atomically, so whatever was measured survives a
-failure or Ctrl-C. Files in the output directory:
+:func:`replay` checks everything first (schedule, topology, routing, the
+fabric profile; the schedule must be a proven allreduce), then brings up the
+controller and the network, starts one :mod:`emulator.agent` per rank inside
+its host, and runs ``warmup + repeat`` repetitions behind a barrier. After
+every repetition it rewrites ``results.json`` atomically, so whatever was
+measured survives a failure or Ctrl-C. Files in the output directory:
 
-* ``results.json`` -- configuration, ``link_mbps``, the prediction of
-  ``schedule check``, ``repetitions`` (``time_s``, ``algbw_mbps``,
-  ``busbw_mbps``, per-step times, ``correct``, measured/predicted ratio,
-  fidelity), ``busbw_mbps_median``, ``status`` and ``error``;
+* ``results.json`` -- configuration, the fabric profile (``fabric``) and the
+  latency model (``latency``), ``link_mbps``, the prediction of ``schedule
+  check``, ``repetitions`` (``time_s``, ``algbw_mbps``, ``busbw_mbps``,
+  per-step times, ``correct``, measured/predicted ratio, fidelity),
+  ``busbw_mbps_median``, ``status`` and ``error``;
+* ``latency.json`` -- the agents' latency plan: per sending and receiving
+  rank, the latency terms of the path (:mod:`emulator.latency`);
 * ``timeline.jsonl`` -- every transfer: repetition, step, source and
-  destination rank and host, bytes, start and end (CLOCK_MONOTONIC seconds);
+  destination rank and host, bytes, start and end (CLOCK_MONOTONIC seconds),
+  and when the receive was posted, the clear to send came and ``sendall``
+  began, and how late that was;
 * ``links.jsonl`` -- the controller's port counters over time, tc qdisc
   statistics of every link interface and TCP retransmissions per host, per
   repetition;
 * ``agents/rank-R.log`` -- each agent's own log.
 
-Pure helpers (:func:`repetition_metrics`, :func:`match_transfers`,
-:func:`nccl_table`) are unit-tested without root.
+Pure helpers (:func:`repetition_metrics`, :func:`timeline_records`,
+:func:`send_lateness`, :func:`nccl_table`) are unit-tested without root.
 """
 
 from __future__ import annotations
@@ -33,19 +38,21 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from emulator import faults, fidelity, routing, topology
+from emulator import fabric, faults, fidelity, routing, topology
+from emulator.agent import latency_plan
 from emulator.errors import UserError
 from emulator.faults import Fault, FaultEvent, Injector
+from emulator.latency import LatencyModel, PathLatency
+from emulator.network import SHAPER_BURST_BYTES
 from emulator.results import append_jsonl, write_json_atomic
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
-from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule
+from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.system import run
-from emulator.topology import DEFAULT_MTU
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +76,7 @@ class ReplayConfig:
     pcap: list[str] = field(default_factory=list)
     datapath: str = "auto"
     stats_interval_s: float = 0.5
-    mtu: int = DEFAULT_MTU  # (the field "topology" shadows the module in this class body)
+    fabric: str | None = None  # a fabric profile (emulator.fabric): preset or key=value,...; None: the default
     faults: list[Any] = field(default_factory=list)  # specs, see emulator.faults
 
     def check(self) -> None:
@@ -87,26 +94,6 @@ class ReplayFailed(Exception):
 
 
 # ------------------------------------------------------------------ pure part
-def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
-    """Pair the k-th send from rank a to rank b with the k-th receive at b from a.
-
-    Returns ``(src_rank, send_op_id, dst_rank, recv_op_id)`` tuples.
-    """
-    sends: dict[tuple[int, int], list[int]] = {}
-    recvs: dict[tuple[int, int], list[int]] = {}
-    for prog in schedule.ranks:
-        for op in prog.ops:
-            if op.kind == SEND:
-                sends.setdefault((prog.rank, op.partner), []).append(op.id)
-            elif op.kind in (RECV, RECV_REDUCE):
-                recvs.setdefault((op.partner, prog.rank), []).append(op.id)
-    out = []
-    for (a, b), ids in sorted(sends.items()):
-        for send_id, recv_id in zip(ids, recvs.get((a, b), []), strict=False):  # validated schedules pair up
-            out.append((a, send_id, b, recv_id))
-    return out
-
-
 def repetition_metrics(schedule: Schedule, op_times: dict[int, dict[int, tuple[float, float]]],
                        predicted: scheck.CheckReport | None = None) -> dict[str, Any]:
     """Time, algbw/busbw (nccl-tests definitions, Mbit/s) and per-step times of one repetition.
@@ -144,7 +131,7 @@ def repetition_metrics(schedule: Schedule, op_times: dict[int, dict[int, tuple[f
     if predicted is not None:
         out["predicted_time_s"] = predicted.predicted_time_s
         out["measured_over_predicted"] = elapsed / predicted.predicted_time_s if predicted.predicted_time_s else None
-        per_step = {st.step: st.maxmin_s for st in predicted.costs.steps}
+        per_step = predicted.step_times()
         for st in step_times:
             pred = per_step.get(st["step"])
             st["predicted_s"] = pred
@@ -152,18 +139,55 @@ def repetition_metrics(schedule: Schedule, op_times: dict[int, dict[int, tuple[f
     return out
 
 
-def timeline_records(schedule: Schedule, rep: int, op_times: dict[int, dict[int, tuple[float, float]]]) -> list[dict]:
-    """One record per transfer: send start at the source to receive end at the destination."""
+def timeline_records(schedule: Schedule, rep: int, op_times: dict[int, dict[int, tuple[float, float]]],
+                     sends: dict[int, dict[int, list[float]]] | None = None) -> list[dict]:
+    """One record per transfer: its start (the agents' virtual start) to the receive's end at the destination,
+    and when the send completed (``send_end``: for a send others wait for, when its last byte was acknowledged).
+
+    With the agents' ``sends`` (per rank, per send op: receive posted, clear to
+    send in hand, ``sendall`` begun, lateness) those are added as ``posted``,
+    ``cts_at``, ``sent`` and ``late_s``.
+    """
     ops = {(prog.rank, op.id): op for prog in schedule.ranks for op in prog.ops}
     out = []
     for a, send_id, b, recv_id in match_transfers(schedule):
         if send_id not in op_times.get(a, {}) or recv_id not in op_times.get(b, {}):
             continue
         op = ops[(a, send_id)]
-        out.append({"rep": rep, "step": op.step, "src": a, "dst": b, "src_host": schedule.ranks[a].host,
-                    "dst_host": schedule.ranks[b].host, "bytes": op.bytes,
-                    "start": op_times[a][send_id][0], "end": op_times[b][recv_id][1]})
+        rec = {"rep": rep, "step": op.step, "src": a, "dst": b, "src_host": schedule.ranks[a].host,
+               "dst_host": schedule.ranks[b].host, "bytes": op.bytes,
+               "start": op_times[a][send_id][0], "end": op_times[b][recv_id][1], "send_end": op_times[a][send_id][1]}
+        info = (sends or {}).get(a, {}).get(send_id)
+        if info is not None:
+            rec.update(posted=info[0], cts_at=info[1], sent=info[2], late_s=info[3])
+        out.append(rec)
     return out
+
+
+def send_paths(topo: topology.Topology, planned: list[scost.Transfer], model: LatencyModel,
+               mtu: int) -> dict[tuple[int, int], PathLatency]:
+    """Per (sending rank, receiving rank): the latency terms of its path (what the agents' plan holds),
+    with its links' seconds per byte for what the shapers do not charge (:meth:`PathLatency.unshaped_s`)."""
+    out = {}
+    goodput = topology.tcp_goodput_factor(mtu)
+    for t in planned:
+        byte_s = sum(1 / cap for _, cap in scost.physical_links(topo, t.path, goodput))
+        out[(t.src, t.dst)] = replace(model.path(len(t.path) - 2), byte_s=byte_s, mss=topology.tcp_payload_bytes(mtu),
+                                      burst_bytes=SHAPER_BURST_BYTES)
+    return out
+
+
+def send_lateness(schedule: Schedule, sends: dict[int, dict[int, list[float]]],
+                  paths: dict[tuple[int, int], PathLatency]) -> tuple[list[float], list[float]]:
+    """Every send's lateness and its path's target message latency, for :func:`emulator.fidelity.lateness`."""
+    late, target = [], []
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            info = sends.get(prog.rank, {}).get(op.id)
+            if op.kind == SEND and info is not None:
+                late.append(info[3])
+                target.append(paths[(prog.rank, op.partner)].message_target_s)
+    return late, target
 
 
 def nccl_table(schedule: Schedule, reps: list[dict[str, Any]]) -> str:
@@ -246,44 +270,63 @@ def _default_timeout(predicted_s: float) -> float:
     return max(30.0, 5 * predicted_s + 15.0)
 
 
-def prepare(cfg: ReplayConfig) -> tuple[Schedule, topology.Topology, scheck.CheckReport]:
-    """Every check that can fail on bad input, before anything starts."""
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` checked and computed, before anything starts."""
+
+    schedule: Schedule
+    topo: topology.Topology
+    profile: fabric.FabricProfile
+    latency: LatencyModel
+    report: scheck.CheckReport
+
+
+def prepare(cfg: ReplayConfig, calibration: dict[str, Any] | None = None) -> Prepared:
+    """Every check that can fail on bad input, before anything starts.
+
+    The topology's links default to the fabric profile's emulated rate, the
+    network's MTU is the profile's, and the prediction uses the profile with
+    ``calibration``'s intrinsic latency (default: this machine's calibration
+    at that MTU).
+    """
     cfg.check()
+    profile = fabric.parse(cfg.fabric, where="replay: fabric")
     schedule = sformat.load(cfg.schedule)
-    topo = topology.load(cfg.topology)
+    topo = topology.load(cfg.topology, profile.emulated_link_mbps)
     routing.check_policy(topo, cfg.routing)
-    report = predict(schedule, topo, cfg.routing, cfg.seed, cfg.mtu, where=f"schedule {cfg.schedule!r}")
+    if calibration is None:
+        calibration = fidelity.load_calibration(profile.emulated_mtu)
+    model = fidelity.latency_model(profile, calibration)
+    report = scheck.predict(schedule, topo, cfg.routing, seed=cfg.seed, latency=model, mtu=profile.emulated_mtu,
+                            where=f"schedule {cfg.schedule!r}")
     for link in cfg.pcap:
         fidelity.parse_link_name(topo, link)
     faults.parse_faults(cfg.faults, topo, schedule.p, schedule.steps, cfg.repeat, where="replay: fault")
-    return schedule, topo, report
-
-
-def predict(schedule: Schedule, topo: topology.Topology, policy: str, seed: int, mtu: int,
-            where: str = "schedule") -> scheck.CheckReport:
-    """``schedule check``'s proof and prediction at the network's MTU; UserError unless a correct allreduce."""
-    report = scheck.check(schedule, topo, policy, seed=seed, goodput=topology.tcp_goodput_factor(mtu), where=where)
-    if not report.valid:
-        first = (report.execution.errors or ["it deadlocks"])[0]
-        raise UserError(f"{where} is not a correct allreduce: {first} (see `emu schedule check`)")
-    return report
+    return Prepared(schedule, topo, profile, model, report)
 
 
 class ReplaySession:
     """A controller and a network kept up for several schedules (one topology, routing and seed).
 
     ``with ReplaySession(topo, "bigraph") as session: session.run(schedule, out_dir)``.
+
+    ``latency`` is the fabric profile with this machine's intrinsic latency
+    (:func:`emulator.fidelity.latency_model`); the network's MTU is the
+    profile's (``mtu`` without a profile), and where the model puts switch
+    latency on the links (netem), every switch port delays its packets.
+    Without a profile the agents add no latency.
     """
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
-                 mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5, work_dir: str | None = None, echo=print,
-                 network_options: dict[str, Any] | None = None):
+                 latency: LatencyModel | None = None, mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5,
+                 work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
         self.seed = seed
         self.datapath = datapath
-        self.mtu = mtu
+        self.latency = latency or LatencyModel()
+        self.mtu = self.latency.profile.emulated_mtu if self.latency.profile is not None else mtu
         self.stats_interval_s = stats_interval_s
         self.echo = echo
         self.work_dir = work_dir
@@ -319,7 +362,8 @@ class ReplaySession:
             self.ctl = ControllerProcess(settings, log_file=os.path.join(self.work_dir, "controller.log"))
             self.ctl.start()
             self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
-                                      label="replay", mtu=self.mtu, **self.network_options)
+                                      label="replay", mtu=self.mtu,
+                                      switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
             self.en.start()
             self.ctl.wait_installed()
         except BaseException:
@@ -354,17 +398,23 @@ class ReplaySession:
         """
         topo, en = self.topo, self.en
         if report is None:
-            report = predict(schedule, topo, self.policy, self.seed, self.mtu)
+            report = scheck.predict(schedule, topo, self.policy, seed=self.seed, latency=self.latency, mtu=self.mtu)
         os.makedirs(os.path.join(out, "agents"), exist_ok=True)
         sched_path = os.path.join(out, "schedule.json")
         sformat.save(schedule, sched_path)
         write_json_atomic(os.path.join(out, "topology.json"), topo.to_json())
+        planned = scost.transfers(schedule, topo, self.policy, self.seed)
+        paths = send_paths(topo, planned, self.latency, self.mtu)
+        plan_path = os.path.join(out, "latency.json")
+        write_json_atomic(plan_path, latency_plan(paths))
         for name in ("timeline.jsonl", "links.jsonl"):
             open(os.path.join(out, name), "w").close()
         results: dict[str, Any] = {
             "config": {**(config or {}), "algorithm": schedule.algorithm, "ranks": schedule.p,
                        "size": schedule.size, "topology": topo.spec, "routing": self.policy, "seed": self.seed,
                        "repeat": repeat, "warmup": warmup, "mtu": self.mtu},
+            "fabric": self.latency.profile.to_json() if self.latency.profile is not None else None,
+            "latency": self.latency.to_json(),
             "link_mbps": topo.host_bw,
             "switch_link_mbps": topo.switch_bw,
             "datapath": en.datapath,
@@ -379,8 +429,8 @@ class ReplaySession:
         }
         results_path = os.path.join(out, "results.json")
         write_json_atomic(results_path, results)
-        calibration = fidelity.load_calibration()
-        planned = scost.transfers(schedule, topo, self.policy, self.seed)
+        calibration = fidelity.load_calibration(self.mtu)
+        floors = report.latency_floors()
         dp_bytes = fidelity.datapath_bytes(planned)
         timeout = timeout_s or _default_timeout(report.predicted_time_s)
         stats_offset = self._stats_offset()
@@ -393,7 +443,7 @@ class ReplaySession:
                 host = en.host(prog.host)
                 cmd = [sys.executable, "-m", "emulator.agent", "--schedule", sched_path, "--topology", self.topo_path,
                        "--rank", str(prog.rank), "--control", control.path,
-                       "--log", os.path.join(out, "agents", f"rank-{prog.rank}.log")]
+                       "--log", os.path.join(out, "agents", f"rank-{prog.rank}.log"), "--latency", plan_path]
                 with open(os.path.join(out, "agents", f"rank-{prog.rank}.stderr"), "wb") as err:
                     proc = host.popen(cmd, cwd=PROJECT_ROOT, stdout=err, stderr=err,
                                       env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
@@ -424,11 +474,13 @@ class ReplaySession:
                 wrong = {r: msg["wrong"] for r, msg in done.items() if not msg["correct"]}
                 metrics["rep"] = rep
                 metrics["correct"] = not wrong
-                transfers = timeline_records(schedule, rep, op_times)
+                sends = {r: {int(i): v for i, v in msg.get("sends", {}).items()} for r, msg in done.items()}
+                transfers = timeline_records(schedule, rep, op_times, sends)
                 metrics["faults"] = [f for f in results["faults"] if f["rep_index"] == rep and f["fired_s"] is not None]
                 if metrics["faults"]:
                     _measure_affected(metrics["faults"], transfers)
-                metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration)
+                metrics["fidelity"] = fidelity.assess(before, after, metrics["time_s"], dp_bytes, calibration, floors,
+                                                      fidelity.lateness(*send_lateness(schedule, sends, paths)))
                 for rec in fidelity.link_records(before, after, rep):
                     append_jsonl(os.path.join(out, "links.jsonl"), rec)
                 for rec in transfers:
@@ -560,20 +612,20 @@ class ReplaySession:
             append_jsonl(dest, {"source": "controller", **rec})
 
 
-def replay(cfg: ReplayConfig, echo=print) -> dict[str, Any]:
+def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> dict[str, Any]:
     """``emu replay``: check, bring up, run one schedule, tear down. Returns the results.
 
     Raises :class:`UserError` for bad input (nothing started) and
     :class:`ReplayFailed` when the run fails (results so far are kept).
     """
-    schedule, topo, report = prepare(cfg)
+    prep = prep or prepare(cfg)
     os.makedirs(cfg.out, exist_ok=True)
-    with ReplaySession(topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, mtu=cfg.mtu,
+    with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
                        stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
                        echo=echo) as session:
-        plan = faults.parse_faults(cfg.faults, topo, schedule.p, schedule.steps, cfg.repeat)
-        return session.run(schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                           pcap=cfg.pcap, config=asdict(cfg), report=report, fault_plan=plan)
+        plan = faults.parse_faults(cfg.faults, prep.topo, prep.schedule.p, prep.schedule.steps, cfg.repeat)
+        return session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
+                           pcap=cfg.pcap, config=asdict(cfg), report=prep.report, fault_plan=plan)
 
 
 def _measure_affected(records: list[dict[str, Any]], transfers: list[dict[str, Any]]) -> None:

@@ -43,3 +43,12 @@ def append_jsonl(path: str, record: Any) -> None:
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
         fh.flush()
+
+
+def read_json(path: str) -> Any | None:
+    """The JSON document at ``path``, or None when it is missing, unreadable or not JSON."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None

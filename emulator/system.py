@@ -8,10 +8,12 @@ network; :mod:`emulator.network` does.
 from __future__ import annotations
 
 import os
+import platform
 import shlex
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from emulator.errors import UserError
 
@@ -70,6 +72,37 @@ def netem_available(runner: Runner = run) -> bool:
         return runner(["tc", "qdisc", "add", "dev", probe, "root", "netem", "delay", "1ms"]).returncode == 0
     finally:
         runner(["ip", "link", "del", probe])
+
+
+def has_netem(sys_module_dir: str = "/sys/module", modules_dir: str = "/lib/modules") -> bool:
+    """Whether this kernel has netem, from files alone (loaded, built in, or a module to load); no side effects.
+
+    :func:`netem_available` is the proof, at bring-up.
+    """
+    if os.path.isdir(os.path.join(sys_module_dir, "sch_netem")):
+        return True
+    release = os.path.join(modules_dir, platform.release())
+    try:
+        with open(os.path.join(release, "modules.builtin"), encoding="utf-8") as fh:
+            if any(line.rstrip().endswith("/sch_netem.ko") for line in fh):
+                return True
+    except OSError:
+        pass
+    sched = os.path.join(release, "kernel", "net", "sched")
+    return os.path.isdir(sched) and any(name.startswith("sch_netem.ko") for name in os.listdir(sched))
+
+
+def ovs_version(runner: Runner = run) -> str | None:
+    """The installed Open vSwitch's version (from the binary: no database access needed), or None."""
+    res = runner(["ovs-vswitchd", "--version"])
+    if res.returncode != 0 or not res.stdout.split():
+        return None
+    return res.stdout.splitlines()[0].split()[-1]
+
+
+def machine_identity(runner: Runner = run) -> dict[str, Any]:
+    """What a calibration is valid for: this kernel, this Open vSwitch and this many CPUs."""
+    return {"kernel": platform.release(), "ovs_version": ovs_version(runner), "nproc": os.cpu_count()}
 
 
 def require_ovs(runner: Runner = run) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from emulator import fidelity
+from emulator import fabric, fidelity
 from emulator.errors import UserError
 from emulator.system import interrupt_on_sigterm, require_root
 
@@ -15,7 +15,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bw", type=float, default=None, metavar="MBPS",
                    help="link rate of the one-link and agent measurements (default: the recommended rate "
                         "derived from the measured capacity)")
-    p.add_argument("--quick", action="store_true", help="shorter flows and a coarser rate ladder (about a minute)")
+    p.add_argument("--quick", action="store_true", help="shorter flows and a coarser rate ladder (about two minutes)")
+    p.add_argument("--fabric", default=None, metavar="PROFILE",
+                   help="measure at this fabric profile's MTU, the latency at its emulated link rate (default: "
+                   f"{fabric.DEFAULT_PRESET}; see emu replay --help)")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON instead of a table")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
     p.set_defaults(func=cmd_calibrate)
@@ -27,13 +30,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.bw is not None and not 0 < args.bw <= 1000:
         raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {args.bw!r}")
+    profile = fabric.parse(args.fabric, where="calibrate: fabric")
     require_root()
     interrupt_on_sigterm()
     echo = (lambda s: None) if args.json else print
-    data = calibrate(args.bw, quick=args.quick, datapath=args.datapath, echo=echo)
+    data = calibrate(args.bw, quick=args.quick, datapath=args.datapath, echo=echo, mtu=profile.emulated_mtu,
+                     latency_mbps=profile.emulated_link_mbps)
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))
     else:
         print(summary_table(data))
-        print(f"written to {fidelity.calibration_path()}")
+        print(f"written to {fidelity.calibration_path(profile.emulated_mtu)}")
     return 0

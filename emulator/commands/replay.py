@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from emulator import fabric
 from emulator.errors import UserError
 from emulator.faults import fault_line
 from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
@@ -24,6 +25,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
     p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--fabric", default=None, metavar="PROFILE",
+                   help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
+                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); links the "
+                   "topology spec leaves unset run at its emulated rate")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
                         "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
@@ -36,8 +41,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
                        repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
                        pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,
-                       faults=args.fault)
-    schedule, topo, report = prepare(cfg)
+                       fabric=args.fabric, faults=args.fault)
+    prep = prepare(cfg)
+    schedule, topo, report = prep.schedule, prep.topo, prep.report
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
@@ -45,8 +51,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
+    print(f"# {prep.profile.describe()}")
     try:
-        results = replay(cfg)
+        results = replay(cfg, prep=prep)
     except ReplayFailed as exc:
         print(f"emu: replay failed: {exc} (partial results in {args.out})")
         return 1

@@ -10,12 +10,11 @@ import argparse
 import json
 import os
 
-from emulator import routing, topology
+from emulator import fabric, fidelity, routing, topology
 from emulator.errors import FieldError
 from emulator.schedule import chakra, msccl
 from emulator.schedule import format as fmt
 from emulator.schedule.check import check
-from emulator.schedule.cost import DEFAULT_ALPHA_S
 from emulator.schedule.generators import ALGORITHMS, PLACEMENTS, generate
 
 
@@ -41,8 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chk.add_argument("--routing", default="shortest", metavar="POLICY",
                      help=f"one of {', '.join(routing.POLICIES)} (default: shortest)")
     chk.add_argument("--seed", type=int, default=0, metavar="S", help="seed of hash-based routing")
-    chk.add_argument("--alpha", type=float, default=DEFAULT_ALPHA_S, metavar="SECONDS",
-                     help=f"per-message latency of the cost models (default {DEFAULT_ALPHA_S:g})")
+    chk.add_argument("--fabric", default=None, metavar="PROFILE",
+                     help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
+                     f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
     chk.add_argument("--gamma", type=float, default=0.0, metavar="S_PER_BYTE",
                      help="reduction cost in seconds per byte (default 0)")
     chk.add_argument("--json", action="store_true", help="print one JSON object")
@@ -93,35 +93,49 @@ def _number(value: float, name: str) -> float:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    profile = fabric.parse(args.fabric, where="schedule check: fabric")
     sched = fmt.load(args.file)
     spec = args.topology or sched.topology
     if not spec:
         raise FieldError(f"schedule {args.file!r}", "topology", "a topology in the file or --topology SPEC",
                          "nothing")
-    topo = topology.load(spec)
+    topo = topology.load(spec, profile.emulated_link_mbps)
     routing.check_policy(topo, args.routing)
-    report = check(sched, topo, args.routing, seed=args.seed, alpha=_number(args.alpha, "alpha"),
-                   gamma=_number(args.gamma, "gamma"), where=f"schedule {args.file!r}")
+    where = f"schedule {args.file!r}"
+    fmt.check_hosts(sched, topo, where)
+    gamma = _number(args.gamma, "gamma")
+    model = fidelity.latency_model(profile, fidelity.load_calibration(profile.emulated_mtu))
+    report = check(sched, topo, args.routing, seed=args.seed, latency=model, gamma=gamma, mtu=profile.emulated_mtu,
+                   where=where)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True))
         return 0 if report.valid else 1
     data = report.to_json()
     print(f"schedule   {args.file}: {_summary(sched)}")
     print(f"topology   {topo.spec}, routing {args.routing} (seed {args.seed})")
+    print(f"fabric     {profile.describe()}")
+    print(f"latency    intrinsic: {model.intrinsic.source}"
+          + (f"; this machine cannot reach the profile's latency on paths of {report.latency_floors()} switches "
+             "(latency_floor)" if report.latency_floors() else ""))
     if report.valid:
         print("proof      valid allreduce: every rank ends with every chunk reduced over all ranks, each once")
     else:
         print(f"proof      NOT an allreduce ({len(report.execution.errors)} problem(s)):")
         for err in report.execution.errors[:10]:
             print(f"  - {err}")
-    print(f"{'step':>5} {'xfers':>6} {'bytes':>10} {'flows/link':>10} {'alpha-beta s':>13} {'max-min s':>11}  busiest")
+    print(f"{'step':>5} {'xfers':>6} {'bytes':>10} {'flows/link':>10} {'alpha-beta s':>13} {'max-min s':>11} "
+          f"{'model s':>9}  busiest")
     for st in data["per_step"]:
         busy = ", ".join(f"{a}->{b}:{n}" for (a, b), n in
                          ((tuple(x["link"]), x["flows"]) for x in st["busiest_links"]))
+        span = f"{st['time_s']:>9.4f}" if st["time_s"] is not None else f"{'-':>9}"
         print(f"{st['step']:>5} {st['transfers']:>6} {st['bytes']:>10} {st['max_flows_per_link']:>10} "
-              f"{st['alpha_beta_s']:>13.6f} {st['maxmin_s']:>11.6f}  {busy}")
-    print(f"total      alpha-beta {data['alpha_beta_time_s']:.6f} s, max-min fair {data['maxmin_time_s']:.6f} s "
-          f"(busbw {data['busbw_mbps']:.2f} Mbit/s)")
+              f"{st['alpha_beta_s']:>13.6f} {st['maxmin_s']:>11.6f} {span}  {busy}")
+    print(f"steps      lockstep sums: alpha-beta {data['alpha_beta_time_s']:.6f} s, max-min fair "
+          f"{data['maxmin_time_s']:.6f} s")
+    if report.valid:
+        print(f"predicted  {data['time_s']:.6f} s emulated (busbw {data['busbw_mbps']:.2f} Mbit/s) = "
+              f"{data['real_time_s'] * 1e6:.1f} us on the real fabric (busbw {data['real_busbw_gbps']:.1f} Gbit/s)")
     return 0 if report.valid else 1
 
 

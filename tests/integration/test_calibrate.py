@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from emulator import routing, topology
+from emulator import fidelity, routing, topology
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
 from emulator.topology import DEFAULT_MTU
@@ -24,17 +24,26 @@ def emu(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> 
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_calibrate_quick_writes_a_calibration_file(tmp_path):
+def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
     state = tmp_path / "state"  # never the machine's real calibration
     res = emu("calibrate", "--quick", "--bw", "10", env={"EF_STATE_DIR": str(state)})
     assert res.returncode == 0, res.stderr[-2000:]
-    data = json.loads((state / "calibration.json").read_text())
+    data = json.loads((state / f"calibration-mtu{DEFAULT_MTU}.json").read_text())
     assert data["one_link_ratio"] >= 0.9, data["measurements"]["one_link"]
     assert data["machine"]["mtu"] == DEFAULT_MTU and data["machine"]["nproc"] >= 1
+    assert data["machine"]["kernel"] and data["machine"]["ovs_version"] and data["machine"]["date"]
     assert data["measurements"]["capacity"]["points"], "no capacity point measured"
     assert data["datapath_capacity_mbps"] is None or data["datapath_capacity_mbps"] > 0
     assert data["agent_over_iperf3"] > 0.5, data["measurements"]["agents_vs_iperf3"]
     assert "one link goodput / rate" in res.stdout
+    # the intrinsic latency over 1, 2, 3 and 5 switches: a fraction of a millisecond to a few, never negative
+    per = data["latency"]["per_switches"]
+    assert sorted(per, key=int) == ["1", "2", "3", "5"]
+    for v in per.values():
+        assert 0 < v["data_s"] < 0.05 and 0 < v["rendezvous_s"] < 0.05 and v["messages"] > 0
+    assert "intrinsic latency per message" in res.stdout
+    monkeypatch.setenv("EF_STATE_DIR", str(state))
+    assert fidelity.load_calibration(DEFAULT_MTU) == data  # made on this machine: it counts here
 
 
 def test_replay_pcap_then_analyze_finds_the_agent_flows(tmp_path):

@@ -34,7 +34,6 @@ LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 #: switch port, and the lateness fed itself through the lockstep rounds.)
 HDRM_MIN_BUSBW = 0.85
 BANDWIDTH_BOUND_SIZE = 16 << 20
-#: At 4 MiB (the first test) measured 0.97-0.985 in 6 of 6 repetitions.
 SIZE = 4 << 20
 
 
@@ -60,7 +59,11 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
                                repeat=3, warmup=1))
     assert good["status"] == "ok"
     assert all(rep["correct"] for rep in good["repetitions"])
-    assert good["busbw_mbps_median"] >= HDRM_MIN_BUSBW * good["link_mbps"], good["busbw_mbps_median"]
+    # at 4 MiB the fabric's latency is part of the time: hdrm reaches the model's busbw (0.85 of the link
+    # here), which the next test holds where it is bandwidth-bound
+    predicted_busbw = good["prediction"]["busbw_mbps"]
+    assert good["busbw_mbps_median"] >= 0.9 * predicted_busbw, (good["busbw_mbps_median"], predicted_busbw)
+    assert good["busbw_mbps_median"] >= 0.75 * good["link_mbps"], good["busbw_mbps_median"]
     saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
     assert saved["busbw_mbps_median"] == good["busbw_mbps_median"]
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps

@@ -32,7 +32,8 @@ def inter_server_steps(schedule, topo) -> list[int]:
 
 
 def predicted_phase(results, steps) -> float:
-    return sum(st["maxmin_s"] for st in results["prediction"]["per_step"] if st["step"] in steps)
+    """The timing model's span of those steps, as the measured one is taken (first start to last end)."""
+    return sum(st["time_s"] for st in results["prediction"]["per_step"] if st["step"] in steps)
 
 
 def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_path):
@@ -45,14 +46,15 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
         sformat.save(schedule, path)
         steps = inter_server_steps(schedule, topo)
         assert steps, "hier must have an inter-server phase"
+        # bandwidth alone: the NIC's sharing is what differs (a fabric's latency would dilute the 4x)
         res = replay(ReplayConfig(schedule=path, topology=spec, routing="bigraph", out=str(tmp_path / f"n{nics}"),
-                                  repeat=3, warmup=1))
+                                  repeat=3, warmup=1, fabric="bandwidth-only"))
         assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
         flows = res["prediction"]["max_flows_per_link"]
         assert max(flows[s] for s in steps) == (1 if nics == 4 else 4)
         measured[nics] = step_time(res, steps)
         predicted[nics] = predicted_phase(res, steps)
     model_ratio = predicted[1] / predicted[4]
-    assert model_ratio == pytest.approx(4.0, rel=0.01)
+    assert model_ratio == pytest.approx(4.0, rel=0.05)  # 4x, but for each message's last frame
     ratio = measured[1] / measured[4]
     assert abs(ratio / model_ratio - 1) <= TOLERANCE, (ratio, model_ratio, measured)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import socket
+import tempfile
 import threading
 import time
 from collections import deque
@@ -12,9 +14,10 @@ import numpy as np
 import pytest
 
 from emulator import agent as agent_mod
-from emulator import replay, topology
+from emulator import fabric, replay, topology
 from emulator.agent import Agent, AgentError, expected_sum, input_values
-from emulator.schedule import generators
+from emulator.latency import LatencyModel, PathLatency
+from emulator.schedule import cost, generators
 from emulator.schedule.format import with_ops
 
 
@@ -26,13 +29,15 @@ def test_expected_sum_matches_a_direct_sum():
     assert not np.array_equal(input_values(0, 100), input_values(1, 100))
 
 
-def run_agents(schedule, topo, reps=1, base=10, start_at=None):
+def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None):
     """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}.
 
-    ``start_at``: one monotonic time for all ranks, or a dict rank -> time.
+    ``start_at``: one monotonic time for all ranks, or a dict rank -> time;
+    ``latency``: one :class:`PathLatency` for every pair of ranks.
     """
     ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
-    agents = [Agent(schedule, topo, r, ip_of=ip_of) for r in range(schedule.p)]
+    plan = {peer: latency for peer in range(schedule.p)} if latency is not None else None
+    agents = [Agent(schedule, topo, r, ip_of=ip_of, latency=plan) for r in range(schedule.p)]
     errors: list[BaseException] = []
     results: dict[int, list] = {r: [] for r in range(schedule.p)}
     barrier = threading.Barrier(schedule.p)
@@ -142,6 +147,28 @@ def test_a_sender_waits_until_its_receiver_has_posted_the_receive():
     assert start >= now + 1.1
 
 
+def test_agents_add_the_profiles_latency_to_every_message():
+    """hd on 2 ranks: each round waits for its rendezvous (0.05 s), then each message takes 0.15 s."""
+    topo = topology.build("star:hosts=2")
+    schedule = generators.generate("hd", topo, 64)
+    lat = PathLatency(1, message_target_s=0.15, rendezvous_target_s=0.05, link_s=0.0, data_s=0.0, rendezvous_s=0.0,
+                      ack_intrinsic_s=0.0)
+    results, errors = run_agents(schedule, topo, reps=2, base=42, latency=lat)
+    assert not errors, errors
+    for rep in range(2):
+        op_times = {r: {i: (s, e) for i, s, e in reps[rep]["ops"]} for r, reps in results.items()}
+        sends = {r: {int(i): v for i, v in reps[rep]["sends"].items()} for r, reps in results.items()}
+        records = replay.timeline_records(schedule, rep, op_times, sends)
+        assert len(records) == 4
+        for rec in records:
+            assert rec["start"] - rec["posted"] == pytest.approx(0.05, abs=0.01)  # the rendezvous, virtually
+            assert rec["end"] - rec["start"] == pytest.approx(0.15, rel=0.1)  # the message latency
+            assert rec["late_s"] < 0.01
+        total = max(e for times in op_times.values() for _, e in times.values()) - \
+            min(s for times in op_times.values() for s, _ in times.values())
+        assert total == pytest.approx(2 * (0.05 + 0.15), rel=0.1)
+
+
 def test_match_transfers_pairs_in_order():
     topo = topology.build("star:hosts=4")
     schedule = generators.generate("ring", topo, 4096)
@@ -224,3 +251,22 @@ def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it():
     finally:
         for sock in (client, server, listener):
             sock.close()
+
+
+def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
+    topo = topology.build("leafspine:leaves=2,spines=1,hosts_per_leaf=2")
+    schedule = generators.generate("ring", topo, 4096)
+    model = LatencyModel(fabric.default())
+    paths = replay.send_paths(topo, cost.transfers(schedule, topo, "shortest"), model, 9000)
+    assert paths[(0, 1)].switches == 1 and paths[(1, 2)].switches == 3  # same leaf, across the spine
+    goodput = 10e6 / 8 * topology.tcp_goodput_factor(9000)
+    assert paths[(1, 2)].byte_s == pytest.approx(4 / goodput) and paths[(1, 2)].mss == 8948
+    assert paths[(1, 2)].message_target_s == pytest.approx(fabric.message_latency_s(fabric.default(), 3))
+    plan = agent_mod.latency_plan(paths)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
+        json.dump(plan, fh)
+        fh.flush()
+        assert agent_mod.load_latency_plan(fh.name, 1) == {2: paths[(1, 2)]}
+    sends = {0: {op.id: [0.0, 0.0, 0.0, 0.004] for op in schedule.ranks[0].ops if op.kind == "send"}}
+    late, target = replay.send_lateness(schedule, sends, paths)
+    assert late == [0.004] * 6 and target == [paths[(0, 1)].message_target_s] * 6  # a ring's 2(p-1) sends

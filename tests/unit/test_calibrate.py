@@ -104,7 +104,7 @@ def test_reshape_commands_cover_both_ends_of_every_link():
     cmds = cal.reshape_commands(topo, 25, {"h1": 101, "h2": 102})
     assert len(cmds) == 2 * len(topo.links)
     assert cmds[0] == ["mnexec", "-a", "101", "tc", "class", "change", "dev", "efh1-eth0", "parent", "5:0",
-                       "classid", "5:1", "htb", "rate", "25Mbit", "burst", "15k"]
+                       "classid", "5:1", "htb", "rate", "25Mbit", "burst", "100b", "cburst", "100b"]
     assert cmds[1][4] == "efs1-eth1"
 
 

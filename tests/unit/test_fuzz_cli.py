@@ -35,10 +35,10 @@ COMMANDS = (["topo", "show"], ["topo", "export"], ["up"], ["clean"], ["controlle
             ["calibrate"], ["analyze"], ["bench"], ["schedule"], ["topo"], [], ["bogus"])
 OPTIONS = ("--topology", "--routing", "--listen", "--ecmp-seed", "--stats-interval", "--stats-file", "--state-file",
            "--log-level", "--json", "--controller", "--datapath", "--force", "--algo", "--size", "--placement",
-           "--seed", "--chunks", "-o", "--output", "--alpha", "--gamma", "--index", "--out", "--repeat", "--warmup",
+           "--seed", "--chunks", "-o", "--output", "--fabric", "--gamma", "--index", "--out", "--repeat", "--warmup",
            "--timeout", "--pcap", "--check", "--new", "--bw", "--quick", "--bin", "--bringup-rounds", "-h", "--",
            "--to", "--rep")
-VALUES = ("star:hosts=3", "star:hosts=2", "bigraph:upper=2,lower=2,hosts_per_switch=1", "fattree:k=3", "nope:x=1",
+VALUES = ("roce100", "alpha_us=-1", "dilation=1e9", "link_gbps=0,mtu=9000", "preset=ib200,mtu=40", "star:hosts=3", "star:hosts=2", "bigraph:upper=2,lower=2,hosts_per_switch=1", "fattree:k=3", "nope:x=1",
           "shortest", "ecmp", "bigraph", "dmodk", "bogus", "ring", "hdrm", "hd", "64", "96", "1KiB", "0", "-1", "3",
           "nan", "inf", "-inf", "1e9", "0.01", "99999999999999999999", "127.0.0.1:6653", "127.0.0.1:0",
           "10.255.255.1:6653", "localhost:6653", "::1", ":6653", "127.0.0.1", "user", "kernel", "auto", "DEBUG",
@@ -98,7 +98,7 @@ def test_cli_random_argv(argv):
                                  "out"]]),
        extra=st.lists(st.tuples(st.sampled_from(["--routing", "--ecmp-seed", "--controller", "--datapath", "--listen",
                                                  "--stats-file", "--state-file", "--stats-interval", "--repeat",
-                                                 "--warmup", "--timeout", "--pcap", "--log-level"]),
+                                                 "--warmup", "--timeout", "--pcap", "--log-level", "--fabric"]),
                                 st.sampled_from(VALUES)), max_size=3))
 def test_cli_starting_commands(command, extra):
     """Commands that start things, from a valid base: one wrong option must stop them before anything starts."""

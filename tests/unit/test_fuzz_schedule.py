@@ -89,8 +89,8 @@ def test_from_dict_mutated_schedules(data, which):
 
 @FUZZ
 @given(data=st.data(), which=st.integers(0, len(BASES) - 1), suffix=st.sampled_from([".json", ".yaml"]),
-       extra=st.lists(st.sampled_from(["--json", "--routing", "ecmp", "--routing", "bogus", "--alpha", "nan",
-                                       "--alpha", "-1", "--gamma", "inf", "--gamma", "1e-9", "--seed", "-3",
+       extra=st.lists(st.sampled_from(["--json", "--routing", "ecmp", "--routing", "bogus", "--fabric", "alpha_us=nan",
+                                       "--fabric", "dilation=1", "--gamma", "inf", "--gamma", "1e-9", "--seed", "-3",
                                        "--topology", "star:hosts=2", "--topology", "star:hosts=0"]),
                       max_size=3))
 def test_schedule_check_cli_mutated_files(data, which, suffix, extra):

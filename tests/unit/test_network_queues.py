@@ -1,8 +1,20 @@
-"""Host NIC queues (pure command building): control packets first, data frames in a bounded FIFO."""
+"""Link queues and shapers (pure command building): control packets first, bounded FIFOs, small bursts, netem."""
 
 from __future__ import annotations
 
-from emulator.network import HOST_CONTROL_PACKET_BYTES, host_queue_commands, leaf_queue_command, tc_batch
+from emulator import topology
+from emulator.network import (
+    HOST_CONTROL_PACKET_BYTES,
+    SHAPER_BURST_BYTES,
+    host_queue_commands,
+    leaf_queue_command,
+    queue_packets_for,
+    root_interface_rates,
+    root_interfaces,
+    shaping_class_command,
+    switch_port_queue_commands,
+    tc_batch,
+)
 
 
 def test_host_queues_send_short_ip_packets_to_the_high_priority_class():
@@ -27,3 +39,46 @@ def test_tc_batch_drops_the_program_name_one_line_per_command():
     text = tc_batch([leaf_queue_command("efs1-eth1", 10), leaf_queue_command("efs1-eth2", 20)])
     assert text == ("qdisc replace dev efs1-eth1 parent 5:1 handle 10: pfifo limit 10\n"
                     "qdisc replace dev efs1-eth2 parent 5:1 handle 10: pfifo limit 20\n")
+
+
+def test_every_shaping_class_gets_a_small_burst_at_its_links_rate():
+    cmd = shaping_class_command("efs1-eth3", 20.0)
+    assert cmd[:4] == ["tc", "class", "change", "dev"] and cmd[cmd.index("classid") + 1] == "5:1"
+    assert cmd[cmd.index("rate") + 1] == "20Mbit"
+    assert cmd[cmd.index("burst") + 1] == cmd[cmd.index("cburst") + 1] == f"{SHAPER_BURST_BYTES}b"
+    topo = topology.build("leafspine:leaves=2,spines=1,hosts_per_leaf=2,host_bw=20,switch_bw=40")
+    rates = root_interface_rates(topo)
+    assert sorted(rates) == sorted(root_interfaces(topo))
+    assert rates["efs1-eth1"] == 20 and rates["efs1-eth3"] == 40 and rates["efs3-eth1"] == 40
+    assert topo.host_link("h1").bw_mbps == 20
+
+
+def test_switch_ports_hold_packets_for_the_switch_latency_where_netem_exists():
+    topo = topology.build("star:hosts=2")
+    plain = switch_port_queue_commands(topo, 9000)
+    assert all("pfifo" in c and "netem" not in c for c in plain)
+    delayed = switch_port_queue_commands(topo, 9000, delay_s=0.005)
+    assert len(delayed) == len(root_interfaces(topo))
+    for cmd in delayed:
+        assert cmd[cmd.index("netem") + 1:cmd.index("netem") + 3] == ["delay", "5000us"]
+        assert cmd[cmd.index("limit") + 1] == str(queue_packets_for(9000))
+
+
+def test_netem_is_found_from_files_alone(tmp_path):
+    import platform
+
+    from emulator.system import has_netem
+
+    sysmod, mods = tmp_path / "sys", tmp_path / "lib"
+    sysmod.mkdir()
+    assert not has_netem(str(sysmod), str(mods))
+    sched = mods / platform.release() / "kernel" / "net" / "sched"
+    sched.mkdir(parents=True)
+    (sched / "sch_netem.ko.xz").write_text("")
+    assert has_netem(str(sysmod), str(mods))
+    (sched / "sch_netem.ko.xz").unlink()
+    (mods / platform.release() / "modules.builtin").write_text("kernel/net/sched/sch_netem.ko\n")
+    assert has_netem(str(sysmod), str(mods))
+    (mods / platform.release() / "modules.builtin").write_text("")
+    (sysmod / "sch_netem").mkdir()
+    assert has_netem(str(sysmod), str(mods))

@@ -99,8 +99,10 @@ def test_check_errors(tmp_path, capsys):
     assert "ranks[2].host" in _err_line(capsys)
     assert main(["schedule", "check", str(good), "--routing", "teleport"]) == 2
     assert "teleport" in _err_line(capsys)
-    assert main(["schedule", "check", str(good), "--alpha", "-1"]) == 2
-    assert "field 'alpha'" in _err_line(capsys)
+    assert main(["schedule", "check", str(good), "--fabric", "alpha_us=-1"]) == 2
+    assert "field 'alpha_us'" in _err_line(capsys)
+    assert main(["schedule", "check", str(good), "--fabric", "roce9000"]) == 2
+    assert "field 'preset'" in _err_line(capsys)
 
 
 def test_import_msccl_and_chakra(tmp_path, capsys):

@@ -1,0 +1,41 @@
+"""The fabric profile's latency on real packets: a one-frame message takes what the profile says."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from emulator import fabric, fidelity, topology
+from emulator.latency_probe import probe_schedule
+from emulator.replay import ReplayConfig, prepare, replay
+from emulator.schedule import format as sformat
+
+pytestmark = pytest.mark.integration
+
+#: hd on two ranks sends half the buffer each round: 8000 bytes, one frame at the default MTU (9000).
+SIZE = 16000
+
+
+@pytest.mark.parametrize("spec, routing, hosts, switches", [
+    ("star:hosts=2", "shortest", ("h1", "h2"), 1),
+    ("bigraph:upper=2,lower=2,hosts_per_switch=2", "bigraph", ("h1", "h3"), 3),
+])
+def test_a_two_rank_exchange_of_one_frame_takes_the_profiles_latency(tmp_path, spec, routing, hosts, switches):
+    path = str(tmp_path / "hd2.json")
+    sformat.save(probe_schedule(*hosts, size=SIZE), path)
+    cfg = ReplayConfig(schedule=path, topology=spec, routing=routing, out=str(tmp_path / "out"), repeat=5, warmup=1)
+    prep = prepare(cfg)
+    profile = fabric.default()
+    assert prep.topo.host_bw == profile.emulated_link_mbps and prep.report.costs.switch_counts == [switches]
+    results = replay(cfg, prep=prep)
+    # the profile's latency of one message: alpha and the switches, then the frame on each of its links
+    frame_s = SIZE / 2 / (profile.emulated_link_mbps * 1e6 / 8 * topology.tcp_goodput_factor(profile.emulated_mtu))
+    message_s = fabric.message_latency_s(profile, switches) + (switches + 1) * frame_s
+    rounds = [st["time_s"] for rep in results["repetitions"] for st in rep["steps"]]
+    assert statistics.median(rounds) == pytest.approx(message_s, rel=0.2), rounds
+    # a round also waits for its rendezvous: the whole exchange is the model's prediction
+    assert results["measured_over_predicted_median"] == pytest.approx(1.0, rel=0.2)
+    assert results["fabric"]["spec"] == profile.spec()
+    fid = results["repetitions"][0]["fidelity"]
+    assert "latency_floor" not in fid["flags"] and fid["late_fraction"] < fidelity.LATE_FRACTION
