@@ -3,34 +3,41 @@
 A benchmark, not a test: it prints every ratio next to its target with PASS or
 MISS, writes ``results/bench-<timestamp>.json`` (atomically, after every
 section, so a failure keeps what was measured) and returns 0 even on a miss.
+Everything runs on one fabric profile (``--fabric``, default
+:data:`emulator.fabric.DEFAULT_PRESET`): its emulated link rate, MTU and
+latencies, with this machine's calibration at that MTU, made first (about a
+minute) when there is none.
 
 Sections, in order:
 
 1. **agents / iperf3** on one link: :func:`emulator.calibrate.measure_agents_vs_iperf`
-   (target ≥ :data:`TARGET_AGENT`).
-2. **replays** of the default experiment's algorithm × topology grid
-   (:data:`DEFAULT_CASES`), one :class:`~emulator.replay.ReplaySession` per
-   (topology, routing, seed): measured / predicted time of each (target within
-   ±:data:`TARGET_PREDICTION`). Each row carries replay's fidelity flags.
-   Then busbw / link rate of ``hdrm`` on BiGraph 4/4/2 (target ≥
-   :data:`TARGET_HDRM`) at a bandwidth-bound size (:func:`bandwidth_bound_size`,
-   16 MiB per rank at 10 Mbit/s): at the grid's size every halving-doubling
-   round also pays the ranks' lateness (tens of ms on 2 cores), which is a
-   latency term, not the fabric's bandwidth.
+   (target >= :data:`TARGET_AGENT`).
+2. **replays**: every algorithm of :data:`DEFAULT_CASES` on its fabric, one
+   :class:`~emulator.replay.ReplaySession` per (topology, routing, seed), at
+   every size of :data:`DEFAULT_SIZES` (latency-bound to bandwidth-bound):
+   measured / predicted time of each row (target: at least
+   :data:`TARGET_WITHIN_SHARE` of the rows within +-:data:`TARGET_PREDICTION`,
+   none beyond +-:data:`TARGET_WORST`). Each row carries replay's fidelity
+   flags. From the same rows: busbw / link rate of ``hdrm`` on BiGraph 4/4/2
+   at the largest size (target >= :data:`TARGET_HDRM`), and the
+   **crossovers** of :data:`CROSSOVERS` (the size below which an algorithm
+   beats ring), measured and predicted (target: within a factor
+   :data:`TARGET_CROSSOVER_FACTOR`; the predicted one from the model alone
+   over sizes 16 KiB-256 MiB, :func:`crossover`).
 3. **bring-up** of 32 hosts (:data:`BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
    start and stop against plain Mininet (:func:`plain_mininet_bringup`: the
    same hosts, switches and ``TCLink`` links, ``OVSSwitch`` on the same
    datapath, no controller, none of our host set-up), alternated.
 
-The link rate is ``--bw``, else the calibration's ``recommended_link_mbps``
-(``emu calibrate``), else 10 Mbit/s; the size per rank ``--size``, else
-1 MiB halved until a 16-rank ring ideally takes at most 3.5 s at that rate. Emulated figures are reported with the
-dilation factor to a real fabric of :data:`REAL_FABRIC_MBPS` links.
+``--bw`` sets the emulated link rate instead of the profile's (the dilation
+follows). Emulated figures are reported with what they stand for on the real
+fabric.
 """
 
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import statistics
 import time
@@ -38,27 +45,46 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emulator import fidelity, topology
+from emulator import fabric, fidelity, topology
 from emulator.errors import UserError
+from emulator.latency import LatencyModel
 from emulator.results import write_json_atomic
+from emulator.schedule import generators
+from emulator.schedule.check import check
+from emulator.schedule.format import format_size
 
 TARGET_AGENT = 0.97
 TARGET_HDRM = 0.90
 TARGET_PREDICTION = 0.10
-REAL_FABRIC_MBPS = 100_000.0
+TARGET_WITHIN_SHARE = 0.90
+TARGET_WORST = 0.25
+TARGET_CROSSOVER_FACTOR = 2.0
 BRINGUP_TOPOLOGY = "bigraph:upper=4,lower=4,hosts_per_switch=4"
-DEFAULT_SIZE = 1 << 20
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)
+class Size:
+    """A size per rank and its repetitions (a bandwidth-bound size takes one, without warm-up: it is long)."""
+
+    bytes: int
+    warmup: int
+    repeat: int
+
+
+@dataclass(frozen=True)
 class Case:
-    """One ReplaySession: a topology, its routing and seed, and the algorithms replayed on it."""
+    """One ReplaySession: a topology, its routing and seed, and the algorithms replayed on it.
+
+    ``extra`` sizes are replayed for ``extra_algorithms`` only (a crossover needs them).
+    """
 
     topology: str
     routing: str
     seed: int
     algorithms: tuple[str, ...]
+    extra: tuple[Size, ...] = ()
+    extra_algorithms: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -69,12 +95,32 @@ class Case:
 LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 DEFAULT_CASES = (
-    Case(BIGRAPH, "bigraph", 0, ("hdrm", "hd")),
-    Case(LEAFSPINE, "ecmp", 1, ("ring", "hd", "dbtree")),
+    Case(BIGRAPH, "bigraph", 0, ("hdrm", "hd", "ring")),
+    # hd's crossover with ring lies between 1 and 16 MiB: 4 MiB places it within a factor of 2
+    Case(LEAFSPINE, "ecmp", 1, ("ring", "hd", "dbtree", "hier"), extra=(Size(4 << 20, 1, 1),),
+         extra_algorithms=("ring", "hd")),
     Case(LEAFSPINE, "dmodk", 0, ("ring", "hd", "dbtree")),
-    Case("fattree:k=4", "ecmp", 1, ("ring", "hd", "dbtree")),
+    Case("fattree:k=4", "ecmp", 1, ("ring", "hd", "dbtree", "hier")),
     Case("star:hosts=16", "shortest", 0, ("ring", "hd", "dbtree")),
 )
+DEFAULT_SIZES = (Size(64 << 10, 1, 2), Size(1 << 20, 1, 2), Size(16 << 20, 0, 1))
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """The size below which ``algorithm`` beats ``ring`` on one fabric (both rows of one case)."""
+
+    label: str
+    case: Case
+    algorithm: str
+
+
+CROSSOVERS = (
+    Crossover("hdrm / ring on BiGraph 4/4/2", DEFAULT_CASES[0], "hdrm"),
+    Crossover("hd / ring on leaf-spine, ECMP seed 1", DEFAULT_CASES[1], "hd"),
+)
+#: The sizes at which the model looks for a crossover.
+MODEL_SWEEP = tuple(1 << k for k in range(14, 29))
 
 
 # ------------------------------------------------------------------ pure part
@@ -86,43 +132,62 @@ def within(ratio: float | None, tolerance: float = TARGET_PREDICTION) -> bool | 
     return None if ratio is None else abs(ratio - 1.0) <= tolerance
 
 
-def link_rate(bw: float | None, calibration: dict[str, Any] | None) -> tuple[float, str]:
-    """The bench's link rate and where it came from."""
-    if bw is not None:
-        if not 0 < bw <= 1000:
-            raise UserError(f"bench: field 'bw': expected Mbit/s in (0, 1000], got {bw!r}")
-        return float(bw), "--bw"
-    rec = (calibration or {}).get("recommended_link_mbps")
-    if rec:
-        return float(rec), f"recommended by the calibration of {(calibration or {}).get('machine', {}).get('date')}"
-    return 10.0, "default (no calibration: run `emu calibrate`)"
+def bench_profile(fabric_spec: str | None, bw: float | None) -> fabric.FabricProfile:
+    """The fabric profile of the bench; ``--bw`` changes its dilation so that links emulate at ``bw``."""
+    profile = fabric.parse(fabric_spec, where="bench: fabric")
+    if bw is None:
+        return profile
+    if isinstance(bw, bool) or not fabric.MIN_LINK_MBPS <= bw <= fabric.MAX_LINK_MBPS:
+        raise UserError(f"bench: field 'bw': expected Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
+                        f"{fabric.MAX_LINK_MBPS:g}, got {bw!r}")
+    return fabric.parse({**_profile_items(profile), "dilation": profile.link_gbps * 1000 / bw}, where="bench: bw")
 
 
-def default_size(link_mbps: float, p: int = 16, budget_s: float = 3.5) -> int:
-    """The largest power-of-two size <= :data:`DEFAULT_SIZE` whose ideal ``p``-rank ring takes <= ``budget_s``.
+def _profile_items(profile: fabric.FabricProfile) -> dict[str, Any]:
+    return {key: getattr(profile, key) for key in fabric.KEYS}
 
-    Keeps the whole bench near 8 minutes at the low link rates a small machine
-    calibrates to (at least 64 KiB).
+
+def crossover(sizes: list[int], times_x: list[float], times_ring: list[float]) -> dict[str, Any]:
+    """Where ``x`` stops beating ring: the first size at which ``t_x / t_ring`` crosses 1 going up.
+
+    Interpolated linearly in log(size) and log(ratio) between the two sizes
+    around the crossing. ``size`` is None when there is none within
+    ``sizes``; ``x_faster`` then says whether ``x`` was faster throughout.
     """
-    size = DEFAULT_SIZE
-    while size > 64 << 10 and 2 * (p - 1) / p * size * 8 / (link_mbps * 1e6) > budget_s:
-        size //= 2
-    return size
+    ratios = [tx / tr for tx, tr in zip(times_x, times_ring, strict=True)]
+    for (s0, r0), (s1, r1) in zip(zip(sizes, ratios, strict=True), zip(sizes[1:], ratios[1:], strict=True),
+                                  strict=False):
+        if r0 < 1 <= r1:
+            f = -math.log(r0) / (math.log(r1) - math.log(r0))
+            return {"size": math.exp(math.log(s0) + f * (math.log(s1) - math.log(s0))), "ratios": ratios,
+                    "sizes": sizes, "x_faster": None}
+    return {"size": None, "ratios": ratios, "sizes": sizes, "x_faster": all(r < 1 for r in ratios)}
 
 
-def bandwidth_bound_size(link_mbps: float, p: int = 16, budget_s: float = 30.0) -> int:
-    """The largest power-of-two size <= 16 MiB whose ideal ``p``-rank allreduce takes <= ``budget_s`` (>= 1 MiB)."""
-    size = 16 << 20
-    while size > DEFAULT_SIZE and 2 * (p - 1) / p * size * 8 / (link_mbps * 1e6) > budget_s:
-        size //= 2
-    return size
+def crossovers_agree(measured: dict[str, Any], predicted: dict[str, Any],
+                     factor: float = TARGET_CROSSOVER_FACTOR) -> bool:
+    """Both find the crossover within ``factor`` of each other, or neither finds one and they agree who wins."""
+    if measured["size"] is None or predicted["size"] is None:
+        return measured["size"] is None and predicted["size"] is None and measured["x_faster"] == predicted["x_faster"]
+    return 1 / factor <= measured["size"] / predicted["size"] <= factor
+
+
+def prediction_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many rows' measured / predicted times are within the target, and the worst one."""
+    ratios = [r["measured_over_predicted"] for r in rows if r.get("measured_over_predicted")]
+    worst = max(ratios, key=lambda x: abs(x - 1), default=None)
+    within = sum(1 for x in ratios if abs(x - 1) <= TARGET_PREDICTION)
+    beyond = sum(1 for x in ratios if abs(x - 1) > TARGET_WORST)
+    return {"rows": len(rows), "measured": len(ratios), "within": within, "beyond_worst": beyond, "worst": worst,
+            "pass": bool(rows) and len(ratios) == len(rows) and within >= TARGET_WITHIN_SHARE * len(rows)
+            and beyond == 0}
 
 
 def with_bw(spec: str, bw: float) -> str:
     return f"{spec},bw={bw:g}"
 
 
-def replay_row(case: Case, algo: str, results: dict[str, Any], link_mbps: float) -> dict[str, Any]:
+def replay_row(case: Case, algo: str, results: dict[str, Any], link_mbps: float, size: int = 0) -> dict[str, Any]:
     """The bench's summary of one replay's ``results`` dict."""
     reps = results.get("repetitions", [])
     flags = sorted({f for r in reps for f in r.get("fidelity", {}).get("flags", []) if f != "uncalibrated"})
@@ -131,7 +196,7 @@ def replay_row(case: Case, algo: str, results: dict[str, Any], link_mbps: float)
     busbw = results.get("busbw_mbps_median")
     mp = results.get("measured_over_predicted_median")
     return {
-        "topology": case.topology, "routing": case.routing, "seed": case.seed, "algorithm": algo,
+        "topology": case.topology, "routing": case.routing, "seed": case.seed, "algorithm": algo, "size": size,
         "status": results.get("status"), "error": results.get("error"),
         "time_s": results.get("time_s_median"),
         "predicted_s": (results.get("prediction") or {}).get("predicted_time_s"),
@@ -167,60 +232,80 @@ def bringup_summary(ours: list[dict[str, float]], plain: list[dict[str, float]])
 def format_report(data: dict[str, Any]) -> str:
     """The side-by-side table ``emu bench`` prints at the end."""
     bw = data["link_mbps"]
-    dil = data["dilation"]
+    profile = fabric.parse(data["fabric"])
     lines = [
         f"# emu bench {data['date']}: {data['machine']['nproc']} CPUs, {data['machine'].get('datapath', '?')} "
-        f"datapath, MTU {data['mtu']}, links {bw:g} Mbit/s ({data['link_source']})",
+        f"datapath, MTU {data['mtu']}, links {bw:g} Mbit/s",
         f"# load average before {data['machine']['loadavg_before']}, after {data['machine'].get('loadavg_after')}",
-        f"# dilation: {bw:g} Mbit/s links stand for {REAL_FABRIC_MBPS / 1000:g} Gbit/s ones, factor {dil:g}; "
-        "bandwidth-bound times scale by 1/factor, per-message latency does not",
+        f"# fabric: {profile.describe()}",
+        f"# calibration: {data.get('calibration_source')}",
         "",
-        f"{'ratio':<44} {'measured':>9} {'target':>10}  verdict",
+        f"{'ratio':<52} {'measured':>9} {'target':>14}  verdict",
     ]
     ag = data.get("agents")
     if ag and ag.get("ratio") is not None:
-        lines.append(f"{'agent / iperf3 goodput, one link':<44} {ag['ratio']:>9.3f} {'>= 0.97':>10}  "
+        lines.append(f"{'agent / iperf3 goodput, one link':<52} {ag['ratio']:>9.3f} {'>= 0.97':>14}  "
                      f"{verdict(ag['ratio'] >= TARGET_AGENT)}   ({ag['agent_mbps']:.2f} vs {ag['iperf3_mbps']:.2f} "
                      "Mbit/s per direction)")
     else:
-        lines.append(f"{'agent / iperf3 goodput, one link':<44} {'error':>9} {'>= 0.97':>10}  MISS   "
+        lines.append(f"{'agent / iperf3 goodput, one link':<52} {'error':>9} {'>= 0.97':>14}  MISS   "
                      f"({(ag or {}).get('error')})")
-    hd = data.get("hdrm")
-    label = f"hdrm busbw / link rate, BiGraph 4/4/2, {(hd or {}).get('size', 0) >> 20} MiB"
-    if hd and hd.get("busbw_over_link") is not None:
-        lines.append(f"{label:<44} {hd['busbw_over_link']:>9.3f} {'>= 0.90':>10}  "
+    hd = data.get("hdrm") or {}
+    label = f"hdrm busbw / link rate, BiGraph 4/4/2, {format_size(hd.get('size') or 0)}"
+    if hd.get("busbw_over_link") is not None:
+        lines.append(f"{label:<52} {hd['busbw_over_link']:>9.3f} {'>= 0.90':>14}  "
                      f"{verdict(hd['busbw_over_link'] >= TARGET_HDRM)}   ({hd['busbw_mbps']:.2f} of {bw:g} Mbit/s)")
     else:
-        lines.append(f"{label:<44} {'error':>9} {'>= 0.90':>10}  MISS   ({(hd or {}).get('error')})")
+        lines.append(f"{label:<52} {'error':>9} {'>= 0.90':>14}  MISS   ({hd.get('error')})")
     rows = data.get("replays", [])
-    ok = [r for r in rows if r["within_target"]]
-    lines.append(f"{'measured / predicted time within +-10%':<44} {len(ok):>4} of {len(rows):<3} {'all':>10}  "
-                 f"{verdict(bool(rows) and len(ok) == len(rows))}")
+    summary = prediction_summary(rows)
+    worst = f"worst {summary['worst']:.2f}" if summary["worst"] is not None else "none measured"
+    lines.append(f"{'measured / predicted time within +-10%':<52} {summary['within']:>4} of {summary['rows']:<3} "
+                 f"{'>= 90%, none':>14}  {verdict(summary['pass'])}   ({summary['beyond_worst']} beyond +-25%, "
+                 f"{worst})")
+    for c in data.get("crossovers", []):
+        lines.append(f"{'crossover ' + c['label']:<52} {_size_text(c['measured']):>9} "
+                     f"{'x2 of ' + _size_text(c['predicted']):>14}  {verdict(c.get('agree'))}")
     b = data.get("bringup") or {}
     if b.get("ours_up_s") is not None and b.get("plain_up_s") is not None:
         label = f"bring-up {b.get('hosts', '?')} hosts: ours / plain Mininet"
-        lines.append(f"{label:<44} {b['up_ratio']:>9.2f} {'report':>10}  "
+        lines.append(f"{label:<52} {b['up_ratio']:>9.2f} {'report':>14}  "
                      f"      (up {b['ours_up_s']:.1f} s vs {b['plain_up_s']:.1f} s; up+down "
                      f"{b['ours_total_s']:.1f} s vs {b['plain_total_s']:.1f} s)")
-    lines += ["", f"{'topology':<46} {'routing':<9} {'algo':<7} {'time s':>8} {'pred s':>8} {'meas/pred':>9} "
-              f"{'busbw/link':>10} {'@100G us':>9} {'dp load':>8} {'retx':>6}  verdict / flags"]
+    lines += ["", f"{'topology':<46} {'routing':<9} {'algo':<7} {'size':>6} {'time s':>8} {'pred s':>8} "
+              f"{'meas/pred':>9} {'busbw/link':>10} {'real us':>9} {'dp load':>8} {'retx':>6}  verdict / flags"]
     for r in rows:
+        size = format_size(r.get("size") or 0)
         if r["status"] != "ok":
-            lines.append(f"{r['topology']:<46} {r['routing']:<9} {r['algorithm']:<7} failed: {r['error']}")
+            lines.append(f"{r['topology']:<46} {r['routing']:<9} {r['algorithm']:<7} {size:>6} failed: {r['error']}")
             continue
         seed = f"/{r['seed']}" if r["routing"] == "ecmp" else ""
-        scaled = r["time_s"] / dil * 1e6 if r["time_s"] is not None else None
-        lines.append(f"{r['topology']:<46} {r['routing'] + seed:<9} {r['algorithm']:<7} {_num(r['time_s'], 8, 3)} "
-                     f"{_num(r['predicted_s'], 8, 3)} {_num(r['measured_over_predicted'], 9, 3)} "
-                     f"{_num(r['busbw_over_link'], 10, 3)} {_num(scaled, 9, 1)} {_num(r['datapath_load_mbps'], 8, 0)} "
+        real = profile.real_seconds(r["time_s"]) * 1e6 if r["time_s"] is not None else None
+        lines.append(f"{r['topology']:<46} {r['routing'] + seed:<9} {r['algorithm']:<7} {size:>6} "
+                     f"{_num(r['time_s'], 8, 3)} {_num(r['predicted_s'], 8, 3)} "
+                     f"{_num(r['measured_over_predicted'], 9, 3)} {_num(r['busbw_over_link'], 10, 3)} "
+                     f"{_num(real, 9, 1)} {_num(r['datapath_load_mbps'], 8, 0)} "
                      f"{sum(x or 0 for x in r.get('tcp_retransmits', [])):>6}  "
                      f"{verdict(r['within_target'])} {' '.join(r['flags'])}")
+    for c in data.get("crossovers", []):
+        m, p = c["measured"], c["predicted"]
+        lines.append(f"# crossover {c['label']}: measured {_size_text(m)} (ratios "
+                     + ", ".join(f"{format_size(sz)} {x:.2f}" for sz, x in zip(m["sizes"], m["ratios"], strict=True))
+                     + f"), model {_size_text(p)}")
     cap = data.get("calibration_capacity_mbps")
-    lines.append("# retx: TCP retransmissions over the measured repetitions (all hosts)")
-    lines.append(f"# dp load: offered switch-hop Mbit/s (calibrated capacity "
-                 f"{f'{cap:.0f}' if cap else 'unknown'}); @100G: emulated time / dilation")
+    lines.append("# retx: TCP retransmissions over the measured repetitions (all hosts); real us: the emulated time "
+                 "on the real fabric")
+    lines.append(f"# dp load: offered switch-hop Mbit/s (calibrated capacity {f'{cap:.0f}' if cap else 'unknown'})")
     lines.append(f"# total {data.get('duration_s', 0):.0f} s; results in {data.get('path')}")
     return "\n".join(lines)
+
+
+def _size_text(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "-"
+    if c["size"] is None:
+        return "none" + (" (x ahead)" if c["x_faster"] else " (ring ahead)")
+    return format_size(int(c["size"] // 1024 * 1024)) if c["size"] >= 1024 else f"{c['size']:.0f}B"
 
 
 def _num(value: float | None, width: int, digits: int) -> str:
@@ -315,51 +400,80 @@ def measure_bringup(rounds: int, datapath: str, mtu: int, echo: Callable[[str], 
             "links": len(topo.links), **bringup_summary(ours, plain)}
 
 
-def run_case(case: Case, bw: float, size: int, repeat: int, out: str, datapath: str, mtu: int,
-             echo: Callable[[str], None], warmup: int = 1) -> list[dict[str, Any]]:
-    """Replay every algorithm of ``case`` in one session; a failed replay becomes a failed row."""
+def model_crossover(c: Crossover, link_mbps: float, model: LatencyModel, mtu: int,
+                    sizes: tuple[int, ...] = MODEL_SWEEP) -> dict[str, Any]:
+    """The crossover the model predicts, from its times at ``sizes`` (no network)."""
+    topo = topology.build(with_bw(c.case.topology, link_mbps))
+    times = {algo: [check(generators.generate(algo, topo, n), topo, c.case.routing, seed=c.case.seed, latency=model,
+                          mtu=mtu).predicted_time_s for n in sizes] for algo in (c.algorithm, "ring")}
+    return crossover(list(sizes), times[c.algorithm], times["ring"])
+
+
+def measured_crossover(c: Crossover, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The crossover the bench's rows show (None unless both algorithms ran at every size)."""
+    def times(algo: str) -> dict[int, float]:
+        return {r["size"]: r["time_s"] for r in rows if r["status"] == "ok" and r["time_s"]
+                and (r["topology"], r["routing"], r["seed"], r["algorithm"]) ==
+                (c.case.topology, c.case.routing, c.case.seed, algo)}
+
+    x, ring = times(c.algorithm), times("ring")
+    sizes = sorted(set(x) & set(ring))
+    if len(sizes) < 2:
+        return None
+    return crossover(sizes, [x[n] for n in sizes], [ring[n] for n in sizes])
+
+
+def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath: str, latency: LatencyModel,
+             echo: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Replay every algorithm of ``case`` at every size in one session; a failed replay becomes a failed row."""
     from emulator.replay import ReplayFailed, ReplaySession
-    from emulator.schedule import generators
 
     topo = topology.build(with_bw(case.topology, bw))
     rows = []
     slug = f"{topo.kind}-{case.routing}-{case.seed}"
     echo(f"  {case.label}:")
-    with ReplaySession(topo, case.routing, seed=case.seed, datapath=datapath, mtu=mtu,
+    with ReplaySession(topo, case.routing, seed=case.seed, datapath=datapath, latency=latency,
                        work_dir=os.path.join(out, slug, "session"), echo=lambda s: echo("    " + s)) as session:
-        for algo in case.algorithms:
-            schedule = generators.generate(algo, topo, size)
-            echo(f"   {algo}:")
+        runs = [(size, algo) for size in sizes for algo in case.algorithms]
+        runs += [(size, algo) for size in case.extra for algo in case.extra_algorithms]
+        for size, algo in sorted(runs, key=lambda r: r[0].bytes):
+            schedule = generators.generate(algo, topo, size.bytes)
+            echo(f"   {algo} {format_size(size.bytes)}:")
             try:
-                results = session.run(schedule, os.path.join(out, slug, algo), repeat=repeat, warmup=warmup)
+                results = session.run(schedule, os.path.join(out, slug, f"{algo}-{format_size(size.bytes)}"),
+                                      repeat=size.repeat, warmup=size.warmup)
             except ReplayFailed as exc:
                 results = {"status": "failed", "error": str(exc)}
-            rows.append(replay_row(case, algo, results, bw))
+            rows.append(replay_row(case, algo, results, bw, size.bytes))
     return rows
 
 
-def bench(bw: float | None = None, size: int | None = None, repeat: int = 2, bringup_rounds: int = 2,
-          datapath: str = "auto", mtu: int = topology.DEFAULT_MTU, out_dir: str | None = None,
-          cases: tuple[Case, ...] = DEFAULT_CASES, bringup_topology: str = BRINGUP_TOPOLOGY,
-          echo: Callable[[str], None] = print) -> dict[str, Any]:
+def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[Size, ...] = DEFAULT_SIZES,
+          bringup_rounds: int = 2, datapath: str = "auto", out_dir: str | None = None,
+          cases: tuple[Case, ...] = DEFAULT_CASES, crossovers: tuple[Crossover, ...] = CROSSOVERS,
+          bringup_topology: str = BRINGUP_TOPOLOGY, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""
-    from emulator.calibrate import _loadavg, machine_info, measure_agents_vs_iperf
+    from emulator.calibrate import _loadavg, ensure_calibration, machine_info, measure_agents_vs_iperf
 
     t0 = time.monotonic()
-    calibration = fidelity.load_calibration()
-    link_mbps, source = link_rate(bw, calibration)
-    size = size or default_size(link_mbps)
+    profile = bench_profile(fabric_spec, bw)
+    link_mbps, mtu = profile.emulated_link_mbps, profile.emulated_mtu
+    calibration = ensure_calibration(profile, datapath, echo)
+    latency = fidelity.latency_model(profile, calibration)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = out_dir or os.path.join(PROJECT_ROOT, "results")
     path = os.path.join(out_dir, f"bench-{stamp}.json")
     runs = os.path.join(out_dir, f"bench-{stamp}")
     data: dict[str, Any] = {
-        "date": stamp, "machine": machine_info(datapath, mtu), "mtu": mtu, "size": size, "repeat": repeat,
-        "link_mbps": link_mbps, "link_source": source, "dilation": REAL_FABRIC_MBPS / link_mbps,
-        "real_fabric_mbps": REAL_FABRIC_MBPS,
+        "date": stamp, "machine": machine_info(datapath, mtu), "mtu": mtu, "fabric": profile.spec(),
+        "fabric_profile": profile.to_json(), "latency": latency.to_json(),
+        "sizes": [s.__dict__ for s in sizes], "link_mbps": link_mbps, "dilation": profile.dilation,
+        "calibration_source": latency.intrinsic.source,
         "calibration_capacity_mbps": (calibration or {}).get("datapath_capacity_mbps"),
         "targets": {"agent_over_iperf3": TARGET_AGENT, "hdrm_busbw_over_link": TARGET_HDRM,
-                    "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION]},
+                    "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
+                    "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
+                    "crossover_factor": TARGET_CROSSOVER_FACTOR},
         "replays": [], "path": path, "runs_dir": runs,
     }
 
@@ -367,7 +481,7 @@ def bench(bw: float | None = None, size: int | None = None, repeat: int = 2, bri
         data["duration_s"] = time.monotonic() - t0
         write_json_atomic(path, data)
 
-    echo(f"bench: links {link_mbps:g} Mbit/s ({source}), {size} B per rank, {repeat} repetitions + 1 warm-up")
+    echo(f"bench: {profile.describe()}; sizes {', '.join(format_size(s.bytes) for s in sizes)}")
     echo("agents vs iperf3 on one link:")
     try:
         data["agents"] = measure_agents_vs_iperf(link_mbps, seconds=4.0, repeat=3, datapath=datapath, mtu=mtu)
@@ -380,24 +494,24 @@ def bench(bw: float | None = None, size: int | None = None, repeat: int = 2, bri
     echo("replays:")
     for case in cases:
         try:
-            data["replays"] += run_case(case, link_mbps, size, repeat, runs, datapath, mtu, echo)
+            data["replays"] += run_case(case, link_mbps, sizes, runs, datapath, latency, echo)
         except Exception as exc:
-            for algo in case.algorithms:
-                data["replays"].append(replay_row(case, algo, {"status": "failed",
-                                                               "error": f"{type(exc).__name__}: {exc}"}, link_mbps))
+            for size in sizes:
+                for algo in case.algorithms:
+                    data["replays"].append(replay_row(case, algo, {"status": "failed", "error":
+                                                                   f"{type(exc).__name__}: {exc}"}, link_mbps,
+                                                      size.bytes))
             echo(f"  {case.label} failed: {exc}")
         save()
-    hdrm_size = bandwidth_bound_size(link_mbps)
-    echo(f"hdrm at a bandwidth-bound size ({hdrm_size} B per rank):")
-    case = Case(BIGRAPH, "bigraph", 0, ("hdrm",))
-    try:
-        (data["hdrm"],) = run_case(case, link_mbps, hdrm_size, 1, os.path.join(runs, "bandwidth-bound"), datapath,
-                                   mtu, echo, warmup=0)
-    except Exception as exc:
-        data["hdrm"] = replay_row(case, "hdrm", {"status": "failed", "error": f"{type(exc).__name__}: {exc}"},
-                                  link_mbps)
-        echo(f"  failed: {exc}")
-    data["hdrm"]["size"] = hdrm_size
+    largest = max(s.bytes for s in sizes)
+    data["hdrm"] = next((r for r in data["replays"] if r["algorithm"] == "hdrm" and r["topology"] == BIGRAPH
+                         and r["size"] == largest), {"error": "no hdrm row on BiGraph 4/4/2", "size": largest})
+    data["crossovers"] = []
+    for c in crossovers:
+        measured = measured_crossover(c, data["replays"])
+        predicted = model_crossover(c, link_mbps, latency, mtu)
+        data["crossovers"].append({"label": c.label, "measured": measured, "predicted": predicted,
+                                   "agree": crossovers_agree(measured, predicted) if measured else None})
     save()
     echo("bring-up:")
     try:

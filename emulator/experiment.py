@@ -35,10 +35,12 @@ from typing import Any
 
 import yaml
 
-from emulator import faults, routing, topology
+from emulator import fabric, faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, printable
+from emulator.latency import LatencyModel
 from emulator.schedule import generators
-from emulator.schedule.format import PARSE_ERRORS, describe_parse_error, format_size, parse_size
+from emulator.schedule.check import CheckReport, predict
+from emulator.schedule.format import PARSE_ERRORS, Schedule, describe_parse_error, format_size, parse_size
 
 DEFAULT_LINK_MBPS = 10.0
 DEFAULT_REPEAT = 2
@@ -46,12 +48,9 @@ DEFAULT_WARMUP = 1
 DEFAULT_SEEDS = (0,)
 DEFAULT_SIZES = (1 << 20,)
 DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
-#: The fabric a 10 Mbit/s emulated link stands for in the report (time dilation).
-TARGET_FABRIC_GBPS = 100.0
-MTU = topology.DEFAULT_MTU  # every experiment network uses the default MTU
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_TOP_KEYS = ("name", "description", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
+_TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
              "reference", "series")
 _SERIES_KEYS = ("name", "description", "sizes", "runs")
 _RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults")
@@ -85,6 +84,7 @@ class Experiment:
     name: str
     series: tuple[Series, ...]
     description: str = ""
+    fabric: fabric.FabricProfile = field(default_factory=fabric.default)
     link_mbps: float = DEFAULT_LINK_MBPS
     repeat: int = DEFAULT_REPEAT
     warmup: int = DEFAULT_WARMUP
@@ -97,6 +97,7 @@ class Experiment:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["reference"] = dict(self.reference)
+        data["fabric"] = self.fabric.spec()
         return data
 
     def fingerprint(self) -> str:
@@ -126,6 +127,7 @@ class Cell:
     warmup: int
     timeout_s: float | None
     faults: tuple[str, ...] = ()
+    fabric: str = ""  # the fabric profile's canonical spec
 
     @property
     def group(self) -> tuple[str, str, int]:
@@ -245,10 +247,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     description = top.get("description", "")
     if not isinstance(description, str):
         raise FieldError(where, "description", "a string", description)
-    link = top.get("link_mbps", DEFAULT_LINK_MBPS)
-    if isinstance(link, bool) or not isinstance(link, int | float) or not 0 < link <= topology.MAX_LINK_MBPS:
-        raise FieldError(where, "link_mbps", f"a rate in Mbit/s in (0, {topology.MAX_LINK_MBPS:g}]", link)
-    link = float(link)
+    profile, link = _fabric(where, top)
     repeat = _int(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = _int(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = _seeds(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
@@ -313,11 +312,42 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
             runs.append(Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
                             seeds=rseeds, sizes=rsizes, faults=rfaults))
         series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc))
-    exp = Experiment(name=name, series=tuple(series_list), description=description, link_mbps=link,
+    exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile, link_mbps=link,
                      repeat=repeat, warmup=warmup, ecmp_seeds=seeds, sizes=sizes, timeout_s=timeout,
                      reference=ref, source=where)
     expand(exp)  # duplicate cells are an error of the file
     return exp
+
+
+def _fabric(where: str, top: Mapping[str, Any]) -> tuple[fabric.FabricProfile, float]:
+    """The fabric profile and the emulated link rate from ``fabric:`` and ``link_mbps:``.
+
+    ``fabric`` alone sets both; ``link_mbps`` alone keeps the default
+    profile's real fabric and sets the dilation that maps it onto that rate;
+    both must agree.
+    """
+    link = top.get("link_mbps")
+    if link is not None and (isinstance(link, bool) or not isinstance(link, int | float)
+                             or not fabric.MIN_LINK_MBPS <= link <= fabric.MAX_LINK_MBPS):
+        raise FieldError(where, "link_mbps", f"a rate in Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
+                         f"{fabric.MAX_LINK_MBPS:g}", link)
+    if "fabric" in top:
+        raw = top["fabric"]
+        if not isinstance(raw, str | Mapping):
+            raise FieldError(where, "fabric", "a preset name, key=value pairs or a mapping of them", raw)
+        try:
+            profile = fabric.parse(raw)
+        except FieldError as exc:
+            name = "fabric" if exc.field == "(spec)" else f"fabric.{exc.field}"
+            raise FieldError(where, name, exc.expected, exc.given) from None
+        if link is not None and abs(link - profile.emulated_link_mbps) > 1e-9 * link:
+            raise FieldError(where, "link_mbps", f"the fabric's emulated rate {profile.emulated_link_mbps:g} "
+                             "(or leave link_mbps out)", link)
+    elif link is not None:
+        profile = fabric.parse({"dilation": fabric.default().link_gbps * 1000 / link}, where=f"{where}: link_mbps")
+    else:
+        profile = fabric.default()
+    return profile, profile.emulated_link_mbps
 
 
 def _faults(where: str, name: str, value: object, topo: topology.Topology, repeat: int) -> tuple[str, ...]:
@@ -381,7 +411,7 @@ def expand(exp: Experiment) -> list[Cell]:
                                                   kind=kind, hosts=hosts, routing=policy, seed=seed,
                                                   algorithm=algo, placement=placement, size=size,
                                                   repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s,
-                                                  faults=run.faults))
+                                                  faults=run.faults, fabric=exp.fabric.spec()))
     return cells
 
 
@@ -390,26 +420,31 @@ class PreparedCell:
     """A cell with its topology, schedule and the model's prediction (``schedule check``)."""
 
     cell: Cell
-    topo: Any
-    schedule: Any
-    report: Any
+    topo: topology.Topology
+    schedule: Schedule
+    report: CheckReport
 
     @property
     def predicted_s(self) -> float:
         return float(self.report.predicted_time_s)
 
 
-def prepare(exp: Experiment, cells: list[Cell] | None = None) -> list[PreparedCell]:
-    """Generate every cell's schedule and predict it, as the replay would; :class:`UserError` on failure."""
-    from emulator.replay import predict
+def prepare(exp: Experiment, cells: list[Cell] | None = None, latency: LatencyModel | None = None) -> list[PreparedCell]:
+    """Generate every cell's schedule and predict it, as the replay would; :class:`UserError` on failure.
 
+    ``latency`` is the experiment's fabric profile with this machine's
+    intrinsic latency (:func:`emulator.fidelity.latency_model`); without it,
+    the profile alone.
+    """
+    model = latency or LatencyModel(exp.fabric)
     topos: dict[str, topology.Topology] = {}
     out = []
     for cell in expand(exp) if cells is None else cells:
         topo = topos.setdefault(cell.topology, topology.build(cell.topology))
         try:
             schedule = generators.generate(cell.algorithm, topo, cell.size, placement=cell.placement)
-            report = predict(schedule, topo, cell.routing, cell.seed, MTU, where=f"cell {cell.id}")
+            report = predict(schedule, topo, cell.routing, seed=cell.seed, latency=model,
+                             mtu=exp.fabric.emulated_mtu, where=f"cell {cell.id}")
             faults.parse_faults(cell.faults, topo, schedule.p, schedule.steps, cell.repeat, where=f"cell {cell.id}")
         except FieldError as exc:
             raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "

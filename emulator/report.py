@@ -34,8 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator import topology
-from emulator.experiment import TARGET_FABRIC_GBPS
+from emulator import fabric, topology
 from emulator.results import write_atomic
 from emulator.schedule.format import format_size
 
@@ -569,6 +568,19 @@ def plot_measured_vs_predicted(path: str, rows: list[dict[str, Any]]) -> bool:
     return True
 
 
+def fabric_sentence(spec: str | None, link_mbps: float) -> str:
+    """What the emulated figures stand for: the experiment's fabric profile (older runs had none)."""
+    if not spec:
+        dilation = fabric.default().link_gbps * 1000 / link_mbps
+        return (f"Time dilation: a {link_mbps:g} Mbit/s emulated link stands for a {fabric.default().link_gbps:g} "
+                f"Gbit/s one, every time divided by {dilation:g}. This run predates fabric profiles: only "
+                "bandwidth was dilated, so small messages here are more latency-bound than on the real fabric.")
+    profile = fabric.parse(spec)
+    return (f"Fabric: {profile.describe()}. Divide an emulated time by {profile.dilation:g} (multiply a rate by "
+            f"it) for the real fabric's: busbw {link_mbps * 0.9:.1f} Mbit/s here is "
+            f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
+
+
 # ----------------------------------------------------------------- report
 def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
     """Compute everything, draw the plots into ``out/plots/``; return the document and the rows."""
@@ -576,7 +588,6 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
     exp = plan["experiment"]
     ref = exp.get("reference") or {"algorithm": "hdrm", "routing": "bigraph"}
     link = exp["link_mbps"]
-    dilation = TARGET_FABRIC_GBPS * 1000 / link
     plots = os.path.join(out, "plots")
     os.makedirs(plots, exist_ok=True)
     doc = Doc()
@@ -594,13 +605,10 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
         f"{', '.join(datapaths) or 'unknown'}; repetitions per cell: {exp['warmup']} warm-up + {exp['repeat']} "
         f"measured; ECMP seeds: {', '.join(map(str, exp['ecmp_seeds']))}.",
         "busbw is the nccl-tests bus bandwidth (algbw x 2(p-1)/p), the median of the measured repetitions; a "
-        "perfect allreduce reaches the link's TCP goodput. The model is `schedule check`'s max-min fair "
-        "flow-level prediction on the same routes (it knows contention, not the emulator's CPU limits).",
-        f"Time dilation: a {link:g} Mbit/s emulated link stands for a {TARGET_FABRIC_GBPS:g} Gbit/s fabric with "
-        f"every time divided by {dilation:.0e} and every bandwidth multiplied by it (busbw {link * 0.9:.1f} "
-        f"Mbit/s here = {link * 0.9 * dilation / 1000:.0f} Gbit/s there). This holds only in the bandwidth-bound "
-        "regime: per-message latency (the agents' Python, the switch hops) does not scale, so small messages "
-        "here are more latency-bound than they would be on the real fabric.",
+        "perfect allreduce reaches the link's TCP goodput. The model is `schedule check`'s timing model on the "
+        "same routes: max-min fair sharing of every link, and the fabric's per-message latency, with the agents' "
+        "own dependency rules (it knows contention and latency, not the emulator's CPU limits).",
+        fabric_sentence(exp.get("fabric"), link),
     ])
 
     clean_ratios = [r["measured_over_predicted"] for r in rows

@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 from emulator import experiment as xp
 from emulator import faults
+from emulator.latency import LatencyModel
 from emulator.results import write_atomic, write_json_atomic
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
@@ -123,6 +124,8 @@ class Runner:
         self.after_cell = after_cell
         self.clock = clock
         self.prepared = prepared if prepared is not None else xp.prepare(exp)
+        # every cell's prediction used one latency model: the sessions replay with the same
+        self.latency = self.prepared[0].report.latency if self.prepared else LatencyModel(exp.fabric)
         self.by_id = {pc.cell.id: pc for pc in self.prepared}
         self.state: dict[str, Any] = {}
 
@@ -232,7 +235,7 @@ class Runner:
         t0 = self.clock()
         session = None
         try:
-            session = factory(topo, policy, seed=seed, mtu=xp.MTU, work_dir=work, echo=self._log)
+            session = factory(topo, policy, seed=seed, latency=self.latency, work_dir=work, echo=self._log)
             session.start()
         except KeyboardInterrupt:
             if session is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from emulator import fabric
+from emulator.bench import DEFAULT_SIZES, Size
 from emulator.errors import UserError
 from emulator.schedule.format import parse_size
 from emulator.system import interrupt_on_sigterm, require_root
@@ -11,13 +13,16 @@ from emulator.system import interrupt_on_sigterm, require_root
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="agent/iperf3, hdrm busbw, measured/predicted and bring-up, in one run")
+    p.add_argument("--fabric", default=None, metavar="PROFILE",
+                   help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
+                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
     p.add_argument("--bw", type=float, default=None, metavar="MBPS",
-                   help="link rate (default: the calibration's recommended rate, else 10)")
-    p.add_argument("--size", default=None, metavar="SIZE",
-                   help="bytes per rank of every replay (default 1MiB, halved while a 16-rank ring would take "
-                        "more than 3.5 s at the link rate)")
+                   help="emulated link rate instead of the profile's (its dilation follows)")
+    p.add_argument("--sizes", default=None, metavar="SIZE,...",
+                   help="bytes per rank of the replays (default 64KiB,1MiB,16MiB)")
     p.add_argument("--repeat", type=int, default=2, metavar="N",
-                   help="measured repetitions per replay, after one warm-up (default 2)")
+                   help="measured repetitions per replay, after one warm-up, at every size but the largest, which "
+                   "has one and no warm-up (default 2)")
     p.add_argument("--bringup-rounds", type=int, default=2, metavar="N", help="bring-ups of each kind (default 2)")
     p.add_argument("--out", default=None, metavar="DIR", help="results directory (default: results/)")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
@@ -25,18 +30,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from emulator.bench import bench, format_report, link_rate
+def _sizes(text: str | None, repeat: int) -> tuple[Size, ...]:
+    """``--sizes`` and ``--repeat`` as the bench's sizes: the largest one once, without warm-up."""
+    if text is None:
+        return tuple(Size(s.bytes, s.warmup, repeat if s.repeat > 1 else s.repeat) for s in DEFAULT_SIZES)
+    items = [x for x in text.split(",") if x.strip()]
+    if not items:
+        raise UserError(f"bench: field 'sizes': expected sizes separated by commas, got {text!r}")
+    sizes = sorted({parse_size(x.strip(), where="bench", field_name="sizes") for x in items})
+    return tuple(Size(n, 0, 1) if n == sizes[-1] and len(sizes) > 1 else Size(n, 1, repeat) for n in sizes)
 
-    size = parse_size(args.size, where="bench", field_name="size") if args.size is not None else None
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from emulator.bench import bench, bench_profile, format_report
+
     for name, value in (("repeat", args.repeat), ("bringup-rounds", args.bringup_rounds)):
         if value < 1:
             raise UserError(f"bench: field '{name}': expected an integer >= 1, got {value!r}")
-    link_rate(args.bw, None)  # validates --bw
+    sizes = _sizes(args.sizes, args.repeat)
+    bench_profile(args.fabric, args.bw)  # validates --fabric and --bw
     require_root()
     interrupt_on_sigterm()
-    data = bench(args.bw, size=size, repeat=args.repeat, bringup_rounds=args.bringup_rounds,
-                 datapath=args.datapath, out_dir=args.out)
+    data = bench(args.fabric, args.bw, sizes=sizes, bringup_rounds=args.bringup_rounds, datapath=args.datapath,
+                 out_dir=args.out)
     print()
     print(format_report(data))
     return 0  # a benchmark: misses are printed, not failures

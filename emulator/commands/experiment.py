@@ -16,7 +16,8 @@ import argparse
 import os
 
 from emulator import experiment as xp
-from emulator import runner
+from emulator import fidelity, runner
+from emulator.calibrate import ensure_calibration
 from emulator.errors import UserError
 from emulator.system import interrupt_on_sigterm
 
@@ -50,7 +51,8 @@ def _check_out(out: str | None) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
-    prepared = xp.prepare(exp)
+    mtu = exp.fabric.emulated_mtu
+    prepared = xp.prepare(exp, latency=fidelity.latency_model(exp.fabric, fidelity.load_calibration(mtu)))
     total_pred = sum(xp.estimate_s(pc, runner.DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
     networks = len(xp.groups([pc.cell for pc in prepared]))
     if args.check:
@@ -61,6 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         est = total_pred + networks * runner.DEFAULT_BRINGUP_S
         print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
               f"about {runner.format_duration(est)} if the network met the model")
+        print(f"fabric: {exp.fabric.describe()}")
         return 0
     from emulator.system import require_root
 
@@ -74,6 +77,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else runner.find_unfinished(RESULTS_ROOT, exp)
         out = found or runner.new_out_dir(RESULTS_ROOT, exp.name)
     require_root()
+    calibration = ensure_calibration(exp.fabric)  # one line, and about a minute, when this machine has none
+    prepared = xp.prepare(exp, latency=fidelity.latency_model(exp.fabric, calibration))
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
@@ -85,6 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = fh.read()
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
+    print(f"fabric: {exp.fabric.describe()}")
     summary = runner.Runner(exp, out, source_text=text, prepared=prepared).run()
     try:
         from emulator import report

@@ -18,7 +18,7 @@ class FakeSession:
     started: list[tuple[str, str, int]] = []
     runs: list[str] = []
 
-    def __init__(self, topo, policy, *, seed=0, mtu=9000, work_dir=None, echo=print, fail=(), interrupt=(),
+    def __init__(self, topo, policy, *, seed=0, latency=None, mtu=9000, work_dir=None, echo=print, fail=(), interrupt=(),
                  slowdown=1.1, slowdown_ecmp=1.6, flags=("uncalibrated",)):
         self.topo, self.policy, self.seed = topo, policy, seed
         self.fail, self.interrupt = set(fail), set(interrupt)

@@ -4,35 +4,66 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import bench
+from emulator import bench, fabric
 from emulator.cli import main
 from emulator.errors import UserError
+from emulator.latency import LatencyModel
 from emulator.schedule import generators
 from emulator.topology import build
 
 
-def test_link_rate_sources():
-    assert bench.link_rate(25, {"recommended_link_mbps": 6}) == (25.0, "--bw")
-    rate, source = bench.link_rate(None, {"recommended_link_mbps": 6, "machine": {"date": "d"}})
-    assert rate == 6 and "calibration" in source
-    assert bench.link_rate(None, None)[0] == 10
+def test_the_bench_profile_and_bw():
+    assert bench.bench_profile(None, None) == fabric.default()
+    p = bench.bench_profile("alpha_us=4", 50)
+    assert p.emulated_link_mbps == pytest.approx(50) and p.alpha_us == 4 and p.link_gbps == 100
     with pytest.raises(UserError, match="field 'bw'"):
-        bench.link_rate(2000, None)
-
-
-def test_default_size_fits_the_time_budget():
-    assert bench.default_size(10) == 1 << 20
-    assert bench.default_size(3) == 512 << 10
-    assert bench.default_size(0.1) == 64 << 10
+        bench.bench_profile(None, 2000)
+    with pytest.raises(UserError, match="field 'preset'"):
+        bench.bench_profile("nope", None)
 
 
 def test_default_cases_generate_and_fit_their_topologies():
     for case in bench.DEFAULT_CASES:
         topo = build(bench.with_bw(case.topology, 6))
         assert topo.host_bw == 6
-        for algo in case.algorithms:
-            assert generators.generate(algo, topo, bench.DEFAULT_SIZE).p == len(topo.hosts)
+        for algo in (*case.algorithms, *case.extra_algorithms):
+            for size in (*bench.DEFAULT_SIZES, *case.extra):
+                assert generators.generate(algo, topo, size.bytes).p == len(topo.hosts)
     assert any("hdrm" in c.algorithms and c.topology.startswith("bigraph") for c in bench.DEFAULT_CASES)
+    algorithms = {a for c in bench.DEFAULT_CASES for a in c.algorithms}
+    assert algorithms == set(generators.ALGORITHMS)  # every algorithm is benchmarked
+    for c in bench.CROSSOVERS:
+        assert {c.algorithm, "ring"} <= set(c.case.algorithms)
+
+
+def test_crossover_interpolates_in_log_log_and_says_who_wins_without_one():
+    sizes = [1 << 10, 1 << 20]
+    c = bench.crossover(sizes, [0.5, 2.0], [1.0, 1.0])  # ratio 0.5 -> 2: crosses 1 half-way (log scale)
+    assert c["size"] == pytest.approx(2 ** 15)
+    none = bench.crossover(sizes, [0.5, 0.9], [1.0, 1.0])
+    assert none["size"] is None and none["x_faster"] is True
+    slower = bench.crossover(sizes, [1.5, 2.0], [1.0, 1.0])
+    assert slower["size"] is None and slower["x_faster"] is False
+    assert bench.crossovers_agree(c, {"size": 1.9 * 2 ** 15, "x_faster": None})
+    assert not bench.crossovers_agree(c, {"size": 2.1 * 2 ** 15, "x_faster": None})
+    assert bench.crossovers_agree(none, {"size": None, "x_faster": True})
+    assert not bench.crossovers_agree(none, slower) and not bench.crossovers_agree(c, none)
+
+
+def test_the_model_finds_hds_crossover_with_ring_under_ecmp_and_none_for_hdrm_on_bigraph():
+    model = LatencyModel(fabric.default())
+    rate = fabric.default().emulated_link_mbps
+    hdrm, hd = (bench.model_crossover(c, rate, model, 9000) for c in bench.CROSSOVERS)
+    assert hdrm["size"] is None and hdrm["x_faster"]  # contention-free with 8 latencies against 30
+    assert 1 << 20 < hd["size"] < 16 << 20  # fewer latencies, but ECMP collisions at large sizes
+
+
+def test_prediction_summary_targets():
+    rows = [{"measured_over_predicted": x} for x in (1.0, 1.05, 0.95, 1.02, 0.99, 1.01, 1.03, 0.97, 1.0, 1.15)]
+    s = bench.prediction_summary(rows)
+    assert (s["within"], s["beyond_worst"], s["worst"], s["pass"]) == (9, 0, 1.15, True)
+    assert not bench.prediction_summary(rows + [{"measured_over_predicted": 1.3}])["pass"]  # one beyond 25%
+    assert not bench.prediction_summary(rows + [{"measured_over_predicted": None}])["pass"]  # one not measured
 
 
 def results(mp, busbw, flags=()):
@@ -62,34 +93,29 @@ def test_bringup_summary_medians_and_ratio():
 
 def test_report_prints_every_ratio_with_verdicts():
     case = bench.DEFAULT_CASES[0]
-    rows = [bench.replay_row(case, "hdrm", results(1.05, 5.7), 6.0),
-            bench.replay_row(case, "hd", results(1.3, 4.0), 6.0),
-            bench.replay_row(case, "ring", {"status": "failed", "error": "rank 1 hung"}, 6.0)]
+    rows = [bench.replay_row(case, "hdrm", results(1.05, 5.7), 6.0, 16 << 20),
+            bench.replay_row(case, "hd", results(1.3, 4.0), 6.0, 16 << 20),
+            bench.replay_row(case, "ring", {"status": "failed", "error": "rank 1 hung"}, 6.0, 1 << 20)]
+    crossing = bench.crossover([1 << 20, 16 << 20], [0.5, 1.2], [1.0, 1.0])
     data = {"date": "now", "machine": {"nproc": 2, "datapath": "user", "loadavg_before": [1.0]}, "mtu": 9000,
-            "link_mbps": 6.0, "link_source": "--bw", "dilation": bench.REAL_FABRIC_MBPS / 6.0,
-            "agents": {"ratio": 0.96, "agent_mbps": 5.7, "iperf3_mbps": 5.94}, "replays": rows, "hdrm": rows[0],
+            "link_mbps": 6.0, "fabric": bench.bench_profile(None, 6.0).spec(), "calibration_source": "test",
+            "agents": {"ratio": 0.96, "agent_mbps": 5.7, "iperf3_mbps": 5.94}, "replays": rows,
+            "hdrm": rows[0] | {"size": 16 << 20},
+            "crossovers": [{"label": "hd / ring", "measured": crossing, "predicted": crossing, "agree": True}],
             "bringup": bench.bringup_summary([{"up_s": 4.0, "down_s": 2.0, "total_s": 6.0}],
                                              [{"up_s": 2.0, "down_s": 1.0, "total_s": 3.0}]) | {"hosts": 32},
             "calibration_capacity_mbps": 400.0, "duration_s": 300, "path": "results/x.json"}
     text = bench.format_report(data)
     assert "agent / iperf3" in text and "0.960" in text and "MISS" in text
-    assert "hdrm busbw / link rate" in text and "0.950" in text and "PASS" in text
+    assert "hdrm busbw / link rate" in text and "16MiB" in text and "0.950" in text and "PASS" in text
     assert "1 of 3" in text and "failed: rank 1 hung" in text
     assert "bring-up 32 hosts" in text and "2.00" in text
-    assert "factor 16667" in text or "16666.7" in text
+    assert "crossover hd / ring" in text and "6 Mbit/s emulated links stand for 100 Gbit/s" in text
 
 
 @pytest.mark.parametrize("argv,field", [(["bench", "--bw", "0"], "bw"), (["bench", "--repeat", "0"], "repeat"),
-                                        (["bench", "--size", "1 potato"], "size")])
+                                        (["bench", "--sizes", "1 potato"], "sizes"), (["bench", "--sizes", ","], "sizes"),
+                                        (["bench", "--fabric", "alpha_us=-2"], "alpha_us")])
 def test_cli_rejects_bad_input(argv, field, capsys):
     assert main(argv) == 2
     assert field in capsys.readouterr().err
-
-
-def test_bandwidth_bound_size_keeps_hdrm_within_its_budget():
-    assert bench.bandwidth_bound_size(10.0) == 16 << 20  # 25 s ideal at 10 Mbit/s
-    assert bench.bandwidth_bound_size(5.0) == 8 << 20
-    assert bench.bandwidth_bound_size(0.1) == 1 << 20  # never below the grid's size
-    for bw in (1.0, 3.0, 10.0, 50.0):
-        size = bench.bandwidth_bound_size(bw)
-        assert size == 1 << 20 or 2 * 15 / 16 * size * 8 / (bw * 1e6) <= 30.0

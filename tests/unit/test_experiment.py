@@ -10,7 +10,7 @@ import pytest
 import yaml
 from fake_session import FakeSession, factory
 
-from emulator import cli, runner
+from emulator import cli, fabric, runner
 from emulator import experiment as xp
 from emulator.errors import FieldError, UserError
 
@@ -70,10 +70,24 @@ def test_good_file_expands_to_stable_ids():
     assert len(xp.prepare(exp)) == len(cells)
 
 
+def test_the_fabric_profile_sets_the_link_rate_and_every_cell_records_it():
+    exp = parse("fabric: {preset: roce100, dilation: 10000}\n"
+                "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
+    assert exp.fabric.dilation == 10000 and exp.link_mbps == 10
+    cells = xp.expand(exp)
+    assert cells[0].fabric == exp.fabric.spec() and ",bw=" not in cells[0].topology  # 10 Mbit/s, the default
+    old = parse("link_mbps: 25\n"  # link_mbps alone: the default fabric, dilated onto that rate
+                "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
+    assert old.fabric.emulated_link_mbps == pytest.approx(25) and old.fabric.link_gbps == fabric.default().link_gbps
+    assert exp.fingerprint() != old.fingerprint()
+    pc = xp.prepare(exp)[0]
+    assert pc.report.latency.profile == exp.fabric and pc.report.real_time_s == pytest.approx(pc.predicted_s / 1e4)
+
+
 def test_defaults():
     exp = parse("series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
     assert (exp.name, exp.link_mbps, exp.repeat, exp.warmup, exp.ecmp_seeds, exp.sizes) == \
-        ("experiment", 10.0, 2, 1, (0,), (1 << 20,))
+        ("experiment", fabric.default().emulated_link_mbps, 2, 1, (0,), (1 << 20,))
     assert dict(exp.reference) == {"algorithm": "hdrm", "routing": "bigraph"}
 
 
@@ -87,6 +101,11 @@ def test_defaults():
     ({"timeout_s": 0}, "timeout_s"),
     ({"reference": {"algo": "hdrm"}}, "reference.algo"),
     ({"series": []}, "series"),
+    ({"fabric": "roce9000"}, "fabric.preset"),
+    ({"fabric": {"alpha_us": -1}}, "fabric.alpha_us"),
+    ({"fabric": "dilation=10"}, "fabric.dilation"),
+    ({"fabric": 7}, "fabric"),
+    ({"fabric": "roce100", "link_mbps": 10}, "link_mbps"),
 ])
 def test_bad_top_level_fields_are_named(patch, field):
     data = yaml.safe_load(GOOD)
