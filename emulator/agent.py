@@ -1,7 +1,7 @@
 """The host agent: one process per rank, inside its Mininet host, replaying a schedule over real TCP.
 
 Started by :mod:`emulator.replay` as ``python -m emulator.agent --schedule F
---topology T --rank R --control SOCK --log FILE``. It:
+--topology T --rank R --control SOCK --log FILE --latency PLAN``. It:
 
 1. listens on its host's IP, port :data:`routing.AGENT_LISTEN_PORT`, and opens
    one TCP connection to every rank it sends to, from source port
@@ -28,8 +28,8 @@ Messages follow a rendezvous protocol, as large messages do in MPI and as
 NCCL's InfiniBand transport does (the receiver posts a buffer, the sender
 writes into it): a receiver posts a receive once its dependencies are done
 and the earlier receives from that peer are posted, sends a *clear to send*
-(repetition, step) back on the same connection, and the sender starts the
-message only on receiving it. Receives that depend on nothing (a ring's) are
+(repetition, step, and when it was posted) back on the same connection, and
+the sender starts the message only on receiving it. Receives that depend on nothing (a ring's) are
 all posted at once, so a pipeline never waits on a clear to send. This is the
 schedule checker's execution model too (a send and its receive complete
 together once both are ready). Without it, a rank that ran late let its partners' *next* messages
@@ -37,6 +37,13 @@ reach it while it still received the current one: two flows met at one switch
 port in a contention-free schedule, the late transfer slowed further, and in
 halving-doubling's lockstep rounds the lateness fed itself (measured: one
 16 MiB HDRM repetition in three collapsed from 0.9 to 0.7 of the link).
+
+The latency plan (:func:`latency_plan`, written by the replay) gives every
+path this rank sends on its fabric profile's latency terms
+(:class:`emulator.latency.PathLatency`): the send worker holds each message
+back until the profile's rendezvous and message latency have passed, counted
+in virtual time from when the operations became ready
+(:mod:`emulator.schedule.dispatch`), less what this machine adds by itself.
 """
 
 from __future__ import annotations
@@ -129,7 +136,6 @@ class Agent:
         self.topo = topo
         self.rank = rank
         self.program = schedule.ranks[rank]
-        self.ops: dict[int, Op] = {op.id: op for op in self.program.ops}
         self.elems_per_chunk = schedule.chunk_bytes // 4
         self.buffers = {
             "data": np.zeros(schedule.chunks * self.elems_per_chunk, dtype=np.float32),

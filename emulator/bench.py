@@ -37,6 +37,7 @@ fabric.
 from __future__ import annotations
 
 import datetime
+import itertools
 import math
 import os
 import statistics
@@ -155,8 +156,7 @@ def crossover(sizes: list[int], times_x: list[float], times_ring: list[float]) -
     ``sizes``; ``x_faster`` then says whether ``x`` was faster throughout.
     """
     ratios = [tx / tr for tx, tr in zip(times_x, times_ring, strict=True)]
-    for (s0, r0), (s1, r1) in zip(zip(sizes, ratios, strict=True), zip(sizes[1:], ratios[1:], strict=True),
-                                  strict=False):
+    for (s0, r0), (s1, r1) in itertools.pairwise(zip(sizes, ratios, strict=True)):
         if r0 < 1 <= r1:
             f = -math.log(r0) / (math.log(r1) - math.log(r0))
             return {"size": math.exp(math.log(s0) + f * (math.log(s1) - math.log(s0))), "ratios": ratios,
