@@ -27,6 +27,7 @@ length, read at other lengths by straight lines between them
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -36,6 +37,7 @@ from typing import Any
 
 from emulator import topology
 from emulator.latency import Curve, Intrinsic
+from emulator.replay import ReplaySession
 from emulator.results import read_json
 from emulator.schedule import generators
 from emulator.schedule.format import RankProgram, Schedule
@@ -111,8 +113,6 @@ def summarise(records: Mapping[int, Sequence[Mapping[str, Any]]], oneway: Mappin
 
 # ------------------------------------------------------------- the live part
 def _records(out: str) -> list[dict[str, Any]]:
-    import json
-
     recs = []
     with open(os.path.join(out, "timeline.jsonl"), encoding="utf-8") as fh:
         for line in fh:
@@ -132,8 +132,6 @@ def _ping(session: Any, topo: topology.Topology, a: str, b: str) -> list[float]:
 def measure(rate_mbps: float, mtu: int, datapath: str = "auto", reps: int = PROBE_REPS,
             echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the probes (two networks, one after the other); returns :func:`summarise`'s result."""
-    from emulator.replay import ReplaySession
-
     records: dict[int, list[dict[str, Any]]] = {}
     oneway: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="ef-latency-") as tmp:

@@ -110,7 +110,7 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, gamma=gamma, mtu=mtu)
     sim = None
     if execution.valid:
-        path_of = cost.path_function(topo, policy, schedule, seed, costs.goodput)
+        path_of = cost.path_function(topo, costs.transfers, costs.goodput)
         sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu), gamma=gamma)
     return CheckReport(schedule=schedule, topology=topo.spec, execution=execution, costs=costs, timing=sim)
 

@@ -89,6 +89,7 @@ class CostReport:
     mtu: int
     steps: list[StepCost] = field(default_factory=list)
     switch_counts: list[int] = field(default_factory=list)  # of every transfer's path
+    transfers: list[Transfer] = field(default_factory=list)  # every send with its routed path
 
     @property
     def max_flows_per_link(self) -> list[int]:
@@ -184,15 +185,16 @@ def maxmin_completion(sizes: list[float], flows: list[list[Link]], capacity: dic
     return now
 
 
-def path_function(topo: Topology, policy: str, schedule: Schedule, seed: int = 0,
+def path_function(topo: Topology, planned: list[Transfer],
                   goodput: float = TCP_GOODPUT) -> Callable[[int, int], tuple[list[Link], list[float], int]]:
-    """``(src_rank, dst_rank) -> (directed links, their capacities, switches crossed)`` for the timing model."""
+    """``(src_rank, dst_rank) -> (directed links, their capacities, switches crossed)`` for the timing model,
+    from the routed transfers of :func:`transfers`."""
+    paths = {(t.src, t.dst): t.path for t in planned}
     cache: dict[tuple[int, int], tuple[list[Link], list[float], int]] = {}
 
     def path_of(src: int, dst: int) -> tuple[list[Link], list[float], int]:
         if (src, dst) not in cache:
-            a, b = schedule.ranks[src].host, schedule.ranks[dst].host
-            path = routing.route(topo, policy, routing.agent_flow(topo, a, b), seed=seed)
+            path = paths[(src, dst)]
             named = physical_links(topo, path, goodput)
             cache[(src, dst)] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
         return cache[(src, dst)]
@@ -215,8 +217,9 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
     goodput = tcp_goodput_factor(mtu)
     mss = tcp_payload_bytes(mtu)
     report = CostReport(routing=policy, seed=seed, latency=model, goodput=goodput, mtu=mtu)
+    report.transfers = transfers(schedule, topo, policy, seed)
     by_step: dict[int, list[Transfer]] = {}
-    for t in transfers(schedule, topo, policy, seed):
+    for t in report.transfers:
         by_step.setdefault(t.step, []).append(t)
     reduced: dict[int, dict[int, int]] = {}
     for prog in schedule.ranks:

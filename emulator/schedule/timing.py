@@ -71,11 +71,6 @@ class TransferTiming:
     drained: float | None = None
     end: float | None = None
 
-    @property
-    def duration_s(self) -> float:
-        assert self.start is not None and self.end is not None
-        return self.end - self.start
-
 
 @dataclass
 class Timing:
