@@ -141,11 +141,7 @@ def bench_profile(fabric_spec: str | None, bw: float | None) -> fabric.FabricPro
     if isinstance(bw, bool) or not fabric.MIN_LINK_MBPS <= bw <= fabric.MAX_LINK_MBPS:
         raise UserError(f"bench: field 'bw': expected Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
                         f"{fabric.MAX_LINK_MBPS:g}, got {bw!r}")
-    return fabric.parse({**_profile_items(profile), "dilation": profile.link_gbps * 1000 / bw}, where="bench: bw")
-
-
-def _profile_items(profile: fabric.FabricProfile) -> dict[str, Any]:
-    return {key: getattr(profile, key) for key in fabric.KEYS}
+    return fabric.at_link_rate(profile, bw, where="bench: bw")
 
 
 def crossover(sizes: list[int], times_x: list[float], times_ring: list[float]) -> dict[str, Any]:

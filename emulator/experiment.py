@@ -344,7 +344,7 @@ def _fabric(where: str, top: Mapping[str, Any]) -> tuple[fabric.FabricProfile, f
             raise FieldError(where, "link_mbps", f"the fabric's emulated rate {profile.emulated_link_mbps:g} "
                              "(or leave link_mbps out)", link)
     elif link is not None:
-        profile = fabric.parse({"dilation": fabric.default().link_gbps * 1000 / link}, where=f"{where}: link_mbps")
+        profile = fabric.at_link_rate(fabric.default(), link, where=f"{where}: link_mbps")
     else:
         profile = fabric.default()
     return profile, profile.emulated_link_mbps

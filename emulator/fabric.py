@@ -134,6 +134,12 @@ class FabricProfile:
                 f"{self.switch_latency_us:g} us -> {self.switch_latency_s * 1e3:g} ms")
 
 
+def at_link_rate(profile: FabricProfile, emulated_mbps: float, where: str = "fabric") -> FabricProfile:
+    """The same real fabric with the dilation that maps its links onto ``emulated_mbps`` (checked as :func:`parse` checks)."""
+    return parse({**{key: getattr(profile, key) for key in KEYS}, "dilation": profile.link_gbps * 1000 / emulated_mbps},
+                 where=where)
+
+
 def _short(value: float) -> str:
     """``value`` as ``:g`` prints it where that reads back exactly, else in full."""
     text = f"{value:g}"

@@ -39,6 +39,14 @@ def test_the_canonical_spec_reads_back(name):
     assert fabric.parse(p.spec()) == p
 
 
+def test_the_same_fabric_at_another_emulated_rate():
+    p = fabric.at_link_rate(fabric.parse("preset=ib200,alpha_us=3"), 40.0)
+    assert p.emulated_link_mbps == pytest.approx(40.0) and p.dilation == pytest.approx(5000)
+    assert (p.preset, p.link_gbps, p.alpha_us, p.mtu) == ("ib200", 200.0, 3.0, 4096)
+    with pytest.raises(FieldError, match="field 'dilation'"):
+        fabric.at_link_rate(fabric.default(), 5000.0)
+
+
 def test_the_mapping_onto_the_emulator():
     p = fabric.parse("link_gbps=100,mtu=9000,switch_latency_us=1,alpha_us=8,dilation=10000")
     assert p.emulated_link_mbps == pytest.approx(10.0)
