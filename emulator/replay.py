@@ -35,7 +35,6 @@ import os
 import select
 import socket
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -46,6 +45,7 @@ from emulator.agent import latency_plan
 from emulator.errors import UserError
 from emulator.faults import Fault, FaultEvent, Injector
 from emulator.latency import LatencyModel, PathLatency
+from emulator.launcher import AgentLauncher
 from emulator.network import SHAPER_BURST_BYTES
 from emulator.results import append_jsonl, write_json_atomic
 from emulator.schedule import check as scheck
@@ -333,6 +333,7 @@ class ReplaySession:
         self.network_options = network_options or {}
         self.ctl: Any = None
         self.en: Any = None
+        self.launcher: AgentLauncher | None = None
         self.topo_path = ""
         self.stats_file = ""
         self._downed: set[tuple[str, str]] = set()
@@ -366,6 +367,10 @@ class ReplaySession:
                                       switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
             self.en.start()
             self.ctl.wait_installed()
+            self.launcher = AgentLauncher(dict(os.environ, PYTHONPATH=PROJECT_ROOT), PROJECT_ROOT,
+                                          os.path.join(self.work_dir, "launcher.stderr")).start()
+            assert self.launcher.proc is not None
+            self.en.state.record_process("launcher", self.launcher.proc.pid)
         except BaseException:
             self.stop()
             raise
@@ -373,6 +378,9 @@ class ReplaySession:
     def stop(self) -> None:
         en, self.en = self.en, None
         ctl, self.ctl = self.ctl, None
+        launcher, self.launcher = self.launcher, None
+        if launcher is not None:
+            launcher.stop()
         if en is not None:
             en.stop()
         if ctl is not None:
@@ -441,12 +449,11 @@ class ReplaySession:
             control = _Control(os.path.join(en.state.path, "control.sock"), schedule.p)
             for prog in schedule.ranks:
                 host = en.host(prog.host)
-                cmd = [sys.executable, "-m", "emulator.agent", "--schedule", sched_path, "--topology", self.topo_path,
-                       "--rank", str(prog.rank), "--control", control.path,
-                       "--log", os.path.join(out, "agents", f"rank-{prog.rank}.log"), "--latency", plan_path]
-                with open(os.path.join(out, "agents", f"rank-{prog.rank}.stderr"), "wb") as err:
-                    proc = host.popen(cmd, cwd=PROJECT_ROOT, stdout=err, stderr=err,
-                                      env=dict(os.environ, PYTHONPATH=PROJECT_ROOT))
+                argv = ["--schedule", sched_path, "--topology", self.topo_path, "--rank", str(prog.rank),
+                        "--control", control.path, "--log", os.path.join(out, "agents", f"rank-{prog.rank}.log"),
+                        "--latency", plan_path]
+                assert self.launcher is not None, "run() on a session that is not started"
+                proc = self.launcher.spawn(host.pid, argv, os.path.join(out, "agents", f"rank-{prog.rank}.stderr"))
                 agents[prog.rank] = proc
                 en.state.record_process("agent", proc.pid, rank=prog.rank)
             _wait_for(control, agents, "ready", set(agents), timeout=60.0)
