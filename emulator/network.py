@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import math
 import os
 import shlex
 import time
@@ -93,6 +94,8 @@ def switch_intf(switch: str, port: int) -> str:
 #: Bytes a switch port queues before it drops (the HTB leaf's pfifo limit is
 #: this in whole frames, at least 16): about 0.7 s at 10 Mbit/s.
 DEFAULT_QUEUE_BYTES = 900_000
+#: Every host's address is in this subnet (:func:`emulator.topology.host_ip`), one connected route.
+HOST_SUBNET = "10.0.0.0/8"
 
 
 #: PCIe is lossless (credit-based flow control): where accelerators of a
@@ -260,6 +263,23 @@ def tc_batch(commands: Iterable[list[str]]) -> str:
     return "".join(" ".join(cmd[1:]) + "\n" for cmd in commands)
 
 
+#: Linux's own minimum retransmission timeout; a dilated network's queues can hold longer than it.
+KERNEL_RTO_MIN_MS = 200
+
+
+def tcp_rto_min_ms(rate_mbps: float, queue_bytes: int = DEFAULT_QUEUE_BYTES) -> int:
+    """The hosts' minimum TCP retransmission timeout: the kernel's 200 ms plus the time to drain one full queue.
+
+    The kernel's timers are not dilated: at 5 Mbit/s one 9000-byte frame
+    takes 14 ms per link, so a window of frames queued behind each other
+    outlasted the 200 ms minimum, TCP resent data nobody had lost and fell
+    back to slow start (64-host replays at 5 Mbit/s: hundreds of
+    retransmissions with no qdisc drop, 1.5-1.7 times the model's time).
+    Real losses show as qdisc drops and are repaired by fast retransmit.
+    """
+    return KERNEL_RTO_MIN_MS + math.ceil(queue_bytes * 8 / (rate_mbps * 1e3))
+
+
 def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEFAULT_MTU,
                         queue_packets: int | None = None,
                         tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES) -> list[list[str]]:
@@ -275,6 +295,8 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
         ["sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", "net.ipv6.conf.default.disable_ipv6=1",
          "net.ipv4.tcp_slow_start_after_idle=0", f"net.ipv4.tcp_limit_output_bytes={tsq_bytes}",
          "net.ipv4.tcp_early_retrans=0"],
+        ["ip", "route", "change", HOST_SUBNET, "dev", intf, "proto", "kernel", "scope", "link",
+         "src", topo.host(host).ip, "rto_min", f"{tcp_rto_min_ms(topo.host_link(host).bw_mbps)}ms"],
     ]
     if datapath == "user":
         # Userspace OVS does not complete checksums or segment TSO frames:
@@ -498,7 +520,7 @@ class EmulatedNetwork:
         self.net = net
         assert self.state is not None
         for h in self.topo.hosts:
-            node = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
+            node = net.addHost(h.name, ip=f"{h.ip}/{HOST_SUBNET.split('/')[1]}", mac=h.mac)
             self.state.record_process("host", node.pid, node=h.name, netns=proc_netns(node.pid))
         for s in self.topo.switches:
             net.addSwitch(bridge_name(s.name), dpid=f"{s.dpid:016x}")
