@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from emulator import experiment as xp
-from emulator import faults
-from emulator.latency import LatencyModel
+from emulator import faults, probe
 from emulator.results import write_atomic, write_json_atomic
+from emulator.schedule.check import predict
+from emulator.topology import DEFAULT_MTU
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
 DEFAULT_CELL_OVERHEAD_S = 4.0
@@ -124,10 +125,10 @@ class Runner:
         self.after_cell = after_cell
         self.clock = clock
         self.prepared = prepared if prepared is not None else xp.prepare(exp)
-        # every cell's prediction used one latency model: the sessions replay with the same
-        self.latency = self.prepared[0].report.latency if self.prepared else LatencyModel(exp.fabric)
         self.by_id = {pc.cell.id: pc for pc in self.prepared}
         self.state: dict[str, Any] = {}
+        self.started_at = clock()
+        self.wall_before_s = 0.0
 
     # ------------------------------------------------------------ files
     def _log(self, text: str) -> None:
@@ -146,6 +147,8 @@ class Runner:
             "created": old.get("created") or datetime.datetime.now().isoformat(timespec="seconds"),
             "updated": datetime.datetime.now().isoformat(timespec="seconds"),
             "status": status, "cells": len(self.prepared),
+            # wall time of the whole run, resumes included: earlier invocations' plus this one's so far
+            "wall_s": round(self.wall_before_s + (self.clock() - self.started_at), 3),
         })
 
     def _write_state(self) -> None:
@@ -169,11 +172,12 @@ class Runner:
     # ------------------------------------------------------------- loop
     def run(self) -> Summary:
         """Run every unfinished cell; returns what happened (never raises KeyboardInterrupt)."""
-        start = self.clock()
+        start = self.started_at = self.clock()
+        self.wall_before_s = float((_read_json(os.path.join(self.out, "run.json")) or {}).get("wall_s") or 0.0)
         self.write_plan()
         self.state = (_read_json(os.path.join(self.out, "state.json")) or {}).get("cells", {})
         summary = Summary(out=self.out, total=len(self.prepared))
-        todo: list[tuple[tuple[str, str, int], list[xp.Cell]]] = []
+        todo: list[tuple[tuple[str, str, int, str], list[xp.Cell]]] = []
         for key, cells in xp.groups([pc.cell for pc in self.prepared]):
             left = []
             for cell in cells:
@@ -195,7 +199,7 @@ class Runner:
         self._say(f"{progress_bar(done, summary.total)} {done}/{summary.total} cells, {len(todo)} networks to "
                   f"bring up, ETA {format_duration(eta.remaining_s(remaining, len(todo)))}")
         try:
-            for gi, ((spec, policy, seed), cells) in enumerate(todo):
+            for gi, ((spec, policy, seed, _), cells) in enumerate(todo):
                 seed_text = f" seed {seed}" if policy == "ecmp" else ""
                 self._say(f"network {gi + 1}/{len(todo)}: {spec} ({policy}{seed_text}), {len(cells)} cells")
                 runs = self._run_group(spec, policy, seed, cells, eta)
@@ -224,29 +228,16 @@ class Runner:
         return summary
 
     def _run_group(self, spec: str, policy: str, seed: int, cells: list[xp.Cell], eta: Eta):
-        """Bring the network up once, run its cells; yields ``(cell, "ok" | "failed")``."""
-        if self.session_factory is None:
-            from emulator.replay import ReplaySession
-            factory: Callable[..., Any] = ReplaySession
-        else:
-            factory = self.session_factory
-        topo = self.by_id[cells[0].id].topo
-        work = os.path.join(self.out, "sessions", f"{xp.topology_slug(spec, self.exp.link_mbps)}.{policy}-s{seed}")
+        """Bring the network up once, probe it, run its cells; yields ``(cell, "ok" | "failed")``."""
+        first = self.by_id[cells[0].id]
+        work = os.path.join(self.out, "sessions",
+                            f"{xp.topology_slug(spec, self.exp.link_mbps)}.{policy}-s{seed}")
         t0 = self.clock()
-        session = None
         try:
-            session = factory(topo, policy, seed=seed, latency=self.latency, work_dir=work, echo=self._log)
-            session.start()
+            session = self._bring_up(first, policy, seed, work)
         except KeyboardInterrupt:
-            if session is not None:
-                session.stop()
             raise
         except Exception as exc:  # the network did not come up: every cell of the group fails
-            if session is not None:
-                try:
-                    session.stop()
-                except Exception:
-                    pass
             self._log(f"bring-up of {spec} ({policy}, seed {seed}) failed: {exc}")
             for cell in cells:
                 self._record(cell, "failed", 0.0, f"network bring-up failed: {exc}")
@@ -256,37 +247,123 @@ class Runner:
         own = getattr(getattr(session, "en", None), "bringup_s", None)
         eta.observe_bringup(own + TEARDOWN_S if isinstance(own, int | float) else self.clock() - t0)
         try:
+            session, verdict = self._probe_network(session, first, policy, seed, work)
             for cell in cells:
-                pc = self.by_id[cell.id]
-                where = xp.cell_dir(self.out, cell)
-                shutil.rmtree(where, ignore_errors=True)
-                os.makedirs(where)
-                self._record(cell, "running", 0.0, None)
-                c0 = self.clock()
-                try:
-                    plan = faults.parse_faults(cell.faults, pc.topo, pc.schedule.p, pc.schedule.steps, cell.repeat)
-                    session.run(pc.schedule, where, repeat=cell.repeat, warmup=cell.warmup,
-                                timeout_s=cell.timeout_s, report=pc.report, fault_plan=plan,
-                                config={"cell": cell.to_json(), "experiment": self.exp.name})
-                except KeyboardInterrupt:
-                    self._record(cell, "interrupted", self.clock() - c0, "interrupted")
-                    raise
-                except Exception as exc:
-                    wall = self.clock() - c0
-                    self._record(cell, "failed", wall, f"{type(exc).__name__}: {exc}")
-                    yield cell, "failed"
-                    continue
-                wall = self.clock() - c0
-                if xp.cell_finished(self.out, cell):
-                    eta.observe_cell(cell.id, wall)
-                    self._record(cell, "ok", wall, None)
-                    yield cell, "ok"
-                else:
-                    res = xp.read_results(self.out, cell) or {}
-                    self._record(cell, "failed", wall, res.get("error") or f"status {res.get('status')!r}")
-                    yield cell, "failed"
+                outcome = self._run_cell(session, cell, eta)
+                if outcome == "ok":
+                    self._note_probe(cell, verdict)
+                yield cell, outcome
         finally:
             session.stop()
+
+    def _factory(self) -> Callable[..., Any]:
+        if self.session_factory is not None:
+            return self.session_factory
+        from emulator.replay import ReplaySession
+        return ReplaySession
+
+    def _bring_up(self, pc: xp.PreparedCell, policy: str, seed: int, work: str) -> Any:
+        """A started session of ``pc``'s network, with the latency model its prediction used."""
+        session = None
+        try:
+            session = self._factory()(pc.topo, policy, seed=seed, latency=pc.report.latency, work_dir=work,
+                                      echo=self._log)
+            session.start()
+        except BaseException:
+            if session is not None:
+                try:
+                    session.stop()
+                except Exception:
+                    pass
+            raise
+        return session
+
+    def _probe_network(self, session: Any, pc: xp.PreparedCell, policy: str, seed: int,
+                       work: str) -> tuple[Any, probe.Verdict]:
+        """Probe the network; rebuild it (up to :data:`probe.REBUILDS` times) while it fails.
+
+        Returns the session to run the cells on and the last verdict, which
+        is also written to ``<work>/probe.json``.
+        """
+        sched = probe.schedule(pc.topo)
+        report = predict(sched, pc.topo, policy, seed=seed, latency=pc.report.latency,
+                         mtu=pc.report.latency.profile.emulated_mtu if pc.report.latency.profile else DEFAULT_MTU,
+                         where="network probe")
+        verdicts: list[probe.Verdict] = []
+        for attempt in range(probe.REBUILDS + 1):
+            if attempt:
+                self._log(f"rebuilding {pc.cell.topology} ({policy}, seed {seed}): {verdicts[-1].reason}")
+                self._say(f"  network failed its probe ({verdicts[-1].reason}): rebuilding it")
+                session.stop()
+                session = self._bring_up(pc, policy, seed, work)
+            verdict = self._run_probe(session, sched, report, os.path.join(work, f"probe-{attempt}"))
+            verdicts.append(verdict)
+            self._log(f"probe of {pc.cell.topology} ({policy}, seed {seed}), attempt {attempt + 1}: "
+                      f"{verdict.reason}" + (f" ({verdict.ratio:.2f}x the model)" if verdict.passed and verdict.ratio
+                                             else ""))
+            if verdict.passed:
+                break
+        else:
+            self._say(f"  network failed its probe again ({verdict.reason}): its cells are flagged "
+                      f"{probe.FLAG} and not trusted")
+        write_json_atomic(os.path.join(work, "probe.json"), {"attempts": [v.to_json() for v in verdicts]})
+        return session, verdict
+
+    def _run_probe(self, session: Any, sched: Any, report: Any, where: str) -> probe.Verdict:
+        shutil.rmtree(where, ignore_errors=True)
+        os.makedirs(where)
+        pair = (sched.ranks[0].host, sched.ranks[1].host)
+        try:
+            results = session.run(sched, where, repeat=probe.PROBE_REPEAT, warmup=probe.PROBE_WARMUP,
+                                  report=report, config={"probe": {"pair": list(pair)}})
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            results = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        return probe.judge(results, report.predicted_time_s, pair)
+
+    def _note_probe(self, cell: xp.Cell, verdict: probe.Verdict) -> None:
+        """Record the network's probe in the cell's results; a failed probe flags the cell and makes it untrusted."""
+        path = os.path.join(xp.cell_dir(self.out, cell), "results.json")
+        res = _read_json(path)
+        if res is None:
+            return
+        res["probe"] = verdict.to_json()
+        if not verdict.passed:
+            for rep in [*res.get("warmup", []), *res.get("repetitions", [])]:
+                fid = rep.setdefault("fidelity", {})
+                fid["flags"] = sorted({*fid.get("flags", []), probe.FLAG})
+                fid["trusted"] = False
+            res["trusted"] = False
+        write_json_atomic(path, res)
+
+    def _run_cell(self, session: Any, cell: xp.Cell, eta: Eta) -> str:
+        """Run one cell on the session into its (emptied) directory; ``"ok"`` or ``"failed"`` (recorded)."""
+        pc = self.by_id[cell.id]
+        where = xp.cell_dir(self.out, cell)
+        shutil.rmtree(where, ignore_errors=True)
+        os.makedirs(where)
+        self._record(cell, "running", 0.0, None)
+        c0 = self.clock()
+        try:
+            plan = faults.parse_faults(cell.faults, pc.topo, pc.schedule.p, pc.schedule.steps, cell.repeat)
+            session.run(pc.schedule, where, repeat=cell.repeat, warmup=cell.warmup,
+                        timeout_s=cell.timeout_s, report=pc.report, fault_plan=plan,
+                        config={"cell": cell.to_json(), "experiment": self.exp.name})
+        except KeyboardInterrupt:
+            self._record(cell, "interrupted", self.clock() - c0, "interrupted")
+            raise
+        except Exception as exc:
+            self._record(cell, "failed", self.clock() - c0, f"{type(exc).__name__}: {exc}")
+            return "failed"
+        wall = self.clock() - c0
+        if xp.cell_finished(self.out, cell):
+            eta.observe_cell(cell.id, wall)
+            self._record(cell, "ok", wall, None)
+            return "ok"
+        res = xp.read_results(self.out, cell) or {}
+        self._record(cell, "failed", wall, res.get("error") or f"status {res.get('status')!r}")
+        return "failed"
 
     def _record(self, cell: xp.Cell, status: str, wall_s: float, error: str | None) -> None:
         self.state[cell.id] = {"status": status, "wall_s": round(wall_s, 3), "error": error,

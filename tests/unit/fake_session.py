@@ -15,12 +15,18 @@ from emulator.schedule import format as sformat
 
 
 class FakeSession:
+    """``probe_slowdowns``: the measured/predicted time of successive network probes (shared by every
+    session of a factory, in bring-up order; 1.0 once it runs out)."""
+
     started: list[tuple[str, str, int]] = []
     runs: list[str] = []
+    probes: list[str] = []
 
     def __init__(self, topo, policy, *, seed=0, latency=None, mtu=9000, work_dir=None, echo=print, fail=(), interrupt=(),
-                 slowdown=1.1, slowdown_ecmp=1.6, flags=("uncalibrated",)):
+                 slowdown=1.1, slowdown_ecmp=1.6, flags=("uncalibrated",), probe_slowdowns=None):
         self.topo, self.policy, self.seed = topo, policy, seed
+        self.latency = latency
+        self.probe_slowdowns = probe_slowdowns if probe_slowdowns is not None else []
         self.fail, self.interrupt = set(fail), set(interrupt)
         self.slowdown, self.slowdown_ecmp, self.flags = slowdown, slowdown_ecmp, list(flags)
         self.up = False
@@ -35,6 +41,8 @@ class FakeSession:
     def run(self, schedule, out, *, repeat=3, warmup=1, timeout_s=None, pcap=None, config=None, report=None,
             fault_plan=()):
         assert self.up, "run() on a session that is not up"
+        if "probe" in (config or {}):
+            return self._probe(schedule, repeat, warmup, report)
         cell_id = (config or {})["cell"]["id"]
         FakeSession.runs.append(cell_id)
         sformat.save(schedule, os.path.join(out, "schedule.json"))
@@ -90,9 +98,20 @@ class FakeSession:
         write_json_atomic(path, results)
         return results
 
+    def _probe(self, schedule, repeat, warmup, report):
+        FakeSession.probes.append(self.topo.spec)
+        slow = self.probe_slowdowns.pop(0) if self.probe_slowdowns else 1.0
+        t = report.predicted_time_s * slow
+        reps = [{"rep": r, "time_s": t, "correct": True, "fidelity": {"flags": [], "trusted": True}}
+                for r in range(warmup + repeat)]
+        return {"status": "ok", "error": None, "warmup": reps[:warmup], "repetitions": reps[warmup:]}
+
 
 def factory(**options):
     """A session factory for :class:`emulator.runner.Runner` with these FakeSession options."""
+    shared = options.pop("probe_slowdowns", None)
+    probe_slowdowns = list(shared) if shared is not None else None
+
     def make(topo, policy, **kw):
-        return FakeSession(topo, policy, **kw, **options)
+        return FakeSession(topo, policy, **kw, **options, probe_slowdowns=probe_slowdowns)
     return make
