@@ -25,11 +25,12 @@ The live loop is in :mod:`emulator.runner`; the report in :mod:`emulator.report`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,6 +38,7 @@ import yaml
 
 from emulator import fabric, faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, printable
+from emulator.fabric import FabricProfile
 from emulator.latency import LatencyModel
 from emulator.schedule import generators
 from emulator.schedule.check import CheckReport, predict
@@ -52,8 +54,8 @@ DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 _TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
              "reference", "series")
-_SERIES_KEYS = ("name", "description", "sizes", "runs")
-_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults")
+_SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
+_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps")
 _REFERENCE_KEYS = ("algorithm", "routing")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 
@@ -69,6 +71,7 @@ class Run:
     seeds: tuple[int, ...] | None = None
     sizes: tuple[int, ...] | None = None
     faults: tuple[str, ...] = ()  # canonical fault specs (emulator.faults), for every cell of the run
+    fabric: fabric.FabricProfile | None = None  # the run's own fabric (dilation), else the series'
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class Series:
     runs: tuple[Run, ...]
     sizes: tuple[int, ...] | None = None
     description: str = ""
+    fabric: fabric.FabricProfile | None = None  # the series' own fabric (dilation), else the experiment's
 
 
 @dataclass(frozen=True)
@@ -98,7 +102,15 @@ class Experiment:
         data = asdict(self)
         data["reference"] = dict(self.reference)
         data["fabric"] = self.fabric.spec()
+        for ser, raw_ser in zip(self.series, data["series"], strict=True):
+            raw_ser["fabric"] = ser.fabric.spec() if ser.fabric is not None else None
+            for run, raw_run in zip(ser.runs, raw_ser["runs"], strict=True):
+                raw_run["fabric"] = run.fabric.spec() if run.fabric is not None else None
         return data
+
+    def profile_of(self, series: Series, run: Run) -> FabricProfile:
+        """The fabric a run's cells emulate: the run's own, else its series', else the experiment's."""
+        return run.fabric or series.fabric or self.fabric
 
     def fingerprint(self) -> str:
         """A short hash of everything that decides what runs (not the name, description or source)."""
@@ -130,9 +142,9 @@ class Cell:
     fabric: str = ""  # the fabric profile's canonical spec
 
     @property
-    def group(self) -> tuple[str, str, int]:
-        """Cells of one group share one network (and controller)."""
-        return (self.topology, self.routing, self.seed)
+    def group(self) -> tuple[str, str, int, str]:
+        """Cells of one group share one network (and controller): topology, routing, seed and fabric profile."""
+        return (self.topology, self.routing, self.seed, self.fabric)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "faults": list(self.faults)}  # as it reads back from results.json
@@ -247,7 +259,8 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     description = top.get("description", "")
     if not isinstance(description, str):
         raise FieldError(where, "description", "a string", description)
-    profile, link = _fabric(where, top)
+    profile = _fabric(where, top, "", fabric.default())
+    link = profile.emulated_link_mbps
     repeat = _int(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = _int(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = _seeds(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
@@ -280,6 +293,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
         sdesc = ser.get("description", "")
         if not isinstance(sdesc, str):
             raise FieldError(where, f"{sp}.description", "a string", sdesc)
+        sprofile = _fabric(where, ser, f"{sp}.", profile) if "fabric" in ser or "link_mbps" in ser else None
         ssizes = _sizes(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
         if "runs" not in ser:
             raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)",
@@ -292,7 +306,9 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
             for key in ("topology", "routing", "algorithms"):
                 if key not in run:
                     raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
-            topo = _topology(where, f"{rp}.topology", run["topology"], link)
+            rprofile = (_fabric(where, run, f"{rp}.", sprofile or profile)
+                        if "fabric" in run or "link_mbps" in run else None)
+            topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or sprofile or profile).emulated_link_mbps)
             policies = _choices(where, f"{rp}.routing", run["routing"], routing.POLICIES)
             for i, policy in enumerate(policies):
                 try:
@@ -310,8 +326,8 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
             rsizes = _sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None
             rfaults = _faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else ()
             runs.append(Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
-                            seeds=rseeds, sizes=rsizes, faults=rfaults))
-        series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc))
+                            seeds=rseeds, sizes=rsizes, faults=rfaults, fabric=rprofile))
+        series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc, fabric=sprofile))
     exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile, link_mbps=link,
                      repeat=repeat, warmup=warmup, ecmp_seeds=seeds, sizes=sizes, timeout_s=timeout,
                      reference=ref, source=where)
@@ -319,35 +335,35 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     return exp
 
 
-def _fabric(where: str, top: Mapping[str, Any]) -> tuple[fabric.FabricProfile, float]:
-    """The fabric profile and the emulated link rate from ``fabric:`` and ``link_mbps:``.
+def _fabric(where: str, data: Mapping[str, Any], prefix: str,
+            enclosing: fabric.FabricProfile) -> fabric.FabricProfile:
+    """The fabric profile from the ``fabric:`` and ``link_mbps:`` keys of ``data`` (top level, a series or a run).
 
-    ``fabric`` alone sets both; ``link_mbps`` alone keeps the default
-    profile's real fabric and sets the dilation that maps it onto that rate;
-    both must agree.
+    ``fabric`` alone sets it; ``link_mbps`` alone keeps the enclosing
+    profile's real fabric (the experiment's, or the default one at the top
+    level) and sets the dilation that maps it onto that rate; both must agree.
     """
-    link = top.get("link_mbps")
+    link = data.get("link_mbps")
     if link is not None and (isinstance(link, bool) or not isinstance(link, int | float)
                              or not fabric.MIN_LINK_MBPS <= link <= fabric.MAX_LINK_MBPS):
-        raise FieldError(where, "link_mbps", f"a rate in Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
+        raise FieldError(where, f"{prefix}link_mbps", f"a rate in Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
                          f"{fabric.MAX_LINK_MBPS:g}", link)
-    if "fabric" in top:
-        raw = top["fabric"]
+    if "fabric" in data:
+        raw = data["fabric"]
         if not isinstance(raw, str | Mapping):
-            raise FieldError(where, "fabric", "a preset name, key=value pairs or a mapping of them", raw)
+            raise FieldError(where, f"{prefix}fabric", "a preset name, key=value pairs or a mapping of them", raw)
         try:
             profile = fabric.parse(raw)
         except FieldError as exc:
             name = "fabric" if exc.field == "(spec)" else f"fabric.{exc.field}"
-            raise FieldError(where, name, exc.expected, exc.given) from None
+            raise FieldError(where, f"{prefix}{name}", exc.expected, exc.given) from None
         if link is not None and abs(link - profile.emulated_link_mbps) > 1e-9 * link:
-            raise FieldError(where, "link_mbps", f"the fabric's emulated rate {profile.emulated_link_mbps:g} "
-                             "(or leave link_mbps out)", link)
-    elif link is not None:
-        profile = fabric.at_link_rate(fabric.default(), link, where=f"{where}: link_mbps")
-    else:
-        profile = fabric.default()
-    return profile, profile.emulated_link_mbps
+            raise FieldError(where, f"{prefix}link_mbps", f"the fabric's emulated rate "
+                             f"{profile.emulated_link_mbps:g} (or leave link_mbps out)", link)
+        return profile
+    if link is not None:
+        return fabric.at_link_rate(enclosing, link, where=f"{where}: {prefix}link_mbps")
+    return enclosing
 
 
 def _faults(where: str, name: str, value: object, topo: topology.Topology, repeat: int) -> tuple[str, ...]:
@@ -391,7 +407,8 @@ def expand(exp: Experiment) -> list[Cell]:
             kind, params = topology.parse_spec(run.topology)
             hosts = len(topology.build(run.topology).hosts)
             sizes = run.sizes or ser.sizes or exp.sizes
-            slug = topology_slug(run.topology, exp.link_mbps)
+            profile = exp.profile_of(ser, run)
+            slug = topology_slug(run.topology, profile.emulated_link_mbps)
             for policy in run.routing:
                 seeds = (run.seeds or exp.ecmp_seeds) if policy == "ecmp" else (0,)
                 for seed in seeds:
@@ -411,7 +428,7 @@ def expand(exp: Experiment) -> list[Cell]:
                                                   kind=kind, hosts=hosts, routing=policy, seed=seed,
                                                   algorithm=algo, placement=placement, size=size,
                                                   repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s,
-                                                  faults=run.faults, fabric=exp.fabric.spec()))
+                                                  faults=run.faults, fabric=profile.spec()))
     return cells
 
 
@@ -428,23 +445,53 @@ class PreparedCell:
     def predicted_s(self) -> float:
         return float(self.report.predicted_time_s)
 
+    def peak_load_mbps(self) -> float:
+        """The model's busiest step: switch-hop Mbit/s (bytes x switches crossed / the step's span), the unit of
+        the calibrated datapath capacity (:mod:`emulator.calibrate`)."""
+        spans = self.report.step_times()
+        by_step: dict[int, int] = {}
+        for t in self.report.costs.transfers:
+            by_step[t.step] = by_step.get(t.step, 0) + t.bytes * (len(t.path) - 2)
+        return max((b * 8 / spans[s] / 1e6 for s, b in by_step.items() if spans.get(s)), default=0.0)
 
-def prepare(exp: Experiment, cells: list[Cell] | None = None, latency: LatencyModel | None = None) -> list[PreparedCell]:
+
+def cell_profile(cell: Cell) -> fabric.FabricProfile:
+    """The fabric profile a cell emulates (its canonical spec parsed back)."""
+    return _profile_of_spec(cell.fabric)
+
+
+@functools.cache
+def _profile_of_spec(spec: str) -> fabric.FabricProfile:
+    return fabric.parse(spec)
+
+
+def profiles(exp: Experiment) -> list[fabric.FabricProfile]:
+    """Every distinct fabric profile the experiment's cells emulate, in file order."""
+    return list(dict.fromkeys(cell_profile(c) for c in expand(exp)))
+
+
+LatencyOf = Callable[[fabric.FabricProfile], LatencyModel]
+
+
+def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: LatencyOf = LatencyModel) -> list[PreparedCell]:
     """Generate every cell's schedule and predict it, as the replay would; :class:`UserError` on failure.
 
-    ``latency`` is the experiment's fabric profile with this machine's
-    intrinsic latency (:func:`emulator.fidelity.latency_model`); without it,
-    the profile alone.
+    ``latency_of(profile)`` is the latency model of a cell's fabric profile,
+    with this machine's intrinsic latency
+    (``lambda p: fidelity.latency_model(p, calibration)``); by default the
+    profile alone.
     """
-    model = latency or LatencyModel(exp.fabric)
+    models: dict[fabric.FabricProfile, LatencyModel] = {}
     topos: dict[str, topology.Topology] = {}
     out = []
     for cell in expand(exp) if cells is None else cells:
         topo = topos.setdefault(cell.topology, topology.build(cell.topology))
+        profile = cell_profile(cell)
+        model = models.setdefault(profile, latency_of(profile))
         try:
             schedule = generators.generate(cell.algorithm, topo, cell.size, placement=cell.placement)
             report = predict(schedule, topo, cell.routing, seed=cell.seed, latency=model,
-                             mtu=exp.fabric.emulated_mtu, where=f"cell {cell.id}")
+                             mtu=profile.emulated_mtu, where=f"cell {cell.id}")
             faults.parse_faults(cell.faults, topo, schedule.p, schedule.steps, cell.repeat, where=f"cell {cell.id}")
         except FieldError as exc:
             raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "
@@ -456,9 +503,9 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None, latency: LatencyMo
     return out
 
 
-def groups(cells: list[Cell]) -> list[tuple[tuple[str, str, int], list[Cell]]]:
-    """Cells by (topology, routing, seed), groups in order of their first cell, cells in file order."""
-    out: dict[tuple[str, str, int], list[Cell]] = {}
+def groups(cells: list[Cell]) -> list[tuple[tuple[str, str, int, str], list[Cell]]]:
+    """Cells by (topology, routing, seed, fabric), groups in order of their first cell, cells in file order."""
+    out: dict[tuple[str, str, int, str], list[Cell]] = {}
     for cell in cells:
         out.setdefault(cell.group, []).append(cell)
     return list(out.items())

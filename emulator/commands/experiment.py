@@ -51,8 +51,7 @@ def _check_out(out: str | None) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
-    mtu = exp.fabric.emulated_mtu
-    prepared = xp.prepare(exp, latency=fidelity.latency_model(exp.fabric, fidelity.load_calibration(mtu)))
+    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, fidelity.load_calibration(p.emulated_mtu)))
     total_pred = sum(xp.estimate_s(pc, runner.DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
     networks = len(xp.groups([pc.cell for pc in prepared]))
     if args.check:
@@ -60,10 +59,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, "
                   f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s, "
                   f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
+        _print_loads(prepared)
         est = total_pred + networks * runner.DEFAULT_BRINGUP_S
         print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
               f"about {runner.format_duration(est)} if the network met the model")
-        print(f"fabric: {exp.fabric.describe()}")
+        _print_fabrics(exp)
         return 0
     from emulator.system import require_root
 
@@ -77,8 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else runner.find_unfinished(RESULTS_ROOT, exp)
         out = found or runner.new_out_dir(RESULTS_ROOT, exp.name)
     require_root()
-    calibration = ensure_calibration(exp.fabric)  # one line, and about a minute, when this machine has none
-    prepared = xp.prepare(exp, latency=fidelity.latency_model(exp.fabric, calibration))
+    # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
+    calibrations = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
+    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
@@ -90,7 +91,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = fh.read()
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
-    print(f"fabric: {exp.fabric.describe()}")
+    _print_fabrics(exp)
     summary = runner.Runner(exp, out, source_text=text, prepared=prepared).run()
     try:
         from emulator import report
@@ -106,6 +107,27 @@ def cmd_run(args: argparse.Namespace) -> int:
     if summary.interrupted:
         return 130
     return 1 if summary.failed else 0
+
+
+def _print_loads(prepared: list[xp.PreparedCell]) -> None:
+    """Per network, the model's busiest step against this machine's calibrated datapath capacity."""
+    by_group: dict[tuple[str, str, int, str], list[xp.PreparedCell]] = {}
+    for pc in prepared:
+        by_group.setdefault(pc.cell.group, []).append(pc)
+    for (spec, policy, seed, _), pcs in by_group.items():
+        busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
+        calibration = fidelity.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu) or {}
+        capacity = calibration.get("datapath_capacity_mbps")
+        share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
+            " (no calibration at this MTU: `emu calibrate`)"
+        print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): {len(pcs[0].topo.hosts)} "
+              f"hosts, busiest step {busiest.peak_load_mbps():.0f} switch-hop Mbit/s{share} "
+              f"({busiest.cell.id})")
+
+
+def _print_fabrics(exp: xp.Experiment) -> None:
+    for profile in xp.profiles(exp):
+        print(f"fabric: {profile.describe()}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

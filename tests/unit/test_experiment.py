@@ -64,9 +64,10 @@ def test_good_file_expands_to_stable_ids():
     assert c.topology.endswith("bw=20") and c.hosts == 4 and c.placement == "hdrm" and c.repeat == 1
     assert cells[7].seed == 3 and cells[8].seed == 0
     groups = xp.groups(cells)
-    assert [k for k, _ in groups] == [(cells[0].topology, "bigraph", 0), (cells[6].topology, "ecmp", 0),
-                                      (cells[6].topology, "ecmp", 3), (cells[6].topology, "dmodk", 0),
-                                      (cells[9].topology, "shortest", 0)]
+    f = cells[0].fabric
+    assert [k for k, _ in groups] == [(cells[0].topology, "bigraph", 0, f), (cells[6].topology, "ecmp", 0, f),
+                                      (cells[6].topology, "ecmp", 3, f), (cells[6].topology, "dmodk", 0, f),
+                                      (cells[9].topology, "shortest", 0, f)]
     assert len(xp.prepare(exp)) == len(cells)
 
 
@@ -167,8 +168,8 @@ def test_shipped_experiment_files_are_valid():
         assert xp.prepare(exp)
     default = xp.load(os.path.join(ROOT, "experiments", "default.yaml"))
     cells = xp.expand(default)
-    sizes = sorted({c.size for c in cells if c.series == "compare"})
-    assert sizes[-1] >= 16 * sizes[0]
+    sizes = sorted({c.size for c in cells if c.series == "topology"})
+    assert len(sizes) >= 3 and sizes[-1] >= 16 * sizes[0]  # from latency-bound to bandwidth-bound
     combos = {(c.kind, c.routing, c.algorithm) for c in cells}
     for kind in ("leafspine", "fattree"):
         for policy in ("ecmp", "dmodk"):
@@ -176,7 +177,9 @@ def test_shipped_experiment_files_are_valid():
                 assert (kind, policy, algo) in combos
     assert ("bigraph", "bigraph", "hdrm") in combos and any(c.kind == "star" for c in cells)
     assert len({c.seed for c in cells if c.routing == "ecmp"}) >= 2
-    assert {c.hosts for c in cells if c.algorithm == "hdrm"} == {8, 16, 32}
+    assert {c.hosts for c in cells if c.algorithm == "hdrm" and not c.topology.count("servers")} == {8, 16, 32, 64}
+    designs = {c.topology.split("nics_per_server=")[1].split(",")[0] for c in cells if c.series == "server"}
+    assert designs == {"1", "4"}  # question 1: a shared NIC against one per accelerator
 
 
 def test_cli_check_and_bad_file(tmp_path, capsys):
@@ -329,3 +332,145 @@ def test_user_error_for_foreign_out_dir(tmp_path, capsys):
     assert "field 'out'" in capsys.readouterr().err
     with pytest.raises(UserError):
         xp.load(str(tmp_path / "missing.yaml"))
+
+
+# ------------------------------------------------------------------ network probe
+def _results(out, cell_id):
+    return json.loads((out / "cells" / cell_id / "results.json").read_text())
+
+
+def test_a_network_that_passes_its_probe_runs_its_cells_trusted(tmp_path):
+    exp = parse(TINY)
+    FakeSession.started.clear()
+    FakeSession.probes.clear()
+    s = _runner(exp, tmp_path, flags=(), probe_slowdowns=[1.05, 1.0]).run()
+    assert s.status == "complete" and len(FakeSession.started) == 2 and len(FakeSession.probes) == 2
+    res = _results(tmp_path, s.ran[0])
+    assert res["probe"]["passed"] and res["probe"]["ratio"] == pytest.approx(1.05)
+    assert res["trusted"] and "probe_failed" not in res["repetitions"][0]["fidelity"]["flags"]
+    attempts = [json.loads((d / "probe.json").read_text())["attempts"] for d in (tmp_path / "sessions").iterdir()]
+    assert sorted(len(a) for a in attempts) == [1, 1]
+
+
+def test_a_network_that_fails_its_probe_once_is_rebuilt_and_then_trusted(tmp_path):
+    exp = parse(TINY)
+    FakeSession.started.clear()
+    FakeSession.probes.clear()
+    s = _runner(exp, tmp_path, flags=(), probe_slowdowns=[1.6, 1.02, 1.0]).run()
+    assert s.status == "complete"
+    first_net = FakeSession.started[0]
+    assert FakeSession.started[:2] == [first_net, first_net] and len(FakeSession.started) == 3  # rebuilt once
+    res = _results(tmp_path, s.ran[0])
+    assert res["probe"]["passed"] and res["trusted"]
+    assert "rebuilding" in (tmp_path / "run.log").read_text()
+
+
+def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.started.clear()
+    s = _runner(exp, tmp_path, flags=(), probe_slowdowns=[1.6, 1.5, 1.0]).run()
+    assert s.status == "complete" and len(FakeSession.started) == 3
+    bad, good = _results(tmp_path, ids[0]), _results(tmp_path, ids[2])  # first network's cell, second's
+    assert not bad["probe"]["passed"] and "1.50x its prediction" in bad["probe"]["reason"]
+    assert bad["trusted"] is False
+    assert all("probe_failed" in r["fidelity"]["flags"] and not r["fidelity"]["trusted"]
+               for r in bad["repetitions"])
+    assert good["trusted"] and good["probe"]["passed"]
+    from emulator import report
+
+    _, rows = report.load_rows(str(tmp_path))
+    flagged = {r["id"] for r in rows if "probe_failed" in r["flags"]}
+    assert flagged == {ids[0], ids[1]} and all(r["trusted"] is False for r in rows if r["id"] in flagged)
+
+
+def test_a_probe_that_crashes_counts_as_failed():
+    from emulator import probe
+
+    verdict = probe.judge({"status": "failed", "error": "rank 1 hung"}, 0.5, ("h1", "h4"))
+    assert not verdict.passed and "rank 1 hung" in verdict.reason and verdict.measured_s is None
+    wrong = probe.judge({"status": "ok", "repetitions": [{"time_s": 0.5, "correct": False}]}, 0.5, ("h1", "h4"))
+    assert not wrong.passed and "wrong data" in wrong.reason
+    untrusted = probe.judge({"status": "ok", "repetitions": [
+        {"time_s": 0.5, "correct": True, "fidelity": {"trusted": False, "flags": ["cpu_saturated"]}}]},
+        0.5, ("h1", "h4"))
+    assert not untrusted.passed and "cpu_saturated" in untrusted.reason
+
+
+def test_the_probe_crosses_the_longest_path():
+    from emulator import probe, topology
+
+    topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
+    a, b = probe.probe_pair(topo)
+    assert a == topo.hosts[0].name and topo.switch_hops(a, b) == 3
+    ft = topology.build("fattree:k=4")
+    assert ft.switch_hops(*probe.probe_pair(ft)) == 5
+    sched = probe.schedule(ft)
+    assert sched.p == 2 and [r.host for r in sched.ranks] == list(probe.probe_pair(ft))
+
+
+def test_run_json_accumulates_wall_time_over_resumes(tmp_path):
+    exp = parse(TINY)
+    ticks = iter(range(0, 10_000, 5))
+    clock = lambda: float(next(ticks))  # noqa: E731 -- each call 5 s later
+    r = runner.Runner(exp, str(tmp_path), session_factory=factory(), stream=io.StringIO(), clock=clock,
+                      after_cell=lambda cid, outcome: (_ for _ in ()).throw(KeyboardInterrupt))
+    r.run()
+    first = json.loads((tmp_path / "run.json").read_text())["wall_s"]
+    assert first > 0
+    runner.Runner(exp, str(tmp_path), session_factory=factory(), stream=io.StringIO(), clock=clock).run()
+    assert json.loads((tmp_path / "run.json").read_text())["wall_s"] > first
+
+
+# ---------------------------------------------------------- per-series fabric
+SERIES_FABRIC = """
+name: sf
+fabric: roce100
+repeat: 1
+warmup: 0
+sizes: [64KiB]
+series:
+  - name: fast
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [hdrm]
+  - name: slow
+    link_mbps: 5
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [hdrm]
+      - topology: "star:hosts=4"
+        routing: shortest
+        algorithms: [hd]
+        link_mbps: 2
+"""
+
+
+def test_a_series_or_run_can_emulate_at_its_own_dilation():
+    exp = parse(SERIES_FABRIC)
+    fast, slow, slower = xp.expand(exp)
+    assert fast.topology.endswith("bw=20") and slow.topology.endswith("bw=5") and slower.topology.endswith("bw=2")
+    assert fabric.parse(slow.fabric).dilation == 20000 and fabric.parse(slower.fabric).dilation == 50000
+    assert fabric.parse(slow.fabric).link_gbps == 100  # the same real fabric, dilated further
+    assert fast.id == "fast.bigraph-2x2x1.bigraph.hdrm.64KiB" and slow.id == "slow.bigraph-2x2x1.bigraph.hdrm.64KiB"
+    assert len(xp.groups([fast, slow, slower])) == 3
+    pcs = {pc.cell.id: pc for pc in xp.prepare(exp)}
+    pf, ps = pcs[fast.id], pcs[slow.id]
+    assert ps.report.latency.profile.dilation == 20000
+    # the same real allreduce: the same real time (within the frame arithmetic), 4x the emulated time
+    assert ps.report.real_time_s == pytest.approx(pf.report.real_time_s, rel=0.02)
+    assert ps.predicted_s == pytest.approx(4 * pf.predicted_s, rel=0.02)
+    assert xp.profiles(exp) == [fabric.parse(c.fabric) for c in (fast, slow, slower)]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (("    link_mbps: 5\n", "    link_mbps: 5000\n"), "series[1].link_mbps"),
+    (("    link_mbps: 5\n", "    fabric: roce100\n    link_mbps: 5\n"), "series[1].link_mbps"),
+    (("        link_mbps: 2\n", "        fabric: {dilation: -1}\n"), "series[1].runs[1].fabric.dilation"),
+])
+def test_bad_series_or_run_fabric_names_its_field(edit, field):
+    with pytest.raises(FieldError) as info:
+        parse(SERIES_FABRIC.replace(*edit))
+    assert info.value.field == field
