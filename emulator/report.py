@@ -1,4 +1,4 @@
-"""The report of an experiment's results folder: ``report.md``, ``report.html``, ``cells.csv`` and PNG plots.
+"""The report of an experiment's results folder: ``report.md``, ``report.html``, ``cells.csv``, ``summary.json``, plots.
 
 Pure: it only reads what :class:`emulator.runner.Runner` and the replay wrote
 (``experiment.json``, ``state.json``, ``cells/<id>/results.json``,
@@ -10,9 +10,16 @@ What it shows, all from median busbw (nccl-tests definition) of the measured
 repetitions, with the model's prediction (``schedule check``, max-min fair
 flow level) beside every number:
 
+* first, the answers to the paper's questions in a few sentences
+  (:mod:`emulator.answers` picks and phrases them; ``summary.json`` holds them
+  as numbers);
 * the speedup of the reference (by default BiGraph + hdrm) over every other
   topology x routing x algorithm of the same series and host count, per size;
-  ECMP seeds are folded into one row (median over seeds, range given);
+  ECMP seeds are folded into one row (median over seeds, range given); every
+  speedup has its 95% hierarchical bootstrap interval over repetitions and
+  seeds (:mod:`emulator.stats`) and says when that contains 1; cells at
+  different link rates compare efficiencies (busbw / link goodput), not busbw;
+* one NIC per accelerator against a shared NIC, where server designs exist;
 * busbw against size, one line per topology x routing x algorithm;
 * a per-step heat map of every directed switch-to-switch link for one
   congested and one clean cell: flows the model puts on the link, and the
@@ -34,14 +41,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator import fabric, topology
-from emulator.results import write_atomic
+from emulator import answers, fabric, paper_scale, stats, topology
+from emulator.results import write_atomic, write_json_atomic
 from emulator.schedule.format import format_size
 
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
               "status", "outcome", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
               "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted", "max_flows_per_link",
               "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s", "error")
+LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput
+RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
 
 
 # ------------------------------------------------------------------ blocks
@@ -170,6 +179,7 @@ def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         busbws = [r["busbw_mbps"] for r in reps]
         slug = cell["id"].split(".")[1]
         params = topology.parse_spec(cell["topology"])[1]
+        link_mbps = res.get("link_mbps") or plan["experiment"]["link_mbps"]
         rows.append({
             **{k: cell[k] for k in ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm",
                                     "placement", "size")},
@@ -192,7 +202,9 @@ def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             "wall_s": st.get("wall_s"),
             "error": None if finished else (st.get("error") or res.get("error")),
             "goodput": pred.get("goodput"),
-            "link_mbps": res.get("link_mbps") or plan["experiment"]["link_mbps"],
+            "link_mbps": link_mbps,
+            "capacity_mbps": link_mbps * (pred.get("goodput") or LEGACY_GOODPUT),
+            "rep_busbw": busbws if finished else [],
             "datapath": res.get("datapath"),
             "outcome": res.get("outcome") or status,
             "servers": params.get("servers"),
@@ -230,39 +242,86 @@ def is_reference(row: dict[str, Any], ref: dict[str, str]) -> bool:
     return row["algorithm"] == ref["algorithm"] and row["routing"] == ref["routing"]
 
 
+def by_efficiency(rows: Iterable[dict[str, Any]]) -> bool:
+    """Whether a comparison of these rows must divide efficiencies: their cells ran at different link rates."""
+    return len({r["link_mbps"] for r in rows}) > 1
+
+
+def speedup_interval(num: list[dict[str, Any]], den: list[dict[str, Any]],
+                     efficiency: bool = False) -> stats.Interval | None:
+    """The bootstrap interval of median(num) / median(den) over the repetitions of the cells, a group per cell.
+
+    Per-repetition busbw, or busbw / link goodput when ``efficiency``. None when a side has no measured
+    repetition.
+    """
+    def groups(rows: list[dict[str, Any]]) -> list[list[float]]:
+        return [[v / (r["capacity_mbps"] if efficiency else 1.0) for v in r["rep_busbw"]]
+                for r in rows if r["rep_busbw"]]
+
+    n, d = groups(num), groups(den)
+    if not n or not d:
+        return None
+    return stats.ratio_interval(n, d, resamples=RESAMPLES)
+
+
+def _with_interval(entry: dict[str, Any], iv: stats.Interval | None) -> dict[str, Any]:
+    entry["interval"] = (iv.low, iv.high) if iv else None
+    entry["significant"] = stats.significant(iv) if iv else None
+    return entry
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num and den else None
+
+
+def _baseline_entry(rr: dict[str, Any] | None, cells: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reference ``rr`` against one baseline family's cells (one per ECMP seed) at one size."""
+    eff = by_efficiency([rr, *cells]) if rr else False
+
+    def values(rows: list[dict[str, Any]], key: str) -> list[float]:
+        """busbw, or busbw / link goodput when the link rates differ, of the rows that have one."""
+        return [r[key] / (r["capacity_mbps"] if eff else 1.0) for r in rows if r[key]]
+
+    entry: dict[str, Any] = {"busbw": _median([c["busbw_mbps"] for c in cells]),
+                             "model_busbw": _median([c["predicted_busbw_mbps"] for c in cells]),
+                             "seeds": len(cells), "cells": cells, "by_efficiency": eff,
+                             "speedup": None, "model_speedup": None, "range": None}
+    if rr is None:
+        return _with_interval(entry, None)
+    ok, ref_v = values(cells, "busbw_mbps"), values([rr], "busbw_mbps")
+    if ref_v and ok:
+        entry["speedup"] = ref_v[0] / statistics.median(ok)
+        if len(ok) > 1:
+            entry["range"] = (ref_v[0] / max(ok), ref_v[0] / min(ok))
+    model, ref_m = values(cells, "predicted_busbw_mbps"), values([rr], "predicted_busbw_mbps")
+    if ref_m and model:
+        entry["model_speedup"] = ref_m[0] / statistics.median(model)
+    return _with_interval(entry, speedup_interval([rr], cells, eff))
+
+
 def speedup_tables(rows: list[dict[str, Any]], ref: dict[str, str]) -> list[dict[str, Any]]:
     """Per (series, hosts) that has reference cells: the reference's busbw over every other family's, per size.
 
     Returns dicts with ``series``, ``hosts``, ``sizes``, ``reference`` (size -> row) and ``baselines``:
-    family -> size -> {measured, model, seeds, range}.
+    family -> size -> {busbw, model_busbw, seeds, cells, speedup, model_speedup, range, interval,
+    significant, by_efficiency}. ``speedup`` is the reference's busbw over the median of the family's
+    (ECMP seeds: median over seeds, ``range`` over seeds); ``interval`` its 95% bootstrap interval over
+    repetitions and seeds (:func:`speedup_interval`), ``significant`` whether that excludes 1. Cells at
+    different link rates (``by_efficiency``) compare busbw / link goodput instead of busbw.
     """
     out = []
     keys = sorted({(r["series"], r["hosts"]) for r in rows if is_reference(r, ref)})
     for series, hosts in keys:
         group = [r for r in rows if r["series"] == series and r["hosts"] == hosts]
-        sizes = sorted({r["size"] for r in group})
         refs = {r["size"]: r for r in group if is_reference(r, ref)}
         fams: dict[str, dict[int, list[dict[str, Any]]]] = {}
         for r in group:
             if not is_reference(r, ref):
                 fams.setdefault(family_of(r), {}).setdefault(r["size"], []).append(r)
-        base: dict[str, dict[int, dict[str, Any]]] = {}
-        for fam, by_size in fams.items():
-            for size, cells in by_size.items():
-                rr = refs.get(size)
-                meas = _median([c["busbw_mbps"] for c in cells])
-                model = _median([c["predicted_busbw_mbps"] for c in cells])
-                ok = [c["busbw_mbps"] for c in cells if c["busbw_mbps"]]
-                entry: dict[str, Any] = {"busbw": meas, "model_busbw": model, "seeds": len(cells),
-                         "speedup": None, "model_speedup": None, "range": None}
-                if rr and rr["busbw_mbps"] and meas:
-                    entry["speedup"] = rr["busbw_mbps"] / meas
-                    if len(ok) > 1:
-                        entry["range"] = (rr["busbw_mbps"] / max(ok), rr["busbw_mbps"] / min(ok))
-                if rr and rr["predicted_busbw_mbps"] and model:
-                    entry["model_speedup"] = rr["predicted_busbw_mbps"] / model
-                base.setdefault(fam, {})[size] = entry
-        out.append({"series": series, "hosts": hosts, "sizes": sizes, "reference": refs, "baselines": base})
+        base = {fam: {size: _baseline_entry(refs.get(size), cells) for size, cells in by_size.items()}
+                for fam, by_size in fams.items()}
+        out.append({"series": series, "hosts": hosts, "sizes": sorted({r["size"] for r in group}),
+                    "reference": refs, "baselines": base})
     return out
 
 
@@ -273,13 +332,27 @@ def _server_design(params: dict[str, Any]) -> str | None:
     return "shared NIC" if n == 1 else "NIC per accelerator" if n == a else f"{n} NICs for {a}"
 
 
+def _server_entry(o: dict[str, Any], sh: dict[str, Any], family: str) -> dict[str, Any]:
+    eff = by_efficiency([o, sh])
+
+    def per(r: dict[str, Any], key: str) -> float | None:
+        return r[key] / r["capacity_mbps"] if r[key] and eff else r[key]
+
+    entry = {"family": family, "size": o["size"], "own": o, "shared": sh, "by_efficiency": eff,
+             "speedup": _ratio(per(o, "busbw_mbps"), per(sh, "busbw_mbps")),
+             "model_speedup": _ratio(per(o, "predicted_busbw_mbps"), per(sh, "predicted_busbw_mbps"))}
+    return _with_interval(entry, speedup_interval([o], [sh], eff))
+
+
 def server_speedup_tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One NIC per accelerator against a shared NIC, for every (fabric, servers, routing, algorithm, size).
 
     Cells match when everything but ``nics_per_server`` and the NIC
     placement is the same. Returns dicts with ``family``, ``size``, ``own``
-    and ``shared`` (rows), and the measured and model ``speedup`` (own busbw
-    over shared busbw).
+    and ``shared`` (rows), the measured and model ``speedup`` (own busbw
+    over shared busbw; busbw / link goodput if their link rates differ,
+    ``by_efficiency``), its 95% bootstrap ``interval`` over the repetitions
+    and whether that excludes 1 (``significant``).
     """
     def key(r: dict[str, Any]) -> tuple:
         fabric = r["topology_slug"].split("-srv")[0]
@@ -297,26 +370,25 @@ def server_speedup_tables(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             shared[key(r)] = r
     out = []
     for k in sorted(set(own) & set(shared)):
-        o, sh = own[k], shared[k]
         fabric, servers, accels, routing, seed, algo, placement, size = k
-        out.append({"family": f"{fabric} {servers}x{accels} {routing} {algo}", "size": size, "own": o,
-                    "shared": sh,
-                    "speedup": o["busbw_mbps"] / sh["busbw_mbps"] if o["busbw_mbps"] and sh["busbw_mbps"] else None,
-                    "model_speedup": (o["predicted_busbw_mbps"] / sh["predicted_busbw_mbps"]
-                                      if o["predicted_busbw_mbps"] and sh["predicted_busbw_mbps"] else None)})
+        routing_label = f"{routing}-s{seed}" if routing == "ecmp" else routing
+        out.append(_server_entry(own[k], shared[k], f"{fabric} {servers}x{accels} {routing_label} {algo}"))
     return out
 
 
 def _headline(table: dict[str, Any]) -> str:
-    """One sentence on the largest size: the reference against its best and worst baseline, with the model."""
+    """One sentence on the largest size: the reference against its best and worst baseline, with the model.
+
+    Baselines rank by speedup (by efficiency where link rates differ), never by busbw across link rates.
+    """
     size = max(table["sizes"])
     rr = table["reference"].get(size)
-    entries = {fam: by[size] for fam, by in table["baselines"].items() if by.get(size, {}).get("busbw")}
+    entries = {fam: by[size] for fam, by in table["baselines"].items() if by.get(size, {}).get("speedup")}
     if not rr or not rr["busbw_mbps"] or not entries:
         return ""
-    ahead = [f for f, e in entries.items() if e["busbw"] < rr["busbw_mbps"]]
-    best = max(entries, key=lambda f: entries[f]["busbw"])
-    worst = min(entries, key=lambda f: entries[f]["busbw"])
+    ahead = [f for f, e in entries.items() if e["speedup"] > 1]
+    best = min(entries, key=lambda f: entries[f]["speedup"])
+    worst = max(entries, key=lambda f: entries[f]["speedup"])
     return (f"At {format_size(size)}: the reference `{family_of(rr)}` reaches **{rr['busbw_mbps']:.2f} Mbit/s** "
             f"busbw (model {_fmt(rr['predicted_busbw_mbps'])}), ahead of {len(ahead)} of {len(entries)} "
             f"baselines. Best baseline: `{best}` {entries[best]['busbw']:.2f} (model "
@@ -337,7 +409,7 @@ def scaling_families(rows: list[dict[str, Any]]) -> dict[tuple[str, str, str, in
             continue
         fam = {}
         for hosts, cells in sorted(by_hosts.items()):
-            capacity = [c["link_mbps"] * (c["goodput"] or 1448 / 1514) for c in cells]
+            capacity = [c["capacity_mbps"] for c in cells]
             eff = _median([c["busbw_mbps"] / cap for c, cap in zip(cells, capacity, strict=True)
                            if c["busbw_mbps"]])
             model = _median([c["predicted_busbw_mbps"] / cap for c, cap in zip(cells, capacity, strict=True)
@@ -582,8 +654,106 @@ def fabric_sentence(spec: str | None, link_mbps: float) -> str:
 
 
 # ----------------------------------------------------------------- report
-def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
-    """Compute everything, draw the plots into ``out/plots/``; return the document and the rows."""
+def speedup_text(speedup: float | None, interval: tuple[float, float] | None, significant: bool | None) -> str:
+    """``×1.24 (1.10–1.38)``, ``×1.02 (0.97–1.08) n.s.`` or ``–``."""
+    if speedup is None:
+        return "–"
+    text = f"×{speedup:.2f}"
+    if interval:
+        text += f" ({interval[0]:.2f}–{interval[1]:.2f})"
+    return text + (" n.s." if significant is False else "")
+
+
+INTERVAL_SENTENCE = (f"In brackets after a speedup: its 95% bootstrap interval ({RESAMPLES} resamples: the ECMP "
+                     "seeds with replacement, then the repetitions within each drawn seed, the median of the "
+                     "pooled draw on each side); **n.s.** = not significant, the interval contains 1.")
+
+
+def answers_section(doc: Doc, found: list[answers.Answer], repeat: int) -> None:
+    """The "Answers" section: per question its sentences (nothing when no answer has data)."""
+    if not found:
+        return
+    doc.h(2, "Answers")
+    for question, title in answers.QUESTIONS.items():
+        texts = [a.text for a in found if a.question == question]
+        if texts:
+            doc.p(f"**{title}**")
+            doc.ul(texts)
+    doc.p(f"Measured: median busbw of the measured repetitions (ECMP seeds: median over seeds); 95%: the "
+          f"bootstrap interval of that ratio over repetitions and ECMP seeds ({RESAMPLES} resamples); model: "
+          "`schedule check`'s max-min fair prediction on the same routes. Cells at different link rates are "
+          "compared by efficiency (busbw / link goodput), never by busbw. Details in the tables below."
+          + (f" With {repeat} measured repetitions per cell the bootstrap sees little of the run-to-run spread: "
+             "read a narrow interval as a lower bound on the uncertainty." if repeat < 5 else ""))
+
+
+def _point_label(pt: paper_scale.Point) -> str:
+    """``BiGraph + hdrm``, ``leaf-spine + ECMP + hd``."""
+    routing = "" if pt.routing == "bigraph" else f" + {answers.ROUTINGS.get(pt.routing, pt.routing)}"
+    return f"{answers.KINDS.get(pt.fabric, pt.fabric)}{routing} + {pt.algorithm}"
+
+
+def model_error_text(errors: list[paper_scale.ModelError]) -> str:
+    """``measured/model time 0.97-1.12 (median 1.03) over 40 trusted cells at 8-64 hosts``."""
+    if not errors:
+        return "no trusted cell measured its error"
+    lo, hi = min(e.low for e in errors), max(e.high for e in errors)
+    cells = sum(e.cells for e in errors)
+    med = statistics.median(r for e in errors for r in [e.median] * e.cells)
+    hosts = f"{errors[0].hosts}" if len(errors) == 1 else f"{errors[0].hosts}-{errors[-1].hosts}"
+    return f"measured/model time {lo:.2f}-{hi:.2f} (median {med:.2f}) over {cells} trusted cells at {hosts} hosts"
+
+
+def projection_answers(comparisons: Iterable[paper_scale.Comparison], error: str) -> list[answers.Answer]:
+    """At the largest projected scale, per size, the reference against the leaf-spine baselines: model only."""
+    comps = list(comparisons)
+    if not comps:
+        return []
+    top = max(c.hosts for c in comps)
+    out = []
+    for c in comps:
+        if c.hosts != top or c.baseline.fabric != "leafspine":
+            continue
+        text = (f"Model only, not measured: at {c.hosts} accelerators and {format_size(c.size)} per rank, "
+                f"{_point_label(c.reference)} would be ×{c.speedup:.2f} faster than {_point_label(c.baseline)} "
+                f"(efficiency {c.reference.efficiency:.2f} against {c.baseline.efficiency:.2f}); the model's "
+                f"error where the emulator measured it: {error}.")
+        out.append(answers.Answer(question="projection", text=text, comparison=f"{_point_label(c.reference)} / "
+                                  f"{_point_label(c.baseline)}", hosts=c.hosts, size=c.size, measured=None,
+                                  interval=None, significant=None, model=c.speedup, trusted=True, cells=()))
+    return out
+
+
+def projection_section(doc: Doc, comparisons: Iterable[paper_scale.Comparison], error: str,
+                       profile: fabric.FabricProfile) -> None:
+    """The "Paper scale (model)" section: the reference against each baseline at 128..1024 accelerators."""
+    comps = list(comparisons)
+    doc.h(2, "Paper scale, by the model alone (not measured)")
+    if not comps:
+        doc.p("No projection: the experiment measured its reference at fewer than two host counts.")
+        return
+    body = []
+    for c in comps:
+        body.append([str(c.hosts), format_size(c.size), _point_label(c.baseline), f"`{c.baseline.topology}`",
+                     f"{c.reference.real_time_s * 1e3:.3f} ms, eff. {c.reference.efficiency:.2f}",
+                     f"{c.baseline.real_time_s * 1e3:.3f} ms, eff. {c.baseline.efficiency:.2f}",
+                     f"model ×{c.speedup:.2f}"])
+    doc.table(["accelerators", "size per rank", "baseline (model)", "baseline fabric",
+               "reference: real time, efficiency (model)", "baseline: real time, efficiency (model)",
+               "speedup (model)"], body)
+    ref_specs = sorted({(c.hosts, c.reference.topology) for c in comps})
+    doc.p("Every number in this section is the timing model's, on the real fabric the profile names ("
+          f"{profile.link_gbps:g} Gbit/s links, {profile.alpha_us:g} µs per message, {profile.switch_latency_us:g} "
+          "µs per switch, MTU " f"{profile.mtu}), computed by `emulator.schedule.projection` (which equals "
+          "`schedule check`'s prediction of the same schedule on the sizes the emulator runs). Reference: "
+          + ", ".join(f"`{spec}` ({h})" for h, spec in ref_specs)
+          + "; fabrics of equal switch radix k (k/2 hosts per leaf; BiGraph with k/2 switches per group), ECMP "
+          f"folded by the median over seeds {', '.join(map(str, paper_scale.SEEDS))}. The model's error where "
+          f"the emulator measured it: {error}. Efficiency = busbw / link goodput.")
+
+
+def build(out: str) -> tuple[Doc, list[dict[str, Any]], list[answers.Answer]]:
+    """Compute everything, draw the plots into ``out/plots/``; return the document, the rows and the answers."""
     plan, rows = load_rows(out)
     exp = plan["experiment"]
     ref = exp.get("reference") or {"algorithm": "hdrm", "routing": "bigraph"}
@@ -594,9 +764,18 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
     n_ok = sum(r["status"] == "ok" for r in rows)
     failed = [r for r in rows if r["status"] not in ("ok", "not run")]
     not_run = [r for r in rows if r["status"] == "not run"]
+    tables, server_tables = speedup_tables(rows, ref), server_speedup_tables(rows)
+    found = answers.find(rows, ref, tables, server_tables)
+    error = model_error_text(paper_scale.model_error(rows))
+    profile = fabric.parse(exp["fabric"]) if exp.get("fabric") else fabric.default()
+    # the projection answers the scaling question at the paper's scale: only for experiments that ask it
+    scaled = len({r["hosts"] for r in rows if is_reference(r, ref)}) > 1
+    projected = paper_scale.project_comparisons(profile) if scaled else ()
+    found += projection_answers(projected, error)
     doc.h(1, f"Experiment `{exp['name']}`")
     if exp.get("description"):
         doc.p(exp["description"])
+    answers_section(doc, found, exp["repeat"])
     datapaths = sorted({r["datapath"] for r in rows if r["datapath"]})
     doc.ul([
         f"**{n_ok} of {len(rows)} cells finished**, {len(failed)} failed or interrupted, {len(not_run)} not run"
@@ -624,7 +803,6 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
 
     # speedup
     doc.h(2, f"Speedup of {ref['routing']} + {ref['algorithm']} over every baseline")
-    tables = speedup_tables(rows, ref)
     if not tables:
         doc.p("No reference cells (the experiment's `reference`) finished or were planned.")
     for t in tables:
@@ -632,7 +810,7 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
         headline = _headline(t)
         if headline:
             doc.p(headline)
-        head = ["baseline"] + [f"{format_size(s)}: speedup (model)" for s in t["sizes"]]
+        head = ["baseline"] + [f"{format_size(s)}: speedup (95%), model" for s in t["sizes"]]
         ref_row = ["**reference busbw**, Mbit/s (model)"]
         for s in t["sizes"]:
             rr = t["reference"].get(s)
@@ -646,22 +824,21 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
                 if e is None:
                     cells.append("")
                     continue
-                text = f"x{_fmt(e['speedup'])} (x{_fmt(e['model_speedup'])})"
-                if e["range"]:
-                    text += f", seeds x{e['range'][0]:.2f}..x{e['range'][1]:.2f}"
-                text += f"; busbw {_fmt(e['busbw'])} ({_fmt(e['model_busbw'])})"
-                cells.append(text)
+                cells.append(_baseline_cell(e))
             body.append([fam] + cells)
         doc.table(head, body)
     doc.p("Speedup = reference busbw / baseline busbw (medians; for ECMP the median over seeds, with the range "
-          "over seeds). Above 1: the reference is faster. In brackets: the same ratio from the model.")
+          "over seeds). Above 1: the reference is faster. " + INTERVAL_SENTENCE + " Model: the same ratio "
+          "from the model. By efficiency: the two ran at different link rates, so the ratio is of busbw / "
+          "link goodput.")
 
-    server_tables = server_speedup_tables(rows)
     if server_tables:
         doc.h(2, "Server designs: one NIC per accelerator against a shared NIC")
-        doc.table(["servers x accelerators, routing, algorithm", "size", "speedup (model)",
+        doc.table(["servers x accelerators, routing, algorithm", "size", "speedup (95%), model",
                    "NIC per accelerator busbw (model)", "shared NIC busbw (model)"],
-                  [[t["family"], format_size(t["size"]), f"x{_fmt(t['speedup'])} (x{_fmt(t['model_speedup'])})",
+                  [[t["family"], format_size(t["size"]),
+                    speedup_text(t["speedup"], t["interval"], t["significant"])
+                    + f", model ×{_fmt(t['model_speedup'])}" + (", by efficiency" if t["by_efficiency"] else ""),
                     f"{_fmt(t['own']['busbw_mbps'])} ({_fmt(t['own']['predicted_busbw_mbps'])})",
                     f"{_fmt(t['shared']['busbw_mbps'])} ({_fmt(t['shared']['predicted_busbw_mbps'])})"]
                    for t in server_tables])
@@ -670,7 +847,8 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
               "with a NIC per accelerator / busbw with the shared NIC, same fabric, routing, algorithm and size; "
               "in brackets the model's ratio. Only the phases that cross servers gain: intra-server steps run "
               "over PCIe either way (which is also why busbw may exceed the NIC rate). A ring with identity "
-              "placement sends one flow out of each server per step, so a shared NIC costs it nothing.")
+              "placement sends one flow out of each server per step, so a shared NIC costs it nothing. "
+              + INTERVAL_SENTENCE)
 
     # busbw vs size
     doc.h(2, "busbw against message size")
@@ -725,6 +903,8 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
     else:
         doc.p("No family of cells was measured at more than one host count.")
 
+    projection_section(doc, projected, error, profile)
+
     # every cell
     doc.h(2, "Every cell: measured against the model")
     if plot_measured_vs_predicted(os.path.join(plots, "measured-vs-model.png"), rows):
@@ -778,16 +958,32 @@ def build(out: str) -> tuple[Doc, list[dict[str, Any]]]:
     if not_run:
         doc.p(f"Not run yet: {len(not_run)} cells.")
     doc.p("Every cell's numbers are in `cells.csv`; raw results in `cells/<cell>/` (results.json, timeline.jsonl, "
-          "links.jsonl).")
-    return doc, rows
+          "links.jsonl); the answers, as numbers, in `summary.json`.")
+    return doc, rows, found
+
+
+def _baseline_cell(e: dict[str, Any]) -> str:
+    """One baseline at one size: ``×1.24 (1.10–1.38); model ×1.25; seeds ×1.20..×1.28; busbw 4.1 (4.2)``."""
+    text = speedup_text(e["speedup"], e["interval"], e["significant"]) + f"; model ×{_fmt(e['model_speedup'])}"
+    if e["by_efficiency"]:
+        text += "; by efficiency"
+    if e["range"]:
+        text += f"; seeds ×{e['range'][0]:.2f}..×{e['range'][1]:.2f}"
+    return text + f"; busbw {_fmt(e['busbw'])} ({_fmt(e['model_busbw'])})"
 
 
 def write_report(out: str) -> str:
-    """Write ``report.md``, ``report.html``, ``cells.csv`` and ``plots/*.png`` into ``out``; return report.md's path."""
-    doc, rows = build(out)
+    """Write ``report.md``, ``report.html``, ``cells.csv``, ``summary.json`` and ``plots/*.png`` into ``out``.
+
+    Returns report.md's path. ``summary.json``'s ``wall_s`` is ``run.json``'s (null when it has none).
+    """
+    doc, rows, found = build(out)
     write_csv(os.path.join(out, "cells.csv"), rows)
     plan = _read_json(os.path.join(out, "experiment.json")) or {}
     name = (plan.get("experiment") or {}).get("name", "experiment")
+    wall_s = (_read_json(os.path.join(out, "run.json")) or {}).get("wall_s")
+    write_json_atomic(os.path.join(out, "summary.json"),
+                      answers.summary(name, float(wall_s) if isinstance(wall_s, int | float) else None, found))
     write_atomic(os.path.join(out, "report.html"), doc.html(f"Experiment {name}"))
     path = os.path.join(out, "report.md")
     write_atomic(path, doc.markdown())
