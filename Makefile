@@ -41,13 +41,30 @@ debian-packages:
 # userspace datapath (chosen per run by emulator.system.choose_datapath).
 # The glibc tunable keeps ovs-vswitchd's allocator from trimming its heap
 # around every batch of packet buffers (measured: with 32000-byte frames 91%
-# of its system calls were brk and it used a whole core; docs/fidelity.md).
+# of its system calls were brk and it used a whole core; the first network
+# after a start ran slow; docs/fidelity.md). It goes into Debian's
+# /etc/default/openvswitch-switch too, which the systemd units read, so an
+# Open vSwitch that apt or a reboot starts has it. A running ovs-vswitchd
+# without it is restarted, unless bridges exist (someone's network is up).
 OVS_GLIBC_TUNABLES := glibc.malloc.trim_threshold=268435456
+OVS_DEFAULTS := /etc/default/openvswitch-switch
+OVS_CTL := /usr/share/openvswitch/scripts/ovs-ctl
 openvswitch: debian-packages
-	@if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then \
+	@grep -qs '^GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES)$$' $(OVS_DEFAULTS) || \
+		{ sed -i '/^GLIBC_TUNABLES=/d' $(OVS_DEFAULTS) 2>/dev/null; \
+		  echo 'GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES)' >> $(OVS_DEFAULTS); }
+	@pid=$$(cat /var/run/openvswitch/ovs-vswitchd.pid 2>/dev/null); \
+	if ! ovs-vsctl --timeout=5 show >/dev/null 2>&1; then \
 		echo "starting Open vSwitch"; \
-		GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES) /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random \
-			>/dev/null 2>&1 || true; \
+		GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES) $(OVS_CTL) start --system-id=random >/dev/null 2>&1 || true; \
+	elif [ -n "$$pid" ] && ! tr '\0' '\n' < /proc/$$pid/environ 2>/dev/null | grep -qx 'GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES)'; then \
+		if [ -z "$$(ovs-vsctl --timeout=5 list-br)" ]; then \
+			echo "restarting Open vSwitch with GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES) (docs/fidelity.md)"; \
+			GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES) $(OVS_CTL) restart --system-id=random >/dev/null 2>&1 || true; \
+		else \
+			echo "warning: ovs-vswitchd runs without GLIBC_TUNABLES=$(OVS_GLIBC_TUNABLES) and bridges exist;" \
+				"restart it when they are gone (make setup does) or the first network may run slow" >&2; \
+		fi; \
 	fi
 	@ovs-vsctl --timeout=10 show >/dev/null || { echo "Open vSwitch did not start: see /var/log/openvswitch/" >&2; exit 1; }
 
