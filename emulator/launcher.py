@@ -80,7 +80,8 @@ def _run_agent(request: dict[str, Any]) -> None:
     status = 1
     try:
         os.setsid()
-        join_namespaces(int(request["netns_pid"]))
+        join_namespaces(int(request["netns_pid"]))  # entering a mount namespace moves to its root directory
+        os.chdir(request["cwd"])
         out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -88,7 +89,6 @@ def _run_agent(request: dict[str, Any]) -> None:
         os.dup2(out, 2)
         os.close(out)
         os.close(null)
-        os.chdir(request["cwd"])
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         status = agent.main(list(request["argv"]))
     except SystemExit as exc:  # argparse
@@ -199,10 +199,13 @@ class AgentLauncher:
         return self
 
     def spawn(self, netns_pid: int, argv: Sequence[str], output: str) -> AgentProcess:
+        """Start ``python -m emulator.agent ARGV`` in ``netns_pid``'s namespaces; paths in ``argv`` must be
+        absolute (the agent runs in the launcher's working directory, not this process's)."""
         proc = self.proc
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise LauncherError("the agent launcher is not running")
-        request = {"netns_pid": netns_pid, "argv": list(argv), "output": output, "cwd": self.cwd}
+        request = {"netns_pid": netns_pid, "argv": list(argv), "output": os.path.abspath(output),
+                   "cwd": os.path.abspath(self.cwd)}
         try:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()

@@ -354,7 +354,7 @@ class ReplaySession:
 
         self.work_dir = self.work_dir or tempfile.mkdtemp(prefix="ef-replay-")
         os.makedirs(self.work_dir, exist_ok=True)
-        self.topo_path = os.path.join(self.work_dir, "topology.json")
+        self.topo_path = os.path.abspath(os.path.join(self.work_dir, "topology.json"))
         write_json_atomic(self.topo_path, self.topo.to_json())
         self.stats_file = os.path.join(self.work_dir, "controller-ports.jsonl")
         settings = Settings(topology=self.topo_path, routing=self.policy, seed=self.seed, stats_file=self.stats_file,
@@ -405,6 +405,7 @@ class ReplaySession:
         or computes wrong data; what was measured is in ``out/results.json``.
         """
         topo, en = self.topo, self.en
+        out = os.path.abspath(out)  # the agents' working directory is the project's, not ours
         if report is None:
             report = scheck.predict(schedule, topo, self.policy, seed=self.seed, latency=self.latency, mtu=self.mtu)
         os.makedirs(os.path.join(out, "agents"), exist_ok=True)
