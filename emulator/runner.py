@@ -43,7 +43,7 @@ from emulator.schedule.check import predict
 from emulator.topology import DEFAULT_MTU
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
-DEFAULT_CELL_OVERHEAD_S = 4.0
+DEFAULT_CELL_OVERHEAD_S = 1.5
 DEFAULT_BRINGUP_S = 10.0
 TEARDOWN_S = 4.0
 

@@ -51,3 +51,15 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
     md = open(report.write_report(out)).read()
     assert f"**{len(ids)} of {len(ids)} cells finished**" in md
     assert os.path.getsize(os.path.join(out, "plots", "heatmap.png")) > 5000
+
+    # every network was probed and passed; the answers are in the report and in summary.json
+    probes = [json.load(open(os.path.join(out, "sessions", d, "probe.json")))
+              for d in sorted(os.listdir(os.path.join(out, "sessions")))]
+    assert len(probes) == 1 and probes[0]["attempts"][-1]["passed"]  # its one network (the resume probed it anew)
+    assert all(xp.read_results(out, cid)["probe"]["passed"] for cid in ids)
+    assert md.index("## Answers") < md.index("## Speedup")
+    with open(os.path.join(out, "summary.json")) as fh:
+        summary = json.load(fh)
+    assert summary["wall_s"] > 0 and summary["answers"]
+    q2 = [a for a in summary["answers"] if a["question"] == "Q2"]
+    assert q2 and all(a["measured"] > 0 and a["interval"][0] <= a["interval"][1] and a["model"] > 0 for a in q2)
