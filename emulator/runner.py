@@ -247,7 +247,16 @@ class Runner:
         own = getattr(getattr(session, "en", None), "bringup_s", None)
         eta.observe_bringup(own + TEARDOWN_S if isinstance(own, int | float) else self.clock() - t0)
         try:
-            session, verdict = self._probe_network(session, first, policy, seed, work)
+            try:
+                session, verdict = self._probe_network(session, first, policy, seed, work)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # the rebuild after a failed probe did not come up
+                self._log(f"rebuild of {spec} ({policy}, seed {seed}) failed: {exc}")
+                for cell in cells:
+                    self._record(cell, "failed", 0.0, f"network rebuild after a failed probe failed: {exc}")
+                    yield cell, "failed"
+                return
             for cell in cells:
                 outcome = self._run_cell(session, cell, eta)
                 if outcome == "ok":

@@ -474,3 +474,21 @@ def test_bad_series_or_run_fabric_names_its_field(edit, field):
     with pytest.raises(FieldError) as info:
         parse(SERIES_FABRIC.replace(*edit))
     assert info.value.field == field
+
+
+def test_a_rebuild_that_does_not_come_up_fails_that_networks_cells_and_the_run_goes_on(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    make = factory(flags=(), probe_slowdowns=[1.6, 1.0])
+    starts = []
+
+    def flaky(topo, policy, **kw):
+        session = make(topo, policy, **kw)
+        starts.append(topo.spec)
+        if len(starts) == 2:  # the rebuild of the first network
+            session.start = lambda: (_ for _ in ()).throw(RuntimeError("ovs-vsctl: timed out"))
+        return session
+
+    s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
+    assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
+    assert all("rebuild after a failed probe failed: ovs-vsctl: timed out" in e for e in s.failed.values())
