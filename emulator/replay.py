@@ -244,7 +244,10 @@ class _Control:
                 conn, _ = self.server.accept()
                 self.unknown.append(conn)
                 continue
-            chunk = sock.recv(1 << 20)
+            try:
+                chunk = sock.recv(1 << 20)
+            except ConnectionResetError:  # an agent killed with our messages unread: closed all the same
+                chunk = b""
             rank = next((r for r, c in self.conns.items() if c is sock), None)
             if not chunk:
                 if rank is not None:
