@@ -82,3 +82,14 @@ def test_netem_is_found_from_files_alone(tmp_path):
     (mods / platform.release() / "modules.builtin").write_text("")
     (sysmod / "sch_netem").mkdir()
     assert has_netem(str(sysmod), str(mods))
+
+
+def test_hosts_get_an_rto_minimum_that_covers_a_full_queue_at_their_link_rate():
+    from emulator import topology
+    from emulator.network import host_setup_commands, tcp_rto_min_ms
+
+    assert tcp_rto_min_ms(20) == 200 + 360 and tcp_rto_min_ms(2.5) == 200 + 2880
+    topo = topology.build("star:hosts=2,bw=5")
+    route = [c for c in host_setup_commands(topo, "h1", "user") if c[:3] == ["ip", "route", "change"]]
+    assert len(route) == 1 and route[0][-2:] == ["rto_min", f"{tcp_rto_min_ms(5)}ms"]
+    assert topo.host("h1").ip in route[0]
