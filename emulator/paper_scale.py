@@ -26,6 +26,7 @@ from typing import Any
 from emulator import topology
 from emulator.fabric import FabricProfile
 from emulator.latency import LatencyModel
+from emulator.schedule.cost import bus_bandwidth_mbps
 from emulator.schedule.projection import paper_scale_topologies, project
 
 HOSTS = (128, 256, 512, 1024)
@@ -71,7 +72,7 @@ def _point(hosts: int, size: int, role: str, spec: str, policy: str, algo: str, 
     times = [project(algo, topo, policy, size, seed=s, latency=model, mtu=profile.emulated_mtu).time_s for s in seeds]
     emulated = statistics.median(times)
     real = profile.real_seconds(emulated)
-    busbw_mbps = size * 8 / emulated / 1e6 * 2 * (hosts - 1) / hosts
+    busbw_mbps = bus_bandwidth_mbps(size, hosts, emulated)
     goodput = profile.emulated_link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu)
     return Point(hosts=hosts, size=size, fabric=role, topology=spec, routing=policy, algorithm=algo,
                  real_time_s=real, busbw_gbps=busbw_mbps * profile.dilation / 1000, efficiency=busbw_mbps / goodput)
