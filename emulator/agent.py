@@ -68,8 +68,8 @@ from typing import Any
 import numpy as np
 
 from emulator import routing, topology
+from emulator.files import read_json
 from emulator.latency import ZERO, PathLatency
-from emulator.results import read_json
 from emulator.schedule import format as sformat
 from emulator.schedule.dispatch import Dispatcher, Ready
 from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule

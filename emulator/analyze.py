@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.errors import UserError
-from emulator.results import write_json_atomic
+from emulator.files import write_json_atomic
 
 DEFAULT_BIN_S = 0.1
 

@@ -48,8 +48,8 @@ from typing import Any
 
 from emulator import fabric, fidelity, topology
 from emulator.errors import UserError
+from emulator.files import write_json_atomic
 from emulator.latency import LatencyModel
-from emulator.results import write_json_atomic
 from emulator.schedule import generators
 from emulator.schedule.check import check
 from emulator.schedule.format import format_size

@@ -24,7 +24,6 @@ Typical use::
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -34,6 +33,7 @@ import time
 
 from controllers.core import Settings
 from emulator import NAME_PREFIX
+from emulator.files import read_json_object
 from emulator.runstate import RunState
 
 
@@ -134,11 +134,7 @@ class ControllerProcess:
 
     def status(self) -> dict:
         """The controller's last status (see :meth:`controllers.core.ControllerCore.status`)."""
-        try:
-            with open(self.state_file, encoding="utf-8") as fh:
-                return json.load(fh)
-        except (OSError, json.JSONDecodeError):
-            return {}
+        return read_json_object(self.state_file) or {}
 
     def wait_installed(self, timeout: float = 60.0, switches: int | None = None,
                        no_failures: bool = True) -> dict:

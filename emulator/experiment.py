@@ -39,6 +39,7 @@ import yaml
 from emulator import fabric, faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, printable
 from emulator.fabric import FabricProfile
+from emulator.files import read_json_object
 from emulator.latency import LatencyModel
 from emulator.schedule import generators
 from emulator.schedule.check import CheckReport, predict
@@ -518,12 +519,7 @@ def cell_dir(out: str, cell: Cell | str) -> str:
 
 def read_results(out: str, cell: Cell | str) -> dict[str, Any] | None:
     """The cell's ``results.json``, or None if absent or unreadable."""
-    try:
-        with open(os.path.join(cell_dir(out, cell), "results.json"), encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+    return read_json_object(os.path.join(cell_dir(out, cell), "results.json"))
 
 
 def cell_finished(out: str, cell: Cell) -> bool:

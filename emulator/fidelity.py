@@ -31,8 +31,8 @@ from typing import Any
 
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
+from emulator.files import read_json
 from emulator.latency import Intrinsic, LatencyModel
-from emulator.results import read_json
 from emulator.system import cpu_times, has_netem, machine_identity, run
 from emulator.topology import DEFAULT_MTU, Topology
 

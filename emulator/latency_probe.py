@@ -36,9 +36,9 @@ from dataclasses import replace
 from typing import Any
 
 from emulator import topology
+from emulator.files import read_json
 from emulator.latency import Curve, Intrinsic
 from emulator.replay import ReplaySession
-from emulator.results import read_json
 from emulator.schedule import generators
 from emulator.schedule.format import RankProgram, Schedule
 

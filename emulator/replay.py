@@ -44,10 +44,10 @@ from emulator import fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
 from emulator.errors import UserError
 from emulator.faults import Fault, FaultEvent, Injector
+from emulator.files import append_jsonl, write_json_atomic
 from emulator.latency import LatencyModel, PathLatency
 from emulator.launcher import AgentLauncher
 from emulator.network import SHAPER_BURST_BYTES
-from emulator.results import append_jsonl, write_json_atomic
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat

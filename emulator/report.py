@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import csv
 import html
-import json
 import os
 import statistics
 from collections.abc import Iterable
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator import answers, fabric, paper_scale, stats, topology
-from emulator.results import write_atomic, write_json_atomic
+from emulator.files import read_json, read_jsonl, write_atomic, write_json_atomic
 from emulator.schedule.format import format_size
 
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
@@ -129,26 +128,6 @@ def _inline(text: str) -> str:
 
 
 # -------------------------------------------------------------- reading
-def _read_json(path: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except (OSError, ValueError):
-        return None
-
-
-def _read_jsonl(path: str) -> list[dict[str, Any]]:
-    out = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    continue
-    except OSError:
-        pass
-    return out
 
 
 def family_of(row: dict[str, Any], with_seed: bool = False) -> str:
@@ -160,14 +139,14 @@ def family_of(row: dict[str, Any], with_seed: bool = False) -> str:
 
 def load_rows(out: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The experiment and one row per cell (planned cells that never ran have status ``not run``)."""
-    plan = _read_json(os.path.join(out, "experiment.json"))
+    plan = read_json(os.path.join(out, "experiment.json"))
     if not isinstance(plan, dict):
         raise FileNotFoundError(f"{out}: no experiment.json (not a results folder of `emu run`)")
-    state = (_read_json(os.path.join(out, "state.json")) or {}).get("cells", {})
+    state = (read_json(os.path.join(out, "state.json")) or {}).get("cells", {})
     rows = []
     for cell in plan["cells"]:
         cdir = os.path.join(out, "cells", cell["id"])
-        res = _read_json(os.path.join(cdir, "results.json")) or {}
+        res = read_json(os.path.join(cdir, "results.json")) or {}
         st = state.get(cell["id"], {})
         reps = res.get("repetitions") or []
         finished = res.get("status") == "ok" and (res.get("config") or {}).get("cell", {}).get("id") == cell["id"]
@@ -454,7 +433,7 @@ def link_step_matrix(cell_dir: str, rep: int | None = None) -> dict[str, Any]:
     from emulator.schedule import cost
     from emulator.schedule import format as sformat
 
-    res = _read_json(os.path.join(cell_dir, "results.json")) or {}
+    res = read_json(os.path.join(cell_dir, "results.json")) or {}
     cfg = res.get("config") or {}
     topo = topology.load(os.path.join(cell_dir, "topology.json"))
     schedule = sformat.load(os.path.join(cell_dir, "schedule.json"))
@@ -469,7 +448,7 @@ def link_step_matrix(cell_dir: str, rep: int | None = None) -> dict[str, Any]:
         rep = int(cfg.get("warmup", 0))
     rates: dict[tuple[int, tuple[str, str]], list[float]] = {}
     paths: dict[tuple[str, str], list[str]] = {}
-    for t in _read_jsonl(os.path.join(cell_dir, "timeline.jsonl")):
+    for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl")):
         if t.get("rep") != rep or t["end"] <= t["start"]:
             continue
         key = (t["src_host"], t["dst_host"])
@@ -553,9 +532,9 @@ def plot_gantt(path: str, cells: list[dict[str, Any]]) -> bool:
     plt = _plt()
     data = []
     for row in cells:
-        res = _read_json(os.path.join(row["dir"], "results.json")) or {}
+        res = read_json(os.path.join(row["dir"], "results.json")) or {}
         rep = int((res.get("config") or {}).get("warmup", 0))
-        recs = [t for t in _read_jsonl(os.path.join(row["dir"], "timeline.jsonl")) if t.get("rep") == rep]
+        recs = [t for t in read_jsonl(os.path.join(row["dir"], "timeline.jsonl")) if t.get("rep") == rep]
         if recs:
             data.append((row, rep, recs))
     if not data:
@@ -979,9 +958,9 @@ def write_report(out: str) -> str:
     """
     doc, rows, found = build(out)
     write_csv(os.path.join(out, "cells.csv"), rows)
-    plan = _read_json(os.path.join(out, "experiment.json")) or {}
+    plan = read_json(os.path.join(out, "experiment.json")) or {}
     name = (plan.get("experiment") or {}).get("name", "experiment")
-    wall_s = (_read_json(os.path.join(out, "run.json")) or {}).get("wall_s")
+    wall_s = (read_json(os.path.join(out, "run.json")) or {}).get("wall_s")
     write_json_atomic(os.path.join(out, "summary.json"),
                       answers.summary(name, float(wall_s) if isinstance(wall_s, int | float) else None, found))
     write_atomic(os.path.join(out, "report.html"), doc.html(f"Experiment {name}"))

@@ -38,7 +38,7 @@ from typing import Any, TextIO
 
 from emulator import experiment as xp
 from emulator import faults, probe
-from emulator.results import write_atomic, write_json_atomic
+from emulator.files import read_json_object, write_atomic, write_json_atomic
 from emulator.schedule.check import predict
 from emulator.topology import DEFAULT_MTU
 
@@ -141,7 +141,7 @@ class Runner:
 
     def _write_run(self, status: str) -> None:
         path = os.path.join(self.out, "run.json")
-        old = _read_json(path) or {}
+        old = read_json_object(path) or {}
         write_json_atomic(path, {
             "experiment": self.exp.name, "source": self.exp.source, "fingerprint": self.exp.fingerprint(),
             "created": old.get("created") or datetime.datetime.now().isoformat(timespec="seconds"),
@@ -173,9 +173,9 @@ class Runner:
     def run(self) -> Summary:
         """Run every unfinished cell; returns what happened (never raises KeyboardInterrupt)."""
         start = self.started_at = self.clock()
-        self.wall_before_s = float((_read_json(os.path.join(self.out, "run.json")) or {}).get("wall_s") or 0.0)
+        self.wall_before_s = float((read_json_object(os.path.join(self.out, "run.json")) or {}).get("wall_s") or 0.0)
         self.write_plan()
-        self.state = (_read_json(os.path.join(self.out, "state.json")) or {}).get("cells", {})
+        self.state = (read_json_object(os.path.join(self.out, "state.json")) or {}).get("cells", {})
         summary = Summary(out=self.out, total=len(self.prepared))
         todo: list[tuple[tuple[str, str, int, str], list[xp.Cell]]] = []
         for key, cells in xp.groups([pc.cell for pc in self.prepared]):
@@ -334,7 +334,7 @@ class Runner:
     def _note_probe(self, cell: xp.Cell, verdict: probe.Verdict) -> None:
         """Record the network's probe in the cell's results; a failed probe flags the cell and makes it untrusted."""
         path = os.path.join(xp.cell_dir(self.out, cell), "results.json")
-        res = _read_json(path)
+        res = read_json_object(path)
         if res is None:
             return
         res["probe"] = verdict.to_json()
@@ -395,17 +395,6 @@ class Runner:
                 + (f" [fidelity: {', '.join(flags)}]" if flags else ""))
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
-    import json
-
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 # ----------------------------------------------------------- results folders
 def new_out_dir(results_root: str, name: str, now: datetime.datetime | None = None) -> str:
     stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
@@ -428,7 +417,7 @@ def find_unfinished(results_root: str, exp: xp.Experiment) -> str | None:
         path = os.path.join(results_root, name)
         if name == "latest" or os.path.islink(path) or not name.startswith(exp.name + "-"):
             continue
-        run = _read_json(os.path.join(path, "run.json"))
+        run = read_json_object(os.path.join(path, "run.json"))
         if not run or run.get("fingerprint") != exp.fingerprint() or run.get("status") == "complete":
             continue
         key = (run.get("created") or "", name)

@@ -16,7 +16,6 @@ carry the project prefix (:data:`emulator.NAME_PREFIX`) and match
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from emulator import NAME_PREFIX
-from emulator.results import append_jsonl, write_json_atomic
+from emulator.files import append_jsonl, read_json_object, read_jsonl, write_json_atomic
 
 BRIDGE_RE = re.compile(rf"^{NAME_PREFIX}s\d+$")
 INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
@@ -93,25 +92,10 @@ class RunState:
                      {"role": role, "pid": pid, "start_time": proc_start_time(pid), **extra})
 
     def processes(self) -> list[dict]:
-        try:
-            with open(os.path.join(self.path, "processes.jsonl"), encoding="utf-8") as fh:
-                lines = fh.readlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-        return out
+        return read_jsonl(os.path.join(self.path, "processes.jsonl"))
 
     def owner(self) -> dict | None:
-        try:
-            with open(os.path.join(self.path, "owner"), encoding="utf-8") as fh:
-                return json.load(fh)
-        except (OSError, json.JSONDecodeError):
-            return None
+        return read_json_object(os.path.join(self.path, "owner"))
 
     def owner_alive(self) -> bool:
         owner = self.owner()

@@ -19,6 +19,7 @@ from emulator import experiment as xp
 from emulator import fidelity, runner
 from emulator.calibrate import ensure_calibration
 from emulator.errors import UserError
+from emulator.files import read_json_object
 from emulator.system import interrupt_on_sigterm
 
 RESULTS_ROOT = "results"
@@ -69,7 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.out:
         out = args.out
-        old = runner._read_json(os.path.join(out, "run.json"))
+        old = read_json_object(os.path.join(out, "run.json"))
         if old and old.get("fingerprint") != exp.fingerprint():
             raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
                             "(it holds a run of a different experiment file)")
@@ -134,7 +135,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from emulator import report
 
     expected = "a results folder of `emu run` (with its experiment.json)"
-    plan = runner._read_json(os.path.join(args.dir, "experiment.json"))
+    plan = read_json_object(os.path.join(args.dir, "experiment.json"))
     cells = plan.get("cells") if isinstance(plan, dict) else None
     if not (isinstance(plan, dict) and isinstance(plan.get("experiment"), dict) and isinstance(cells, list)
             and all(isinstance(c, dict) and isinstance(c.get("id"), str) and "." in c["id"] for c in cells)):

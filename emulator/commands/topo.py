@@ -6,7 +6,7 @@ import argparse
 import json
 
 from emulator import topology
-from emulator.results import write_json_atomic
+from emulator.files import write_json_atomic
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

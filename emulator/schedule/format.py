@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from emulator.errors import FieldError, UserError
-from emulator.results import write_atomic
+from emulator.files import write_atomic
 
 FORMAT_NAME = "eflops-emulator-schedule"
 FORMAT_VERSION = 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import statistics
 
-from emulator.results import append_jsonl, write_json_atomic
+from emulator.files import append_jsonl, write_json_atomic
 from emulator.schedule import cost
 from emulator.schedule import format as sformat
 

@@ -15,7 +15,7 @@ from fake_session import factory
 
 from emulator import cli, fabric, report, runner, stats
 from emulator import experiment as xp
-from emulator.results import write_json_atomic
+from emulator.files import write_json_atomic
 
 EXP = """
 name: synth

@@ -11,7 +11,7 @@ import pytest
 from controllers.core import DEFAULT_LISTEN, Settings
 from emulator import cli, faults, fidelity, topology
 from emulator.errors import UserError
-from emulator.results import write_json_atomic
+from emulator.files import write_json_atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")

@@ -1,9 +1,12 @@
-"""Writing results so that nothing is ever half-written.
+"""Reading and writing the project's files, so that nothing is ever half-written or half-read.
 
 Every result file goes through :func:`write_atomic`: the data lands in a
 temporary file in the same directory, is flushed to disk, and replaces the
 target in one ``rename``. JSON-lines logs are appended line by line with
-:func:`append_jsonl`, so a crash loses at most the line being written.
+:func:`append_jsonl`, so a crash loses at most the line being written, and
+:func:`read_jsonl` passes over such a cut line. The readers return None (or
+nothing) for a file that is missing or unreadable: callers decide whether
+that is an error.
 """
 
 from __future__ import annotations
@@ -50,5 +53,29 @@ def read_json(path: str) -> Any | None:
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: JSONDecodeError, UnicodeDecodeError, a NUL in the path
         return None
+
+
+def read_json_object(path: str) -> dict[str, Any] | None:
+    """The JSON object at ``path``; None when it is missing, unreadable, not JSON or not an object."""
+    data = read_json(path)
+    return data if isinstance(data, dict) else None
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, passing over lines cut short by a crash; [] if it is missing."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.readlines()
+    except (OSError, ValueError):
+        return []
+    out = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
