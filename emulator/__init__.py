@@ -7,7 +7,3 @@ controller app, host agents) that take their command runner as a parameter.
 """
 
 __version__ = "0.1.0"
-
-#: Every OVS bridge, pid file and temporary file this project creates carries
-#: this prefix, so that ``emu clean`` can find exactly what is ours.
-NAME_PREFIX = "ef"

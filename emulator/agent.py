@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import fcntl
-import json
 import logging
 import queue
 import select
@@ -68,6 +67,7 @@ from typing import Any
 import numpy as np
 
 from emulator import routing, topology
+from emulator.control import AgentChannel, Msg
 from emulator.files import read_json
 from emulator.latency import ZERO, PathLatency
 from emulator.schedule import format as sformat
@@ -489,24 +489,6 @@ class Agent:
 
 
 # ---------------------------------------------------------------- process main
-class Control:
-    """JSON lines over the orchestrator's Unix socket."""
-
-    def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
-        self.reader = self.sock.makefile("r", encoding="utf-8")
-
-    def send(self, **msg: Any) -> None:
-        self.sock.sendall((json.dumps(msg) + "\n").encode())
-
-    def receive(self) -> dict[str, Any]:
-        line = self.reader.readline()
-        if not line:
-            raise AgentError("control connection closed")
-        return json.loads(line)
-
-
 def latency_plan(paths: dict[tuple[int, int], PathLatency]) -> dict[str, Any]:
     """The latency plan file's contents: per sending rank, per receiving rank, the path's latency terms."""
     plan: dict[str, dict[str, Any]] = {}
@@ -541,8 +523,8 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(filename=args.log, level=logging.INFO,
                         format=f"%(asctime)s rank {args.rank} %(levelname)s %(message)s")
-    control = Control(args.control)
-    control.send(type="hello", rank=args.rank)
+    control = AgentChannel(args.control)
+    control.send(Msg.HELLO, rank=args.rank)
     agent = None
     try:
         schedule = sformat.load(args.schedule)
@@ -551,26 +533,26 @@ def main(argv: list[str] | None = None) -> int:
         log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
         agent.connect()
         agent.prepare()
-        control.send(type="ready", rank=args.rank)
+        control.send(Msg.READY, rank=args.rank)
         log.info("ready")
         while True:
             msg = control.receive()
-            if msg["type"] == "quit":
+            if msg["type"] == Msg.QUIT:
                 break
-            if msg["type"] == "go":
+            if msg["type"] == Msg.GO:
                 rep = int(msg["rep"])
                 result = agent.run_once(rep, msg.get("start_at"), msg.get("watch_steps", ()),
-                                        lambda step: control.send(type="step", rank=args.rank, step=step))
+                                        lambda step: control.send(Msg.STEP, rank=args.rank, step=step))
                 log.info("repetition %d done, correct=%s", rep, result["correct"])
                 if not result["correct"]:
                     log.error("wrong result: %s", result["wrong"])
                 agent.prepare()
-                control.send(type="done", rank=args.rank, rep=rep, **result)
+                control.send(Msg.DONE, rank=args.rank, rep=rep, **result)
         return 0
     except BaseException as exc:
         log.error("failed: %s\n%s", exc, traceback.format_exc())
         try:
-            control.send(type="error", rank=args.rank, message=str(exc))
+            control.send(Msg.ERROR, rank=args.rank, message=str(exc))
         except OSError:
             pass
         return 1

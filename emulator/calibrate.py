@@ -52,7 +52,8 @@ from emulator import fidelity, latency_probe, routing, topology
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.files import write_json_atomic
-from emulator.network import EmulatedNetwork, host_intf, shaping_class_command, switch_intf, tc_rates
+from emulator.naming import host_intf, switch_intf
+from emulator.network import EmulatedNetwork, shaping_class_command, tc_rates
 from emulator.system import cpu_times, machine_identity, run
 from emulator.topology import Topology
 

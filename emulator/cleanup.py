@@ -15,8 +15,9 @@ next run starts.
 
 from __future__ import annotations
 
+from emulator.naming import BRIDGE_RE, INTERFACE_RE, NAME_PREFIX
 from emulator.network import links_with_prefix, remove_our_bridges
-from emulator.runstate import BRIDGE_RE, INTERFACE_RE, all_runs, kill_recorded
+from emulator.runstate import all_runs, kill_recorded
 from emulator.system import Runner, run
 
 
@@ -46,7 +47,7 @@ def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = F
     if bridges:
         remove_our_bridges(runner, bridges)
         report.append(f"deleted {len(bridges)} bridges: {' '.join(bridges[:8])}{' ...' if len(bridges) > 8 else ''}")
-    stray = [name for name in links_with_prefix(runner, "ef") if INTERFACE_RE.match(name)]
+    stray = [name for name in links_with_prefix(runner, NAME_PREFIX) if INTERFACE_RE.match(name)]
     for name in stray:
         runner(["ip", "link", "del", name])
     if stray:

@@ -29,12 +29,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 from controllers.core import Settings
-from emulator import NAME_PREFIX
 from emulator.files import read_json_object
+from emulator.naming import NAME_PREFIX
 from emulator.runstate import RunState
+from emulator.waiting import wait_until
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -124,13 +124,15 @@ class ControllerProcess:
         self.state.record_process("controller", self.proc.pid, listen=f"{host}:{port}")
         with open(self.pid_file, "w", encoding="ascii") as fh:
             fh.write(f"{self.proc.pid}\n")
-        deadline = time.monotonic() + timeout
-        while not (listening(host, port) and os.path.exists(self.state_file)):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                tail = self.log_tail()
-                self.stop()
-                raise RuntimeError(f"controller did not start listening on {host}:{port}: {tail}")
-            time.sleep(0.05)
+        proc = self.proc
+
+        def up() -> bool:
+            return proc.poll() is None and listening(host, port) and os.path.exists(self.state_file)
+
+        if not wait_until(lambda: up() or proc.poll() is not None, timeout) or proc.poll() is not None:
+            tail = self.log_tail()
+            self.stop()
+            raise RuntimeError(f"controller did not start listening on {host}:{port}: {tail}")
 
     def status(self) -> dict:
         """The controller's last status (see :meth:`controllers.core.ControllerCore.status`)."""
@@ -144,17 +146,19 @@ class ControllerProcess:
         (right after bring-up some ports may still report down for a moment).
         """
         want = len(self.topo.switches) if switches is None else switches
-        deadline = time.monotonic() + timeout
-        while True:
+        def installed() -> dict | None:
             st = self.status()
             if len(st.get("installed", [])) >= want and not (no_failures and st.get("failed_links")):
                 return st
             if self.proc is None or self.proc.poll() is not None:
                 raise RuntimeError(f"controller exited: {self.log_tail()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(st.get('installed', []))} of {want} switches installed "
-                                   f"after {timeout:g} s: {self.log_tail()}")
-            time.sleep(0.05)
+            return None
+
+        st = wait_until(installed, timeout)
+        if st is None:
+            raise RuntimeError(f"only {len(self.status().get('installed', []))} of {want} switches installed "
+                               f"after {timeout:g} s: {self.log_tail()}")
+        return st
 
     def log_path(self) -> str:
         return self.log_file or (os.path.join(self.state.path, "controller.log") if self.state else "")

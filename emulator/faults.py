@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.errors import FieldError
+from emulator.naming import switch_intf
 from emulator.topology import Topology
 
 ACTIONS = ("link_down", "link_up", "controller_kill", "controller_restart", "agent_kill")
@@ -196,8 +197,6 @@ def parse_faults(specs: Sequence[str | Mapping[str, Any]], topo: Topology, ranks
 
 def link_ends(topo: Topology, a: str, b: str) -> list[str]:
     """Interfaces of link ``a``-``b`` in the root namespace (host ends live in the host's namespace)."""
-    from emulator.network import switch_intf
-
     lk = topo.link_between(a, b)
     if lk is None:
         raise KeyError(f"no link {a}-{b}")

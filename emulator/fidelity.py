@@ -33,6 +33,7 @@ from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.files import read_json
 from emulator.latency import Intrinsic, LatencyModel
+from emulator.naming import host_intf, switch_intf
 from emulator.system import cpu_times, has_netem, machine_identity, run
 from emulator.topology import DEFAULT_MTU, Topology
 
@@ -99,8 +100,6 @@ def parse_link_name(topo: Topology, name: str) -> tuple[str, str]:
 
 def capture_interface(topo: Topology, a: str, b: str) -> str:
     """The root-namespace interface that sees both directions of link a-b (a switch end)."""
-    from emulator.network import switch_intf
-
     link = topo.link_between(a, b)
     assert link is not None
     switch = link.b if link.kind == "host" else link.a
@@ -161,8 +160,6 @@ def parse_tcp_retrans(text: str) -> int:
 
 def snapshot(en: Any, topo: Topology) -> dict[str, Any]:
     """Counters of the live network now (see the module docstring)."""
-    from emulator.network import host_intf
-
     qdiscs = {dev: v for dev, v in parse_tc_json(run(["tc", "-s", "-j", "qdisc", "show"]).stdout).items()
               if dev.startswith("efs")}
     retrans = {}

@@ -29,12 +29,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Sequence
 from typing import IO, Any
 
 from emulator import agent
+from emulator.waiting import wait_until
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -166,11 +166,8 @@ class AgentProcess:
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0.0)
-            time.sleep(0.01)
+        if not wait_until(lambda: self.poll() is not None, timeout, 0.01):
+            raise subprocess.TimeoutExpired(f"agent {self.pid}", timeout or 0.0)
         assert self.returncode is not None
         return self.returncode
 

@@ -32,18 +32,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from emulator import NAME_PREFIX, routing
+from emulator import routing
 from emulator.errors import UserError
+from emulator.naming import NAME_PREFIX, bridge_name, host_intf, switch_intf, switch_of_intf  # noqa: F401 (re-exported)
 from emulator.runstate import RunState, kill_recorded, proc_netns, state_root
 from emulator.system import Runner, choose_datapath, netem_available, require_ovs, require_root, require_tools, run
 from emulator.topology import DEFAULT_MTU, Topology, tcp_goodput_factor  # noqa: F401 (re-exported)
 
 log = logging.getLogger(__name__)
-
-
-def bridge_name(switch: str) -> str:
-    """The OVS bridge (Mininet switch) name of model switch ``switch``."""
-    return f"{NAME_PREFIX}{switch}"
 
 
 def root_interfaces(topo: Topology) -> list[str]:
@@ -83,14 +79,6 @@ def _quiet_htb_quantum(record: logging.LogRecord) -> bool:
     return "quantum of class" not in record.getMessage()
 
 
-def host_intf(host: str) -> str:
-    return f"{NAME_PREFIX}{host}-eth0"
-
-
-def switch_intf(switch: str, port: int) -> str:
-    return f"{bridge_name(switch)}-eth{port}"
-
-
 #: Bytes a switch port queues before it drops (the HTB leaf's pfifo limit is
 #: this in whole frames, at least 16): about 0.7 s at 10 Mbit/s.
 DEFAULT_QUEUE_BYTES = 900_000
@@ -115,8 +103,7 @@ def queue_limits(topo: Topology, mtu: int, queue_packets: int | None = None) -> 
     pcie = queue_packets_for(mtu, PCIE_QUEUE_BYTES)
     limits = {}
     for name in root_interfaces(topo):
-        switch = name[len(NAME_PREFIX):].rsplit("-eth", 1)[0]
-        limits[name] = pcie if topo.is_pcie_switch(switch) else default
+        limits[name] = pcie if topo.is_pcie_switch(switch_of_intf(name)) else default
     return limits
 
 

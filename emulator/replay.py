@@ -32,8 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import select
-import socket
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -42,6 +40,7 @@ from typing import Any
 
 from emulator import fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
+from emulator.control import ControlError, ControlServer, Msg
 from emulator.errors import UserError
 from emulator.faults import Fault, FaultEvent, Injector
 from emulator.files import append_jsonl, write_json_atomic
@@ -53,6 +52,7 @@ from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
 from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.system import run
+from emulator.waiting import wait_until
 
 log = logging.getLogger(__name__)
 
@@ -209,66 +209,6 @@ def nccl_table(schedule: Schedule, reps: list[dict[str, Any]]) -> str:
 
 
 # ------------------------------------------------------------- the live part
-class _Control:
-    """The orchestrator's end of the agents' Unix control socket."""
-
-    def __init__(self, path: str, expected: int):
-        self.path = path
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(path)
-        self.server.listen(expected)
-        self.conns: dict[int, socket.socket] = {}
-        self.buffers: dict[socket.socket, bytes] = {}
-        self.unknown: list[socket.socket] = []
-
-    def close(self) -> None:
-        for conn in [*self.conns.values(), *self.unknown]:
-            conn.close()
-        self.server.close()
-
-    def send_all(self, **msg: Any) -> None:
-        data = (json.dumps(msg) + "\n").encode()
-        for rank, conn in self.conns.items():
-            try:
-                conn.sendall(data)
-            except OSError as exc:
-                raise ReplayFailed(f"rank {rank}: control connection lost ({exc})") from None
-
-    def poll(self, timeout: float) -> list[dict[str, Any]]:
-        """Accept new agents and return the complete messages that arrive within ``timeout``."""
-        socks = [self.server, *self.conns.values(), *self.unknown]
-        readable, _, _ = select.select(socks, [], [], timeout)
-        messages = []
-        for sock in readable:
-            if sock is self.server:
-                conn, _ = self.server.accept()
-                self.unknown.append(conn)
-                continue
-            try:
-                chunk = sock.recv(1 << 20)
-            except ConnectionResetError:  # an agent killed with our messages unread: closed all the same
-                chunk = b""
-            rank = next((r for r, c in self.conns.items() if c is sock), None)
-            if not chunk:
-                if rank is not None:
-                    messages.append({"type": "closed", "rank": rank})
-                    del self.conns[rank]
-                else:
-                    self.unknown.remove(sock)
-                sock.close()
-                continue
-            data = self.buffers.get(sock, b"") + chunk
-            *lines, rest = data.split(b"\n")
-            self.buffers[sock] = rest
-            for line in lines:
-                msg = json.loads(line)
-                if msg.get("type") == "hello" and sock in self.unknown:
-                    self.unknown.remove(sock)
-                    self.conns[int(msg["rank"])] = sock
-                messages.append(msg)
-        return messages
-
-
 def _default_timeout(predicted_s: float) -> float:
     return max(30.0, 5 * predicted_s + 15.0)
 
@@ -447,10 +387,10 @@ class ReplaySession:
         timeout = timeout_s or _default_timeout(report.predicted_time_s)
         stats_offset = self._stats_offset()
         agents: dict[int, Any] = {}
-        control: _Control | None = None
+        control: ControlServer | None = None
         captures: list[Any] = []
         try:
-            control = _Control(os.path.join(en.state.path, "control.sock"), schedule.p)
+            control = ControlServer(os.path.join(en.state.path, "control.sock"), schedule.p)
             for prog in schedule.ranks:
                 host = en.host(prog.host)
                 argv = ["--schedule", sched_path, "--topology", self.topo_path, "--rank", str(prog.rank),
@@ -460,7 +400,7 @@ class ReplaySession:
                 proc = self.launcher.spawn(host.pid, argv, os.path.join(out, "agents", f"rank-{prog.rank}.stderr"))
                 agents[prog.rank] = proc
                 en.state.record_process("agent", proc.pid, rank=prog.rank)
-            _wait_for(control, agents, "ready", set(agents), timeout=60.0)
+            _wait_for(control, agents, Msg.READY, set(agents), timeout=60.0)
             for link in pcap or []:
                 captures.append(fidelity.start_capture(en, topo, link, out))
             for rep in range(warmup + repeat):
@@ -469,12 +409,12 @@ class ReplaySession:
                 start_at = time.monotonic() + START_MARGIN_S
                 mine = [f for f in fault_plan if not warm and f.rep == rep - warmup]
                 injector = Injector(mine, self._fault_actions(agents), start_at) if mine else None
-                control.send_all(type="go", rep=rep, start_at=start_at,
+                _send_all(control, Msg.GO, rep=rep, start_at=start_at,
                                  watch_steps=injector.watch_steps if injector else [])
                 if injector is not None:
                     injector.start()
                 try:
-                    done = _wait_for(control, agents, "done", set(agents), timeout=timeout,
+                    done = _wait_for(control, agents, Msg.DONE, set(agents), timeout=timeout,
                                      on_step=injector.step_started if injector else None)
                 finally:
                     if injector is not None:
@@ -511,7 +451,7 @@ class ReplaySession:
                 if wrong:
                     rank = min(wrong)
                     raise ReplayFailed(f"rank {rank} computed wrong data: {wrong[rank]}")
-            control.send_all(type="quit")
+            _send_all(control, Msg.QUIT)
             _reap(agents, 5.0)
             results["status"] = "ok"
             results["outcome"] = "degraded" if any(f["fired_s"] is not None for f in results["faults"]) else "ok"
@@ -548,14 +488,17 @@ class ReplaySession:
     def _wait_controller(self, ready: Callable[[dict[str, Any]], bool], timeout_s: float = 15.0) -> float | None:
         """Seconds until the controller's status satisfies ``ready`` with every switch confirmed; None if never."""
         t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout_s:
+
+        def confirmed() -> bool | None:
             if self.ctl is None or not self.ctl.running():
-                return None
+                raise _Gone
             st = self.ctl.status()
-            if st and ready(st) and len(st.get("installed", [])) == len(self.topo.switches):
-                return time.monotonic() - t0
-            time.sleep(0.005)
-        return None
+            return st and ready(st) and len(st.get("installed", [])) == len(self.topo.switches)
+
+        try:
+            return time.monotonic() - t0 if wait_until(confirmed, timeout_s, 0.005) else None
+        except _Gone:
+            return None
 
     def _fault_actions(self, agents: dict[int, Any]) -> dict[str, Callable[[Fault], Any]]:
         def link(fault: Fault, up: bool) -> tuple[str, float | None]:
@@ -647,7 +590,18 @@ def _measure_affected(records: list[dict[str, Any]], transfers: list[dict[str, A
             t["time_s"] = durations.get((t["step"], t["src"], t["dst"]))
 
 
-def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[int], *,
+class _Gone(Exception):
+    """The controller stopped while we waited for it."""
+
+
+def _send_all(control: ControlServer, kind: Msg, **fields: Any) -> None:
+    try:
+        control.send_all(kind, **fields)
+    except ControlError as exc:
+        raise ReplayFailed(str(exc)) from None
+
+
+def _wait_for(control: ControlServer, agents: dict[int, Any], kind: Msg, ranks: set[int], *,
               timeout: float, on_step: Callable[[int], None] | None = None) -> dict[int, dict[str, Any]]:
     """Wait for message ``kind`` from every rank; fail naming the rank on error, death or timeout.
 
@@ -659,13 +613,13 @@ def _wait_for(control: _Control, agents: dict[int, Any], kind: str, ranks: set[i
     while set(got) != ranks:
         for msg in control.poll(0.2):
             rank = int(msg.get("rank", -1))
-            if msg["type"] == "error":
+            if msg["type"] == Msg.ERROR:
                 raise ReplayFailed(f"rank {rank} failed: {msg.get('message')}")
-            if msg["type"] == "closed" and rank not in got:
+            if msg["type"] == Msg.CLOSED and rank not in got:
                 raise ReplayFailed(f"rank {rank}: agent exited (status {agents[rank].poll()}) before '{kind}'")
             if msg["type"] == kind:
                 got[rank] = msg
-            elif msg["type"] == "step" and on_step is not None:
+            elif msg["type"] == Msg.STEP and on_step is not None:
                 on_step(int(msg["step"]))
         for rank, proc in agents.items():
             if rank not in got and proc.poll() is not None:

@@ -10,12 +10,12 @@ Every run that builds a network gets a directory ``$EF_RUN_DIR/<run-id>/``
 
 Processes are identified by (pid, start time), so a recycled pid is never
 killed. Bridges and root-namespace interfaces need no record: their names
-carry the project prefix (:data:`emulator.NAME_PREFIX`) and match
-:data:`BRIDGE_RE` / :data:`INTERFACE_RE`.
+carry the project prefix and match the patterns of :mod:`emulator.naming`.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -24,12 +24,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from emulator import NAME_PREFIX
 from emulator.files import append_jsonl, read_json_object, read_jsonl, write_json_atomic
-
-BRIDGE_RE = re.compile(rf"^{NAME_PREFIX}s\d+$")
-INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
-HOST_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}h\d+-eth0$")
+from emulator.naming import HOST_INTERFACE_RE
+from emulator.waiting import wait_until
 
 
 def state_root() -> str:
@@ -140,6 +137,10 @@ def pids_in_netns(inodes: set[int]) -> list[int]:
     return found
 
 
+def _all_gone(pids: list[int]) -> bool:
+    return all(proc_start_time(p) is None for p in pids)
+
+
 def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
     """Kill every process ``state`` recorded, and every process inside a recorded host namespace.
 
@@ -165,7 +166,5 @@ def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and any(proc_start_time(p) is not None for p in live):
-            time.sleep(0.05)
+        wait_until(functools.partial(_all_gone, live), grace_s)
     return sorted(targets)

@@ -11,8 +11,9 @@ import time
 import pytest
 
 from emulator import topology
+from emulator.naming import BRIDGE_RE
 from emulator.network import EmulatedNetwork, host_intf, parse_htb_rates, switch_intf
-from emulator.runstate import BRIDGE_RE, alive, all_runs
+from emulator.runstate import alive, all_runs
 from emulator.system import run
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,9 @@ import pytest
 
 from emulator import experiment as xp
 from emulator import topology
+from emulator.naming import BRIDGE_RE
 from emulator.replay import ReplayConfig, ReplayFailed, replay
-from emulator.runstate import BRIDGE_RE, all_runs
+from emulator.runstate import all_runs
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
 from emulator.system import run

@@ -13,8 +13,9 @@ import time
 import pytest
 
 from emulator import topology
+from emulator.naming import BRIDGE_RE
 from emulator.replay import ReplayConfig, replay
-from emulator.runstate import BRIDGE_RE, all_runs
+from emulator.runstate import all_runs
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
 from emulator.schedule.check import check
