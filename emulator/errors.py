@@ -39,6 +39,27 @@ class FieldError(UserError):
                          f"got {given!r}")
 
 
+def int_field(where: str, name: str, value: object, minimum: int = 0, maximum: int | None = None, *,
+              text: bool = False) -> int:
+    """``value`` as an integer in ``minimum..maximum``, or :class:`FieldError` naming the field.
+
+    Booleans are never integers here. With ``text``, a string of digits (from
+    a ``key=value`` spec or a command line) counts too.
+    """
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif text and isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = None
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        raise FieldError(where, name, expected, value)
+    return number
+
+
 class _Missing:
     def __repr__(self) -> str:
         return "nothing"

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from emulator import fabric, faults, routing, topology
-from emulator.errors import MISSING, FieldError, UserError, printable
+from emulator.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.fabric import FabricProfile
 from emulator.files import read_json_object
 from emulator.latency import LatencyModel
@@ -190,12 +190,6 @@ def _list(where: str, name: str, value: object, *, allow_scalar: bool = False) -
     return value
 
 
-def _int(where: str, name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise FieldError(where, name, f"an integer >= {minimum}", value)
-    return value
-
-
 def _name(where: str, name: str, value: object) -> str:
     if not isinstance(value, str) or not _NAME_RE.match(value):
         raise FieldError(where, name, "a name of letters, digits, '-' and '_' (at most 64)", value)
@@ -212,7 +206,7 @@ def _sizes(where: str, name: str, value: object) -> tuple[int, ...]:
 
 def _seeds(where: str, name: str, value: object) -> tuple[int, ...]:
     items = _list(where, name, value, allow_scalar=True)
-    seeds = tuple(_int(where, f"{name}[{i}]", v, 0) for i, v in enumerate(items))
+    seeds = tuple(int_field(where, f"{name}[{i}]", v, 0) for i, v in enumerate(items))
     if len(set(seeds)) != len(seeds):
         raise FieldError(where, name, "distinct seeds", value)
     return seeds
@@ -262,8 +256,8 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
         raise FieldError(where, "description", "a string", description)
     profile = _fabric(where, top, "", fabric.default())
     link = profile.emulated_link_mbps
-    repeat = _int(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
-    warmup = _int(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
+    repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
+    warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = _seeds(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
     sizes = _sizes(where, "sizes", top["sizes"]) if "sizes" in top else DEFAULT_SIZES
     timeout = top.get("timeout_s")

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.errors import FieldError
+from emulator.errors import FieldError, int_field
 from emulator.naming import switch_intf
 from emulator.topology import Topology
 
@@ -94,19 +94,6 @@ def _exact(seconds: float | None) -> str:
     """``seconds`` short where that reads back exactly (``1.5``), else every digit it needs (``0.001953125``)."""
     short = f"{seconds:g}"
     return short if float(short) == seconds else repr(seconds)
-
-
-def _int(where: str, key: str, raw: object, minimum: int) -> int:
-    expected = f"an integer >= {minimum}"
-    if isinstance(raw, bool):
-        raise FieldError(where, key, expected, raw)
-    try:
-        value = raw if isinstance(raw, int) else int(str(raw).strip())
-    except ValueError:
-        raise FieldError(where, key, expected, raw) from None
-    if value < minimum:
-        raise FieldError(where, key, expected, raw)
-    return value
 
 
 def _seconds(where: str, raw: object) -> float:
@@ -168,16 +155,16 @@ def parse_fault(spec: str | Mapping[str, Any], topo: Topology, ranks: int, steps
             raise FieldError(where, "target", f"a link A-B of {topo.spec} (e.g. {_example_link(topo)})", target)
         target = f"{a.strip()}-{b.strip()}"
     elif kind == "rank":
-        target = str(_int(where, "target", target, 0) if target is not None else "")
+        target = str(int_field(where, "target", target, 0, text=True) if target is not None else "")
         if not target or int(target) >= ranks:
             raise FieldError(where, "target", f"a rank in 0..{ranks - 1}", items.get("target"))
     if ("at" in items) == ("step" in items):
         raise FieldError(where, "when", "exactly one of at (seconds) and step", "both" if "at" in items else "neither")
     at_s = _seconds(where, items["at"]) if "at" in items else None
-    step = _int(where, "step", items["step"], 0) if "step" in items else None
+    step = int_field(where, "step", items["step"], 0, text=True) if "step" in items else None
     if step is not None and step >= steps:
         raise FieldError(where, "step", f"a step in 0..{steps - 1}", step)
-    rep = _int(where, "rep", items.get("rep", 0), 0)
+    rep = int_field(where, "rep", items.get("rep", 0), 0, text=True)
     return Fault(action=action, target=target, at_s=at_s, step=step, rep=rep)
 
 

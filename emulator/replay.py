@@ -41,7 +41,7 @@ from typing import Any
 from emulator import fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
 from emulator.control import ControlError, ControlServer, Msg
-from emulator.errors import UserError
+from emulator.errors import UserError, int_field
 from emulator.faults import Fault, FaultEvent, Injector
 from emulator.files import append_jsonl, write_json_atomic
 from emulator.latency import LatencyModel, PathLatency
@@ -81,8 +81,7 @@ class ReplayConfig:
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise UserError(f"replay: field '{name}': expected an integer >= {low}, got {value!r}")
+            int_field("replay", name, value, low)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UserError(f"replay: field 'timeout': expected seconds > 0, got {self.timeout_s!r}")
 

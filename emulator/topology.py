@@ -80,7 +80,7 @@ from typing import Any
 
 import networkx as nx
 
-from emulator.errors import MISSING, FieldError, UserError
+from emulator.errors import MISSING, FieldError, UserError, int_field
 
 JSON_FORMAT_VERSION = 1
 #: The MTU of networks built without a fabric profile, and that of the
@@ -479,21 +479,6 @@ def _where(spec: object) -> str:
     return f"topology spec {spec!r}" if isinstance(spec, str) else "topology spec"
 
 
-def _parse_int(where: str, key: str, raw: object, minimum: int) -> int:
-    if isinstance(raw, bool):
-        raise FieldError(where, key, f"an integer >= {minimum}", raw)
-    if isinstance(raw, int):
-        value = raw
-    else:
-        try:
-            value = int(str(raw).strip())
-        except ValueError:
-            raise FieldError(where, key, f"an integer >= {minimum}", raw) from None
-    if value < minimum:
-        raise FieldError(where, key, f"an integer >= {minimum}", raw)
-    return value
-
-
 def _parse_rate(where: str, key: str, raw: object) -> float:
     expected = f"a rate in Mbit/s in (0, {MAX_LINK_MBPS:g}] (Mininet ignores more)"
     if isinstance(raw, bool):
@@ -564,7 +549,7 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
     for key, minimum in keys.items():
         if key not in items:
             raise FieldError(where, key, f"an integer >= {minimum} (required for {kind})", MISSING)
-        params[key] = _parse_int(where, key, items[key], minimum)
+        params[key] = int_field(where, key, items[key], minimum, text=True)
     if kind == "fattree" and params["k"] % 2:
         raise FieldError(where, "k", "an even integer >= 2", items["k"])
     bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else (default_mbps or DEFAULT_LINK_MBPS)
@@ -592,12 +577,12 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
 def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapping[str, Any], slots: int,
                    fabric_switches: int) -> dict[str, Any]:
     """The server keys of a spec (see the module docstring), checked against the fabric's ``slots``."""
-    servers = _parse_int(where, "servers", items["servers"], 1)
+    servers = int_field(where, "servers", items["servers"], 1, text=True)
     counts = {}
     for key in ("accels_per_server", "nics_per_server"):
         if key not in items:
             raise FieldError(where, key, "an integer >= 1 (required with servers)", MISSING)
-        counts[key] = _parse_int(where, key, items[key], 1)
+        counts[key] = int_field(where, key, items[key], 1, text=True)
     accels, nics = counts["accels_per_server"], counts["nics_per_server"]
     if nics > accels:
         raise FieldError(where, "nics_per_server", f"an integer in 1..{accels} (at most one NIC per accelerator)",

@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from emulator.errors import FieldError, UserError
+from emulator.errors import FieldError, UserError, int_field
 from emulator.files import write_atomic
 
 FORMAT_NAME = "eflops-emulator-schedule"
@@ -259,14 +259,6 @@ _RANK_KEYS = {"rank", "host", "ops"}
 _OP_KEYS = {"id", "kind", "peer", "chunk", "nchunks", "bytes", "step", "buffer", "src", "src_chunk", "deps"}
 
 
-def _int(where: str, name: str, value: object, minimum: int = 0, maximum: int | None = None) -> int:
-    rng = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
-            maximum is not None and value > maximum):
-        raise FieldError(where, name, rng, value)
-    return value
-
-
 def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: set[str]) -> None:
     for key in data:
         if key not in allowed:
@@ -300,11 +292,11 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     if "size" not in data:
         raise FieldError(where, "size", "a positive size in bytes", "nothing")
     size = parse_size(data["size"], where)
-    chunks = _int(where, "chunks", data.get("chunks", "nothing"), 1, MAX_CHUNKS)
+    chunks = int_field(where, "chunks", data.get("chunks", "nothing"), 1, MAX_CHUNKS)
     chunk_bytes = check_chunking(size, chunks, where, dtype)
     if "chunk_bytes" in data and data["chunk_bytes"] != chunk_bytes:
         raise FieldError(where, "chunk_bytes", f"{chunk_bytes} (size / chunks)", data["chunk_bytes"])
-    scratch = _int(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
+    scratch = int_field(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
     for key in ("topology", "placement"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise FieldError(where, key, "a string", data[key])
@@ -353,7 +345,7 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     if not isinstance(raw, Mapping):
         raise FieldError(where, path, "a mapping with id, kind, chunk, nchunks, bytes, step, deps", raw)
     _reject_unknown(where, f"{path}.", raw, _OP_KEYS)
-    op_id = _int(where, f"{path}.id", raw.get("id", "nothing"))
+    op_id = int_field(where, f"{path}.id", raw.get("id", "nothing"))
     if op_id in steps_by_id:
         raise FieldError(where, f"{path}.id", "an id not used by another op of this rank", op_id)
     kind = raw.get("kind")
@@ -361,7 +353,7 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
         raise FieldError(where, f"{path}.kind", f"one of {', '.join(KINDS)}", kind)
     peer = raw.get("peer")
     if kind in COMM_KINDS:
-        peer = _int(where, f"{path}.peer", raw.get("peer", "nothing"), 0, p - 1)
+        peer = int_field(where, f"{path}.peer", raw.get("peer", "nothing"), 0, p - 1)
         if peer == rank:
             raise FieldError(where, f"{path}.peer", f"a rank other than the op's own ({rank})", peer)
     elif peer is not None:
@@ -369,11 +361,11 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     buffer = raw.get("buffer", "data")
     if buffer not in BUFFERS:
         raise FieldError(where, f"{path}.buffer", "data or scratch", buffer)
-    nchunks = _int(where, f"{path}.nchunks", raw.get("nchunks", 1), 1)
+    nchunks = int_field(where, f"{path}.nchunks", raw.get("nchunks", 1), 1)
     limit = bufsize[buffer]
     if limit == 0:
         raise FieldError(where, f"{path}.buffer", "data (scratch_chunks is 0)", buffer)
-    chunk = _int(where, f"{path}.chunk", raw.get("chunk", "nothing"), 0, limit - 1)
+    chunk = int_field(where, f"{path}.chunk", raw.get("chunk", "nothing"), 0, limit - 1)
     if chunk + nchunks > limit:
         raise FieldError(where, f"{path}.nchunks", f"at most {limit - chunk} (the {buffer} buffer has {limit} "
                          f"chunks, this op starts at chunk {chunk})", nchunks)
@@ -381,7 +373,7 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     if nbytes != nchunks * chunk_bytes or isinstance(nbytes, bool):
         raise FieldError(where, f"{path}.bytes", f"{nchunks * chunk_bytes} (nchunks x chunk_bytes "
                          f"{chunk_bytes})", nbytes)
-    step = _int(where, f"{path}.step", raw.get("step", "nothing"))
+    step = int_field(where, f"{path}.step", raw.get("step", "nothing"))
     src = raw.get("src")
     src_chunk = raw.get("src_chunk")
     if kind in LOCAL_KINDS:
@@ -390,7 +382,7 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
         slimit = bufsize[src]
         if slimit == 0:
             raise FieldError(where, f"{path}.src", "data (scratch_chunks is 0)", src)
-        src_chunk = _int(where, f"{path}.src_chunk", raw.get("src_chunk", "nothing"), 0, slimit - 1)
+        src_chunk = int_field(where, f"{path}.src_chunk", raw.get("src_chunk", "nothing"), 0, slimit - 1)
         if src_chunk + nchunks > slimit:
             raise FieldError(where, f"{path}.src_chunk", f"at most {slimit - nchunks} (nchunks {nchunks} must fit "
                              f"the {src} buffer of {slimit} chunks)", src_chunk)
