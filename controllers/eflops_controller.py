@@ -35,7 +35,7 @@ except ImportError:  # loaded by file path (ryu-manager controllers/eflops_contr
     from controllers import compat
 
 from controllers.core import ControllerCore, Settings, Update
-from emulator.results import write_json_atomic
+from emulator.files import write_json_atomic
 from emulator.routing import ETH_TYPE_ARP, FlowEntry
 
 LOG = logging.getLogger("eflops.controller")
