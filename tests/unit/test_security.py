@@ -24,14 +24,6 @@ def test_controller_listens_on_loopback_unless_told_otherwise():
     assert args.listen.startswith("127.0.0.1:")
 
 
-def _calls(path: str):
-    with open(path, encoding="utf-8") as fh:
-        tree = ast.parse(fh.read(), path)
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call):
-            yield node
-
-
 def _sources():
     for top in ("emulator", "controllers"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
@@ -40,25 +32,49 @@ def _sources():
                     yield os.path.join(dirpath, name)
 
 
-def test_no_shell_strings_built_from_names():
-    """Processes get argument lists; the one place a Mininet shell runs a command quotes it with shlex."""
-    shell_calls = []
+def _calls():
+    """``(path, enclosing function name, call)`` for every call in the project's code."""
     for path in _sources():
-        for call in _calls(path):
-            for kw in call.keywords:
-                if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
-                    shell_calls.append(f"{path}:{call.lineno}")
-            func = call.func
-            if isinstance(func, ast.Attribute) and func.attr == "system" and getattr(func.value, "id", "") == "os":
-                shell_calls.append(f"{path}:{call.lineno}")
-            if isinstance(func, ast.Attribute) and func.attr == "cmd" and path.endswith("network.py"):
-                arg = call.args[0] if call.args else None
-                quoted = (isinstance(arg, ast.BinOp) and isinstance(arg.left, ast.Call)
-                          and getattr(arg.left.func, "attr", "") == "join"
-                          and getattr(arg.left.func.value, "id", "") == "shlex")
-                if not quoted:
-                    shell_calls.append(f"{path}:{call.lineno} (node.cmd without shlex.join)")
-    assert not shell_calls, shell_calls
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        functions = [f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                inside = [f.name for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)]
+                yield os.path.relpath(path, ROOT), (inside[-1] if inside else ""), node
+
+
+def _is_shlex_join(node: ast.expr | None) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "join"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "shlex")
+
+
+#: ``node.cmd`` calls not built with shlex.join yet, each with why it is safe meanwhile.
+CMD_NOT_QUOTED_YET = {
+    ("emulator/latency_probe.py", "_ping"): "its only values are PING_COUNT and a host IP of the topology model",
+}
+
+
+def test_mininet_shell_commands_are_quoted_with_shlex():
+    """A Mininet node's ``cmd`` runs its text in a shell: it must be ``shlex.join(argv)`` (+ a constant suffix).
+
+    Ruff's S602/S604/S605 catch ``shell=True`` and ``os.system`` but cannot know that ``node.cmd`` is a shell;
+    they also judge only a literal ``shell=``, so one that is not a literal is refused here.
+    """
+    shell_not_literal, unquoted = [], set()
+    for path, function, call in _calls():
+        shell_not_literal += [f"{path}:{call.lineno}" for kw in call.keywords
+                              if kw.arg == "shell" and not isinstance(kw.value, ast.Constant)]
+        if not (isinstance(call.func, ast.Attribute) and call.func.attr == "cmd"):
+            continue
+        arg = call.args[0] if len(call.args) == 1 and not call.keywords else None
+        if isinstance(arg, ast.BinOp) and isinstance(arg.op, ast.Add) and isinstance(arg.right, ast.Constant):
+            arg = arg.left  # shlex.join(argv) + "; echo __rc=$?"
+        if not _is_shlex_join(arg):
+            unquoted.add((path, function))
+    assert not shell_not_literal, shell_not_literal
+    assert unquoted - set(CMD_NOT_QUOTED_YET) == set(), "node.cmd without shlex.join"
+    assert set(CMD_NOT_QUOTED_YET) - unquoted == set(), "quoted now: remove it from CMD_NOT_QUOTED_YET"
 
 
 @pytest.mark.parametrize("name", ["s1-s3; rm -rf /", "s1-s3 && true", "$(id)-s1", "s1-s3 x", "../s1-s3"])
