@@ -1,9 +1,11 @@
 """One rank's dependency rules: which operations are ready, in what order they are queued, and from when.
 
-Pure, shared by the host agent (:mod:`emulator.agent`), which runs them on
-sockets, and the timing model (:mod:`emulator.schedule.timing`), which
-simulates them, so both follow one set of rules (``docs/schedule-format.md``,
-execution model):
+Pure, and the one statement of the execution model (``docs/schedule-format.md``)
+for everything that runs a schedule: the host agent (:mod:`emulator.agent`)
+runs it on sockets, the timing model (:mod:`emulator.schedule.timing`)
+simulates it in time, and the symbolic executor
+(:mod:`emulator.schedule.executor`) proves with it that the schedule is an
+allreduce. The rules:
 
 * An operation is ready once each of its dependencies is released. A
   dependency on a receive or a local operation is released when that
@@ -13,15 +15,21 @@ execution model):
   released as soon as it is written (:meth:`Dispatcher.written`): the data
   has left the buffer, but the next send must not share the uplink with its
   tail.
-* Per peer, sends are queued in program order, and receives too: a
-  communication operation is queued once it is ready and every earlier one
-  of its queue is.
+* Per :class:`Channel` (one direction of the connection to one peer), sends
+  are queued in program order, and receives too: a communication operation
+  is queued once it is ready and every earlier one of its channel is. The
+  k-th send queued on a channel is matched with the k-th receive queued on
+  the peer's opposite channel.
 
 Every event carries a time, and every operation handed back carries the time
 it became ready (local) or was queued (communication): the latest time among
 the releases it waited for, not when the caller got round to it. The agents
 schedule their messages from these *virtual* times, so the time an agent
 spends on its own bookkeeping does not add to the emulated fabric's latency.
+The executor's times are its round numbers.
+
+Callers report what happened as events (:class:`Written`, :class:`Completed`,
+given to :meth:`Dispatcher.apply`) or through the methods they stand for.
 """
 
 from __future__ import annotations
@@ -33,6 +41,23 @@ from emulator.schedule.format import SEND, Op, RankProgram
 
 
 @dataclass(frozen=True)
+class Channel:
+    """One direction of a rank's connection to ``peer``: its sends to it (``sends``) or its receives from it."""
+
+    peer: int
+    sends: bool
+
+    @staticmethod
+    def of(op: Op) -> Channel:
+        """The channel a send or receive travels on (for a rank's own operation)."""
+        return Channel(op.partner, op.kind == SEND)
+
+    def opposite(self, rank: int) -> Channel:
+        """The peer's channel that carries the other end of this one's messages, ``rank`` being this side."""
+        return Channel(rank, not self.sends)
+
+
+@dataclass(frozen=True)
 class Ready:
     """An operation handed to the caller: run it (local) or queue it on its peer's channel (send, receive)."""
 
@@ -40,11 +65,32 @@ class Ready:
     at: float
 
 
+@dataclass(frozen=True)
+class Written:
+    """An awaited send's data left its buffer at ``at`` (the acknowledgement comes later)."""
+
+    op_id: int
+    at: float
+
+
+@dataclass(frozen=True)
+class Completed:
+    """An operation ran from ``start`` to ``end``."""
+
+    op_id: int
+    start: float
+    end: float
+
+
+Event = Written | Completed
+
+
 class Dispatcher:
     """The rules above for one rank's program; see the module docstring."""
 
     def __init__(self, program: RankProgram):
         self.ops = {op.id: op for op in program.ops}
+        self._order = {op.id: i for i, op in enumerate(program.ops)}
         sends = {op.id for op in program.ops if op.kind == SEND}
         #: Sends another send of this rank depends on.
         self.awaited = frozenset(d for op in program.ops if op.kind == SEND for d in op.deps if d in sends)
@@ -56,15 +102,12 @@ class Dispatcher:
                 (self._on_written if early else self._on_done)[d].append(op.id)
         self._waiting = {op.id: len(op.deps) for op in program.ops}
         self._ready_at: dict[int, float] = {}
-        self._queues: dict[tuple[bool, int], list[int]] = defaultdict(list)
-        self._queue_of: dict[int, tuple[bool, int]] = {}
+        self._queues: dict[Channel, list[int]] = defaultdict(list)
         for op in program.ops:
             if op.is_comm:
-                key = (op.kind == SEND, op.partner)
-                self._queues[key].append(op.id)
-                self._queue_of[op.id] = key
-        self._next = {key: 0 for key in self._queues}
-        self._last_queued_at = {key: float("-inf") for key in self._queues}
+                self._queues[Channel.of(op)].append(op.id)
+        self._next = dict.fromkeys(self._queues, 0)
+        self._last_queued_at = dict.fromkeys(self._queues, float("-inf"))
         self._ready_comm: set[int] = set()
         self._released_written: set[int] = set()
         self.finished: set[int] = set()
@@ -73,6 +116,23 @@ class Dispatcher:
     def pending(self) -> int:
         """Operations not yet completed."""
         return len(self.ops) - len(self.finished)
+
+    @property
+    def channels(self) -> list[Channel]:
+        """Every channel this rank sends or receives on, in the order its first operation appears."""
+        return list(self._queues)
+
+    def channel_ops(self, channel: Channel) -> list[Op]:
+        """The operations of ``channel``, in program order (none for a channel this rank does not use)."""
+        return [self.ops[i] for i in self._queues.get(channel, ())]
+
+    def head(self, channel: Channel) -> Op | None:
+        """The first operation of ``channel`` not completed yet (None: all are, or there are none)."""
+        return next((self.ops[i] for i in self._queues.get(channel, ()) if i not in self.finished), None)
+
+    def released(self, op_id: int) -> bool:
+        """Whether every dependency of ``op_id`` is released (it is ready, though perhaps not queued yet)."""
+        return self._waiting[op_id] == 0
 
     def start(self, at: float) -> list[Ready]:
         """The operations without dependencies, ready at ``at``."""
@@ -83,6 +143,12 @@ class Dispatcher:
                 self._become_ready(op_id, out)
         return out
 
+    def apply(self, event: Event) -> list[Ready]:
+        """:meth:`written` or :meth:`done`, as ``event`` says."""
+        if isinstance(event, Written):
+            return self.written(event.op_id, event.at)
+        return self.done(event.op_id, event.end)
+
     def written(self, op_id: int, at: float) -> list[Ready]:
         """An awaited send was written at ``at``: release its receive and local dependents."""
         out: list[Ready] = []
@@ -92,10 +158,15 @@ class Dispatcher:
         return out
 
     def done(self, op_id: int, at: float) -> list[Ready]:
-        """``op_id`` completed at ``at``: release what waited for it."""
-        out = self.written(op_id, at)
+        """``op_id`` completed at ``at``: release what waited for it, in program order."""
+        if op_id in self._released_written:
+            dependents = self._on_done[op_id]
+        else:  # never reported written (a send the executor completes at once): everything goes now
+            self._released_written.add(op_id)
+            dependents = sorted(self._on_written[op_id] + self._on_done[op_id], key=self._order.__getitem__)
+        out: list[Ready] = []
         self.finished.add(op_id)
-        self._release(self._on_done[op_id], at, out)
+        self._release(dependents, at, out)
         return out
 
     def _release(self, dependents: list[int], at: float, out: list[Ready]) -> None:
@@ -111,7 +182,7 @@ class Dispatcher:
             out.append(Ready(op, self._ready_at[op_id]))
             return
         self._ready_comm.add(op_id)
-        key = self._queue_of[op_id]
+        key = Channel.of(op)
         ids = self._queues[key]
         while self._next[key] < len(ids) and ids[self._next[key]] in self._ready_comm:
             queued = ids[self._next[key]]

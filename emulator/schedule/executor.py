@@ -27,13 +27,14 @@ there is one).
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 import networkx as nx
 
 from emulator.schedule.deps import hazard_errors
-from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
+from emulator.schedule.dispatch import Channel, Dispatcher, Ready
+from emulator.schedule.format import COPY, RECV, RECV_REDUCE, SEND, Op, Schedule
 
 EMPTY = -1
 MIXED = -2
@@ -147,124 +148,145 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
     errors: list[str] = []
     for prog in schedule.ranks:
         errors += hazard_errors(prog, max_errors)
-    p = schedule.p
-    ops = [prog.ops for prog in schedule.ranks]
-    index = [{op.id: i for i, op in enumerate(r_ops)} for r_ops in ops]
-    waiting = [[len(op.deps) for op in r_ops] for r_ops in ops]
-    dependents: list[list[list[int]]] = [[[] for _ in r_ops] for r_ops in ops]
-    for r in range(p):
-        for i, op in enumerate(ops[r]):
-            for d in op.deps:
-                dependents[r][index[r][d]].append(i)
-    # Channel queues: (src, dst) -> list indices of sends at src / receives at dst, in list order.
-    sends: dict[tuple[int, int], list[int]] = {}
-    recvs: dict[tuple[int, int], list[int]] = {}
-    for r in range(p):
-        for i, op in enumerate(ops[r]):
-            if op.kind == SEND:
-                sends.setdefault((r, op.peer), []).append(i)  # type: ignore[arg-type]
-            elif op.kind in (RECV, RECV_REDUCE):
-                recvs.setdefault((op.peer, r), []).append(i)  # type: ignore[arg-type]
-    for ch in sorted(set(sends) | set(recvs)):
-        ns, nr = len(sends.get(ch, [])), len(recvs.get(ch, []))
-        if ns != nr:
-            errors.append(f"rank {ch[0]} sends {ns} messages to rank {ch[1]} but rank {ch[1]} receives {nr} "
-                          f"from rank {ch[0]}")
-    head_send = dict.fromkeys(sends, 0)
-    head_recv = dict.fromkeys(recvs, 0)
-    done = [[False] * len(r_ops) for r_ops in ops]
-    ready = [[False] * len(r_ops) for r_ops in ops]
-    remaining = sum(len(r_ops) for r_ops in ops)
-    state = _State(schedule)
-    completed_round: dict[tuple[int, int], int] = {}
-    matches: list[tuple[int, int, int, int]] = []
-    local: deque[tuple[int, int]] = deque()
-    ready_sends: set[tuple[int, int]] = set()
-
-    def make_ready(r: int, i: int) -> None:
-        ready[r][i] = True
-        op = ops[r][i]
-        if op.kind in (REDUCE, COPY):
-            local.append((r, i))
-        elif op.kind == SEND:
-            ready_sends.add((r, i))
-
-    def complete(r: int, i: int, rnd: int) -> None:
-        nonlocal remaining
-        done[r][i] = True
-        remaining -= 1
-        completed_round[(r, ops[r][i].id)] = rnd
-        for j in dependents[r][i]:
-            waiting[r][j] -= 1
-            if waiting[r][j] == 0:
-                make_ready(r, j)
-
-    def note(msg: str) -> None:
-        if len(errors) < max_errors * 3:
-            errors.append(msg)
-
-    for r in range(p):
-        for i in range(len(ops[r])):
-            if waiting[r][i] == 0:
-                make_ready(r, i)
-
-    rnd = 0
-    while True:
-        while local:
-            r, i = local.popleft()
-            op = ops[r][i]
-            labels, counts = state.read(r, op.src, op.src_chunk, op.nchunks)  # type: ignore[arg-type]
-            if op.kind == COPY:
-                state.write(r, op.buffer, op.chunk, labels, counts)
-            else:
-                for c in state.accumulate(r, op.buffer, op.chunk, labels, counts):
-                    note(f"rank {r}: {op.describe()} adds {_label_name(labels[c - op.chunk])} into chunk {c}, "
-                         "which holds another chunk's data")
-            complete(r, i, rnd)
-        pairs = []
-        for r, i in sorted(ready_sends):
-            op = ops[r][i]
-            ch = (r, op.partner)
-            if sends[ch][head_send[ch]] != i or ch not in recvs or head_recv[ch] >= len(recvs[ch]):
-                continue
-            j = recvs[ch][head_recv[ch]]
-            if ready[op.partner][j]:
-                pairs.append((r, i, op.partner, j))
-        if not pairs:
-            break
-        payloads = []
-        for r, i, q, j in pairs:
-            s_op, r_op = ops[r][i], ops[q][j]
-            if s_op.nchunks != r_op.nchunks or s_op.step != r_op.step:
-                note(f"rank {r} {s_op.describe()} is matched with rank {q} {r_op.describe()} but they differ in "
-                     f"{'size' if s_op.nchunks != r_op.nchunks else 'step'}")
-            n = min(s_op.nchunks, r_op.nchunks)
-            payloads.append(state.read(r, s_op.buffer, s_op.chunk, n))
-        for (r, i, q, j), (labels, counts) in zip(pairs, payloads, strict=True):
-            r_op = ops[q][j]
-            if r_op.kind == RECV:
-                state.write(q, r_op.buffer, r_op.chunk, labels, counts)
-            else:
-                for c in state.accumulate(q, r_op.buffer, r_op.chunk, labels, counts):
-                    note(f"rank {q}: {r_op.describe()} adds {_label_name(labels[c - r_op.chunk])} into chunk "
-                         f"{c}, which holds another chunk's data")
-            ready_sends.discard((r, i))
-            ch = (r, q)
-            head_send[ch] += 1
-            head_recv[ch] += 1
-            matches.append((r, ops[r][i].id, q, r_op.id))
-            complete(r, i, rnd)
-            complete(q, j, rnd)
-        rnd += 1
-
+    errors += _channel_count_errors(schedule)
+    run = _Run(schedule, errors, max_errors)
+    run.run()
     deadlock = None
-    if remaining:
-        deadlock = _deadlock(ops, done, ready, sends, recvs, head_send, head_recv, index)
+    if run.remaining:
+        deadlock = _deadlock(run)
         errors.append(deadlock.summary())
     else:
-        errors += _final_errors(state, schedule, max_errors)
-    return Execution(valid=not errors, errors=errors, deadlock=deadlock, rounds=rnd,
-                     completed_round=completed_round, matches=matches)
+        errors += _final_errors(run.state, schedule, max_errors)
+    return Execution(valid=not errors, errors=errors, deadlock=deadlock, rounds=run.rounds,
+                     completed_round=run.completed_round, matches=run.matches)
+
+
+def _channel_count_errors(schedule: Schedule) -> list[str]:
+    """One error per ordered pair of ranks whose sends and receives do not pair up."""
+    sends: dict[tuple[int, int], int] = {}
+    recvs: dict[tuple[int, int], int] = {}
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind == SEND:
+                sends[(prog.rank, op.partner)] = sends.get((prog.rank, op.partner), 0) + 1
+            elif op.kind in (RECV, RECV_REDUCE):
+                recvs[(op.partner, prog.rank)] = recvs.get((op.partner, prog.rank), 0) + 1
+    errors = []
+    for src, dst in sorted(set(sends) | set(recvs)):
+        ns, nr = sends.get((src, dst), 0), recvs.get((src, dst), 0)
+        if ns != nr:
+            errors.append(f"rank {src} sends {ns} messages to rank {dst} but rank {dst} receives {nr} "
+                          f"from rank {src}")
+    return errors
+
+
+@dataclass(frozen=True)
+class _Transfer:
+    """A send and the receive it is matched with, both queued at the heads of their channels."""
+
+    src: int
+    send: Op
+    dst: int
+    recv: Op
+
+
+class _Run:
+    """One symbolic execution: every rank's :class:`~emulator.schedule.dispatch.Dispatcher` decides what may
+    run, this class runs it on the labels and count vectors (:class:`_State`), round by round."""
+
+    def __init__(self, schedule: Schedule, errors: list[str], max_errors: int):
+        self.p = schedule.p
+        self.errors = errors
+        self.max_errors = max_errors
+        self.programs = schedule.ranks
+        self.index = [{op.id: i for i, op in enumerate(prog.ops)} for prog in schedule.ranks]
+        self.dispatch = [Dispatcher(prog) for prog in schedule.ranks]
+        self.state = _State(schedule)
+        self.local: deque[tuple[int, Op]] = deque()  # (rank, op): ready local work, in the order it became so
+        #: per rank and channel, the queued communication not matched yet (the first is the channel's head)
+        self.queued: list[dict[Channel, deque[Op]]] = [defaultdict(deque) for _ in range(self.p)]
+        self.rounds = 0
+        self.completed_round: dict[tuple[int, int], int] = {}
+        self.matches: list[tuple[int, int, int, int]] = []
+
+    @property
+    def remaining(self) -> int:
+        return sum(d.pending for d in self.dispatch)
+
+    def run(self) -> None:
+        """Rounds until nothing can be matched any more: all possible local work, then every ready pair."""
+        for r in range(self.p):
+            self._hand(r, self.dispatch[r].start(0.0))
+        while True:
+            self._run_local()
+            transfers = self._matched()
+            if not transfers:
+                return
+            self._transfer(transfers)
+            self.rounds += 1
+
+    def _hand(self, rank: int, ready: list[Ready]) -> None:
+        for r in ready:
+            if r.op.is_comm:
+                self.queued[rank][Channel.of(r.op)].append(r.op)
+            else:
+                self.local.append((rank, r.op))
+
+    def _complete(self, rank: int, op: Op) -> None:
+        self.completed_round[(rank, op.id)] = self.rounds
+        self._hand(rank, self.dispatch[rank].done(op.id, float(self.rounds)))
+
+    def _note(self, msg: str) -> None:
+        if len(self.errors) < self.max_errors * 3:
+            self.errors.append(msg)
+
+    def _accumulate(self, rank: int, op: Op, labels: list[int], counts: list[int]) -> None:
+        for c in self.state.accumulate(rank, op.buffer, op.chunk, labels, counts):
+            self._note(f"rank {rank}: {op.describe()} adds {_label_name(labels[c - op.chunk])} into chunk {c}, "
+                       "which holds another chunk's data")
+
+    def _run_local(self) -> None:
+        while self.local:
+            r, op = self.local.popleft()
+            labels, counts = self.state.read(r, *op.source, op.nchunks)
+            if op.kind == COPY:
+                self.state.write(r, op.buffer, op.chunk, labels, counts)
+            else:
+                self._accumulate(r, op, labels, counts)
+            self._complete(r, op)
+
+    def _matched(self) -> list[_Transfer]:
+        """Every send at the head of its channel whose receive is at the head of the peer's, by rank and
+        program order."""
+        heads = [(self.index[r][q[0].id], r, q[0]) for r in range(self.p) for ch, q in self.queued[r].items()
+                 if ch.sends and q]
+        out = []
+        for _, r, send in sorted(heads, key=lambda h: (h[1], h[0])):
+            peer = send.partner
+            theirs = self.queued[peer].get(Channel(r, False)) if 0 <= peer < self.p else None
+            if theirs:
+                out.append(_Transfer(r, send, peer, theirs[0]))
+        return out
+
+    def _transfer(self, transfers: list[_Transfer]) -> None:
+        """Every matched pair at once: all payloads are read before any is delivered."""
+        payloads = []
+        for t in transfers:
+            if t.send.nchunks != t.recv.nchunks or t.send.step != t.recv.step:
+                self._note(f"rank {t.src} {t.send.describe()} is matched with rank {t.dst} {t.recv.describe()} "
+                           f"but they differ in {'size' if t.send.nchunks != t.recv.nchunks else 'step'}")
+            n = min(t.send.nchunks, t.recv.nchunks)
+            payloads.append(self.state.read(t.src, t.send.buffer, t.send.chunk, n))
+        for t, (labels, counts) in zip(transfers, payloads, strict=True):
+            if t.recv.kind == RECV:
+                self.state.write(t.dst, t.recv.buffer, t.recv.chunk, labels, counts)
+            else:
+                self._accumulate(t.dst, t.recv, labels, counts)
+            self.queued[t.src][Channel.of(t.send)].popleft()
+            self.queued[t.dst][Channel.of(t.recv)].popleft()
+            self.matches.append((t.src, t.send.id, t.dst, t.recv.id))
+            self._complete(t.src, t.send)
+            self._complete(t.dst, t.recv)
 
 
 def _final_errors(state: _State, schedule: Schedule, limit: int) -> list[str]:
@@ -295,63 +317,61 @@ def _short(values: list[int]) -> str:
     return str(vals) if len(vals) <= 8 else f"[{', '.join(map(str, vals[:8]))}, ...] ({len(vals)} in all)"
 
 
-def _deadlock(ops: list[tuple[Op, ...]], done: list[list[bool]], ready: list[list[bool]],
-              sends: dict, recvs: dict, head_send: dict, head_recv: dict, index: list[dict[int, int]]) -> Deadlock:
+def _deadlock(run: _Run) -> Deadlock:
     """Describe the stuck ops: the ready-but-unmatched ones, and a wait-for cycle among them if any."""
     blocked: list[BlockedOp] = []
-    graph = nx.DiGraph()
-    frontier: dict[int, list[int]] = {}
-    for r, r_ops in enumerate(ops):
-        frontier[r] = [i for i, op in enumerate(r_ops) if ready[r][i] and not done[r][i]]
-
-    def stuck_ancestors(q: int, j: int) -> list[int]:
-        """Frontier ops of rank q that op j (not ready) transitively waits for."""
-        seen, stack, out = set(), [j], []
-        while stack:
-            k = stack.pop()
-            for d in ops[q][k].deps:
-                m = index[q][d]
-                if m in seen or done[q][m]:
-                    continue
-                seen.add(m)
-                if ready[q][m]:
-                    out.append(m)
-                else:
-                    stack.append(m)
-        return out
-
-    for r, idxs in frontier.items():
-        for i in idxs:
-            op = ops[r][i]
-            q = op.peer
-            ch = (r, q) if op.kind == SEND else (q, r)
-            mine, theirs = (sends, recvs) if op.kind == SEND else (recvs, sends)
-            head_mine = (head_send if op.kind == SEND else head_recv)[ch]
-            graph.add_node((r, i))
-            if mine[ch][head_mine] != i:
-                k = mine[ch][head_mine]
-                why = f"waits behind op {ops[r][k].id} on the same channel"
-                graph.add_edge((r, i), (r, k))
-            else:
-                head_theirs = (head_recv if op.kind == SEND else head_send).get(ch, 0)
-                if ch not in theirs or head_theirs >= len(theirs[ch]):
-                    what = "receive" if op.kind == SEND else "send"
-                    why = f"waits for a matching {what} that rank {q} never posts"
-                else:
-                    j = theirs[ch][head_theirs]
-                    other = ops[q][j]  # type: ignore[index]
-                    holders = stuck_ancestors(q, j)  # type: ignore[arg-type]
-                    held = ", ".join(str(ops[q][m].id) for m in holders) or "nothing ready"  # type: ignore[index]
-                    why = f"waits for rank {q} {other.describe()}, itself waiting for its op(s) {held}"
-                    for m in holders:
-                        graph.add_edge((r, i), (q, m))
-            blocked.append(BlockedOp(r, op.id, op.describe(), why))
+    graph = nx.DiGraph()  # nodes: (rank, list index)
+    for r, prog in enumerate(run.programs):
+        d = run.dispatch[r]
+        for i, op in enumerate(prog.ops):
+            if d.released(op.id) and op.id not in d.finished:
+                graph.add_node((r, i))
+                blocked.append(BlockedOp(r, op.id, op.describe(), _why_blocked(run, r, op, graph)))
     cycle: list[tuple[int, int]] = []
     try:
         edges = nx.find_cycle(graph)
-        cycle = [(r, ops[r][i].id) for (r, i), _ in edges]
+        cycle = [(r, run.programs[r].ops[i].id) for (r, i), _ in edges]
     except nx.NetworkXNoCycle:
         pass
-    ranks = sorted({b.rank for b in blocked} | {r for r, r_ops in enumerate(ops)
-                                                if not all(done[r])})
+    ranks = sorted({b.rank for b in blocked} | {r for r, d in enumerate(run.dispatch) if d.pending})
     return Deadlock(ranks=ranks, blocked=blocked, cycle=cycle)
+
+
+def _why_blocked(run: _Run, r: int, op: Op, graph: nx.DiGraph) -> str:
+    """What ready op ``op`` of rank ``r`` waits for; adds its wait-for edges to ``graph``."""
+    me = (r, run.index[r][op.id])
+    channel = Channel.of(op)
+    head = run.dispatch[r].head(channel)
+    assert head is not None  # op itself is not completed
+    if head.id != op.id:
+        graph.add_edge(me, (r, run.index[r][head.id]))
+        return f"waits behind op {head.id} on the same channel"
+    q = op.partner
+    other = run.dispatch[q].head(channel.opposite(r))
+    if other is None:
+        what = "receive" if op.kind == SEND else "send"
+        return f"waits for a matching {what} that rank {q} never posts"
+    holders = _stuck_ancestors(run, q, other)
+    held = ", ".join(str(run.programs[q].ops[m].id) for m in holders) or "nothing ready"
+    for m in holders:
+        graph.add_edge(me, (q, m))
+    return f"waits for rank {q} {other.describe()}, itself waiting for its op(s) {held}"
+
+
+def _stuck_ancestors(run: _Run, q: int, op: Op) -> list[int]:
+    """List indices of the ready, unfinished ops of rank ``q`` that ``op`` (not ready) transitively waits for."""
+    d, ops, index = run.dispatch[q], run.programs[q].ops, run.index[q]
+    seen: set[int] = set()
+    stack, out = [index[op.id]], []
+    while stack:
+        k = stack.pop()
+        for dep in ops[k].deps:
+            m = index[dep]
+            if m in seen or dep in d.finished:
+                continue
+            seen.add(m)
+            if d.released(dep):
+                out.append(m)
+            else:
+                stack.append(m)
+    return out
