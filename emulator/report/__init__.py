@@ -40,8 +40,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator import answers, fabric, paper_scale, stats, topology
+from emulator import fabric, paper_scale, stats, topology
 from emulator.files import read_json, read_jsonl, write_atomic, write_json_atomic
+from emulator.report import answers
 from emulator.schedule.format import format_size
 
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
