@@ -44,15 +44,24 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from emulator import fabric, fidelity, topology
+from emulator.calibrate import ensure_calibration, machine_info, measure_agents_vs_iperf
+from emulator.cleanup import remove_our_bridges
 from emulator.errors import UserError
 from emulator.files import write_json_atomic
 from emulator.latency import LatencyModel
+from emulator.naming import bridge_name, host_intf, switch_intf
+from emulator.network import EmulatedNetwork
+from emulator.network_lock import NetworkLock
+from emulator.replay import ReplayFailed, ReplaySession
+from emulator.runstate import RunState, kill_recorded, proc_netns
 from emulator.schedule import generators
 from emulator.schedule.check import check
 from emulator.schedule.format import format_size
+from emulator.system import choose_datapath, load_average, run
 
 TARGET_AGENT = 0.97
 TARGET_HDRM = 0.90
@@ -317,16 +326,11 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> dict[str, f
     killed run leaves); no controller, no MTU, sysctl, ARP or flow set-up.
     Holds the machine-wide network lock; host shells are recorded in a run state.
     """
-    from functools import partial
-
+    # Mininet is imported here, not at the top: it is slow to import and only a bring-up needs it.
     from mininet.link import TCLink
     from mininet.log import setLogLevel
     from mininet.net import Mininet
     from mininet.node import OVSSwitch
-
-    from emulator.network import NetworkLock, bridge_name, host_intf, remove_our_bridges, switch_intf
-    from emulator.runstate import RunState, kill_recorded, proc_netns
-    from emulator.system import run
 
     setLogLevel(os.environ.get("EF_MININET_LOG", "error"))
     with NetworkLock():
@@ -370,8 +374,6 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> dict[str, f
 
 def our_bringup(topo: topology.Topology, datapath: str, mtu: int) -> dict[str, Any]:
     """:class:`EmulatedNetwork` start (static routes) and stop; start excludes the lock wait."""
-    from emulator.network import EmulatedNetwork
-
     en = EmulatedNetwork(topo, routing="bigraph" if topo.kind == "bigraph" else "shortest", datapath=datapath,
                          label="bench-bringup", mtu=mtu)
     en.start()
@@ -422,8 +424,6 @@ def measured_crossover(c: Crossover, rows: list[dict[str, Any]]) -> dict[str, An
 def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath: str, latency: LatencyModel,
              echo: Callable[[str], None]) -> list[dict[str, Any]]:
     """Replay every algorithm of ``case`` at every size in one session; a failed replay becomes a failed row."""
-    from emulator.replay import ReplayFailed, ReplaySession
-
     topo = topology.build(with_bw(case.topology, bw))
     rows = []
     slug = f"{topo.kind}-{case.routing}-{case.seed}"
@@ -449,8 +449,6 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
           cases: tuple[Case, ...] = DEFAULT_CASES, crossovers: tuple[Crossover, ...] = CROSSOVERS,
           bringup_topology: str = BRINGUP_TOPOLOGY, echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""
-    from emulator.calibrate import _loadavg, ensure_calibration, machine_info, measure_agents_vs_iperf
-
     t0 = time.monotonic()
     profile = bench_profile(fabric_spec, bw)
     link_mbps, mtu = profile.emulated_link_mbps, profile.emulated_mtu
@@ -481,7 +479,7 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
     echo("agents vs iperf3 on one link:")
     try:
         data["agents"] = measure_agents_vs_iperf(link_mbps, seconds=4.0, repeat=3, datapath=datapath, mtu=mtu)
-        data["machine"]["datapath"] = _datapath_used(datapath)
+        data["machine"]["datapath"] = choose_datapath(datapath)
         echo(f"  {data['agents']['agent_mbps']:.2f} vs {data['agents']['iperf3_mbps']:.2f} Mbit/s per direction")
     except Exception as exc:  # a benchmark reports and goes on
         data["agents"] = {"error": f"{type(exc).__name__}: {exc}"}
@@ -515,12 +513,7 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
     except Exception as exc:
         data["bringup"] = {"error": f"{type(exc).__name__}: {exc}"}
         echo(f"  failed: {exc}")
-    data["machine"]["loadavg_after"] = _loadavg()
+    data["machine"]["loadavg_after"] = load_average()
     save()
     return data
 
-
-def _datapath_used(requested: str) -> str:
-    from emulator.system import choose_datapath
-
-    return choose_datapath(requested)

@@ -18,7 +18,7 @@ which replay's fidelity check and the timing model read:
    fabric with 3-switch paths inside it.
 2. **one link** -- ``star:hosts=2``, static routes, one iperf3 TCP flow:
    goodput / configured rate, and against the model's
-   :func:`emulator.network.tcp_goodput_factor`.
+   :func:`emulator.topology.tcp_goodput_factor`.
 3. **agents vs iperf3** -- on the same kind of link, a 2-rank ring allreduce
    replayed by the host agents (both directions at once; per-direction
    goodput = busbw) against ``iperf3 --bidir``'s per-direction goodput.
@@ -48,13 +48,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import psutil
+
 from emulator import fidelity, latency_probe, routing, topology
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.files import write_json_atomic
 from emulator.naming import host_intf, switch_intf
-from emulator.network import EmulatedNetwork, shaping_class_command, tc_rates
-from emulator.system import cpu_times, machine_identity, run
+from emulator.network import EmulatedNetwork
+from emulator.ovs_sockets import OVS_PIDFILE
+from emulator.replay import ReplaySession
+from emulator.schedule import generators
+from emulator.system import cpu_times, load_average, machine_identity, run
+from emulator.tc import class_show_command, parse_htb_rates, shaping_class_command
 from emulator.topology import Topology
 
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
@@ -212,7 +218,7 @@ def flow_paths(topo: Topology, policy: str, pairs: Sequence[tuple[str, str]], se
 
 
 def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]) -> list[list[str]]:
-    """``tc`` commands setting every link's shaping class (:func:`emulator.network.shaping_class_command`) to ``rate_mbps``.
+    """``tc`` commands setting every link's shaping class (:func:`emulator.tc.shaping_class_command`) to ``rate_mbps``.
 
     Host ends run inside the host's namespace (``mnexec -a PID``).
     """
@@ -230,26 +236,21 @@ def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]
 def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
     """The machine a calibration describes: :func:`emulator.system.machine_identity` and the conditions."""
     return {**machine_identity(), "datapath": datapath, "mtu": mtu,
-            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"), "loadavg_before": _loadavg()}
-
-
-def _loadavg() -> list[float]:
-    try:
-        return [float(x) for x in open("/proc/loadavg", encoding="ascii").read().split()[:3]]
-    except OSError:
-        return []
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "loadavg_before": load_average()}
 
 
 # ------------------------------------------------------------- the live part
 def vswitchd_cpu_seconds() -> float | None:
     """User+system CPU seconds of ovs-vswitchd so far, or None when it cannot be read."""
-    for pidfile in ("/var/run/openvswitch/ovs-vswitchd.pid", "/run/openvswitch/ovs-vswitchd.pid"):
+    for pidfile in (OVS_PIDFILE, "/run/openvswitch/ovs-vswitchd.pid"):
         try:
-            pid = int(open(pidfile, encoding="ascii").read().strip())
-            fields = open(f"/proc/{pid}/stat", encoding="ascii").read().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, ValueError, IndexError):
+            with open(pidfile, encoding="ascii") as fh:
+                pid = int(fh.read().strip())
+            times = psutil.Process(pid).cpu_times()
+        except (OSError, ValueError, psutil.Error):
             continue
+        return times.user + times.system
     return None
 
 
@@ -324,7 +325,7 @@ def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
         if res.returncode != 0:
             raise RuntimeError(f"`{' '.join(cmd)}` failed: {res.stderr.strip()[:200]}")
     h = topo.hosts[0].name
-    got = tc_rates(run, host_intf(h), pids[h])
+    got = parse_htb_rates(run(class_show_command(host_intf(h), pids[h])).stdout)
     if not got or abs(got[0] - rate_mbps) > 0.01 * rate_mbps:
         raise RuntimeError(f"reshape to {rate_mbps:g} Mbit/s: {host_intf(h)} reads back {got}")
 
@@ -413,9 +414,6 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
     Per direction, the agents' goodput is the allreduce's busbw (each rank sends
     ``size`` bytes in ``time_s``); iperf3's is the mean of its two directions.
     """
-    from emulator.replay import ReplaySession
-    from emulator.schedule import generators
-
     topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
     size = agent_size_bytes(bw_mbps, seconds)
     schedule = generators.generate("ring", topo, size)
@@ -470,7 +468,7 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
         measurements.update(one_link=one, agents_vs_iperf3=agents)
         data.update(one_link_ratio=one["ratio"], agent_over_iperf3=agents["ratio"])
     data["latency"] = latency_probe.measure(latency_mbps or bw, mtu, datapath, echo=echo)
-    data["machine"] = {**info, "loadavg_after": _loadavg()}
+    data["machine"] = {**info, "loadavg_after": load_average()}
     data["duration_s"] = time.monotonic() - t0
     if write:
         write_json_atomic(fidelity.calibration_path(mtu), data)

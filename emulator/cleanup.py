@@ -10,15 +10,49 @@ cleanup, and never killing processes by name pattern.
 Every network bring-up calls :func:`clean` with ``network_lock_held``: it
 holds the machine-wide network lock, so no live network can own a bridge of
 our pattern, and what a killed run (even SIGKILL) left is removed before the
-next run starts.
+next run starts. :class:`emulator.network.EmulatedNetwork` also tears its
+own bridges down with :func:`remove_our_bridges`.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+
 from emulator.naming import BRIDGE_RE, INTERFACE_RE, NAME_PREFIX
-from emulator.network import links_with_prefix, remove_our_bridges
 from emulator.runstate import all_runs, kill_recorded
 from emulator.system import Runner, run
+
+
+def interface_names(ip_link_json: str) -> list[str]:
+    """The interface names in ``ip -j link show`` output (a veth's peer is a separate field, not part of its name).
+
+    Output that is not a JSON list (``ip`` failed) has none.
+    """
+    try:
+        links = json.loads(ip_link_json)
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(links, list):
+        return []
+    return [link["ifname"] for link in links if isinstance(link, dict) and isinstance(link.get("ifname"), str)]
+
+
+def links_with_prefix(runner: Runner, prefix: str) -> list[str]:
+    """The root namespace's interfaces whose names start with ``prefix``."""
+    return [name for name in interface_names(runner(["ip", "-j", "link", "show"]).stdout) if name.startswith(prefix)]
+
+
+def remove_our_bridges(runner: Runner, names: Sequence[str]) -> None:
+    """Delete the named bridges (ours) and the root-namespace veths that carried their ports."""
+    if names:
+        cmd = ["ovs-vsctl", "--timeout=20"]
+        for name in names:
+            cmd += ["--", "--if-exists", "del-br", name]
+        runner(cmd)
+    for name in names:
+        for intf in links_with_prefix(runner, f"{name}-eth"):
+            runner(["ip", "link", "del", intf])
 
 
 def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:

@@ -117,7 +117,7 @@ class PathLatency:
     def unshaped_s(self, nbytes: int) -> float:
         """The serialisation the emulated links do not charge a message: every link releases a packet at the
         start of its time slot, not at its end, so the last packet (and the shaper's burst) reaches the
-        receiver this much before it would on a real link of the same rate (:data:`emulator.network.SHAPER_BURST_BYTES`)."""
+        receiver this much before it would on a real link of the same rate (:data:`emulator.tc.SHAPER_BURST_BYTES`)."""
         if not self.mss:
             return 0.0
         return (last_segment_bytes(nbytes, self.mss) + self.burst_bytes) * self.byte_s

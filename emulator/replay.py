@@ -46,12 +46,12 @@ from emulator.faults import Fault, FaultEvent, Injector
 from emulator.files import append_jsonl, write_json_atomic
 from emulator.latency import LatencyModel, PathLatency
 from emulator.launcher import AgentLauncher
-from emulator.network import SHAPER_BURST_BYTES
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
 from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.system import run
+from emulator.tc import SHAPER_BURST_BYTES
 from emulator.waiting import wait_until
 
 log = logging.getLogger(__name__)

@@ -10,10 +10,14 @@ from __future__ import annotations
 import os
 import platform
 import shlex
+import shutil
+import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from emulator.errors import UserError
 
@@ -115,8 +119,7 @@ def require_ovs(runner: Runner = run) -> str:
 
 
 def require_tools(names: Sequence[str], which: Callable[[str], str | None] | None = None) -> None:
-    import shutil
-
+    """Raise :class:`UserError` naming every program of ``names`` not on the PATH (``which`` finds them)."""
     find = which or shutil.which
     missing = [n for n in names if find(n) is None]
     if missing:
@@ -124,16 +127,25 @@ def require_tools(names: Sequence[str], which: Callable[[str], str | None] | Non
 
 
 def cpu_times() -> tuple[float, float]:
-    """(idle, total) jiffies summed over all CPUs, from /proc/stat."""
-    with open("/proc/stat", encoding="ascii") as fh:
-        fields = [float(x) for x in fh.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)
-    return idle, sum(fields)
+    """(idle, total) CPU seconds summed over all CPUs since boot; idle counts I/O wait too.
+
+    Only differences of two readings mean anything: their ratio is the idle
+    share of the time in between.
+    """
+    times = psutil.cpu_times()
+    return times.idle + getattr(times, "iowait", 0.0), float(sum(times))
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages to two decimals, as ``/proc/loadavg`` shows them ([] where unknown)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
 
 
 def interrupt_on_sigterm() -> None:
     """Make SIGTERM raise KeyboardInterrupt, so a terminated command tears down as Ctrl-C does."""
-    import signal
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

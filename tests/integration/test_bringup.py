@@ -11,10 +11,11 @@ import time
 import pytest
 
 from emulator import topology
-from emulator.naming import BRIDGE_RE
-from emulator.network import EmulatedNetwork, host_intf, parse_htb_rates, switch_intf
+from emulator.naming import BRIDGE_RE, host_intf, switch_intf
+from emulator.network import EmulatedNetwork
 from emulator.runstate import alive, all_runs
 from emulator.system import run
+from emulator.tc import parse_htb_rates
 
 pytestmark = pytest.mark.integration
 

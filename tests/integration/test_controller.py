@@ -23,7 +23,8 @@ from controllers.core import Settings
 from emulator import routing, topology
 from emulator.commands.controller import ping_all
 from emulator.controller_process import ControllerProcess, free_port
-from emulator.network import EmulatedNetwork, bridge_name
+from emulator.naming import bridge_name
+from emulator.network import EmulatedNetwork
 from emulator.system import run
 
 pytestmark = pytest.mark.integration

@@ -174,7 +174,7 @@ def test_step_reports_reach_the_injector_while_waiting():
 
 
 def test_a_second_network_waits_for_the_lock_then_says_so_in_one_line(tmp_path, monkeypatch):
-    from emulator.network import NetworkLock
+    from emulator.network_lock import NetworkLock
 
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("EF_NET_LOCK_WAIT", "0.3")

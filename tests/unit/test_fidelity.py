@@ -8,7 +8,7 @@ import pytest
 
 from emulator import fidelity, topology
 from emulator.errors import UserError
-from emulator.network import parse_htb_rates
+from emulator.tc import parse_htb_rates
 from emulator.topology import tcp_goodput_factor
 
 

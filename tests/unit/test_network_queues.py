@@ -1,13 +1,22 @@
-"""Link queues and shapers (pure command building): control packets first, bounded FIFOs, small bursts, netem."""
+"""Link queues and shapers (pure command building): control packets first, bounded FIFOs, small bursts, netem.
+
+Also host set-up commands, and reading the shaping back from ``tc class show``.
+"""
 
 from __future__ import annotations
 
+import platform
+
 from emulator import topology
-from emulator.network import (
+from emulator.setup_commands import host_setup_commands, static_arp_batch, static_flow_files, tcp_rto_min_ms
+from emulator.system import has_netem
+from emulator.tc import (
     HOST_CONTROL_PACKET_BYTES,
     SHAPER_BURST_BYTES,
+    class_show_command,
     host_queue_commands,
     leaf_queue_command,
+    parse_htb_rates,
     queue_packets_for,
     root_interface_rates,
     root_interfaces,
@@ -15,6 +24,15 @@ from emulator.network import (
     switch_port_queue_commands,
     tc_batch,
 )
+
+#: ``tc class show`` of a host NIC after bring-up's commands (20 Mbit/s), captured with iproute2 6.1
+#: (whose ``tc -j class show`` prints exactly this text too).
+HOST_CLASSES = ("class htb 5:1 root leaf 10: prio 0 rate 20Mbit ceil 20Mbit burst 100b cburst 100b \n"
+                "class htb 10:1 root leaf 11: prio 0 rate 10Gbit ceil 10Gbit burst 1046250b cburst 1046250b \n"
+                "class htb 10:2 root leaf 12: prio 1 rate 10Gbit ceil 10Gbit burst 1046250b cburst 1046250b \n")
+#: Two shaping classes at 500 kbit/s and 1.5 Gbit/s, captured the same way.
+OTHER_RATES = ("class htb 5:1 root prio 0 rate 500Kbit ceil 500Kbit burst 100b cburst 100b \n"
+               "class htb 5:2 root prio 0 rate 1500Mbit ceil 1500Mbit burst 1500b cburst 1500b \n")
 
 
 def test_host_queues_send_short_ip_packets_to_the_high_priority_class():
@@ -65,10 +83,6 @@ def test_switch_ports_hold_packets_for_the_switch_latency_where_netem_exists():
 
 
 def test_netem_is_found_from_files_alone(tmp_path):
-    import platform
-
-    from emulator.system import has_netem
-
     sysmod, mods = tmp_path / "sys", tmp_path / "lib"
     sysmod.mkdir()
     assert not has_netem(str(sysmod), str(mods))
@@ -85,11 +99,33 @@ def test_netem_is_found_from_files_alone(tmp_path):
 
 
 def test_hosts_get_an_rto_minimum_that_covers_a_full_queue_at_their_link_rate():
-    from emulator import topology
-    from emulator.network import host_setup_commands, tcp_rto_min_ms
-
     assert tcp_rto_min_ms(20) == 200 + 360 and tcp_rto_min_ms(2.5) == 200 + 2880
     topo = topology.build("star:hosts=2,bw=5")
     route = [c for c in host_setup_commands(topo, "h1", "user") if c[:3] == ["ip", "route", "change"]]
     assert len(route) == 1 and route[0][-2:] == ["rto_min", f"{tcp_rto_min_ms(5)}ms"]
     assert topo.host("h1").ip in route[0]
+
+
+def test_host_setup_turns_tx_offload_off_only_on_the_userspace_datapath():
+    topo = topology.build("star:hosts=2,bw=5")
+    user, kernel = host_setup_commands(topo, "h1", "user", mtu=9000), host_setup_commands(topo, "h1", "kernel")
+    assert ["ethtool", "-K", "efh1-eth0", "tx", "off"] in user
+    assert not [c for c in kernel if c[0] == "ethtool"]
+    assert user[0] == ["ip", "link", "set", "dev", "efh1-eth0", "mtu", "9000"]
+
+
+def test_static_arp_names_every_other_host_and_flows_go_to_our_bridges():
+    topo = topology.build("star:hosts=3")
+    arp = static_arp_batch(topo, "h1").splitlines()
+    assert len(arp) == 2 and all(line.endswith("dev efh1-eth0 nud permanent") for line in arp)
+    assert topo.host("h1").ip not in " ".join(arp)
+    files = static_flow_files(topo, "shortest")
+    assert set(files) == {"efs1"} and files["efs1"].endswith("\n")
+
+
+def test_shaping_rates_are_read_back_from_tc_class_show():
+    assert parse_htb_rates(HOST_CLASSES) == [20.0]  # a host's priority classes (10:) never limit
+    assert parse_htb_rates(OTHER_RATES) == [0.5, 1500.0]
+    assert parse_htb_rates("") == [] and parse_htb_rates("Cannot find device \"efh9-eth0\"\n") == []
+    assert class_show_command("efs1-eth1") == ["tc", "class", "show", "dev", "efs1-eth1"]
+    assert class_show_command("efh1-eth0", 42)[:3] == ["mnexec", "-a", "42"]

@@ -392,7 +392,8 @@ def test_random_server_specs_build_and_route_every_pair(case):
 
 
 def test_pcie_switch_ports_get_deep_queues_and_fabric_ports_the_default():
-    from emulator.network import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces, switch_intf
+    from emulator.naming import switch_intf
+    from emulator.tc import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces
 
     topo = topology.build(SHARED)
     limits = queue_limits(topo, 32000)
