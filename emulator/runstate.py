@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import shutil
 import signal
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+import psutil
 
 from emulator.files import append_jsonl, read_json_object, read_jsonl, write_json_atomic
 from emulator.naming import HOST_INTERFACE_RE
@@ -34,7 +35,13 @@ def state_root() -> str:
 
 
 def proc_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot, or None if it is gone (or a zombie)."""
+    """The process's start time in clock ticks since boot, or None if it is gone (or a zombie).
+
+    Read from ``/proc/PID/stat`` (field 22) rather than psutil's
+    ``create_time``: that one is seconds since the epoch, moves when the
+    system clock is set, and so cannot be compared with a recorded value
+    later. (psutil identifies processes by this same tick count internally.)
+    """
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
             data = fh.read()
@@ -48,12 +55,11 @@ def proc_start_time(pid: int) -> int | None:
 
 
 def proc_netns(pid: int) -> int | None:
+    """The inode of the network namespace of ``pid`` (what ``/proc/PID/ns/net`` points to), None if it is gone."""
     try:
-        link = os.readlink(f"/proc/{pid}/ns/net")
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
     except OSError:
         return None
-    match = re.search(r"\[(\d+)\]", link)
-    return int(match.group(1)) if match else None
 
 
 def alive(pid: int, start_time: int | None) -> bool:
@@ -114,10 +120,13 @@ def all_runs() -> Iterator[RunState]:
             yield RunState(path)
 
 
-def has_our_interface(pid: int) -> bool:
-    """True when the network namespace of ``pid`` holds an interface named like one of our hosts'."""
+def has_our_interface(pid: int, proc: str = "/proc") -> bool:
+    """True when the network namespace of ``pid`` holds an interface named like one of our hosts'.
+
+    Read from ``/proc/PID/net/dev`` (``proc`` is the proc file system's mount point).
+    """
     try:
-        with open(f"/proc/{pid}/net/dev", encoding="ascii", errors="replace") as fh:
+        with open(os.path.join(proc, str(pid), "net", "dev"), encoding="ascii", errors="replace") as fh:
             names = [line.split(":", 1)[0].strip() for line in fh.readlines()[2:]]
     except OSError:
         return False
@@ -125,16 +134,9 @@ def has_our_interface(pid: int) -> bool:
 
 
 def pids_in_netns(inodes: set[int]) -> list[int]:
-    """Every live process whose network namespace is one of ``inodes``."""
+    """Every live process (but init and this one) whose network namespace is one of ``inodes``."""
     me = os.getpid()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) in (1, me):
-            continue
-        ns = proc_netns(int(entry))
-        if ns is not None and ns in inodes:
-            found.append(int(entry))
-    return found
+    return [pid for pid in psutil.pids() if pid not in (1, me) and proc_netns(pid) in inodes]
 
 
 def _all_gone(pids: list[int]) -> bool:

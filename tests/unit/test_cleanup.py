@@ -1,0 +1,127 @@
+"""``emu clean`` and the run state, with a fake command runner: only our names and our processes are touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from emulator import cleanup, runstate
+from emulator.system import Result
+
+#: ``ip -j link show`` of a namespace holding one veth pair, captured with iproute2 6.1.
+IP_LINK_JSON = (
+    '[{"ifindex":1,"ifname":"lo","flags":["LOOPBACK"],"mtu":65536,"qdisc":"noop","operstate":"DOWN",'
+    '"linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"loopback","address":"00:00:00:00:00:00",'
+    '"broadcast":"00:00:00:00:00:00"},{"ifindex":2,"link":"efh1-a","ifname":"efh1-b","flags":["BROADCAST",'
+    '"MULTICAST","M-DOWN"],"mtu":1500,"qdisc":"noop","operstate":"DOWN","linkmode":"DEFAULT","group":"default",'
+    '"txqlen":1000,"link_type":"ether","address":"4a:a4:9e:08:bb:5f","broadcast":"ff:ff:ff:ff:ff:ff"},'
+    '{"ifindex":3,"link":"efh1-b","ifname":"efh1-a","flags":["BROADCAST","MULTICAST","M-DOWN"],"mtu":1500,'
+    '"qdisc":"noop","operstate":"DOWN","linkmode":"DEFAULT","group":"default","txqlen":1000,"link_type":"ether",'
+    '"address":"32:9e:79:a7:ed:21","broadcast":"ff:ff:ff:ff:ff:ff"}]')
+
+
+class FakeMachine:
+    """Answers ``ovs-vsctl list-br`` and ``ip -j link show`` from lists; records every command."""
+
+    def __init__(self, bridges: list[str], links: list[str]):
+        self.bridges, self.links, self.ran = bridges, links, []
+
+    def __call__(self, cmd):
+        cmd = list(cmd)
+        self.ran.append(cmd)
+        if cmd[-1] == "list-br":
+            return Result(0, "\n".join(self.bridges) + "\n", "")
+        if cmd[:4] == ["ip", "-j", "link", "show"]:
+            return Result(0, json.dumps([{"ifindex": i, "ifname": n} for i, n in enumerate(self.links)]), "")
+        if cmd[:3] == ["ip", "link", "del"]:
+            self.links.remove(cmd[3])
+        return Result(0, "", "")
+
+
+def test_interface_names_come_from_ip_json_without_the_peer():
+    assert cleanup.interface_names(IP_LINK_JSON) == ["lo", "efh1-b", "efh1-a"]
+    assert cleanup.interface_names("") == [] and cleanup.interface_names('{"ifname": "x"}') == []
+
+
+def test_removing_our_bridges_deletes_their_ports_and_nothing_else():
+    machine = FakeMachine([], ["lo", "eth0", "efs1-eth1", "efs1-eth2", "efs10-eth1", "efs2-eth1"])
+    cleanup.remove_our_bridges(machine, ["efs1"])
+    assert machine.ran[0] == ["ovs-vsctl", "--timeout=20", "--", "--if-exists", "del-br", "efs1"]
+    assert machine.links == ["lo", "eth0", "efs10-eth1", "efs2-eth1"]
+
+
+def test_clean_removes_our_pattern_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    machine = FakeMachine(["br0", "efs1", "efs2", "efsX"], ["eth0", "efs1-eth1", "efh3-eth0", "efother", "efs9-eth2"])
+    report = cleanup.clean(runner=machine)
+    deleted = [c for c in machine.ran if c[:2] == ["ovs-vsctl", "--timeout=20"]]
+    assert deleted == [["ovs-vsctl", "--timeout=20", "--", "--if-exists", "del-br", "efs1", "--", "--if-exists",
+                        "del-br", "efs2"]]
+    assert machine.links == ["eth0", "efother"]
+    assert report == ["deleted 2 bridges: efs1 efs2", "deleted 2 interfaces"]
+    assert cleanup.clean(runner=FakeMachine([], [])) == ["nothing of ours to clean"]
+
+
+def test_a_live_run_keeps_its_bridges_unless_forced(tmp_path, monkeypatch):
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    state = runstate.RunState.create("test")  # owned by this live process
+    machine = FakeMachine(["efs1"], ["efs1-eth1"])
+    report = cleanup.clean(runner=machine)
+    assert len(report) == 1 and report[0].startswith(f"left run {state.run_id} alone")
+    assert machine.links == ["efs1-eth1"] and os.path.isdir(state.path)
+    cleanup.clean(force=True, runner=machine)
+    assert machine.links == [] and not os.path.exists(state.path)
+
+
+def test_processes_are_known_by_pid_and_start_time():
+    me = os.getpid()
+    start = runstate.proc_start_time(me)
+    assert start is not None and runstate.alive(me, start) and runstate.alive(me, None)
+    assert not runstate.alive(me, start + 1)
+    assert runstate.proc_netns(me) == os.stat(f"/proc/{me}/ns/net").st_ino
+    assert runstate.proc_netns(2**22 + 1) is None and runstate.proc_start_time(2**22 + 1) is None
+
+
+def test_kill_recorded_kills_what_was_recorded_and_not_a_recycled_pid(tmp_path, monkeypatch):
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    state = runstate.RunState.create("test")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        state.record_process("agent", child.pid)
+        with open(os.path.join(state.path, "processes.jsonl"), "a", encoding="utf-8") as fh:
+            start = runstate.proc_start_time(other.pid)
+            assert start is not None
+            fh.write(json.dumps({"role": "agent", "pid": other.pid, "start_time": start - 1}) + "\n")
+        assert runstate.kill_recorded(state, grace_s=5.0) == [child.pid]
+        assert child.wait(5) != 0 and other.poll() is None
+    finally:
+        for proc in (child, other):
+            proc.kill()
+            proc.wait()
+
+
+def test_pids_in_netns_lists_the_processes_of_a_namespace():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        ns = runstate.proc_netns(os.getpid())
+        assert ns is not None
+        found = runstate.pids_in_netns({ns})
+        assert child.pid in found and os.getpid() not in found and 1 not in found
+        assert runstate.pids_in_netns({0}) == []
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.parametrize("name, ours", [("efh1-eth0", True), ("efs1-eth1", False), ("eth0", False)])
+def test_a_namespace_is_ours_when_it_holds_a_host_interface(tmp_path, name, ours):
+    dev = tmp_path / "7" / "net" / "dev"
+    dev.parent.mkdir(parents=True)
+    dev.write_text("Inter-|   Receive\n face |bytes\n    lo: 0 0\n" + f"  {name}: 0 0\n")
+    assert runstate.has_our_interface(7, proc=str(tmp_path)) is ours
+    assert not runstate.has_our_interface(8, proc=str(tmp_path))
