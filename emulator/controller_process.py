@@ -13,13 +13,17 @@ in a run-state directory (:mod:`emulator.runstate`, label ``controller``):
 The child is recorded in the run state, so ``emu clean`` can kill it if its
 owner dies. Nothing is killed by name.
 
-Typical use::
+Typical use (callers need not import :mod:`controllers`:
+:meth:`ControllerProcess.for_network` builds its settings)::
 
-    settings = Settings(topology=spec, routing="ecmp", seed=1, listen=("127.0.0.1", free_port()))
-    with ControllerProcess(settings) as ctl:
-        with EmulatedNetwork(topo, controller=settings.listen) as en:
+    with ControllerProcess.for_network("topology.json", "ecmp", seed=1) as ctl:
+        with EmulatedNetwork(topo, controller=ctl.address) as en:
             ctl.wait_installed()
             ...
+
+This module and :mod:`emulator.commands.controller` are the only ones of
+:mod:`emulator` that import :mod:`controllers` (an import-linter contract in
+``setup.cfg``).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import socket
 import subprocess
 import sys
 
-from controllers.core import Settings
+from controllers.core import DEFAULT_STATS_INTERVAL, Settings
 from emulator.files import read_json_object
 from emulator.naming import NAME_PREFIX
 from emulator.runstate import RunState
@@ -47,7 +51,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def listening(host: str, port: int, proc_net_tcp: str = "/proc/net/tcp") -> bool:
     """True when a socket listens on ``host:port`` (read from /proc, no connection made)."""
     want_port = f"{port:04X}"
-    want_hosts = {_hex_ip(host), "00000000"}
+    want_hosts = {proc_net_address(host), "00000000"}
     try:
         with open(proc_net_tcp, encoding="ascii") as fh:
             next(fh)
@@ -61,7 +65,8 @@ def listening(host: str, port: int, proc_net_tcp: str = "/proc/net/tcp") -> bool
     return False
 
 
-def _hex_ip(host: str) -> str:
+def proc_net_address(host: str) -> str:
+    """An IPv4 address as ``/proc/net/tcp`` writes it: 8 hex digits, in the host's (little-endian) byte order."""
     return "".join(f"{int(x):02X}" for x in reversed(host.split(".")))
 
 
@@ -94,6 +99,20 @@ class ControllerProcess:
         self.state_file = ""
         self.pid_file = ""
         self.last_log = ""  # the log as it was when the controller stopped
+
+    @classmethod
+    def for_network(cls, topology_path: str, routing: str, seed: int = 0, *, stats_file: str | None = None,
+                    stats_interval_s: float = DEFAULT_STATS_INTERVAL, log_file: str | None = None,
+                    host: str = "127.0.0.1") -> ControllerProcess:
+        """A controller of the topology file (or spec) ``topology_path`` that listens on a free port of ``host``.
+
+        ``routing`` and ``seed`` pick the policy; ``stats_file`` (JSON lines)
+        receives the port counters every ``stats_interval_s`` seconds. Checks
+        the settings (:class:`UserError`) but starts nothing.
+        """
+        settings = Settings(topology=topology_path, routing=routing, seed=seed, stats_file=stats_file,
+                            stats_interval=stats_interval_s, listen=(host, free_port(host)))
+        return cls(settings, log_file=log_file)
 
     def __enter__(self) -> ControllerProcess:
         self.start()

@@ -290,8 +290,7 @@ class ReplaySession:
     def start(self) -> None:
         import tempfile
 
-        from controllers.core import Settings
-        from emulator.controller_process import ControllerProcess, free_port
+        from emulator.controller_process import ControllerProcess
         from emulator.network import EmulatedNetwork
 
         self.work_dir = self.work_dir or tempfile.mkdtemp(prefix="ef-replay-")
@@ -299,10 +298,10 @@ class ReplaySession:
         self.topo_path = os.path.abspath(os.path.join(self.work_dir, "topology.json"))
         write_json_atomic(self.topo_path, self.topo.to_json())
         self.stats_file = os.path.join(self.work_dir, "controller-ports.jsonl")
-        settings = Settings(topology=self.topo_path, routing=self.policy, seed=self.seed, stats_file=self.stats_file,
-                            stats_interval=self.stats_interval_s, listen=("127.0.0.1", free_port()))
         try:
-            self.ctl = ControllerProcess(settings, log_file=os.path.join(self.work_dir, "controller.log"))
+            self.ctl = ControllerProcess.for_network(self.topo_path, self.policy, self.seed, stats_file=self.stats_file,
+                                                     stats_interval_s=self.stats_interval_s,
+                                                     log_file=os.path.join(self.work_dir, "controller.log"))
             self.ctl.start()
             self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
                                       label="replay", mtu=self.mtu,

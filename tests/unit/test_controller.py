@@ -14,7 +14,7 @@ from controllers.core import ControllerCore, Settings, parse_listen
 from emulator import routing, topology
 from emulator.cli import main
 from emulator.commands.controller import PingResult, parse_ping_output, ping_script
-from emulator.controller_process import _hex_ip, controller_command, listening
+from emulator.controller_process import controller_command, listening, proc_net_address
 from emulator.errors import UserError
 from emulator.routing import Flow
 
@@ -150,7 +150,7 @@ def test_controller_command_line():
 def test_listening_reads_proc_net_tcp(tmp_path):
     table = tmp_path / "tcp"
     table.write_text("  sl  local_address rem_address   st\n"
-                     f"   0: {_hex_ip('127.0.0.1')}:19FD 00000000:0000 0A 0 0\n"
+                     f"   0: {proc_net_address('127.0.0.1')}:19FD 00000000:0000 0A 0 0\n"
                      "   1: 00000000:1A0B 00000000:0000 01 0 0\n")
     assert listening("127.0.0.1", 6653, str(table))
     assert not listening("127.0.0.1", 6667, str(table))  # 0x1A0B is not listening (state 01)
