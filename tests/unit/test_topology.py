@@ -267,3 +267,42 @@ def test_a_topology_path_that_cannot_be_opened_is_one_user_error():
     for path in ("/\x00", "/no/such/file.json"):
         with pytest.raises(UserError, match="cannot read it"):
             topology.load(path)
+
+
+#: What each module of the package may import of the others (see the package docstring): no cycle.
+PACKAGE_LAYERS = {
+    "spec": set(),
+    "bisection": set(),
+    "model": {"spec", "bisection"},
+    "builders": {"model", "spec"},
+}
+
+
+@pytest.mark.parametrize("module", sorted(PACKAGE_LAYERS))
+def test_topology_package_modules_import_only_the_layers_below(module):
+    import ast
+    import importlib
+
+    path = importlib.import_module(f"emulator.topology.{module}").__file__
+    with open(path, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read())
+    imported = set()
+    for node in ast.walk(tree):  # function-level imports count too
+        if isinstance(node, ast.ImportFrom) and node.level:  # from .spec import ...; from . import spec
+            imported.update([node.module] if node.module else [a.name for a in node.names])
+            continue
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
+            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+        for name in names:
+            if name == "emulator.topology" or name.startswith("emulator.topology."):
+                imported.add(name.removeprefix("emulator.topology").lstrip(".") or "__init__")
+    assert imported <= PACKAGE_LAYERS[module], f"{module} imports {sorted(imported - PACKAGE_LAYERS[module])}"
+
+
+def test_topology_package_exports_every_public_name():
+    for name in topology.__all__:
+        assert getattr(topology, name) is not None
+    for module in ("spec", "bisection", "model", "builders"):
+        sub = getattr(topology, module)
+        public = {n for n, v in vars(sub).items() if not n.startswith("_") and getattr(v, "__module__", None) == sub.__name__}
+        assert public - {"bisection_mbps"} <= set(topology.__all__), module
