@@ -152,9 +152,13 @@ def _loc(where: str, path: str, step: ET.Element, which: str, chunks: int, scrat
     return BUFS[buf], off
 
 
-def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int, chunks: int, scratch_base: int,
-                 scratch_next: int, chunk_bytes: int) -> tuple[list[Op], list[list[int]], int]:
-    """Ops of one gpu in a topological order of its threadblock steps, with program-order predecessors."""
+def _threadblocks(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int) -> dict[int, ET.Element]:
+    """The threadblocks of one gpu by id, after checking the ids and their peers.
+
+    Ids must be unique, peers (``send``/``recv``) another gpu or -1, and at most
+    one threadblock may send to (and one receive from) each peer, since messages
+    are matched in order per pair of gpus.
+    """
     tbs: dict[int, ET.Element] = {}
     senders: dict[int, int] = {}
     receivers: dict[int, int] = {}
@@ -174,6 +178,16 @@ def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int,
                 raise FieldError(where, f"{tpath}@{attr}", f"one threadblock per peer (tb {seen[peer]} already "
                                  f"{attr}s with gpu {peer}; several channels per pair are not supported)", peer)
             seen[peer] = tid
+    return tbs
+
+
+def _step_graph(where: str, gpath: str,
+                tbs: dict[int, ET.Element]) -> tuple[nx.DiGraph, dict[tuple[int, int], ET.Element]]:
+    """The steps of one gpu by ``(threadblock id, step)``, and the graph of what each waits for.
+
+    Edges run from every step to the next one of its threadblock, and from the
+    step named by ``depid``/``deps`` to the step that names it.
+    """
     graph = nx.DiGraph()
     steps: dict[tuple[int, int], ET.Element] = {}
     for tid, tb in tbs.items():
@@ -197,78 +211,129 @@ def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int,
             if dep not in steps:
                 raise FieldError(where, f"{spath}@deps", "a step of an existing threadblock of this gpu", dep)
             graph.add_edge(dep, (tid, s))
+    return graph, steps
+
+
+def _step_order(where: str, gpath: str, graph: nx.DiGraph) -> list[tuple[int, int]]:
+    """The steps in a topological order of ``graph``, step number first, then threadblock id; a cycle is an error."""
     try:
-        order = list(nx.lexicographical_topological_sort(graph, key=lambda n: (n[1], n[0])))
+        return list(nx.lexicographical_topological_sort(graph, key=lambda n: (n[1], n[0])))
     except nx.NetworkXUnfeasible:
         raise FieldError(where, f"{gpath} dependencies", "no cycle between threadblock steps", "a cycle") from None
-    ops: list[Op] = []
-    extra: list[list[int]] = []
-    last: dict[tuple[int, int], list[int]] = {}  # node -> op indices that complete it
 
-    def add(kind: str, buf: str, chunk: int, n: int, preds: list[int], peer: int | None = None,
+
+def _step_kind(where: str, spath: str, step: ET.Element, tb: ET.Element, tid: int,
+               chunks: int) -> tuple[str, int, int, int]:
+    """A step's checked ``type`` and ``cnt``, with its threadblock's send and receive peers (-1 for none).
+
+    A step that sends (or receives) needs a threadblock with a send (or recv) peer.
+    """
+    kind = step.get("type")
+    if kind is None or kind not in STEP_TYPES:
+        raise FieldError(where, f"{spath}@type", f"one of {', '.join(STEP_TYPES)}", kind)
+    cnt = _attr_int(where, step, "cnt", spath, 1, 1, chunks)
+    send_peer, recv_peer = int(tb.get("send", -1)), int(tb.get("recv", -1))
+    if kind in ("s", "rcs", "rrcs", "rrs") and send_peer < 0:
+        raise FieldError(where, f"{spath}@type", f"a step without a send (threadblock {tid} has send=-1)", kind)
+    if kind in ("r", "rcs", "rrc", "rrcs", "rrs") and recv_peer < 0:
+        raise FieldError(where, f"{spath}@type", f"a step without a receive (threadblock {tid} has recv=-1)",
+                         kind)
+    return kind, cnt, send_peer, recv_peer
+
+
+class _GpuOps:
+    """The ops of one gpu as its steps are converted, each with its program-order predecessors.
+
+    ``scratch_base`` is the scratch every gpu declares (the largest
+    ``s_chunks``), the limit of the offsets steps may name; ``rrs`` steps take
+    fresh chunks from ``scratch_next`` on, a count that runs on across gpus.
+    """
+
+    def __init__(self, where: str, chunks: int, scratch_base: int, scratch_next: int, chunk_bytes: int):
+        self.where = where
+        self.chunks = chunks
+        self.scratch_base = scratch_base
+        self.scratch_next = scratch_next
+        self.chunk_bytes = chunk_bytes
+        self.ops: list[Op] = []
+        self.extra: list[list[int]] = []
+
+    def add(self, kind: str, buf: str, chunk: int, n: int, preds: list[int], peer: int | None = None,
             src: tuple[str, int] | None = None) -> int:
-        ops.append(Op(id=len(ops), kind=kind, chunk=chunk, nchunks=n, bytes=n * chunk_bytes, step=0, peer=peer,
-                      buffer=buf, src=src[0] if src else None, src_chunk=src[1] if src else None))
-        extra.append(list(preds))
-        return len(ops) - 1
+        """Append an op of ``n`` chunks after the ops ``preds``; return its index."""
+        self.ops.append(Op(id=len(self.ops), kind=kind, chunk=chunk, nchunks=n, bytes=n * self.chunk_bytes, step=0,
+                           peer=peer, buffer=buf, src=src[0] if src else None, src_chunk=src[1] if src else None))
+        self.extra.append(list(preds))
+        return len(self.ops) - 1
 
+    def loc(self, spath: str, step: ET.Element, which: str, cnt: int) -> tuple[str, int]:
+        """The buffer and offset of a step's ``src`` or ``dst`` (see :func:`_loc`)."""
+        return _loc(self.where, spath, step, which, self.chunks, self.scratch_base, cnt)
+
+    def step(self, spath: str, step: ET.Element, kind: str, cnt: int, send_peer: int, recv_peer: int,
+             preds: list[int]) -> list[int]:
+        """Emit the ops of one step (mapped as in the module docstring) after the ops ``preds``.
+
+        Returns the ops that complete the step, which the steps that depend on
+        it wait for: none of its own for ``nop`` and ``s`` (MSCCL sends are
+        buffered), the receive for the others that receive.
+        """
+        if kind == "nop":
+            return preds
+        if kind == "rrs":
+            src = self.loc(spath, step, "src", cnt)
+            tmp = self.scratch_next
+            self.scratch_next += cnt
+            if self.scratch_next > MAX_CHUNKS:
+                raise FieldError(self.where, f"{spath}@cnt", f"rrs steps that need at most {MAX_CHUNKS} scratch "
+                                 "chunks in all", cnt)
+            a = self.add(COPY, "scratch", tmp, cnt, preds, src=src)
+            b = self.add(RECV_REDUCE, "scratch", tmp, cnt, [a], peer=recv_peer)
+            self.add(SEND, "scratch", tmp, cnt, [b], peer=send_peer)
+            return [b]
+        if kind == "s":
+            buf, off = self.loc(spath, step, "src", cnt)
+            self.add(SEND, buf, off, cnt, preds, peer=send_peer)
+            return preds  # sends are buffered in MSCCL: later steps need not wait for them
+        dst = self.loc(spath, step, "dst", cnt)
+        if kind in ("r", "rcs"):
+            a = self.add(RECV, dst[0], dst[1], cnt, preds, peer=recv_peer)
+            if kind == "rcs":
+                self.add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
+            return [a]
+        src = self.loc(spath, step, "src", cnt)
+        if kind in ("rrc", "rrcs"):
+            if src != dst:
+                preds = [self.add(COPY, dst[0], dst[1], cnt, preds, src=src)]
+            a = self.add(RECV_REDUCE, dst[0], dst[1], cnt, preds, peer=recv_peer)
+            if kind == "rrcs":
+                self.add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
+            return [a]
+        # cpy, re
+        if src == dst:
+            raise FieldError(self.where, f"{spath}@srcoff", "a source other than the destination", src[1])
+        return [self.add(COPY if kind == "cpy" else REDUCE, dst[0], dst[1], cnt, preds, src=src)]
+
+
+def _convert_gpu(where: str, gpath: str, gpu: ET.Element, rank: int, ngpus: int, chunks: int, scratch_base: int,
+                 scratch_next: int, chunk_bytes: int) -> tuple[list[Op], list[list[int]], int]:
+    """Ops of one gpu in a topological order of its threadblock steps, with program-order predecessors.
+
+    Returns the ops, each op's predecessors, and ``scratch_next`` advanced past
+    the scratch this gpu's ``rrs`` steps took.
+    """
+    tbs = _threadblocks(where, gpath, gpu, rank, ngpus)
+    graph, steps = _step_graph(where, gpath, tbs)
+    order = _step_order(where, gpath, graph)
+    out = _GpuOps(where, chunks, scratch_base, scratch_next, chunk_bytes)
+    last: dict[tuple[int, int], list[int]] = {}  # node -> op indices that complete it
     for node in order:
         tid, s = node
-        step = steps[node]
-        tb = tbs[tid]
         spath = f"{gpath}.tb[{tid}].step[{s}]"
-        kind = step.get("type")
-        if kind not in STEP_TYPES:
-            raise FieldError(where, f"{spath}@type", f"one of {', '.join(STEP_TYPES)}", kind)
-        cnt = _attr_int(where, step, "cnt", spath, 1, 1, chunks)
+        kind, cnt, send_peer, recv_peer = _step_kind(where, spath, steps[node], tbs[tid], tid, chunks)
         preds = sorted({i for p in graph.predecessors(node) for i in last[p]})
-        send_peer, recv_peer = int(tb.get("send", -1)), int(tb.get("recv", -1))
-        if kind in ("s", "rcs", "rrcs", "rrs") and send_peer < 0:
-            raise FieldError(where, f"{spath}@type", f"a step without a send (threadblock {tid} has send=-1)", kind)
-        if kind in ("r", "rcs", "rrc", "rrcs", "rrs") and recv_peer < 0:
-            raise FieldError(where, f"{spath}@type", f"a step without a receive (threadblock {tid} has recv=-1)",
-                             kind)
-        scratch_limit = scratch_base
-        if kind == "nop":
-            last[node] = preds
-            continue
-        if kind == "rrs":
-            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
-            tmp = scratch_next
-            scratch_next += cnt
-            if scratch_next > MAX_CHUNKS:
-                raise FieldError(where, f"{spath}@cnt", f"rrs steps that need at most {MAX_CHUNKS} scratch chunks "
-                                 "in all", cnt)
-            a = add(COPY, "scratch", tmp, cnt, preds, src=src)
-            b = add(RECV_REDUCE, "scratch", tmp, cnt, [a], peer=recv_peer)
-            add(SEND, "scratch", tmp, cnt, [b], peer=send_peer)
-            last[node] = [b]
-            continue
-        if kind == "s":
-            buf, off = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
-            add(SEND, buf, off, cnt, preds, peer=send_peer)
-            last[node] = preds  # sends are buffered in MSCCL: later steps need not wait for them
-            continue
-        dst = _loc(where, spath, step, "dst", chunks, scratch_limit, cnt)
-        if kind in ("r", "rcs"):
-            a = add(RECV, dst[0], dst[1], cnt, preds, peer=recv_peer)
-            if kind == "rcs":
-                add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
-            last[node] = [a]
-        elif kind in ("rrc", "rrcs"):
-            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
-            if src != dst:
-                preds = [add(COPY, dst[0], dst[1], cnt, preds, src=src)]
-            a = add(RECV_REDUCE, dst[0], dst[1], cnt, preds, peer=recv_peer)
-            if kind == "rrcs":
-                add(SEND, dst[0], dst[1], cnt, [a], peer=send_peer)
-            last[node] = [a]
-        else:  # cpy, re
-            src = _loc(where, spath, step, "src", chunks, scratch_limit, cnt)
-            if src == dst:
-                raise FieldError(where, f"{spath}@srcoff", "a source other than the destination", src[1])
-            last[node] = [add(COPY if kind == "cpy" else REDUCE, dst[0], dst[1], cnt, preds, src=src)]
-    return ops, extra, scratch_next
+        last[node] = out.step(spath, steps[node], kind, cnt, send_peer, recv_peer, preds)
+    return out.ops, out.extra, out.scratch_next
 
 
 def assign_steps(schedule: Schedule) -> Schedule:
