@@ -81,6 +81,7 @@ $(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
 lint: venv
 	$(BIN)/ruff check emulator controllers tests
 	$(BIN)/mypy emulator controllers
+	$(BIN)/lint-imports --no-logo --no-cache
 
 unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
