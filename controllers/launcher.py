@@ -19,6 +19,8 @@ APP = "controllers.eflops_controller"
 
 def run_foreground(settings: Settings, log_level: str = "INFO") -> None:
     """Block running the app until SIGINT/SIGTERM. ``settings`` must have passed :meth:`Settings.check`."""
+    # os-ken is imported here, not at the top: eventlet's monkey patching (hub.patch) must run before
+    # os-ken's other modules and the app are imported, and only the foreground controller wants it.
     from os_ken.lib import hub
 
     hub.patch(thread=False)
