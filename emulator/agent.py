@@ -1,16 +1,17 @@
 """The host agent: one process per rank, inside its Mininet host, replaying a schedule over real TCP.
 
-Started by :mod:`emulator.replay` as ``python -m emulator.agent --schedule F
---topology T --rank R --control SOCK --log FILE --latency PLAN``. It:
+Started by :mod:`emulator.replay` (through :mod:`emulator.launcher`) as
+``python -m emulator.agent --schedule F --topology T --rank R --control SOCK
+--log FILE --latency PLAN``. It:
 
 1. listens on its host's IP, port :data:`routing.AGENT_LISTEN_PORT`, and opens
    one TCP connection to every rank it sends to, from source port
    ``AGENT_SOURCE_PORT_BASE + J`` for destination host ``hJ`` -- the 5-tuple
    :func:`emulator.routing.agent_flow` predicts, so the controller's path and
    the checker's prediction are the path the bytes take;
-2. reports ``ready`` on the control socket (a Unix socket: it crosses network
-   namespaces) and waits for ``go`` -- the barrier, so every connection is
-   established before the clock starts;
+2. reports ``ready`` on the control socket (:mod:`emulator.control`, a Unix
+   socket: it crosses network namespaces) and waits for ``go`` -- the
+   barrier, so every connection is established before the clock starts;
 3. per repetition: fills its buffer with float32 values that identify the rank,
    runs its operations honouring their dependencies (sends and receives to
    different peers run concurrently; to the same peer in program order, so TCP
@@ -19,24 +20,26 @@ Started by :mod:`emulator.replay` as ``python -m emulator.agent --schedule F
    ``CLOCK_MONOTONIC`` (shared by all namespaces), checks that the final buffer
    is the sum of all ranks' inputs, and reports ``done`` with its timings.
 
-Control messages are JSON lines: agent -> ``hello``, ``ready``, ``done``,
-``error``; orchestrator -> ``go`` (with ``rep``), ``quit``. Every data message
-is a header (repetition, step, bytes) followed by the payload, so a mismatch
-between sender and receiver is caught and named instead of corrupting data.
+The parts: :mod:`emulator.peer` owns the data connections (set-up, framing,
+delivery tracking); :class:`~emulator.schedule.dispatch.Dispatcher` decides
+which operation may run when (the rules the schedule checker proves
+schedules with); :mod:`emulator.buffers` does the numeric work. This module
+composes them: per repetition, one send worker thread per peer it sends to,
+one receive worker per peer it receives from, and the main thread, which
+feeds the workers' events to the dispatcher and runs local operations.
 
 Messages follow a rendezvous protocol, as large messages do in MPI and as
 NCCL's InfiniBand transport does (the receiver posts a buffer, the sender
 writes into it): a receiver posts a receive once its dependencies are done
 and the earlier receives from that peer are posted, sends a *clear to send*
-(repetition, step, and when it was posted) back on the same connection, and
-the sender starts the message only on receiving it. Receives that depend on nothing (a ring's) are
-all posted at once, so a pipeline never waits on a clear to send. This is the
-schedule checker's execution model too (a send and its receive complete
-together once both are ready). Without it, a rank that ran late let its partners' *next* messages
-reach it while it still received the current one: two flows met at one switch
-port in a contention-free schedule, the late transfer slowed further, and in
-halving-doubling's lockstep rounds the lateness fed itself (measured: one
-16 MiB HDRM repetition in three collapsed from 0.9 to 0.7 of the link).
+back on the same connection, and the sender starts the message only on
+receiving it. Receives that depend on nothing (a ring's) are all posted at
+once, so a pipeline never waits on a clear to send. This is the schedule
+checker's execution model too (a send and its receive complete together once
+both are ready). Without it, a rank that ran late let its partners' *next*
+messages reach it while it still received the current one: two flows met at
+one switch port in a contention-free schedule, the late transfer slowed
+further, and in halving-doubling's lockstep rounds the lateness fed itself.
 
 The latency plan (:func:`latency_plan`, written by the replay) gives every
 path this rank sends on its fabric profile's latency terms
@@ -49,41 +52,32 @@ in virtual time from when the operations became ready
 from __future__ import annotations
 
 import argparse
-import fcntl
 import logging
 import queue
-import select
-import socket
-import struct
 import sys
-import termios
 import threading
 import time
 import traceback
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from emulator import routing, topology
+from emulator.buffers import RankBuffers, Staging, bytes_view, expected_sum, input_values
 from emulator.control import AgentChannel, Msg
 from emulator.files import read_json
 from emulator.latency import ZERO, PathLatency
+from emulator.peer import Channels, ConnectionPlan, Delivered, PeerError, RecvChannel, Route, SendChannel, open_channels
 from emulator.schedule import format as sformat
-from emulator.schedule.dispatch import Dispatcher, Ready
+from emulator.schedule.dispatch import Completed, Dispatcher, Ready, Written
 from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
 
-HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
-HELLO = struct.Struct("!I")  # sender rank, first thing on a data connection
-#: receiver -> sender, "this receive is posted": repetition, step, and when it was posted (CLOCK_MONOTONIC,
-#: virtual: the time its dependencies were done, see emulator.schedule.dispatch)
-CLEAR_TO_SEND = struct.Struct("!IId")
+__all__ = ["Agent", "AgentError", "RepetitionResult", "SendTiming", "expected_sum", "input_values", "latency_plan",
+           "load_latency_plan", "main"]
+
+#: The interpreter's thread switch interval in an agent process (see :func:`main`).
 GIL_SWITCH_INTERVAL_S = 0.0002
-#: Below this many unacknowledged full frames (of the connection's MSS) delivery is polled every frame time / 4,
-#: at least every DELIVERY_TAIL_POLL_S: they may already be past the bottleneck, their ACK due any moment.
-DELIVERY_TAIL_FRAMES = 4
-DELIVERY_TAIL_POLL_S = 0.001
 log = logging.getLogger("emulator.agent")
 
 
@@ -91,38 +85,148 @@ class AgentError(Exception):
     """Something went wrong that names this rank (mismatch, peer gone, bad data)."""
 
 
-def input_values(rank: int, n: int) -> np.ndarray:
-    """Rank ``rank``'s input: small integers (exact in float32 when summed) that differ per rank and element."""
-    i = np.arange(n, dtype=np.int64)
-    return (((rank * 131 + i * 7) % 61) + 1).astype(np.float32)
+@dataclass(frozen=True)
+class Failed:
+    """A worker's operation failed; the repetition stops with ``error``."""
+
+    op_id: int
+    error: AgentError
 
 
-def expected_sum(p: int, n: int) -> np.ndarray:
-    """The allreduce result of :func:`input_values` over ranks 0..p-1, computed without p passes."""
-    table = np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
-    i = np.arange(n, dtype=np.int64)
-    return table[(i * 7) % 61]
+#: What the workers tell the main thread.
+WorkerEvent = Written | Completed | Failed
 
 
-def _bytes_view(array: np.ndarray) -> memoryview:
-    """A writable byte view of a contiguous numpy array (no copy)."""
-    return memoryview(array.data).cast("B")
+@dataclass(frozen=True)
+class SendTiming:
+    """One send's rendezvous: when its receive was posted (virtual), when the clear to send came, when
+    ``sendall`` began, and how late that was against the latency deadline (monotonic seconds)."""
+
+    posted: float
+    cleared: float
+    sent: float
+    late_s: float
+
+    def to_json(self) -> list[float]:
+        return [self.posted, self.cleared, self.sent, self.late_s]
 
 
-def _recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
-                readable: Callable[[], bool] | None = None) -> None:
-    """Fill ``view`` from ``sock``; ``readable()``, when given, is asked before every read (False: ask again)."""
-    got = 0
-    total = len(view)
-    while got < total:
-        if readable is not None and not readable():
-            continue
-        if quickack:  # the kernel leaves quick-ACK mode on its own; ask again before every read
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        n = sock.recv_into(view[got:], total - got)
-        if n == 0:
-            raise AgentError("connection closed by peer")
-        got += n
+@dataclass(frozen=True)
+class RepetitionResult:
+    """What :meth:`Agent.run_once` found: every operation's times, the data check, every send's rendezvous."""
+
+    ops: dict[int, Completed]
+    wrong: str | None  # None: the buffer holds the allreduce's result
+    sends: dict[int, SendTiming]
+
+    @property
+    def correct(self) -> bool:
+        return self.wrong is None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``done`` message's fields (``ops``: ``[id, start, end]`` lists; ``sends``: by op id as text)."""
+        return {"ops": [[i, c.start, c.end] for i, c in sorted(self.ops.items())], "correct": self.correct,
+                "wrong": self.wrong, "sends": {str(i): v.to_json() for i, v in sorted(self.sends.items())}}
+
+
+@dataclass
+class _Repetition:
+    """One repetition's moving parts, shared by the main thread and the workers."""
+
+    rep: int
+    dispatcher: Dispatcher
+    sends: dict[int, queue.Queue[Ready | None]]  # per peer: the sends queued for its worker
+    receives: dict[int, queue.Queue[Ready | None]]
+    watched: set[int]
+    on_step: Callable[[int], None] | None
+    events: queue.Queue[WorkerEvent] = field(default_factory=queue.Queue)
+    timings: dict[int, Completed] = field(default_factory=dict)
+    send_timings: dict[int, SendTiming] = field(default_factory=dict)
+
+    def entered(self, step: int) -> None:
+        """An operation of ``step`` is released: the first time for a watched step, say so."""
+        if step in self.watched and self.on_step is not None:
+            self.watched.discard(step)
+            self.on_step(step)
+
+    def stop(self) -> None:
+        """Every worker: no more operations."""
+        for q in [*self.sends.values(), *self.receives.values()]:
+            q.put(None)
+
+
+class _Sender:
+    """One repetition's messages to one peer, in order; each starts on its clear to send, at the fabric's latency.
+
+    A transfer starts (virtual time ``t_v``) once the send is queued and
+    the clear to send could have crossed the emulated fabric (posted +
+    ``rendezvous_target_s``); ``sendall`` follows ``sleep_s`` later, so
+    that the first byte arrives the profile's message latency after
+    ``t_v`` (:mod:`emulator.latency`). A message whose deadline passes
+    while the previous one is still being written follows it at once: its
+    bytes queue behind the previous ones in the stream, as on a real NIC.
+    Deliveries are watched while this worker waits or sleeps.
+
+    ``sendall`` returns once the data is in the kernel's send buffer; a send
+    counted complete then would let a dependent send to *another* peer
+    share the uplink with this one's tail. So a send that other sends wait
+    for (an *awaited* one) completes when the peer has acknowledged its last
+    byte, as the schedule checker assumes; receives and local work that wait
+    for it go as soon as it is written (the kernel holds a copy, the buffer
+    is free, and a receive posted then lets its sender start one return trip
+    earlier). The next message to the same peer does not wait for that (it
+    follows in the same TCP stream, so they cannot share a link).
+    (Blocking the channel until the ACK came back put the return path's
+    queueing delay into every ring step.)
+    """
+
+    def __init__(self, channel: SendChannel, latency: PathLatency, buffers: RankBuffers, run: _Repetition):
+        self.channel = channel
+        self.latency = latency
+        self.buffers = buffers
+        self.run = run
+        self.written_at = float("-inf")  # when the previous message's sendall returned
+
+    def __call__(self) -> None:
+        """The worker thread: every queued send, until told to stop; a failure is reported as :class:`Failed`."""
+        op: Op | None = None
+        try:
+            while (ready := self.channel.next(self.run.sends[self.channel.peer], self._delivered)) is not None:
+                op = ready.op
+                self._send(ready)
+        except BaseException as exc:
+            failed = self.channel.delivery.oldest or op
+            if failed is not None:
+                error = AgentError(f"send {failed.describe()} to rank {self.channel.peer}: {exc}")
+                self.run.events.put(Failed(failed.id, error))
+
+    def _delivered(self, delivered: Delivered) -> None:
+        self.run.events.put(Completed(delivered.op.id, delivered.start, delivered.at))
+
+    def _send(self, ready: Ready) -> None:
+        op, lat, rep = ready.op, self.latency, self.run.rep
+        payload = bytes_view(self.buffers.target(op))
+        if len(payload) != op.bytes:
+            raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
+        clear = self.channel.clear_to_send(self._delivered)
+        cleared = time.monotonic()
+        if (clear.rep, clear.step) != (rep, op.step):
+            raise AgentError(f"expected clear to send for repetition {rep} step {op.step}, "
+                             f"got repetition {clear.rep} step {clear.step}")
+        t_v = max(ready.at, clear.posted_at + lat.rendezvous_target_s)
+        deadline = t_v + lat.sleep_s + lat.unshaped_s(op.bytes)
+        self.channel.sleep_until(deadline, self._delivered)
+        sent = time.monotonic()
+        self.channel.send(rep, op.step, payload)
+        # late: beyond the deadline, and beyond the previous message's sendall, which it follows anyway
+        late = max(0.0, sent - max(deadline, self.written_at))
+        self.written_at = time.monotonic()
+        self.run.send_timings[op.id] = SendTiming(clear.posted_at, cleared, sent, late)
+        if op.id in self.run.dispatcher.awaited:
+            self.run.events.put(Written(op.id, self.written_at))
+            self.channel.delivery.watch(op, t_v)
+        else:
+            self.run.events.put(Completed(op.id, t_v, self.written_at))
 
 
 class Agent:
@@ -137,29 +241,15 @@ class Agent:
         self.topo = topo
         self.rank = rank
         self.program = schedule.ranks[rank]
-        self.elems_per_chunk = schedule.chunk_bytes // 4
-        self.buffers = {
-            "data": np.zeros(schedule.chunks * self.elems_per_chunk, dtype=np.float32),
-            "scratch": np.zeros(max(schedule.scratch_chunks, 1) * self.elems_per_chunk, dtype=np.float32),
-        }
+        self.buffers = RankBuffers(schedule, rank)
         self.send_peers = sorted({op.partner for op in self.program.ops if op.kind == SEND})
         self.latency = {peer: (latency or {}).get(peer, ZERO) for peer in self.send_peers}
         self.recv_peers = sorted({op.partner for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
-        self.out_socks: dict[int, socket.socket] = {}
-        self.written: dict[int, int] = {}  # bytes written on each out_sock, for delivery tracking
-        self.in_socks: dict[int, socket.socket] = {}
-        self.expected = expected_sum(schedule.p, len(self.buffers["data"]))
-        self.inputs = input_values(rank, len(self.buffers["data"]))
         self.link_bps = topo.host_bw * 1e6
-        self._mss: dict[int, int] = {}  # per receiving peer: the connection's TCP MSS
-        # Additions into one chunk may be unordered (the schedule allows it);
-        # numpy releases the GIL while adding, so they take turns here.
-        self.reduce_lock = threading.Lock()
-        # Sends another send waits for complete on delivery (see _send_worker);
-        # receives and local work wait only until the data is written.
-        self.awaited_sends = Dispatcher(self.program).awaited
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
+        # Room for a whole message before the receiver has posted its receive (see peer.open_channels).
         self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
+        self.channels = Channels({}, {})  # none until connect
 
     # ------------------------------------------------------------ connections
     def host_of(self, rank: int) -> topology.Host:
@@ -168,324 +258,134 @@ class Agent:
     def ip(self, rank: int) -> str:
         return self.ip_of[self.schedule.ranks[rank].host]
 
-    def connect(self, timeout_s: float = 30.0) -> None:
-        """Open every data connection: listen for our receive peers, connect to our send peers."""
+    def connection_plan(self) -> ConnectionPlan:
+        """This rank's data connections: each send peer along the 5-tuple :func:`routing.agent_flow` predicts."""
         me = self.host_of(self.rank)
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Room for a whole message before the receiver has posted its receive,
-        # so a late receiver does not throttle its sender (set before listen:
-        # accepted sockets inherit it, and the window scale follows it).
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, self.rcvbuf)
-        listener.bind((self.ip(self.rank), routing.AGENT_LISTEN_PORT))
-        listener.listen(max(len(self.recv_peers), 1))
-        listener.settimeout(timeout_s)
-        accept_error: list[BaseException] = []
-
-        def accept_all() -> None:
-            try:
-                while len(self.in_socks) < len(self.recv_peers):
-                    conn, _ = listener.accept()
-                    conn.settimeout(None)
-                    buf = bytearray(HELLO.size)
-                    _recv_exact(conn, memoryview(buf))
-                    (peer,) = HELLO.unpack(buf)
-                    if peer not in self.recv_peers or peer in self.in_socks:
-                        raise AgentError(f"unexpected connection from rank {peer}")
-                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self.in_socks[peer] = conn
-            except BaseException as exc:  # reported by the caller
-                accept_error.append(exc)
-
-        acceptor = threading.Thread(target=accept_all, daemon=True)
-        acceptor.start()
-        deadline = time.monotonic() + timeout_s
+        routes = []
         for peer in self.send_peers:
             dst = self.host_of(peer)
             flow = routing.agent_flow(self.topo, me.name, dst.name)
-            while True:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.bind((self.ip(self.rank), flow.sport))
-                sock.settimeout(max(deadline - time.monotonic(), 0.1))
-                try:
-                    sock.connect((self.ip(peer), flow.dport))
-                    break
-                except (ConnectionRefusedError, TimeoutError, OSError) as exc:
-                    sock.close()
-                    if time.monotonic() > deadline:
-                        raise AgentError(f"cannot connect to rank {peer} ({dst.name} {self.ip(peer)}): {exc}") from None
-                    time.sleep(0.05)
-            sock.settimeout(None)
-            sock.sendall(HELLO.pack(self.rank))
-            self.out_socks[peer] = sock
-            self.written[peer] = HELLO.size
-        acceptor.join(max(deadline - time.monotonic(), 0.1))
-        listener.close()
-        if accept_error:
-            raise AgentError(f"accepting connections: {accept_error[0]}")
-        missing = sorted(set(self.recv_peers) - set(self.in_socks))
-        if missing:
-            raise AgentError(f"ranks {missing} never connected")
+            routes.append(Route(peer, self.ip(peer), flow.sport, flow.dport,
+                                f"rank {peer} ({dst.name} {self.ip(peer)})"))
+        return ConnectionPlan(self.rank, self.ip(self.rank), routing.AGENT_LISTEN_PORT, tuple(self.recv_peers),
+                              tuple(routes), self.rcvbuf, self.link_bps)
+
+    def connect(self, timeout_s: float = 30.0) -> None:
+        """Open every data connection: listen for our receive peers, connect to our send peers."""
+        try:
+            self.channels = open_channels(self.connection_plan(), timeout_s)
+        except PeerError as exc:
+            raise AgentError(str(exc)) from None
 
     def close(self) -> None:
-        for sock in [*self.out_socks.values(), *self.in_socks.values()]:
-            try:
-                sock.close()
-            except OSError:
-                pass
+        self.channels.close()
 
     # -------------------------------------------------------------- execution
-    def _view(self, buffer: str, chunk: int, nchunks: int) -> np.ndarray:
-        e = self.elems_per_chunk
-        return self.buffers[buffer][chunk * e:(chunk + nchunks) * e]
-
     def prepare(self) -> None:
         """Reset the buffers to this rank's input, before the barrier: after ``go`` every rank starts at once."""
-        np.copyto(self.buffers["data"], self.inputs)
-        self.buffers["scratch"][:] = 0
+        self.buffers.reset()
 
     def run_once(self, rep: int, start_at: float | None = None, watch_steps: Iterable[int] = (),
-                 on_step: Callable[[int], None] | None = None) -> dict[str, Any]:
-        """One repetition (after :meth:`prepare`): returns per-op timings and whether the result is right.
+                 on_step: Callable[[int], None] | None = None) -> RepetitionResult:
+        """One repetition (after :meth:`connect` and :meth:`prepare`): every operation's times and the data check.
 
         ``start_at`` is a time on the monotonic clock, which every emulated
         host shares: all ranks set up their workers, then release their first
-        operations at that same instant. (Released on receipt of the control
-        message instead, ranks started up to 20 ms apart on 2 cores, and
-        halving-doubling rounds carry such lateness forward.)
-        ``on_step(step)`` is called the first time an operation of one of
-        ``watch_steps`` is released (the replay fires step-triggered faults
-        on it).
+        operations at that same instant (released on receipt of the control
+        message instead, ranks would start as far apart as the control
+        messages arrive, and halving-doubling rounds carry such lateness
+        forward). ``on_step(step)`` is called the first time an operation of
+        one of ``watch_steps`` is released (the replay fires step-triggered
+        faults on it).
 
-        Which operations run when is :class:`~emulator.schedule.dispatch.Dispatcher`'s;
-        it hands each one over with the virtual time it became ready, which
-        the send workers schedule from (see :meth:`_send_worker`). Timings:
-        a send runs from its transfer's start to its completion, a receive
-        from being posted to its last byte, a local operation as it ran.
-        ``sends`` holds, per send, when its receive was posted, when the
-        clear to send came, when ``sendall`` began and how late that was.
+        Which operations run when is the :class:`Dispatcher`'s; it hands each
+        one over with the virtual time it became ready, which the send
+        workers schedule from (:class:`_Sender`). Timings: a send runs from
+        its transfer's start to its completion, a receive from being posted
+        to its last byte, a local operation as it ran.
         """
-        watched = set(watch_steps)
-        dispatcher = Dispatcher(self.program)
-        # (op id, start, end, error, final): final is False for "an awaited send is written"
-        events: queue.Queue[tuple[int, float, float, BaseException | None, bool]] = queue.Queue()
-        send_q: dict[int, queue.Queue[tuple[Op, float] | None]] = defaultdict(queue.Queue)
-        recv_q: dict[int, queue.Queue[tuple[Op, float] | None]] = defaultdict(queue.Queue)
-        self.send_info: dict[int, list[float]] = {}
-        workers = [threading.Thread(target=self._send_worker, args=(peer, rep, send_q[peer], events), daemon=True)
-                   for peer in self.send_peers]
-        workers += [threading.Thread(target=self._recv_worker, args=(peer, rep, recv_q[peer], events), daemon=True)
-                    for peer in self.recv_peers]
-        for w in workers:
-            w.start()
-        timings: dict[int, tuple[float, float]] = {}
-
-        def hand(ready: list[Ready]) -> None:
-            todo = deque(ready)  # in order: a peer's receives are posted as the dispatcher queued them
-            while todo:
-                r = todo.popleft()
-                op = r.op
-                if op.step in watched and on_step is not None:
-                    watched.discard(op.step)
-                    on_step(op.step)
-                if op.kind in (REDUCE, COPY):
-                    t0 = time.monotonic()
-                    self._local(op)
-                    timings[op.id] = (t0, time.monotonic())
-                    todo.extend(dispatcher.done(op.id, r.at))  # local work costs the modelled fabric nothing
-                elif op.kind == SEND:
-                    send_q[op.partner].put((op, r.at))
-                else:
-                    self._post_receive(op, rep, r.at)
-                    recv_q[op.partner].put((op, r.at))
-
+        run = _Repetition(rep, Dispatcher(self.program),
+                          {peer: queue.Queue() for peer in self.send_peers},
+                          {peer: queue.Queue() for peer in self.recv_peers}, set(watch_steps), on_step)
+        self._start_workers(self.channels, run)
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.monotonic()))
         try:
-            hand(dispatcher.start(time.monotonic() if start_at is None else start_at))
-            while dispatcher.pending:
-                op_id, t0, t1, error, final = events.get()
-                if error is not None:
-                    raise error
-                if not final:  # an awaited send is written: receives and local work may use its buffer
-                    hand(dispatcher.written(op_id, t1))
-                    continue
-                timings[op_id] = (t0, t1)
-                hand(dispatcher.done(op_id, t1))
+            self._hand(run, run.dispatcher.start(time.monotonic() if start_at is None else start_at))
+            while run.dispatcher.pending:
+                event = run.events.get()
+                if isinstance(event, Failed):
+                    raise event.error
+                if isinstance(event, Completed):
+                    run.timings[event.op_id] = event
+                # a written awaited send releases the receives and local work that may use its buffer
+                self._hand(run, run.dispatcher.apply(event))
         finally:
-            for q in [*send_q.values(), *recv_q.values()]:
-                q.put(None)
-        correct = bool(np.array_equal(self.buffers["data"], self.expected))
-        wrong = None
-        if not correct:
-            bad = np.flatnonzero(self.buffers["data"] != self.expected)
-            first = int(bad[0])
-            wrong = (f"{len(bad)} of {len(self.expected)} elements wrong; element {first} "
-                     f"(chunk {first // self.elems_per_chunk}) is {self.buffers['data'][first]:g}, "
-                     f"expected {self.expected[first]:g}")
-        return {"ops": [[i, t[0], t[1]] for i, t in sorted(timings.items())], "correct": correct, "wrong": wrong,
-                "sends": {str(i): v for i, v in sorted(self.send_info.items())}}
+            run.stop()
+        return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings)
 
-    def _local(self, op: Op) -> None:
-        target = self._view(op.buffer, op.chunk, op.nchunks)
-        source = self._view(op.src or "data", op.src_chunk or 0, op.nchunks)
-        with self.reduce_lock:
-            if op.kind == REDUCE:
-                np.add(target, source, out=target)
+    def _start_workers(self, channels: Channels, run: _Repetition) -> None:
+        workers = [threading.Thread(target=_Sender(channels.send[peer], self.latency[peer], self.buffers, run),
+                                    daemon=True) for peer in self.send_peers]
+        workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[peer], run), daemon=True)
+                    for peer in self.recv_peers]
+        for w in workers:
+            w.start()
+
+    def _hand(self, run: _Repetition, ready: list[Ready]) -> None:
+        """Run the local operations the dispatcher released, and queue its sends and receives on their workers.
+
+        In order: a peer's receives are posted as the dispatcher queued them.
+        Local work costs the modelled fabric nothing, so what it releases is
+        ready when it was.
+        """
+        todo = deque(ready)
+        while todo:
+            r = todo.popleft()
+            op = r.op
+            run.entered(op.step)
+            if op.kind in (REDUCE, COPY):
+                t0 = time.monotonic()
+                self.buffers.run_local(op)
+                run.timings[op.id] = Completed(op.id, t0, time.monotonic())
+                todo.extend(run.dispatcher.done(op.id, r.at))
+            elif op.kind == SEND:
+                run.sends[op.partner].put(r)
             else:
-                target[:] = source
+                self._post_receive(op, run.rep, r.at)
+                run.receives[op.partner].put(r)
 
     def _post_receive(self, op: Op, rep: int, at: float) -> None:
         """Tell ``op``'s sender that this receive is posted (its clear to send), as of ``at``."""
         try:
-            self.in_socks[op.partner].sendall(CLEAR_TO_SEND.pack(rep, op.step, at))
+            self.channels.receive[op.partner].post(rep, op.step, at)
         except OSError as exc:
             raise AgentError(f"{op.describe()}: clear to send to rank {op.partner}: {exc}") from None
 
-    def _send_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
-        """Send ``peer``'s messages in order; each starts on its clear to send, at the fabric's latency.
-
-        A transfer starts (virtual time ``t_v``) once the send is queued and
-        the clear to send could have crossed the emulated fabric (posted +
-        ``rendezvous_target_s``); ``sendall`` follows ``sleep_s`` later, so
-        that the first byte arrives the profile's message latency after
-        ``t_v`` (:mod:`emulator.latency`). A message whose deadline passes
-        while the previous one is still being written follows it at once: its
-        bytes queue behind the previous ones in the stream, as on a real NIC.
-        Deliveries are watched while this worker waits or sleeps.
-
-        ``sendall`` returns once the data is in the kernel's send buffer; a send
-        counted complete then would let a dependent send to *another* peer
-        share the uplink with this one's tail. So a send that other sends wait
-        for completes when the peer has acknowledged its last byte, as the
-        schedule checker assumes; receives and local work that wait for it go
-        as soon as it is written (the kernel holds a copy, the buffer is free,
-        and a receive posted then lets its sender start one return trip
-        earlier). The next message to the same peer does not wait for that (it
-        follows in the same TCP stream, so they cannot share a link).
-        (Blocking the channel until the ACK came back put the return path's
-        queueing delay into every ring step.)
-        """
-        sock = self.out_socks[peer]
-        lat = self.latency[peer]
-        clear = bytearray(CLEAR_TO_SEND.size)
-        pending: deque[tuple[Op, float, int]] = deque()  # awaited sends not yet acknowledged: op, t0, end offset
-        op: Op | None = None
-        written_at = float("-inf")
-        try:
-            while (item := self._next_while_delivering(ops, sock, peer, pending, events)) is not None:
-                op, queued_at = item
-                payload = _bytes_view(self._view(op.buffer, op.chunk, op.nchunks))
-                if len(payload) != op.bytes:
-                    raise AgentError(f"op {op.id}: buffer holds {len(payload)} bytes, op says {op.bytes}")
-                _recv_exact(sock, memoryview(clear),
-                            readable=lambda: self._readable_while_delivering(sock, peer, pending, events))
-                cts_at = time.monotonic()
-                their_rep, step, posted_at = CLEAR_TO_SEND.unpack(clear)
-                if (their_rep, step) != (rep, op.step):
-                    raise AgentError(f"expected clear to send for repetition {rep} step {op.step}, "
-                                     f"got repetition {their_rep} step {step}")
-                t_v = max(queued_at, posted_at + lat.rendezvous_target_s)
-                deadline = t_v + lat.sleep_s + lat.unshaped_s(op.bytes)
-                self._sleep_while_delivering(deadline, sock, peer, pending, events)
-                sent = time.monotonic()
-                sock.sendall(HEADER.pack(rep, op.step, op.bytes))
-                sock.sendall(payload)
-                # late: beyond the deadline, and beyond the previous message's sendall, which it follows anyway
-                late = max(0.0, sent - max(deadline, written_at))
-                written_at = time.monotonic()
-                self.written[peer] += HEADER.size + len(payload)
-                self.send_info[op.id] = [posted_at, cts_at, sent, late]
-                if op.id in self.awaited_sends:
-                    events.put((op.id, t_v, written_at, None, False))
-                    pending.append((op, t_v, self.written[peer]))
-                else:
-                    events.put((op.id, t_v, written_at, None, True))
-        except BaseException as exc:
-            failed = pending[0][0] if pending else op
-            if failed is not None:
-                events.put((failed.id, 0.0, 0.0, AgentError(f"send {failed.describe()} to rank {peer}: {exc}"), True))
-
-    def _sleep_while_delivering(self, deadline: float, sock: socket.socket, peer: int, pending: deque,
-                                events: queue.Queue) -> None:
-        """Wait until ``deadline`` (monotonic), completing the pending sends the peer acknowledges meanwhile."""
-        while (left := deadline - time.monotonic()) > 0:
-            wait = self._report_delivered(sock, peer, pending, events)
-            time.sleep(min(left, wait) if pending else left)
-
-    def _report_delivered(self, sock: socket.socket, peer: int, pending: deque, events: queue.Queue) -> float:
-        """Complete the pending sends the peer has acknowledged; return how long to wait before looking again."""
-        buf = bytearray(4)
-        fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, buf)
-        acked = self.written[peer] - int.from_bytes(buf, sys.byteorder)
-        now = time.monotonic()
-        while pending and pending[0][2] <= acked:
-            op, t0, _ = pending.popleft()
-            events.put((op.id, t0, now, None, True))
-        if not pending:
-            return 0.0
-        # Half the time the first pending send's remainder needs at the link
-        # rate beyond its last frames; once only those are unacknowledged, their
-        # ACK can come any moment (they may be past the bottleneck already):
-        # look every quarter frame time, or each step would end up to a frame
-        # late. (A fixed 128 KiB tail polled every millisecond: 64 agents at
-        # 5 Mbit/s ran 1.5x the model with 23% CPU idle; this: 1.1x, 38%.)
-        mss = self._mss.get(peer) or self._mss.setdefault(peer, sock.getsockopt(socket.IPPROTO_TCP,
-                                                                                socket.TCP_MAXSEG))
-        left = pending[0][2] - acked
-        tail = DELIVERY_TAIL_FRAMES * mss
-        if left <= tail:
-            return max(DELIVERY_TAIL_POLL_S, mss * 8 / self.link_bps / 4)
-        return min(max((left - tail) * 8 / self.link_bps / 2, DELIVERY_TAIL_POLL_S), 0.02)
-
-    def _next_while_delivering(self, ops: queue.Queue, sock: socket.socket, peer: int, pending: deque,
-                               events: queue.Queue) -> tuple[Op, float] | None:
-        while True:
-            wait = self._report_delivered(sock, peer, pending, events)
-            if not pending:
-                return ops.get()
+    def _receive_worker(self, channel: RecvChannel, run: _Repetition) -> None:
+        """The worker thread of one receive peer: its messages in order, each reported as it completes."""
+        staging = Staging()
+        while (ready := run.receives[channel.peer].get()) is not None:
+            op = ready.op  # a receive's time runs from its posting
             try:
-                return ops.get(timeout=wait)
-            except queue.Empty:
-                continue
-
-    def _readable_while_delivering(self, sock: socket.socket, peer: int, pending: deque,
-                                   events: queue.Queue) -> bool:
-        """Whether ``sock`` can be read now; meanwhile completes the pending sends the peer acknowledged."""
-        if not pending:
-            return True  # nothing to watch: a blocking read is fine
-        wait = self._report_delivered(sock, peer, pending, events)
-        return not pending or bool(select.select([sock], [], [], wait)[0])
-
-    def _recv_worker(self, peer: int, rep: int, ops: queue.Queue, events: queue.Queue) -> None:
-        sock = self.in_socks[peer]
-        header = bytearray(HEADER.size)
-        scratch = np.empty(0, dtype=np.float32)
-        while (item := ops.get()) is not None:
-            op, t0 = item  # a receive's time runs from its posting
-            try:
-                _recv_exact(sock, memoryview(header))
-                their_rep, step, nbytes = HEADER.unpack(header)
-                if (their_rep, step, nbytes) != (rep, op.step, op.bytes):
-                    raise AgentError(f"expected repetition {rep} step {op.step} with {op.bytes} bytes, "
-                                     f"got repetition {their_rep} step {step} with {nbytes} bytes")
-                target = self._view(op.buffer, op.chunk, op.nchunks)
-                # ACK at once: the sender's send completes on the last ACK.
-                if op.kind == RECV:
-                    _recv_exact(sock, _bytes_view(target), quickack=True)
-                else:
-                    if scratch.size < target.size:
-                        scratch = np.empty(target.size, dtype=np.float32)
-                    tmp = scratch[:target.size]
-                    _recv_exact(sock, _bytes_view(tmp), quickack=True)
-                    with self.reduce_lock:  # two receives may add into the same chunk (tree children)
-                        np.add(target, tmp, out=target)
-                events.put((op.id, t0, time.monotonic(), None, True))
+                self._receive(channel, op, run.rep, staging)
+                run.events.put(Completed(op.id, ready.at, time.monotonic()))
             except BaseException as exc:
-                events.put((op.id, 0.0, 0.0, AgentError(f"{op.describe()}: {exc}"), True))
+                run.events.put(Failed(op.id, AgentError(f"{op.describe()}: {exc}")))
                 return
+
+    def _receive(self, channel: RecvChannel, op: Op, rep: int, staging: Staging) -> None:
+        header = channel.header()
+        if (header.rep, header.step, header.nbytes) != (rep, op.step, op.bytes):
+            raise AgentError(f"expected repetition {rep} step {op.step} with {op.bytes} bytes, "
+                             f"got repetition {header.rep} step {header.step} with {header.nbytes} bytes")
+        target = self.buffers.target(op)
+        if op.kind == RECV:
+            channel.payload_into(bytes_view(target))
+        else:
+            received = staging.take(target.size)
+            channel.payload_into(bytes_view(received))
+            self.buffers.add(target, received)
 
 
 # ---------------------------------------------------------------- process main
@@ -507,7 +407,7 @@ def load_latency_plan(path: str | None, rank: int) -> dict[int, PathLatency]:
     return {int(dst): PathLatency.from_json(v) for dst, v in data["ranks"].get(str(rank), {}).items()}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="emulator.agent")
     parser.add_argument("--schedule", required=True)
     parser.add_argument("--topology", required=True)
@@ -515,11 +415,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--control", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--latency", default=None, help="latency plan (JSON, see load_latency_plan)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def _serve(control: AgentChannel, agent: Agent) -> None:
+    """Connect, report ``ready``, then one repetition per ``go`` until ``quit``."""
+    rank = agent.rank
+    log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
+    agent.connect()
+    agent.prepare()
+    control.send(Msg.READY, rank=rank)
+    log.info("ready")
+    while True:
+        msg = control.receive()
+        if msg["type"] == Msg.QUIT:
+            return
+        if msg["type"] == Msg.GO:
+            rep = int(msg["rep"])
+            result = agent.run_once(rep, msg.get("start_at"), msg.get("watch_steps", ()),
+                                    lambda step: control.send(Msg.STEP, rank=rank, step=step))
+            log.info("repetition %d done, correct=%s", rep, result.correct)
+            if not result.correct:
+                log.error("wrong result: %s", result.wrong)
+            agent.prepare()
+            control.send(Msg.DONE, rank=rank, rep=rep, **result.to_json())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The agent process (see the module docstring): 0 after ``quit``, 1 after reporting an ``error``."""
+    args = _arguments(argv)
     # A worker woken by its socket waits for the GIL up to the switch interval
-    # (5 ms by default) while another thread computes; every message passes
-    # two such hand-offs (worker -> main -> worker). Measured at 1 MiB on 16
-    # ranks: hd's measured/predicted time fell from 1.27 to 1.17.
+    # (5 ms by default) while another thread computes, and every message
+    # passes two such hand-offs (worker -> main -> worker): a short interval
+    # keeps them from adding to every message's latency (docs/fidelity.md).
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(filename=args.log, level=logging.INFO,
                         format=f"%(asctime)s rank {args.rank} %(levelname)s %(message)s")
@@ -530,24 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule = sformat.load(args.schedule)
         topo = topology.load(args.topology)
         agent = Agent(schedule, topo, args.rank, latency=load_latency_plan(args.latency, args.rank))
-        log.info("connecting: sends to %s, receives from %s", agent.send_peers, agent.recv_peers)
-        agent.connect()
-        agent.prepare()
-        control.send(Msg.READY, rank=args.rank)
-        log.info("ready")
-        while True:
-            msg = control.receive()
-            if msg["type"] == Msg.QUIT:
-                break
-            if msg["type"] == Msg.GO:
-                rep = int(msg["rep"])
-                result = agent.run_once(rep, msg.get("start_at"), msg.get("watch_steps", ()),
-                                        lambda step: control.send(Msg.STEP, rank=args.rank, step=step))
-                log.info("repetition %d done, correct=%s", rep, result["correct"])
-                if not result["correct"]:
-                    log.error("wrong result: %s", result["wrong"])
-                agent.prepare()
-                control.send(Msg.DONE, rank=args.rank, rep=rep, **result)
+        _serve(control, agent)
         return 0
     except BaseException as exc:
         log.error("failed: %s\n%s", exc, traceback.format_exc())

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import json
-import queue
 import socket
 import tempfile
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import pytest
 
 from emulator import agent as agent_mod
-from emulator import fabric, replay, topology
+from emulator import fabric, peer, replay, topology
 from emulator.agent import Agent, AgentError, expected_sum, input_values
 from emulator.latency import LatencyModel, PathLatency
+from emulator.results import Repetition
 from emulator.schedule import cost, generators
-from emulator.schedule.format import with_ops
+from emulator.schedule.format import match_transfers, with_ops
 
 
 def test_expected_sum_matches_a_direct_sum():
@@ -49,7 +48,7 @@ def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None):
                 a.prepare()
                 barrier.wait(timeout=30)
                 at = start_at.get(a.rank) if isinstance(start_at, dict) else start_at
-                results[a.rank].append(a.run_once(rep, at))
+                results[a.rank].append(a.run_once(rep, at).to_json())  # the done message's fields
         except BaseException as exc:
             errors.append(exc)
             barrier.abort()
@@ -85,8 +84,8 @@ def test_agents_compute_an_allreduce_over_tcp(algo, spec):
             assert all(end >= start for _, start, end in res["ops"])
     op_times = {r: {i: (s, e) for i, s, e in reps[0]["ops"]} for r, reps in results.items()}
     metrics = replay.repetition_metrics(schedule, op_times)
-    assert metrics["time_s"] > 0 and metrics["busbw_mbps"] > 0
-    assert [s["step"] for s in metrics["steps"]] == sorted({op.step for r in schedule.ranks for op in r.ops
+    assert metrics.time_s > 0 and metrics.busbw_mbps > 0
+    assert [s.step for s in metrics.steps] == sorted({op.step for r in schedule.ranks for op in r.ops
                                                             if op.is_comm})
     records = replay.timeline_records(schedule, 0, op_times)
     assert len(records) == sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
@@ -172,7 +171,7 @@ def test_agents_add_the_profiles_latency_to_every_message():
 def test_match_transfers_pairs_in_order():
     topo = topology.build("star:hosts=4")
     schedule = generators.generate("ring", topo, 4096)
-    pairs = replay.match_transfers(schedule)
+    pairs = match_transfers(schedule)
     sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
     assert len(pairs) == sends
     for a, s, b, r in pairs:
@@ -184,7 +183,7 @@ def test_match_transfers_pairs_in_order():
 def test_nccl_table_layout():
     topo = topology.build("star:hosts=4")
     schedule = generators.generate("ring", topo, 1 << 20)
-    reps = [{"time_s": 1.0, "algbw_mbps": 8.39, "busbw_mbps": 12.58, "correct": True}]
+    reps = [Repetition(rep=0, time_s=1.0, algbw_mbps=8.39, busbw_mbps=12.58, correct=True)]
     table = replay.nccl_table(schedule, reps)
     lines = table.splitlines()
     assert "size" in lines[2] and "busbw" in lines[2] and "#wrong" in lines[2]
@@ -194,8 +193,8 @@ def test_nccl_table_layout():
     assert "Avg bus bandwidth" in lines[-1]
 
 
-def test_header_struct_is_fixed():
-    assert agent_mod.HEADER.size == 16
+def test_the_wire_structs_are_fixed():
+    assert (peer.HELLO.size, peer.CLEAR_TO_SEND.size, peer.HEADER.size) == (4, 16, 16)
 
 
 def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
@@ -210,7 +209,7 @@ def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
         out[...] = result  # ... then write
         return out
 
-    monkeypatch.setattr(agent_mod.np, "add", slow_add)
+    monkeypatch.setattr(np, "add", slow_add)
     topo = topology.build("star:hosts=7")
     schedule = generators.generate("dbtree", topo, 7 * 1024)
     assert any(len({op.peer for op in prog.ops if op.kind == "recv_reduce" and op.chunk == c}) > 1
@@ -220,37 +219,97 @@ def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
     assert all(res["correct"] for reps in results.values() for res in reps)
 
 
-def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it():
-    """Delivery tracking: bytes in the send queue that the peer has not taken keep the send pending."""
-    topo = topology.build("star:hosts=2")
-    schedule = generators.generate("ring", topo, 64 * 1024)
-    agent = Agent(schedule, topo, 0, ip_of={h.name: "127.0.0.1" for h in topo.hosts})
+@pytest.fixture
+def tcp_pair():
+    """A connected loopback pair (client, server) whose server end has a small window: it must read to ACK."""
     listener = socket.socket()
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a small window: the peer must read to ACK
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     client = socket.create_connection(listener.getsockname())
     client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
     server, _ = listener.accept()
+    yield client, server
+    for sock in (client, server, listener):
+        sock.close()
+
+
+def _send_op():
+    topo = topology.build("star:hosts=2")
+    return next(o for o in generators.generate("ring", topo, 64 * 1024).ranks[0].ops if o.kind == "send")
+
+
+def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it(tcp_pair):
+    """Delivery tracking: bytes in the send queue that the peer has not taken keep the send pending."""
+    client, server = tcp_pair
+    op = _send_op()
+    tracker = peer.DeliveryTracker(client, link_bps=10e6)
+    client.sendall(b"x" * (1 << 20))
+    tracker.wrote(1 << 20)
+    tracker.watch(op, start=1.0)
+    delivered: list[peer.Delivered] = []
+    assert tracker.poll(delivered.append) > 0
+    assert tracker.watching and tracker.oldest == op and not delivered
+    got = 0
+    while got < 1 << 20:
+        got += len(server.recv(1 << 20))
+    deadline = time.monotonic() + 5
+    while tracker.watching and time.monotonic() < deadline:
+        time.sleep(tracker.poll(delivered.append))
+    assert not tracker.watching and tracker.oldest is None
+    assert len(delivered) == 1 and delivered[0].op == op and delivered[0].start == 1.0 and delivered[0].at > 1.0
+    assert tracker.poll(delivered.append) == 0.0  # nothing watched: no need to look again
+
+
+def test_the_delivery_poll_is_quick_near_the_tail_and_slow_far_from_it(tcp_pair):
+    """Far from the last frames: half the remainder's time at the link rate (at most 20 ms); close: often."""
+    client, _ = tcp_pair
+    op = _send_op()
+    slow = peer.DeliveryTracker(client, link_bps=1e6)
+    client.sendall(b"x" * (1 << 20))
+    slow.wrote(1 << 20)
+    slow.watch(op, start=0.0)
+    assert slow.poll(lambda d: None) == pytest.approx(0.02)
+    # a watched send whose end the peer acknowledged long ago completes at once, whatever is written after it
+    tail = peer.DeliveryTracker(client, link_bps=1e6)
+    tail.watch(op, start=0.0)
+    tail.wrote(1 << 20)
+    delivered: list[peer.Delivered] = []
+    assert tail.poll(delivered.append) == 0.0 and [d.op for d in delivered] == [op]
+
+
+def test_a_send_channel_and_a_recv_channel_speak_the_rendezvous_protocol(tcp_pair):
+    client, server = tcp_pair
+    out, into = peer.SendChannel(client, 1, link_bps=10e6), peer.RecvChannel(server, 0)
+    out.hello(0)
+    hello = bytearray(peer.HELLO.size)
+    peer.recv_exact(server, memoryview(hello))
+    assert peer.HELLO.unpack(hello) == (0,) and out.delivery.written == peer.HELLO.size
+    into.post(3, 7, 12.5)
+    assert out.clear_to_send(lambda d: None) == peer.ClearToSend(rep=3, step=7, posted_at=12.5)
+    payload = np.arange(4, dtype=np.float32)
+    out.send(3, 7, memoryview(payload.data).cast("B"))
+    assert out.delivery.written == peer.HELLO.size + peer.HEADER.size + 16
+    assert into.header() == peer.Header(rep=3, step=7, nbytes=16)
+    landed = np.zeros(4, dtype=np.float32)
+    into.payload_into(memoryview(landed.data).cast("B"))
+    assert np.array_equal(landed, payload)
+    out.close()
+    with pytest.raises(peer.PeerError, match="closed by peer"):
+        into.header()
+
+
+def test_an_agent_whose_peer_never_listens_names_it():
+    topo = topology.build("star:hosts=2")
+    schedule = generators.generate("ring", topo, 4096)
+    agent = Agent(schedule, topo, 0, ip_of={"h1": "127.60.0.1", "h2": "127.60.0.2"})
+    started = time.monotonic()
     try:
-        client.sendall(b"x" * (1 << 20))
-        agent.written[1] = 1 << 20
-        op = next(o for o in schedule.ranks[0].ops if o.kind == "send")
-        pending, events = deque([(op, 1.0, 1 << 20)]), queue.Queue()
-        assert agent._report_delivered(client, 1, pending, events) > 0
-        assert pending and events.empty()
-        got = 0
-        while got < 1 << 20:
-            got += len(server.recv(1 << 20))
-        deadline = time.monotonic() + 5
-        while pending and time.monotonic() < deadline:
-            time.sleep(agent._report_delivered(client, 1, pending, events))
-        assert not pending
-        op_id, t0, t1, error, final = events.get_nowait()
-        assert (op_id, t0, error, final) == (op.id, 1.0, None, True) and t1 > t0
+        with pytest.raises(AgentError, match=r"cannot connect to rank 1 \(h2 127\.60\.0\.2\)"):
+            agent.connect(timeout_s=0.3)
     finally:
-        for sock in (client, server, listener):
-            sock.close()
+        agent.close()
+    assert time.monotonic() - started < 5
 
 
 def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
