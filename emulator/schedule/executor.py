@@ -7,17 +7,22 @@ starts as label ``c`` with count 1 for rank ``r``; scratch chunks start empty.
 A schedule is an allreduce iff, once every operation has run, every rank's
 data chunk ``c`` has label ``c`` and count exactly 1 for every rank.
 
-Execution model (the one a host agent follows):
+Execution model: the host agents' own. Which operation may run when is
+decided by one :class:`~emulator.schedule.dispatch.Dispatcher` per rank, the
+same class the agents and the timing model run on:
 
 * An operation is *ready* when all its ``deps`` have completed; a send or
-  receive additionally waits for every earlier op of its rank on the same
-  channel (the same peer and direction) -- messages on a channel are matched
-  in list order, the k-th send from a to b with the k-th receive at b from a.
+  receive is queued on its channel (the same peer and direction) once it is
+  ready and every earlier op of its rank on that channel is -- messages on a
+  channel are matched in list order, the k-th send from a to b with the k-th
+  receive at b from a.
 * Local operations complete as soon as they are ready.
-* A send and its matching receive complete together once both are ready
-  (rendezvous: no buffering is assumed, so a schedule that passes here cannot
-  deadlock on real sockets either). The data sent is the sender's buffer at
-  that moment.
+* A send and its matching receive complete together once both are at the
+  heads of their channels (rendezvous: no buffering is assumed, so a
+  schedule that passes here cannot deadlock on real sockets either). The
+  data sent is the sender's buffer at that moment. A send thus completes
+  before anything that depends on it runs, which is at least as strict as
+  the agents' early release of an awaited send's receives and local work.
 
 Execution proceeds in *rounds*: all local work that can happen, then every
 ready matched pair at once. No progress with work left is a deadlock; the

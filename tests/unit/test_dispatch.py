@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from emulator import topology
-from emulator.schedule.dispatch import Dispatcher
+from emulator.schedule.dispatch import Channel, Completed, Dispatcher, Written
 from emulator.schedule.format import Op, RankProgram, Schedule
 from emulator.schedule.generators import generate
 
@@ -50,3 +50,47 @@ def test_an_operation_ready_early_waits_for_the_earlier_ones_of_its_queue():
     assert _ids(d.start(0.0)) == [(0, 0.0)]  # only the copy: send 2 waits behind send 1
     assert _ids(d.done(0, 5.0)) == [(1, 5.0), (2, 5.0)]
     assert not d.awaited
+
+
+def test_a_send_completed_without_being_written_releases_everything_in_program_order():
+    """The symbolic executor completes sends at once (no written event): all dependents go, in list order."""
+    sched = generate("hd", topology.build("star:hosts=2"), 64)
+    prog = _rank(sched, 0)
+    d = Dispatcher(prog)
+    send0, recv0, send1, recv1 = (op.id for op in prog.ops)
+    d.start(0.0)
+    assert _ids(d.done(recv0, 1.0)) == []
+    assert _ids(d.done(send0, 2.0)) == [(send1, 2.0), (recv1, 2.0)]
+
+
+def test_events_are_the_methods_they_stand_for():
+    sched = generate("hd", topology.build("star:hosts=2"), 64)
+    prog = _rank(sched, 0)
+    by_method, by_event = Dispatcher(prog), Dispatcher(prog)
+    send0, recv0, _, _ = (op.id for op in prog.ops)
+    assert _ids(by_method.start(0.0)) == _ids(by_event.start(0.0))
+    assert _ids(by_method.done(recv0, 2.0)) == _ids(by_event.apply(Completed(recv0, 0.0, 2.0)))
+    assert _ids(by_method.written(send0, 1.5)) == _ids(by_event.apply(Written(send0, 1.5)))
+    assert _ids(by_method.done(send0, 2.5)) == _ids(by_event.apply(Completed(send0, 0.0, 2.5)))
+    assert by_method.finished == by_event.finished == {send0, recv0}
+
+
+def test_channels_heads_and_readiness():
+    """What the executor's deadlock report asks: a channel's ops, its first unfinished one, who is ready."""
+    ops = (Op(0, "copy", 0, 1, 4, 0, src="scratch", src_chunk=0),
+           Op(1, "send", 0, 1, 4, 0, peer=1, deps=(0,)),
+           Op(2, "send", 1, 1, 4, 0, peer=1),
+           Op(3, "recv", 1, 1, 4, 1, peer=1, deps=(2,)))
+    d = Dispatcher(RankProgram(0, "h1", ops))
+    to_1, from_1 = Channel(1, sends=True), Channel(1, sends=False)
+    assert Channel.of(ops[1]) == to_1 and Channel.of(ops[3]) == from_1 and to_1.opposite(0) == Channel(0, False)
+    assert d.channels == [to_1, from_1]
+    assert [op.id for op in d.channel_ops(to_1)] == [1, 2] and d.channel_ops(Channel(2, True)) == []
+    d.start(0.0)
+    assert d.released(2) and not d.released(1)  # ready, though queued behind send 1
+    assert d.head(to_1) == ops[1]
+    d.done(0, 1.0)
+    d.done(1, 2.0)
+    assert d.head(to_1) == ops[2]
+    d.done(2, 3.0)
+    assert d.head(to_1) is None and d.head(from_1) == ops[3] and d.released(3)

@@ -159,3 +159,17 @@ def test_runaway_reduction_overflows_cleanly():
     result = execute(sched)
     assert not result.valid
     assert any("rank 0 chunk 0" in e for e in result.errors)
+
+
+def test_a_send_queued_behind_another_on_its_channel_is_matched_after_it():
+    """The executor queues by the agents' rules (emulator.schedule.dispatch): send 2, ready at once, waits for
+    send 1, which waits for a copy; so they are matched in list order, one round apart."""
+    sched = _two_ranks(
+        [{"id": 0, "kind": "copy", "chunk": 0, "src": "data", "src_chunk": 1, "step": 0},
+         {"id": 1, "kind": "send", "peer": 1, "chunk": 0, "step": 0, "deps": [0]},
+         {"id": 2, "kind": "send", "peer": 1, "chunk": 1, "step": 0}],
+        [{"id": 0, "kind": "recv_reduce", "peer": 0, "chunk": 0, "step": 0},
+         {"id": 1, "kind": "recv_reduce", "peer": 0, "chunk": 1, "step": 0, "deps": [0]}])
+    result = execute(sched)
+    assert result.matches == [(0, 1, 1, 0), (0, 2, 1, 1)]
+    assert result.completed_round[(0, 1)] == 0 and result.completed_round[(0, 2)] == 1
