@@ -6,6 +6,7 @@ import argparse
 
 from emulator import fabric
 from emulator.bench import DEFAULT_SIZES, Size
+from emulator.cli_types import int_at_least
 from emulator.errors import UserError
 from emulator.schedule.format import parse_size
 from emulator.system import interrupt_on_sigterm, require_root
@@ -20,10 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="emulated link rate instead of the profile's (its dilation follows)")
     p.add_argument("--sizes", default=None, metavar="SIZE,...",
                    help="bytes per rank of the replays (default 64KiB,1MiB,16MiB)")
-    p.add_argument("--repeat", type=int, default=2, metavar="N",
+    p.add_argument("--repeat", type=int_at_least(1), default=2, metavar="N",
                    help="measured repetitions per replay, after one warm-up, at every size but the largest, which "
                    "has one and no warm-up (default 2)")
-    p.add_argument("--bringup-rounds", type=int, default=2, metavar="N", help="bring-ups of each kind (default 2)")
+    p.add_argument("--bringup-rounds", type=int_at_least(1), default=2, metavar="N",
+                   help="bring-ups of each kind (default 2)")
     p.add_argument("--out", default=None, metavar="DIR", help="results directory (default: results/)")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
     p.set_defaults(func=cmd_bench)
@@ -44,9 +46,6 @@ def _sizes(text: str | None, repeat: int) -> tuple[Size, ...]:
 def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.bench import bench, bench_profile, format_report
 
-    for name, value in (("repeat", args.repeat), ("bringup-rounds", args.bringup_rounds)):
-        if value < 1:
-            raise UserError(f"bench: field '{name}': expected an integer >= 1, got {value!r}")
     sizes = _sizes(args.sizes, args.repeat)
     bench_profile(args.fabric, args.bw)  # validates --fabric and --bw
     require_root()

@@ -6,13 +6,14 @@ import argparse
 import json
 
 from emulator import fabric, fidelity
-from emulator.errors import UserError
+from emulator.cli_types import number
 from emulator.system import interrupt_on_sigterm, require_root
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure link fidelity, agents vs iperf3 and datapath capacity")
-    p.add_argument("--bw", type=float, default=None, metavar="MBPS",
+    p.add_argument("--bw", type=number("Mbit/s in (0, 1000]", lambda x: 0 < x <= 1000), default=None,
+                   metavar="MBPS",
                    help="link rate of the one-link and agent measurements (default: the recommended rate "
                         "derived from the measured capacity)")
     p.add_argument("--quick", action="store_true", help="shorter flows and a coarser rate ladder (about two minutes)")
@@ -28,8 +29,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from emulator.calibrate import calibrate, summary_table
 
-    if args.bw is not None and not 0 < args.bw <= 1000:
-        raise UserError(f"calibrate: field 'bw': expected Mbit/s in (0, 1000], got {args.bw!r}")
     profile = fabric.parse(args.fabric, where="calibrate: fabric")
     require_root()
     interrupt_on_sigterm()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from controllers.core import DEFAULT_LISTEN, DEFAULT_STATS_INTERVAL, Settings, parse_listen
 from emulator import topology
+from emulator.cli_types import int_at_least
 from emulator.errors import FieldError
 from emulator.topology import Topology
 
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--routing", required=True, metavar="POLICY", help="bigraph, dmodk, ecmp or shortest")
     ctl.add_argument("--listen", default=f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}", metavar="HOST:PORT",
                      help="OpenFlow address to listen on (default: %(default)s)")
-    ctl.add_argument("--ecmp-seed", type=int, default=0, metavar="S", help="ECMP hash seed (default: 0)")
+    ctl.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="ECMP hash seed (default: 0)")
     ctl.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL, metavar="SECONDS",
                      help="port statistics polling interval (default: %(default)s)")
     ctl.add_argument("--stats-file", metavar="FILE",
@@ -52,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ping = subparsers.add_parser("pingall", help="bring up a network with the controller, ping every host pair")
     ping.add_argument("spec", metavar="SPEC", help="topology spec or exported topology JSON file")
     ping.add_argument("--routing", required=True, metavar="POLICY", help="bigraph, dmodk, ecmp or shortest")
-    ping.add_argument("--ecmp-seed", type=int, default=0, metavar="S", help="ECMP hash seed (default: 0)")
+    ping.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="ECMP hash seed (default: 0)")
     ping.add_argument("--json", action="store_true", help="print one JSON object")
     ping.set_defaults(func=cmd_pingall)
 
@@ -159,8 +160,6 @@ def ping_all(en, topo: Topology, sources: Iterable[str] | None = None, timeout_s
 
 def cmd_pingall(args: argparse.Namespace) -> int:
     topo = topology.load(args.spec)
-    if args.ecmp_seed < 0:
-        raise FieldError("pingall", "ecmp-seed", "an integer >= 0", args.ecmp_seed)
     from emulator.controller_process import ControllerProcess, free_port
     from emulator.network import EmulatedNetwork
     from emulator.system import require_root

@@ -7,7 +7,8 @@ import ipaddress
 import sys
 
 from emulator import routing, topology
-from emulator.errors import FieldError, UserError
+from emulator.cli_types import int_at_least
+from emulator.errors import UserError
 from emulator.network import EmulatedNetwork
 from emulator.system import choose_datapath, interrupt_on_sigterm, require_root
 
@@ -19,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="attach to a running OpenFlow controller (default: static routes, no controller)")
     up.add_argument("--routing", default="shortest", metavar="POLICY",
                     help="policy of the static routes when no controller is given (default: shortest)")
-    up.add_argument("--ecmp-seed", type=int, default=0, metavar="S", help="seed of static ECMP routes")
+    up.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="seed of static ECMP routes")
     up.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"),
                     help="Open vSwitch datapath (default: kernel where the module exists, else user)")
     up.set_defaults(func=cmd_up)
@@ -53,8 +54,6 @@ def cmd_up(args: argparse.Namespace) -> int:
     controller = parse_hostport(args.controller) if args.controller else None
     if controller is None:  # static routes: everything about them is checked before anything starts
         routing.check_policy(topo, args.routing)
-        if args.ecmp_seed < 0:
-            raise FieldError("up", "ecmp-seed", "an integer >= 0", args.ecmp_seed)
     choose_datapath(args.datapath)
     net = EmulatedNetwork(topo, controller=controller, routing=args.routing, seed=args.ecmp_seed,
                           datapath=args.datapath, label="up")

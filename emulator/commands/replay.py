@@ -6,6 +6,7 @@ import argparse
 import os
 
 from emulator import fabric
+from emulator.cli_types import int_at_least, positive
 from emulator.errors import UserError
 from emulator.faults import fault_line
 from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
@@ -18,10 +19,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", required=True, metavar="SPEC")
     p.add_argument("--routing", required=True, metavar="POLICY")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--repeat", type=int, default=3, metavar="N", help="measured repetitions (default 3)")
-    p.add_argument("--warmup", type=int, default=1, metavar="W", help="unmeasured repetitions first (default 1)")
-    p.add_argument("--ecmp-seed", type=int, default=0, metavar="S")
-    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+    p.add_argument("--repeat", type=int_at_least(1), default=3, metavar="N", help="measured repetitions (default 3)")
+    p.add_argument("--warmup", type=int_at_least(0), default=1, metavar="W",
+                   help="unmeasured repetitions first (default 1)")
+    p.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S")
+    p.add_argument("--timeout", type=positive("seconds"), default=None, metavar="SECONDS",
                    help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
     p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
@@ -57,9 +59,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     except ReplayFailed as exc:
         print(f"emu: replay failed: {exc} (partial results in {args.out})")
         return 1
-    print(nccl_table(schedule, results["repetitions"]))
-    for f in results["faults"]:
+    print(nccl_table(schedule, results.repetitions))
+    for f in results.faults:
         print(fault_line(f))
-    print(f"# busbw median {results['busbw_mbps_median']:.2f} Mbit/s on {results['link_mbps']:g} Mbit/s links; "
-          f"results in {args.out}")
+    summary = results.summary()  # a finished replay has repeat >= 1 measured repetitions
+    median = f"{summary.busbw_mbps:.2f}" if summary is not None else "(none)"
+    print(f"# busbw median {median} Mbit/s on {results.link_mbps:g} Mbit/s links; results in {args.out}")
     return 0

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 
 from emulator import fabric, fidelity, routing, topology
+from emulator.cli_types import number
 from emulator.errors import FieldError
 from emulator.schedule import chakra, msccl
 from emulator.schedule import format as fmt
@@ -43,7 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chk.add_argument("--fabric", default=None, metavar="PROFILE",
                      help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
                      f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
-    chk.add_argument("--gamma", type=float, default=0.0, metavar="S_PER_BYTE",
+    chk.add_argument("--gamma", type=number("a finite number >= 0", lambda x: 0 <= x < math.inf), default=0.0,
+                     metavar="S_PER_BYTE",
                      help="reduction cost in seconds per byte (default 0)")
     chk.add_argument("--json", action="store_true", help="print one JSON object")
     chk.set_defaults(func=cmd_check)
@@ -86,12 +89,6 @@ def cmd_gen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _number(value: float, name: str) -> float:
-    if not value >= 0 or value == float("inf"):
-        raise FieldError("schedule check", name, "a finite number >= 0", value)
-    return value
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     profile = fabric.parse(args.fabric, where="schedule check: fabric")
     sched = fmt.load(args.file)
@@ -103,10 +100,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     routing.check_policy(topo, args.routing)
     where = f"schedule {args.file!r}"
     fmt.check_hosts(sched, topo, where)
-    gamma = _number(args.gamma, "gamma")
     model = fidelity.latency_model(profile, fidelity.load_calibration(profile.emulated_mtu))
-    report = check(sched, topo, args.routing, seed=args.seed, latency=model, gamma=gamma, mtu=profile.emulated_mtu,
-                   where=where)
+    report = check(sched, topo, args.routing, seed=args.seed, latency=model, gamma=args.gamma,
+                   mtu=profile.emulated_mtu, where=where)
     if args.json:
         print(json.dumps(report.to_json(), sort_keys=True))
         return 0 if report.valid else 1
