@@ -53,11 +53,11 @@ DEFAULT_SIZES = (1 << 20,)
 DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
+TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
              "reference", "series")
-_SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
-_RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps")
-_REFERENCE_KEYS = ("algorithm", "routing")
+SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
+RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps")
+REFERENCE_KEYS = ("algorithm", "routing")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 
 
@@ -247,87 +247,117 @@ def _topology(where: str, name: str, value: object, link_mbps: float) -> topolog
 
 
 def from_dict(data: object, where: str = "experiment", default_name: str = "experiment") -> Experiment:
-    """Validate a parsed experiment file (see ``experiments/README.md``)."""
+    """Validate a parsed experiment file (see ``experiments/README.md``).
+
+    Fields are checked in file order (top level, then each series and its
+    runs), so the first mistake is the one reported; the grid is expanded
+    once at the end because duplicate cells are an error of the file.
+    """
     top = _mapping(where, "(top level)", data)
-    _reject_unknown(where, "", top, _TOP_KEYS)
+    _reject_unknown(where, "", top, TOP_KEYS)
     name = _name(where, "name", top.get("name", default_name))
-    description = top.get("description", "")
-    if not isinstance(description, str):
-        raise FieldError(where, "description", "a string", description)
+    description = _string(where, "description", top.get("description", ""))
     profile = _fabric(where, top, "", fabric.default())
-    link = profile.emulated_link_mbps
     repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = _seeds(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
     sizes = _sizes(where, "sizes", top["sizes"]) if "sizes" in top else DEFAULT_SIZES
-    timeout = top.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-        raise FieldError(where, "timeout_s", "seconds > 0 per repetition (or leave it out)", timeout)
-    ref = dict(DEFAULT_REFERENCE)
-    if "reference" in top:
-        raw_ref = _mapping(where, "reference", top["reference"])
-        _reject_unknown(where, "reference.", raw_ref, _REFERENCE_KEYS)
-        if "algorithm" in raw_ref:
-            ref["algorithm"] = _choices(where, "reference.algorithm", raw_ref["algorithm"], generators.ALGORITHMS)[0]
-        if "routing" in raw_ref:
-            ref["routing"] = _choices(where, "reference.routing", raw_ref["routing"], routing.POLICIES)[0]
+    timeout = _timeout(where, top.get("timeout_s"))
+    ref = _reference(where, top)
     if "series" not in top:
         raise FieldError(where, "series", "a non-empty list of series (name, runs)", MISSING)
-    series_list = []
-    seen: set[str] = set()
+    series_list: list[Series] = []
     for si, raw_series in enumerate(_list(where, "series", top["series"])):
-        sp = f"series[{si}]"
-        ser = _mapping(where, sp, raw_series)
-        _reject_unknown(where, f"{sp}.", ser, _SERIES_KEYS)
-        if "name" not in ser:
-            raise FieldError(where, f"{sp}.name", "a name for the series", MISSING)
-        sname = _name(where, f"{sp}.name", ser["name"])
-        if sname in seen:
-            raise FieldError(where, f"{sp}.name", "a name no other series has", sname)
-        seen.add(sname)
-        sdesc = ser.get("description", "")
-        if not isinstance(sdesc, str):
-            raise FieldError(where, f"{sp}.description", "a string", sdesc)
-        sprofile = _fabric(where, ser, f"{sp}.", profile) if "fabric" in ser or "link_mbps" in ser else None
-        ssizes = _sizes(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
-        if "runs" not in ser:
-            raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)",
-                             MISSING)
-        runs = []
-        for ri, raw_run in enumerate(_list(where, f"{sp}.runs", ser["runs"])):
-            rp = f"{sp}.runs[{ri}]"
-            run = _mapping(where, rp, raw_run)
-            _reject_unknown(where, f"{rp}.", run, _RUN_KEYS)
-            for key in ("topology", "routing", "algorithms"):
-                if key not in run:
-                    raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
-            rprofile = (_fabric(where, run, f"{rp}.", sprofile or profile)
-                        if "fabric" in run or "link_mbps" in run else None)
-            topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or sprofile or profile).emulated_link_mbps)
-            policies = _choices(where, f"{rp}.routing", run["routing"], routing.POLICIES)
-            for i, policy in enumerate(policies):
-                try:
-                    routing.check_policy(topo, policy)
-                except FieldError as exc:
-                    raise FieldError(where, f"{rp}.routing[{i}]", exc.expected, exc.given) from None
-            algos = _choices(where, f"{rp}.algorithms", run["algorithms"], generators.ALGORITHMS)
-            placements = (_choices(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
-                          if "placements" in run else ("identity",))
-            for i, placement in enumerate(placements):
-                _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
-            if "hdrm" in algos:
-                _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
-            rseeds = _seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None
-            rsizes = _sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None
-            rfaults = _faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else ()
-            runs.append(Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
-                            seeds=rseeds, sizes=rsizes, faults=rfaults, fabric=rprofile))
-        series_list.append(Series(name=sname, runs=tuple(runs), sizes=ssizes, description=sdesc, fabric=sprofile))
-    exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile, link_mbps=link,
-                     repeat=repeat, warmup=warmup, ecmp_seeds=seeds, sizes=sizes, timeout_s=timeout,
-                     reference=ref, source=where)
+        series_list.append(_series(where, f"series[{si}]", raw_series, profile, repeat,
+                                   {s.name for s in series_list}))
+    exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile,
+                     link_mbps=profile.emulated_link_mbps, repeat=repeat, warmup=warmup, ecmp_seeds=seeds,
+                     sizes=sizes, timeout_s=timeout, reference=ref, source=where)
     expand(exp)  # duplicate cells are an error of the file
     return exp
+
+
+def _string(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise FieldError(where, name, "a string", value)
+    return value
+
+
+def _timeout(where: str, value: object) -> float | None:
+    """``timeout_s``: seconds > 0 per repetition, or None when it is left out."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FieldError(where, "timeout_s", "seconds > 0 per repetition (or leave it out)", value)
+    return value
+
+
+def _reference(where: str, top: Mapping[str, Any]) -> dict[str, str]:
+    """The reference the report compares against: :data:`DEFAULT_REFERENCE` with the file's ``reference`` keys."""
+    ref = dict(DEFAULT_REFERENCE)
+    if "reference" not in top:
+        return ref
+    raw = _mapping(where, "reference", top["reference"])
+    _reject_unknown(where, "reference.", raw, REFERENCE_KEYS)
+    if "algorithm" in raw:
+        ref["algorithm"] = _choices(where, "reference.algorithm", raw["algorithm"], generators.ALGORITHMS)[0]
+    if "routing" in raw:
+        ref["routing"] = _choices(where, "reference.routing", raw["routing"], routing.POLICIES)[0]
+    return ref
+
+
+def _series(where: str, sp: str, raw: object, profile: FabricProfile, repeat: int, taken: set[str]) -> Series:
+    """One entry of ``series`` at field ``sp``; ``taken``: the names of the series before it."""
+    ser = _mapping(where, sp, raw)
+    _reject_unknown(where, f"{sp}.", ser, SERIES_KEYS)
+    if "name" not in ser:
+        raise FieldError(where, f"{sp}.name", "a name for the series", MISSING)
+    sname = _name(where, f"{sp}.name", ser["name"])
+    if sname in taken:
+        raise FieldError(where, f"{sp}.name", "a name no other series has", sname)
+    sdesc = _string(where, f"{sp}.description", ser.get("description", ""))
+    sprofile = _fabric(where, ser, f"{sp}.", profile) if "fabric" in ser or "link_mbps" in ser else None
+    ssizes = _sizes(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
+    if "runs" not in ser:
+        raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)", MISSING)
+    runs = tuple(_run(where, f"{sp}.runs[{ri}]", raw_run, sprofile or profile, repeat)
+                 for ri, raw_run in enumerate(_list(where, f"{sp}.runs", ser["runs"])))
+    return Series(name=sname, runs=runs, sizes=ssizes, description=sdesc, fabric=sprofile)
+
+
+def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int) -> Run:
+    """One entry of a series' ``runs`` at field ``rp``; ``enclosing``: the series' fabric, else the experiment's."""
+    run = _mapping(where, rp, raw)
+    _reject_unknown(where, f"{rp}.", run, RUN_KEYS)
+    for key in ("topology", "routing", "algorithms"):
+        if key not in run:
+            raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
+    rprofile = _fabric(where, run, f"{rp}.", enclosing) if "fabric" in run or "link_mbps" in run else None
+    topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
+    policies = _routings(where, f"{rp}.routing", run["routing"], topo)
+    algos = _choices(where, f"{rp}.algorithms", run["algorithms"], generators.ALGORITHMS)
+    placements = (_choices(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+                  if "placements" in run else ("identity",))
+    for i, placement in enumerate(placements):
+        _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
+    if "hdrm" in algos:
+        _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
+    return Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
+               seeds=_seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
+               sizes=_sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
+               faults=_faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else (),
+               fabric=rprofile)
+
+
+def _routings(where: str, name: str, value: object, topo: topology.Topology) -> tuple[str, ...]:
+    """Routing policies, each one that ``topo`` supports."""
+    policies = _choices(where, name, value, routing.POLICIES)
+    for i, policy in enumerate(policies):
+        try:
+            routing.check_policy(topo, policy)
+        except FieldError as exc:
+            raise FieldError(where, f"{name}[{i}]", exc.expected, exc.given) from None
+    return policies
 
 
 def _fabric(where: str, data: Mapping[str, Any], prefix: str,

@@ -52,7 +52,7 @@ series:
         sizes: 1KiB
 """)
 BASES = (TINY, RICH)
-KEYS = tuple(sorted(set(xp._TOP_KEYS + xp._SERIES_KEYS + xp._RUN_KEYS + xp._REFERENCE_KEYS + ("kind", "hosts"))))
+KEYS = tuple(sorted(set(xp.TOP_KEYS + xp.SERIES_KEYS + xp.RUN_KEYS + xp.REFERENCE_KEYS + ("kind", "hosts"))))
 #: ``prepare`` generates and predicts every cell (~5 ms each): only for grids this small.
 PREPARE_CELLS = 4
 
