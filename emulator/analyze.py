@@ -113,6 +113,7 @@ def analyze_packets(packets_by_link: Mapping[str, Iterable[PacketTuple]], bin_s:
 
 def read_pcap(path: str) -> Iterator[PacketTuple]:
     """Stream the IPv4/TCP packets of a pcap file as :data:`PacketTuple` (payload from the IP header)."""
+    # scapy is imported here, not at the top: it is slow to import and only reading a pcap needs it.
     from scapy.layers.inet import IP, TCP
     from scapy.utils import PcapReader
 
