@@ -97,10 +97,16 @@ def test_reconnect_gets_the_current_table():
     assert core.status()["installed"] == ["s1"]
     core.disconnect("s1")
     assert core.status()["connected"] == []
-    core.port_state("s1", topo.port_to("s1", "s9"), up=False)
+    port = topo.port_to("s1", "s9")
+    update = core.port_state("s1", port, up=False)
+    assert update is not None and update.failed_links == [("s1", "s9")]
+    assert update.adds == {} and update.deletes == {}  # nothing is sent to a switch that is not connected
     again = core.connect("s1")
-    assert {e.key() for e in again} != {e.key() for e in first} or again != first
-    assert again == list(core.desired["s1"].values())
+    # On reconnect: exactly the table routing computes around the dead link, and none of it out of that port.
+    rerouted = routing.flow_table(topo, "ecmp", seed=2, failed=[frozenset(("s1", "s9"))])["s1"]
+    assert again == rerouted and again != first
+    assert port in {e.out_port for e in first} and port not in {e.out_port for e in again}
+    assert core.status()["connected"] == ["s1"] and core.status()["installed"] == []  # until its barrier reply
 
 
 def test_stats_records_are_per_directed_link():
@@ -149,12 +155,19 @@ def test_controller_command_line():
 
 def test_listening_reads_proc_net_tcp(tmp_path):
     table = tmp_path / "tcp"
+    assert (proc_net_address("127.0.0.1"), proc_net_address("10.0.0.1")) == ("0100007F", "0100000A")
+    # As the kernel writes them: IPv4 in little-endian byte order, the port in hex; state 0A is LISTEN.
     table.write_text("  sl  local_address rem_address   st\n"
-                     f"   0: {proc_net_address('127.0.0.1')}:19FD 00000000:0000 0A 0 0\n"
-                     "   1: 00000000:1A0B 00000000:0000 01 0 0\n")
-    assert listening("127.0.0.1", 6653, str(table))
-    assert not listening("127.0.0.1", 6667, str(table))  # 0x1A0B is not listening (state 01)
+                     "   0: 0100007F:19FD 00000000:0000 0A 0 0\n"  # 127.0.0.1:6653
+                     "   1: 00000000:1A0B 00000000:0000 01 0 0\n"  # 0.0.0.0:6667, established
+                     "   2: 0100000A:1A0C 00000000:0000 0A 0 0\n"  # 10.0.0.1:6668
+                     "   3: 00000000:1A0D 00000000:0000 0A 0 0\n")  # 0.0.0.0:6669
+    assert listening("127.0.0.1", 6653, str(table)) and not listening("10.0.0.1", 6653, str(table))
+    assert not listening("127.0.0.1", 6667, str(table))  # not listening (state 01)
     assert not listening("127.0.0.1", 6654, str(table))
+    assert listening("10.0.0.1", 6668, str(table)) and not listening("127.0.0.1", 6668, str(table))
+    assert listening("127.0.0.1", 6669, str(table)) and listening("10.0.0.1", 6669, str(table))  # any address
+    assert not listening("127.0.0.1", 6653, str(tmp_path / "missing"))
 
 
 @pytest.mark.parametrize("argv", [
