@@ -102,12 +102,12 @@ def test_hdrm_placement_puts_m_ranks_on_every_switch():
 
 
 BIG = "bigraph:upper=4,lower=4,hosts_per_switch=4"
+#: Every routing policy that applies to a bigraph (the others are refused, see the test after the next).
+BIGRAPH_POLICIES = [p for p, kinds in routing.POLICY_KINDS.items() if kinds is None or "bigraph" in kinds]
 
 
-@pytest.mark.parametrize("policy", ["shortest", "bigraph"])
+@pytest.mark.parametrize("policy", BIGRAPH_POLICIES)
 def test_hdrm_one_flow_per_link_while_hd_identity_collides(policy):
-    if policy not in routing.POLICIES:
-        pytest.skip(f"routing policy {policy} not available yet")
     topo = topology.build(BIG)
     hdrm = analyze(generate("hdrm", topo, 1 << 20), topo, policy)
     hd = analyze(generate("hd", topo, 1 << 20, placement="identity"), topo, policy)
@@ -117,8 +117,19 @@ def test_hdrm_one_flow_per_link_while_hd_identity_collides(policy):
     assert hd.maxmin_time_s > hdrm.maxmin_time_s
 
 
+def test_every_policy_is_tested_above_or_refused_on_a_bigraph():
+    topo = topology.build(BIG)
+    for policy in routing.POLICIES:
+        if policy in BIGRAPH_POLICIES:
+            routing.check_policy(topo, policy)
+        else:
+            with pytest.raises(FieldError, match="field 'policy'"):
+                analyze(generate("hdrm", topo, 1 << 20), topo, policy)
+    assert {"bigraph", "ecmp", "shortest"} <= set(BIGRAPH_POLICIES)
+
+
 def test_cross_group_pairs_have_a_unique_shortest_path():
-    """Why the shortest-policy test above says the same as bigraph routing would."""
+    """Why every policy of the test above routes hdrm's transfers alike: each has one shortest path."""
     import networkx as nx
 
     topo = topology.build(BIG)
