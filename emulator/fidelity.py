@@ -2,20 +2,21 @@
 
 This module owns what tells a user whether a measurement can be trusted:
 
-* snapshots of the machine around a repetition -- tc qdisc counters of every
-  link interface (both ends), TCP retransmissions per host, CPU idle time;
+* snapshots of the machine around a repetition (:class:`Snapshot`) -- tc
+  qdisc counters of every link interface (both ends), TCP retransmissions
+  per host, CPU idle time;
 * :func:`assess`, which flags a repetition whose offered datapath load
   exceeded the capacity ``emu calibrate`` measured on this machine, whose
   CPU saturated, or whose messages could not meet the fabric profile's
   latency (``latency_floor``: the machine's own latency is above the
   target on some path, or the agents sent late);
-* the calibration files, one per MTU (``$EF_STATE_DIR/calibration-mtuN.json``,
-  default ``/var/lib/ef-emu``), written by :mod:`emulator.calibrate`; a file
-  counts for this machine only while its kernel, Open vSwitch version and
-  CPU count are this machine's (:func:`load_calibration`);
 * :func:`latency_model`: a fabric profile with the intrinsic latency the
   calibration measured, and netem where the kernel has it;
 * packet captures of chosen links with tcpdump.
+
+The calibration files themselves (one per MTU, valid only on the machine
+that made them) are :mod:`emulator.calibration_file`'s; their names are
+importable from here too.
 
 The pure parts (parsing, deltas, flags) are unit-tested without root.
 """
@@ -27,65 +28,40 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from emulator.calibration_file import CALIBRATION_VERSION as CALIBRATION_VERSION
+from emulator.calibration_file import Calibration
+from emulator.calibration_file import calibration_path as calibration_path
+from emulator.calibration_file import calibration_problem as calibration_problem
+from emulator.calibration_file import load_calibration as load_calibration
+from emulator.calibration_file import state_dir as state_dir
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
-from emulator.files import read_json
 from emulator.latency import Intrinsic, LatencyModel
 from emulator.naming import host_intf, switch_intf
-from emulator.system import cpu_times, has_netem, machine_identity, run
-from emulator.topology import DEFAULT_MTU, Topology
+from emulator.results import Fidelity
+from emulator.system import cpu_times, has_netem, run
+from emulator.topology import Topology
 
 #: Used when this machine was never calibrated (DOMAIN.md: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
 UNCALIBRATED_CAPACITY_MBPS = 280.0
 CPU_SATURATED_IDLE = 0.05
 #: A repetition whose median send left this much of its target message latency late is flagged ``latency_floor``.
 LATE_FRACTION = 0.05
-CALIBRATION_VERSION = 2
+#: The flags that make a repetition untrusted (``uncalibrated`` only says the capacity is the default).
+SERIOUS_FLAGS = frozenset({"cpu_saturated", "over_capacity", "latency_floor"})
 
 
-def state_dir() -> str:
-    return os.environ.get("EF_STATE_DIR", "/var/lib/ef-emu")
-
-
-def calibration_path(mtu: int = DEFAULT_MTU) -> str:
-    return os.path.join(state_dir(), f"calibration-mtu{mtu}.json")
-
-
-def calibration_problem(data: Any, identity: dict[str, Any]) -> str | None:
-    """Why ``data`` is not a calibration of the machine ``identity`` describes (None if it is)."""
-    if not isinstance(data, dict) or data.get("version") != CALIBRATION_VERSION:
-        return f"not a version {CALIBRATION_VERSION} calibration"
-    machine = data.get("machine") or {}
-    for key, value in identity.items():
-        if machine.get(key) != value:
-            return f"made with {key} {machine.get(key)!r}, this machine has {value!r}"
-    return None
-
-
-def load_calibration(mtu: int = DEFAULT_MTU, identity: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """This machine's calibration at ``mtu``, or None (none made, unreadable, or made on another machine)."""
-    data = read_json(calibration_path(mtu))
-    if calibration_problem(data, machine_identity() if identity is None else identity) is not None:
-        return None
-    return data
-
-
-def intrinsic_of(calibration: dict[str, Any] | None) -> Intrinsic:
-    """The intrinsic latency a calibration measured (none: zero, and the model says so)."""
-    latency = (calibration or {}).get("latency")
-    if not latency:
-        return Intrinsic()
-    date = (calibration or {}).get("machine", {}).get("date", "?")
-    return Intrinsic.from_json({**latency["intrinsic"], "source": f"emu calibrate of {date}"})
-
-
-def latency_model(profile: FabricProfile, calibration: dict[str, Any] | None,
+def latency_model(profile: FabricProfile, calibration: Calibration | None,
                   netem: bool | None = None) -> LatencyModel:
-    """``profile`` with the calibration's intrinsic latency; switch latency on the links where netem exists."""
+    """``profile`` with the calibration's intrinsic latency (none: zero); switch latency on the links where
+    netem exists."""
     use_netem = has_netem() if netem is None else netem
-    return LatencyModel(profile, intrinsic_of(calibration), netem=use_netem and profile.switch_latency_s > 0)
+    intrinsic = calibration.intrinsic() if calibration is not None else Intrinsic()
+    return LatencyModel(profile, intrinsic, netem=use_netem and profile.switch_latency_s > 0)
 
 
 # ----------------------------------------------------------------- link names
@@ -135,9 +111,37 @@ def stop_captures(procs: list[subprocess.Popen]) -> None:
 
 
 # ------------------------------------------------------------------ snapshots
-def parse_tc_json(text: str) -> dict[str, dict[str, int]]:
+@dataclass(frozen=True)
+class QdiscCounters:
+    """A root qdisc's counters since it was made (``tc -s -j qdisc show``)."""
+
+    bytes: int = 0
+    packets: int = 0
+    drops: int = 0
+    overlimits: int = 0
+
+    def minus(self, then: QdiscCounters) -> QdiscCounters:
+        return QdiscCounters(self.bytes - then.bytes, self.packets - then.packets, self.drops - then.drops,
+                             self.overlimits - then.overlimits)
+
+    def to_json(self) -> dict[str, int]:
+        return {"bytes": self.bytes, "packets": self.packets, "drops": self.drops, "overlimits": self.overlimits}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The live network's counters at one instant (:func:`snapshot`)."""
+
+    time: float  # CLOCK_MONOTONIC seconds
+    qdisc: dict[str, QdiscCounters] = field(default_factory=dict)  # per interface
+    retrans: dict[str, int] = field(default_factory=dict)  # TCP RetransSegs per host
+    cpu_idle: float = 0.0  # CPU seconds, summed over all CPUs since boot (see emulator.system.cpu_times)
+    cpu_total: float = 0.0
+
+
+def parse_tc_json(text: str) -> dict[str, QdiscCounters]:
     """``tc -s -j qdisc show`` -> per device, the root qdisc's bytes/packets/drops/overlimits."""
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, QdiscCounters] = {}
     try:
         data = json.loads(text or "[]")
     except json.JSONDecodeError:
@@ -146,7 +150,7 @@ def parse_tc_json(text: str) -> dict[str, dict[str, int]]:
         dev = q.get("dev")
         if dev is None or not q.get("root"):
             continue
-        out[dev] = {k: int(q.get(k, 0)) for k in ("bytes", "packets", "drops", "overlimits")}
+        out[dev] = QdiscCounters(**{k: int(q.get(k, 0)) for k in ("bytes", "packets", "drops", "overlimits")})
     return out
 
 
@@ -158,8 +162,8 @@ def parse_tcp_retrans(text: str) -> int:
     return int(lines[1][lines[0].index("RetransSegs")])
 
 
-def snapshot(en: Any, topo: Topology) -> dict[str, Any]:
-    """Counters of the live network now (see the module docstring)."""
+def snapshot(en: Any, topo: Topology) -> Snapshot:
+    """Counters of the live network ``en`` (an :class:`emulator.network.EmulatedNetwork`) now."""
     qdiscs = {dev: v for dev, v in parse_tc_json(run(["tc", "-s", "-j", "qdisc", "show"]).stdout).items()
               if dev.startswith("efs")}
     retrans = {}
@@ -173,42 +177,44 @@ def snapshot(en: Any, topo: Topology) -> dict[str, Any]:
         except OSError:
             retrans[h.name] = 0
     idle, total = cpu_times()
-    return {"time": time.monotonic(), "qdisc": qdiscs, "retrans": retrans, "cpu_idle": idle, "cpu_total": total}
+    return Snapshot(time=time.monotonic(), qdisc=qdiscs, retrans=retrans, cpu_idle=idle, cpu_total=total)
 
 
-def link_records(before: dict[str, Any], after: dict[str, Any], rep: int) -> list[dict[str, Any]]:
-    """Per interface and per host, what changed during one repetition."""
-    seconds = max(after["time"] - before["time"], 1e-9)
-    out = []
-    for dev, now in sorted(after["qdisc"].items()):
-        then = before["qdisc"].get(dev, {})
-        delta = {k: now[k] - then.get(k, 0) for k in now}
-        out.append({"source": "tc", "rep": rep, "interface": dev, **delta,
-                    "mbps": delta["bytes"] * 8 / seconds / 1e6, "seconds": seconds})
-    for host, now in sorted(after["retrans"].items()):
-        out.append({"source": "tcp", "rep": rep, "host": host, "retransmits": now - before["retrans"].get(host, 0)})
+def link_records(before: Snapshot, after: Snapshot, rep: int) -> list[dict[str, Any]]:
+    """Per interface and per host, what changed during one repetition (the lines of ``links.jsonl``)."""
+    seconds = max(after.time - before.time, 1e-9)
+    out: list[dict[str, Any]] = []
+    for dev, now in sorted(after.qdisc.items()):
+        delta = now.minus(before.qdisc.get(dev, QdiscCounters()))
+        out.append({"source": "tc", "rep": rep, "interface": dev, **delta.to_json(),
+                    "mbps": delta.bytes * 8 / seconds / 1e6, "seconds": seconds})
+    for host, count in sorted(after.retrans.items()):
+        out.append({"source": "tcp", "rep": rep, "host": host, "retransmits": count - before.retrans.get(host, 0)})
     return out
 
 
-def lateness(late_s: list[float], targets_s: list[float]) -> float | None:
+def lateness(late_s: Sequence[float], targets_s: Sequence[float]) -> float | None:
     """The median send's lateness as a fraction of its path's target message latency (None: no target)."""
     ratios = sorted(late / target for late, target in zip(late_s, targets_s, strict=True) if target > 0)
     return ratios[len(ratios) // 2] if ratios else None
 
 
-def assess(before: dict[str, Any], after: dict[str, Any], elapsed_s: float, datapath_bytes: int,
-           calibration: dict[str, Any] | None, floors: list[int] | None = None,
-           late_fraction: float | None = None) -> dict[str, Any]:
+def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: int,
+           calibration: Calibration | None, floors: Sequence[int] | None = None,
+           late_fraction: float | None = None) -> Fidelity:
     """Fidelity of one repetition: CPU idle, offered datapath load against capacity, latency, flags.
 
     ``datapath_bytes`` is the bytes the schedule makes switches forward (each
-    transfer's bytes times the switches on its path); ``floors`` the path
-    lengths (switches) where the calibrated intrinsic latency exceeds the
-    profile's target; ``late_fraction`` what :func:`lateness` found.
+    transfer's bytes times the switches on its path); ``calibration`` this
+    machine's (None: the capacity is :data:`UNCALIBRATED_CAPACITY_MBPS` and
+    the repetition is flagged ``uncalibrated``); ``floors`` the path lengths
+    (switches) where the calibrated intrinsic latency exceeds the profile's
+    target; ``late_fraction`` what :func:`lateness` found.
     """
-    d_total = after["cpu_total"] - before["cpu_total"]
-    idle = (after["cpu_idle"] - before["cpu_idle"]) / d_total if d_total > 0 else 1.0
-    capacity = (calibration or {}).get("datapath_capacity_mbps") or UNCALIBRATED_CAPACITY_MBPS
+    d_total = after.cpu_total - before.cpu_total
+    idle = (after.cpu_idle - before.cpu_idle) / d_total if d_total > 0 else 1.0
+    measured = calibration.datapath_capacity_mbps if calibration is not None else None
+    capacity = measured or UNCALIBRATED_CAPACITY_MBPS
     offered = datapath_bytes * 8 / elapsed_s / 1e6 if elapsed_s > 0 else 0.0
     flags = []
     if idle < CPU_SATURATED_IDLE:
@@ -219,20 +225,19 @@ def assess(before: dict[str, Any], after: dict[str, Any], elapsed_s: float, data
         flags.append("uncalibrated")
     if floors or (late_fraction is not None and late_fraction > LATE_FRACTION):
         flags.append("latency_floor")
-    drops = sum(v["drops"] - before["qdisc"].get(dev, {}).get("drops", 0) for dev, v in after["qdisc"].items())
-    retrans = sum(v - before["retrans"].get(h, 0) for h, v in after["retrans"].items())
-    return {"cpu_idle": idle, "datapath_load_mbps": offered, "datapath_capacity_mbps": capacity,
-            "qdisc_drops": drops, "tcp_retransmits": retrans, "latency_floor_switches": floors or [],
-            "late_fraction": late_fraction, "flags": flags,
-            "trusted": not ({"cpu_saturated", "over_capacity", "latency_floor"} & set(flags))}
+    drops = sum(now.drops - before.qdisc.get(dev, QdiscCounters()).drops for dev, now in after.qdisc.items())
+    retrans = sum(count - before.retrans.get(h, 0) for h, count in after.retrans.items())
+    return Fidelity(cpu_idle=idle, datapath_load_mbps=offered, datapath_capacity_mbps=capacity, qdisc_drops=drops,
+                    tcp_retransmits=retrans, latency_floor_switches=list(floors or []), late_fraction=late_fraction,
+                    flags=flags, trusted=not (SERIOUS_FLAGS & set(flags)))
 
 
-def flag_text(fid: dict[str, Any]) -> str:
-    serious = [f for f in fid.get("flags", []) if f != "uncalibrated"]
+def flag_text(fid: Fidelity | None) -> str:
+    """The serious flags of a repetition as the console shows them after its line (empty when none)."""
+    serious = [f for f in (fid.flags if fid is not None else []) if f != "uncalibrated"]
     return f"  [fidelity: {', '.join(serious)}]" if serious else ""
 
 
-def datapath_bytes(transfers: list[Any]) -> int:
+def datapath_bytes(transfers: Sequence[Any]) -> int:
     """Bytes times switches traversed, summed over transfers (``cost.Transfer`` objects)."""
     return sum(t.bytes * (len(t.path) - 2) for t in transfers)
-

@@ -27,7 +27,6 @@ length, read at other lengths by straight lines between them
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -36,7 +35,8 @@ from dataclasses import replace
 from typing import Any
 
 from emulator import topology
-from emulator.files import read_json
+from emulator.calibration_file import LatencyCalibration, PathMeasurement
+from emulator.files import read_jsonl
 from emulator.latency import Curve, Intrinsic
 from emulator.replay import ReplaySession
 from emulator.schedule import generators
@@ -84,42 +84,38 @@ def parse_ping(text: str) -> list[float]:
 
 
 def summarise(records: Mapping[int, Sequence[Mapping[str, Any]]], oneway: Mapping[int, float], rate_mbps: float,
-              mtu: int, nbytes: int = PROBE_BYTES) -> dict[str, Any]:
+              mtu: int, nbytes: int = PROBE_BYTES) -> LatencyCalibration:
     """Medians per path length and the fitted lines, from the probes' timeline records.
 
-    ``records[switches]`` are timeline records (:func:`emulator.replay.timeline_records`
+    ``records[switches]`` are timeline records (:func:`emulator.metrics.timeline_records`
     with the agents' send details) of exchanges over that many switches;
     ``oneway[switches]`` the ping estimate.
     """
-    per: dict[int, dict[str, float]] = {}
+    per: dict[int, PathMeasurement] = {}
     for s, recs in sorted(records.items()):
         ser = serialisation_s(nbytes, s + 1, rate_mbps, mtu)
         data = [r["end"] - r["sent"] - ser for r in recs]
         rend = [r["cts_at"] - r["posted"] for r in recs]
         acks = [r["send_end"] - r["end"] for r in recs if r["send_end"] > r["end"]]
-        per[s] = {"data_s": max(0.0, statistics.median(data)), "rendezvous_s": max(0.0, statistics.median(rend)),
-                  "ack_s": max(0.0, statistics.median(acks)) if acks else 0.0,
-                  "oneway_s": oneway.get(s, 0.0), "messages": len(recs),
-                  "data_p90_s": sorted(data)[int(0.9 * (len(data) - 1))]}
-        per[s]["agent_overhead_s"] = max(0.0, per[s]["data_s"] - per[s]["oneway_s"])
+        data_s = max(0.0, statistics.median(data))
+        one = oneway.get(s, 0.0)
+        per[s] = PathMeasurement(data_s=data_s, rendezvous_s=max(0.0, statistics.median(rend)),
+                                 ack_s=max(0.0, statistics.median(acks)) if acks else 0.0, oneway_s=one,
+                                 agent_overhead_s=max(0.0, data_s - one),
+                                 data_p90_s=sorted(data)[int(0.9 * (len(data) - 1))], messages=len(recs))
+
     def curve(key: str) -> Curve:
-        return Curve(tuple((s, v[key]) for s, v in per.items()))
+        return Curve(tuple((s, getattr(m, key)) for s, m in per.items()))
 
     intrinsic = Intrinsic(data=curve("data_s"), rendezvous=curve("rendezvous_s"), ack=curve("ack_s"),
                           source="emu calibrate")
-    return {"link_mbps": rate_mbps, "mtu": mtu, "bytes": nbytes, "per_switches": {str(s): v for s, v in per.items()},
-            "intrinsic": intrinsic.to_json()}
+    return LatencyCalibration(link_mbps=rate_mbps, mtu=mtu, bytes=nbytes, per_switches=per, intrinsic=intrinsic)
 
 
 # ------------------------------------------------------------- the live part
 def _records(out: str) -> list[dict[str, Any]]:
-    recs = []
-    with open(os.path.join(out, "timeline.jsonl"), encoding="utf-8") as fh:
-        for line in fh:
-            rec = json.loads(line)
-            if "sent" in rec:
-                recs.append(rec)
-    return recs
+    """The transfers of a probe's ``timeline.jsonl`` that carry the agents' send details."""
+    return [rec for rec in read_jsonl(os.path.join(out, "timeline.jsonl")) if "sent" in rec]
 
 
 def _ping(session: Any, topo: topology.Topology, a: str, b: str) -> list[float]:
@@ -131,7 +127,8 @@ def _ping(session: Any, topo: topology.Topology, a: str, b: str) -> list[float]:
 
 def measure(rate_mbps: float, mtu: int, datapath: str = "auto", reps: int = PROBE_REPS,
             echo: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the probes (two networks, one after the other); returns :func:`summarise`'s result."""
+    """Run the probes (two networks, one after the other); returns :func:`summarise`'s result as the
+    ``latency`` document of the calibration file (:meth:`LatencyCalibration.to_json`)."""
     records: dict[int, list[dict[str, Any]]] = {}
     oneway: dict[int, float] = {}
     with tempfile.TemporaryDirectory(prefix="ef-latency-") as tmp:
@@ -148,9 +145,4 @@ def measure(rate_mbps: float, mtu: int, datapath: str = "auto", reps: int = PROB
                     med = statistics.median(r["end"] - r["sent"] for r in records[s])
                     echo(f"  latency over {s} switch{'es' if s > 1 else ''} ({a}-{b}): message {med * 1e3:.2f} ms "
                          f"sendall to receiver, ping one-way {oneway[s] * 1e3:.2f} ms")
-    return summarise(records, oneway, rate_mbps, mtu)
-
-
-def load_summary(path: str) -> dict[str, Any] | None:
-    data = read_json(path)
-    return data if isinstance(data, dict) and "intrinsic" in data else None
+    return summarise(records, oneway, rate_mbps, mtu).to_json()

@@ -1,8 +1,7 @@
 """The self-check of a network before its cells: is this network as fast as the calibration says?
 
-A network can come up slow and say nothing (issue 14: the first network after
-Open vSwitch started ran 1.6-6x slow, and its cells were marked trusted).
-Before an experiment runs a network's cells, :class:`emulator.runner.Runner`
+A network can come up slow and say nothing, and its cells then look trusted
+(issue 14; docs/fidelity.md has what was measured). Before an experiment runs a network's cells, :class:`emulator.runner.Runner`
 replays a short probe on it and compares the measured time with the timing
 model's prediction, which already holds this machine's calibrated intrinsic
 latency (:mod:`emulator.fidelity`):
@@ -24,41 +23,27 @@ runs it on the session.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
 
 from emulator.latency_probe import probe_schedule
+from emulator.results import CellResults, ProbeVerdict
 from emulator.schedule.format import Schedule
 from emulator.topology import Topology
 
-#: 32 KiB each way per round: at the default 20 Mbit/s 13 ms of data against 55 ms of latency per round (the slow
-#: first network of issue 14 took 6 times its time at 16 KiB, 1.6 times at 256 KiB).
+#: 32 KiB each way per round: at the default fabric's link rate a round is both latency- and bandwidth-bound, so a
+#: slow datapath and a slow kernel path both show (the sizes tried are in docs/fidelity.md).
 PROBE_BYTES = 64 * 1024
 PROBE_WARMUP = 0
 PROBE_REPEAT = 3
-#: The timing model is within 10 % of every bench row on a healthy network (docs/fidelity.md); a probe slower than
-#: this times its prediction says the network is not healthy.
+#: A probe slower than this times its prediction says the network is not healthy (the timing model's accuracy on
+#: a healthy network is in docs/fidelity.md).
 PROBE_TOLERANCE = 1.20
 #: How many times a network that fails its probe is rebuilt before its cells are flagged.
 REBUILDS = 1
 FLAG = "probe_failed"
 
 
-@dataclass(frozen=True)
-class Verdict:
-    """One probe of one network."""
-
-    passed: bool
-    pair: tuple[str, str]
-    measured_s: float | None  # median over the measured repetitions
-    predicted_s: float
-    ratio: float | None  # measured / predicted
-    reason: str  # one line: why it failed, or "ok"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "pair": list(self.pair), "measured_s": self.measured_s,
-                "predicted_s": self.predicted_s, "ratio": self.ratio, "reason": self.reason}
+#: The verdict of one probe: :class:`emulator.results.ProbeVerdict` (``results.json`` holds it under ``probe``).
+Verdict = ProbeVerdict
 
 
 def probe_pair(topo: Topology) -> tuple[str, str]:
@@ -75,23 +60,26 @@ def schedule(topo: Topology) -> Schedule:
     return probe_schedule(a, b, PROBE_BYTES)
 
 
-def judge(results: Mapping[str, Any], predicted_s: float, pair: tuple[str, str],
-          tolerance: float = PROBE_TOLERANCE) -> Verdict:
-    """The verdict on a probe's ``results.json`` (as :meth:`emulator.replay.ReplaySession.run` returns it)."""
-    reps = list(results.get("repetitions") or [])
-    times = [float(r["time_s"]) for r in reps if r.get("time_s") is not None]
+def judge(results: CellResults, predicted_s: float, pair: tuple[str, str],
+          tolerance: float = PROBE_TOLERANCE) -> ProbeVerdict:
+    """The verdict on a probe's results (as :meth:`emulator.replay.ReplaySession.run` returns them).
+
+    A probe that raised instead is judged from ``CellResults(status="failed", error=...)``.
+    """
+    reps = results.repetitions
+    times = [r.time_s for r in reps]
     measured = statistics.median(times) if times else None
     ratio = measured / predicted_s if measured is not None and predicted_s > 0 else None
-    if results.get("status") != "ok" or not times:
-        reason = f"the probe did not finish: {results.get('error') or results.get('status') or 'no repetitions'}"
-    elif not all(r.get("correct", False) for r in reps):
+    if results.status != "ok" or not times:
+        reason = f"the probe did not finish: {results.error or results.status or 'no repetitions'}"
+    elif not all(r.correct for r in reps):
         reason = "the probe computed wrong data"
     elif ratio is not None and ratio > tolerance:
         reason = (f"the probe took {ratio:.2f}x its prediction ({measured:.3f} s against {predicted_s:.3f} s; "
                   f"at most {tolerance:.2f}x passes)")
     else:
-        untrusted = sorted({f for r in reps if not (r.get("fidelity") or {}).get("trusted", True)
-                            for f in (r.get("fidelity") or {}).get("flags", [])})
+        untrusted = sorted({f for r in reps if r.fidelity is not None and not r.fidelity.trusted
+                            for f in r.fidelity.flags})
         reason = f"the probe's own run was not trusted ({', '.join(untrusted)})" if untrusted else "ok"
-    return Verdict(passed=reason == "ok", pair=pair, measured_s=measured, predicted_s=predicted_s, ratio=ratio,
-                   reason=reason)
+    return ProbeVerdict(passed=reason == "ok", pair=pair, measured_s=measured, predicted_s=predicted_s, ratio=ratio,
+                        reason=reason)

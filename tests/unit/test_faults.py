@@ -8,7 +8,10 @@ import time
 import pytest
 
 from emulator import faults, topology
+from emulator.control import Msg
 from emulator.errors import UserError
+from emulator.fleet import Fleet
+from emulator.replay import ReplayFailed
 from emulator.schedule import cost, generators
 
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
@@ -137,6 +140,8 @@ def test_fault_line_reads_at_a_glance():
 class _Silent:
     """A control channel on which ranks 0 and 2 report done and rank 1 never does."""
 
+    path = "unused"
+
     def poll(self, timeout):
         time.sleep(min(timeout, 0.01))
         return [{"type": "done", "rank": 0}, {"type": "done", "rank": 2}]
@@ -150,18 +155,17 @@ class _Alive:
 
 
 def test_a_hung_agent_fails_the_run_naming_it_within_the_timeout():
-    from emulator.replay import ReplayFailed, _wait_for
-
     started = time.monotonic()
+    fleet = Fleet(_Silent(), {r: _Alive() for r in range(3)})
     with pytest.raises(ReplayFailed, match=r"rank 1 .*did not report 'done' within 1 s: agent hung"):
-        _wait_for(_Silent(), {r: _Alive() for r in range(3)}, "done", {0, 1, 2}, timeout=1.0)
+        fleet.wait_for(Msg.DONE, timeout=1.0)
     assert time.monotonic() - started < 3
 
 
 def test_step_reports_reach_the_injector_while_waiting():
-    from emulator.replay import _wait_for
-
     class Control:
+        path = "unused"
+
         def __init__(self):
             self.batches = [[{"type": "step", "rank": 1, "step": 2}], [{"type": "done", "rank": 0}]]
 
@@ -169,8 +173,8 @@ def test_step_reports_reach_the_injector_while_waiting():
             return self.batches.pop(0) if self.batches else []
 
     seen = []
-    _wait_for(Control(), {0: _Alive()}, "done", {0}, timeout=5, on_step=seen.append)
-    assert seen == [2]
+    got = Fleet(Control(), {0: _Alive()}).wait_for(Msg.DONE, timeout=5, on_step=seen.append)
+    assert seen == [2] and list(got) == [0]
 
 
 def test_a_second_network_waits_for_the_lock_then_says_so_in_one_line(tmp_path, monkeypatch):

@@ -1,13 +1,17 @@
-"""Fidelity bookkeeping: tc/snmp parsing, per-repetition deltas and flags."""
+"""Fidelity bookkeeping: tc/snmp parsing, per-repetition deltas and flags, the latency model of a calibration."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from emulator import fidelity, topology
+from emulator.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
 from emulator.errors import UserError
+from emulator.latency import Curve, Intrinsic
+from emulator.results import Fidelity
 from emulator.tc import parse_htb_rates
 from emulator.topology import tcp_goodput_factor
 
@@ -18,7 +22,8 @@ def test_parse_tc_json_keeps_root_qdiscs():
          "overlimits": 3},
         {"kind": "pfifo", "handle": "10:", "parent": "5:1", "dev": "efs1-eth1", "bytes": 99},
     ])
-    assert fidelity.parse_tc_json(text) == {"efs1-eth1": {"bytes": 10, "packets": 2, "drops": 1, "overlimits": 3}}
+    assert fidelity.parse_tc_json(text) == {"efs1-eth1": fidelity.QdiscCounters(bytes=10, packets=2, drops=1,
+                                                                                overlimits=3)}
     assert fidelity.parse_tc_json("garbage") == {}
 
 
@@ -30,30 +35,74 @@ def test_parse_tcp_retrans():
 
 
 def snap(t, idle, total, drops=0, retrans=0):
-    return {"time": t, "cpu_idle": idle, "cpu_total": total, "retrans": {"h1": retrans},
-            "qdisc": {"efs1-eth1": {"bytes": 1000 * t, "packets": t, "drops": drops, "overlimits": 0}}}
+    return fidelity.Snapshot(time=t, cpu_idle=idle, cpu_total=total, retrans={"h1": retrans},
+                             qdisc={"efs1-eth1": fidelity.QdiscCounters(bytes=1000 * t, packets=t, drops=drops)})
+
+
+def calibration(capacity_mbps):
+    machine = Machine(kernel="6.1", ovs_version="3.1.0", nproc=2, date="2026-01-01T00:00:00+00:00")
+    return Calibration(version=CALIBRATION_VERSION, machine=machine, datapath_capacity_mbps=capacity_mbps,
+                       recommended_link_mbps=20.0, latency=None)
 
 
 def test_assess_flags():
-    calib = {"datapath_capacity_mbps": 100.0}
+    calib = calibration(100.0)
     ok = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1_000_000, calib)
-    assert ok["flags"] == [] and ok["trusted"] and ok["cpu_idle"] == pytest.approx(0.5)
-    assert ok["datapath_load_mbps"] == pytest.approx(8.0)
+    assert isinstance(ok, Fidelity)
+    assert ok.flags == [] and ok.trusted and ok.cpu_idle == pytest.approx(0.5)
+    assert ok.datapath_load_mbps == pytest.approx(8.0) and ok.datapath_capacity_mbps == 100.0
     busy = fidelity.assess(snap(0, 0, 0, 0, 0), snap(1, 1, 100, 5, 7), 1.0, 20_000_000, calib)
-    assert set(busy["flags"]) == {"cpu_saturated", "over_capacity"} and not busy["trusted"]
-    assert busy["qdisc_drops"] == 5 and busy["tcp_retransmits"] == 7
+    assert set(busy.flags) == {"cpu_saturated", "over_capacity"} and not busy.trusted
+    assert busy.qdisc_drops == 5 and busy.tcp_retransmits == 7
     unknown = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1000, None)
-    assert unknown["flags"] == ["uncalibrated"] and unknown["trusted"]
+    assert unknown.flags == ["uncalibrated"] and unknown.trusted
+    assert unknown.datapath_capacity_mbps == fidelity.UNCALIBRATED_CAPACITY_MBPS
     assert fidelity.flag_text(unknown) == "" and "over_capacity" in fidelity.flag_text(busy)
+    assert fidelity.flag_text(None) == ""
+
+
+def test_a_calibration_without_a_capacity_uses_the_default_but_is_not_uncalibrated():
+    fid = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1000, calibration(None))
+    assert fid.flags == [] and fid.datapath_capacity_mbps == fidelity.UNCALIBRATED_CAPACITY_MBPS
+
+
+def test_assess_writes_the_fidelity_document_of_results_json():
+    fid = fidelity.assess(snap(0, 0, 0), snap(1, 1, 100, 2, 3), 1.0, 20_000_000, calibration(100.0), floors=[5],
+                          late_fraction=0.5)
+    doc = fid.to_json()
+    assert doc["flags"] == ["cpu_saturated", "over_capacity", "latency_floor"] and doc["trusted"] is False
+    assert doc["latency_floor_switches"] == [5] and doc["late_fraction"] == 0.5
+    assert Fidelity.from_json(doc) == fid
 
 
 def test_link_records_are_deltas():
     recs = fidelity.link_records(snap(1, 0, 0, 1, 2), snap(3, 0, 0, 4, 10), rep=2)
     tc = next(r for r in recs if r["source"] == "tc")
-    assert tc["bytes"] == 2000 and tc["drops"] == 3 and tc["rep"] == 2
+    assert tc["bytes"] == 2000 and tc["drops"] == 3 and tc["rep"] == 2 and tc["interface"] == "efs1-eth1"
+    assert set(tc) == {"source", "rep", "interface", "bytes", "packets", "drops", "overlimits", "mbps", "seconds"}
     assert tc["mbps"] == pytest.approx(2000 * 8 / 2 / 1e6)
     tcp = next(r for r in recs if r["source"] == "tcp")
     assert tcp["retransmits"] == 8
+
+
+def test_a_link_new_since_the_first_snapshot_counts_from_zero():
+    before = fidelity.Snapshot(time=0.0)
+    recs = fidelity.link_records(before, snap(1, 0, 0, drops=4, retrans=2), rep=0)
+    assert [r["drops"] for r in recs if r["source"] == "tc"] == [4]
+    assert [r["retransmits"] for r in recs if r["source"] == "tcp"] == [2]
+
+
+def test_the_latency_model_takes_the_calibrations_intrinsic_latency():
+    from emulator import fabric
+
+    profile = fabric.parse(None)
+    assert not fidelity.latency_model(profile, None, netem=False).intrinsic.calibrated
+    intrinsic = Intrinsic(data=Curve(((1, 0.001),)), rendezvous=Curve(((1, 0.002),)), ack=Curve(((1, 0.0),)))
+    latency = LatencyCalibration(link_mbps=20.0, mtu=9000, bytes=64, per_switches={}, intrinsic=intrinsic)
+    cal = replace(calibration(100.0), latency=latency)
+    model = fidelity.latency_model(profile, cal, netem=False)
+    assert model.intrinsic.data.at(1) == pytest.approx(0.001)
+    assert model.intrinsic.source == "emu calibrate of 2026-01-01T00:00:00+00:00"
 
 
 def test_link_names_for_capture():

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from emulator import fidelity, latency_probe, topology
+from emulator.calibration_file import Calibration, LatencyCalibration
 from emulator.latency import Intrinsic
 from emulator.schedule.executor import execute
 from emulator.schedule.format import check_hosts
@@ -41,26 +42,32 @@ def test_summarise_takes_medians_less_serialisation_and_makes_curves():
     recs = {1: [_record(0.0, 0.001 + ser1, 0.0, 0.002, 0.0015 + ser1) for _ in range(5)],
             3: [_record(1.0, 1.003 + latency_probe.serialisation_s(64, 4, 20.0, 9000), 0.0, 0.004, 0.0)]}
     out = latency_probe.summarise(recs, {1: 0.0004, 3: 0.001}, 20.0, 9000)
-    one = out["per_switches"]["1"]
-    assert one["data_s"] == pytest.approx(0.001) and one["rendezvous_s"] == pytest.approx(0.002)
-    assert one["ack_s"] == pytest.approx(0.0005) and one["agent_overhead_s"] == pytest.approx(0.0006)
-    assert out["per_switches"]["3"]["ack_s"] == 0.0  # no awaited send measured: none
-    intrinsic = Intrinsic.from_json(out["intrinsic"])
-    assert intrinsic.data.at(2) == pytest.approx(0.002) and intrinsic.rendezvous.at(3) == pytest.approx(0.004)
-    json.dumps(out)
+    one = out.per_switches[1]
+    assert one.data_s == pytest.approx(0.001) and one.rendezvous_s == pytest.approx(0.002)
+    assert one.ack_s == pytest.approx(0.0005) and one.agent_overhead_s == pytest.approx(0.0006)
+    assert one.messages == 5
+    assert out.per_switches[3].ack_s == 0.0  # no awaited send measured: none
+    assert out.intrinsic.data.at(2) == pytest.approx(0.002) and out.intrinsic.rendezvous.at(3) == pytest.approx(0.004)
+    doc = json.loads(json.dumps(out.to_json()))  # the calibration file's latency document
+    assert sorted(doc["per_switches"]) == ["1", "3"] and doc["link_mbps"] == 20.0 and doc["bytes"] == 64
+    assert LatencyCalibration.from_json(doc) == out
+    assert Intrinsic.from_json(doc["intrinsic"]) == out.intrinsic
 
 
 def test_a_calibration_counts_only_on_the_machine_that_made_it(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_STATE_DIR", str(tmp_path))
     me = {"kernel": "6.1", "ovs_version": "3.1.0", "nproc": 2}
     assert fidelity.load_calibration(9000, identity=me) is None
-    data = {"version": fidelity.CALIBRATION_VERSION, "machine": {**me, "date": "today"}, "latency": {
-        "intrinsic": Intrinsic().to_json()}, "datapath_capacity_mbps": 1000.0}
+    latency = latency_probe.summarise({1: [_record(0.0, 0.001, 0.0, 0.002, 0.0015)]}, {1: 0.0004}, 20.0, 9000)
+    data = {"version": fidelity.CALIBRATION_VERSION, "machine": {**me, "date": "today"},
+            "latency": latency.to_json(), "datapath_capacity_mbps": 1000.0}
     (tmp_path / "calibration-mtu9000.json").write_text(json.dumps(data))
-    assert fidelity.load_calibration(9000, identity=me) == data
+    found = fidelity.load_calibration(9000, identity=me)
+    assert isinstance(found, Calibration) and found.datapath_capacity_mbps == 1000.0
+    assert found.machine.identity() == me and found.latency == latency
     assert fidelity.load_calibration(1500, identity=me) is None  # one file per MTU
     assert fidelity.load_calibration(9000, identity={**me, "ovs_version": "3.2.0"}) is None
     assert "ovs_version" in fidelity.calibration_problem(data, {**me, "ovs_version": "3.2.0"})
     assert fidelity.calibration_problem({"version": 1}, me) == "not a version 2 calibration"
-    assert fidelity.intrinsic_of(data).source == "emu calibrate of today"
-    assert not fidelity.intrinsic_of(None).calibrated
+    assert found.intrinsic().source == "emu calibrate of today"
+    assert found.intrinsic().data == latency.intrinsic.data
