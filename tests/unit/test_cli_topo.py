@@ -37,13 +37,14 @@ def test_topo_export_then_show(tmp_path, capsys):
     ["topo", "show", "bigraph:upper=4"],
     ["topo", "show", "star:hosts=4,bw=5000"],
     ["topo", "show", "/nonexistent/topo.json"],
-    ["topo", "export", "nope:x=1", "-o", "/tmp/never-written.json"],
+    ["topo", "export", "nope:x=1", "-o", "{tmp}/never-written.json"],
     ["up", "fattree:k=5"],
 ])
 def test_bad_input_is_one_line_and_status_2(argv, capsys, tmp_path):
-    assert main(argv) == 2
+    assert main([a.format(tmp=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("emu: ")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bad_arguments_exit_2_with_one_line():
