@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import functools
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from emulator import topology
 from emulator.fabric import FabricProfile
@@ -105,12 +105,25 @@ class ModelError:
     high: float
 
 
-def model_error(rows: Iterable[Mapping[str, Any]]) -> list[ModelError]:
+class MeasuredCell(Protocol):
+    """What :func:`model_error` reads of a cell (:class:`emulator.report.aggregate.CellRow` has it)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def trusted(self) -> bool | None: ...
+    @property
+    def hosts(self) -> int: ...
+    @property
+    def measured_over_predicted(self) -> float | None: ...
+
+
+def model_error(rows: Iterable[MeasuredCell]) -> list[ModelError]:
     """Per host count, the spread of measured/predicted time over the finished, trusted cells."""
     by_hosts: dict[int, list[float]] = {}
     for r in rows:
-        ratio = r.get("measured_over_predicted")
-        if r.get("status") == "ok" and r.get("trusted") and ratio:
-            by_hosts.setdefault(int(r["hosts"]), []).append(float(ratio))
+        ratio = r.measured_over_predicted
+        if r.status == "ok" and r.trusted and ratio:
+            by_hosts.setdefault(int(r.hosts), []).append(float(ratio))
     return [ModelError(hosts=h, cells=len(v), median=statistics.median(v), low=min(v), high=max(v))
             for h, v in sorted(by_hosts.items())]

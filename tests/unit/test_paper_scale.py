@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from emulator import fabric, paper_scale, topology
@@ -43,11 +45,19 @@ def test_the_paper_scale_grid_reaches_1024_accelerators_with_fat_trees_where_the
     assert all(c.reference.topology.startswith("bigraph:") and c.speedup > 0 for c in comps)
 
 
+@dataclass(frozen=True)
+class Cell:
+    """The fields of a report row that :func:`paper_scale.model_error` reads."""
+
+    status: str
+    trusted: bool | None
+    hosts: int
+    measured_over_predicted: float | None
+
+
 def test_model_error_summarises_trusted_cells_by_host_count():
-    rows = [{"status": "ok", "trusted": True, "hosts": 16, "measured_over_predicted": r} for r in (1.0, 1.1, 0.9)]
-    rows += [{"status": "ok", "trusted": False, "hosts": 16, "measured_over_predicted": 3.0},
-             {"status": "failed", "trusted": None, "hosts": 64, "measured_over_predicted": None},
-             {"status": "ok", "trusted": True, "hosts": 64, "measured_over_predicted": 1.2}]
+    rows = [Cell("ok", True, 16, r) for r in (1.0, 1.1, 0.9)]
+    rows += [Cell("ok", False, 16, 3.0), Cell("failed", None, 64, None), Cell("ok", True, 64, 1.2)]
     errors = paper_scale.model_error(rows)
     assert [(e.hosts, e.cells, e.median, e.low, e.high) for e in errors] == [
         (16, 3, pytest.approx(1.0), 0.9, 1.1), (64, 1, 1.2, 1.2, 1.2)]

@@ -48,6 +48,8 @@ series:
         algorithms: [hd]
 """
 
+REF = report.Reference(algorithm="hdrm", routing="bigraph")
+
 
 def make_results(tmp_path, fail=(), flags=("uncalibrated",)):
     exp = xp.from_dict(yaml.safe_load(EXP), where="synth.yaml")
@@ -71,55 +73,55 @@ def test_report_files_and_speedup_numbers(tmp_path):
     assert "<table>" in html and "<img src='plots/heatmap.png'" in html
 
     _, rows = report.load_rows(out)
-    by_id = {r["id"]: r for r in rows}
+    by_id = {r.id: r for r in rows}
     ref = by_id["cmp.bigraph-2x2x2.bigraph.hdrm.64KiB"]
     s0, s1 = by_id["cmp.leafspine-4x2x2.ecmp-s0.hd.64KiB"], by_id["cmp.leafspine-4x2x2.ecmp-s1.hd.64KiB"]
-    tables = report.speedup_tables(rows, {"algorithm": "hdrm", "routing": "bigraph"})
-    cmp8 = next(t for t in tables if t["series"] == "cmp" and t["hosts"] == 8)
-    entry = cmp8["baselines"]["leafspine-4x2x2 ecmp hd"][64 * 1024]
-    median = (s0["busbw_mbps"] + s1["busbw_mbps"]) / 2
-    assert abs(entry["speedup"] - ref["busbw_mbps"] / median) < 1e-9
-    assert entry["seeds"] == 2
-    assert entry["speedup"] > 1  # the fake session slows ECMP down
-    lo, hi = entry["interval"]
-    assert lo <= entry["speedup"] <= hi and entry["significant"] is (lo > 1 or hi < 1)
-    assert f"×{entry['speedup']:.2f} ({lo:.2f}–{hi:.2f}); model ×{entry['model_speedup']:.2f}" in md
-    assert "star-8 shortest hd" in cmp8["baselines"]
+    tables = report.speedup_tables(rows, REF)
+    cmp8 = next(t for t in tables if t.series == "cmp" and t.hosts == 8)
+    entry = cmp8.baselines["leafspine-4x2x2 ecmp hd"][64 * 1024]
+    median = (s0.busbw_mbps + s1.busbw_mbps) / 2
+    assert abs(entry.speedup - ref.busbw_mbps / median) < 1e-9
+    assert entry.seeds == 2
+    assert entry.speedup > 1  # the fake session slows ECMP down
+    lo, hi = entry.interval
+    assert lo <= entry.speedup <= hi and entry.significant is (lo > 1 or hi < 1)
+    assert f"×{entry.speedup:.2f} ({lo:.2f}–{hi:.2f}); model ×{entry.model_speedup:.2f}" in md
+    assert "star-8 shortest hd" in cmp8.baselines
     assert fabric.default().describe() in md  # what the emulated figures stand for
 
     # every cell, its prediction, its flags and the failed cell
     assert "cmp.leafspine-4x2x2.dmodk.ring.16KiB`: failed: RuntimeError: rank 3" in md
     assert "`uncalibrated`: " in md
     for r in rows:
-        assert f"`{r['id']}`" in md
+        assert f"`{r.id}`" in md
     with open(os.path.join(out, "cells.csv")) as fh:
         csv_rows = list(csv.DictReader(fh))
     assert len(csv_rows) == len(xp.expand(exp))
     got = {r["id"]: r for r in csv_rows}
     assert got["cmp.leafspine-4x2x2.dmodk.ring.16KiB"]["status"] == "failed"
-    assert float(got[ref["id"]]["busbw_mbps"]) == ref["busbw_mbps"]
-    assert float(got[ref["id"]]["predicted_busbw_mbps"]) > 0
+    assert float(got[ref.id]["busbw_mbps"]) == ref.busbw_mbps
+    assert float(got[ref.id]["predicted_busbw_mbps"]) > 0
 
     # scaling joins series: hdrm at 4 and 8 hosts, leafspine ecmp hd at 4 and 8
     fams = report.scaling_families(rows)
     assert set(fams[("bigraph", "bigraph", "hdrm", 64 * 1024)]) == {4, 8}
     assert set(fams[("leafspine", "ecmp", "hd", 64 * 1024)]) == {4, 8}
-    eff = fams[("bigraph", "bigraph", "hdrm", 64 * 1024)][8]["efficiency"]
+    eff = fams[("bigraph", "bigraph", "hdrm", 64 * 1024)][8].efficiency
     assert 0 < eff <= 1
 
 
 def test_heatmap_cells_and_matrix(tmp_path):
     _, out = make_results(tmp_path)
     _, rows = report.load_rows(out)
-    congested, clean = report.pick_heatmap_cells(rows, {"algorithm": "hdrm", "routing": "bigraph"})
-    assert congested["max_flows_per_link"] >= 2 and congested["kind"] != "star"
-    assert clean["algorithm"] == "hdrm" and clean["max_flows_per_link"] == 1
-    m = report.link_step_matrix(clean["dir"])
-    assert m["links"] and all(">" in lk for lk in m["links"])
-    assert max(max(col) for col in m["flows"]) == 1
-    assert m["rep"] == 1  # first measured repetition, after one warm-up
+    congested, clean = report.pick_heatmap_cells(rows, REF)
+    assert congested.max_flows_per_link >= 2 and congested.kind != "star"
+    assert clean.algorithm == "hdrm" and clean.max_flows_per_link == 1
+    m = report.link_step_matrix(clean.dir)
+    assert m.links and all(">" in lk for lk in m.links)
+    assert max(max(col) for col in m.flows) == 1
+    assert m.rep == 1  # first measured repetition, after one warm-up
     # every link the model uses in a step has measured transfers in the same step, and no others
-    for s, (fcol, mcol) in enumerate(zip(m["flows"], m["measured_mbps"], strict=True)):
+    for s, (fcol, mcol) in enumerate(zip(m.flows, m.measured_mbps, strict=True)):
         for f, v in zip(fcol, mcol, strict=True):
             assert (f > 0) == (v is not None), (s, f, v)
 
@@ -155,7 +157,7 @@ def test_faults_in_an_experiment_reach_every_cell_of_the_run_and_the_report(tmp_
     md = open(report.write_report(out)).read()
     assert "## Faults" in md and "`link_down:s1-s3@step=1`" in md and "40 ms" in md and "degraded" in md
     _, rows = report.load_rows(out)
-    assert {r["outcome"] for r in rows if r["faults"]} == {"degraded"}
+    assert {r.outcome for r in rows if r.faults} == {"degraded"}
 
 
 def test_a_bad_fault_in_an_experiment_names_its_field(tmp_path):
@@ -192,19 +194,19 @@ series:
     out = str(tmp_path / "run")
     runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
     _, rows = report.load_rows(out)
-    assert {r["server_design"] for r in rows} == {"NIC per accelerator", "shared NIC"}
-    tables = {t["family"]: t for t in report.server_speedup_tables(rows)}
+    assert {r.server_design for r in rows} == {"NIC per accelerator", "shared NIC"}
+    tables = {t.family: t for t in report.server_speedup_tables(rows)}
     assert set(tables) == {"bigraph-2x2x2 2x4 bigraph hier", "bigraph-2x2x2 2x4 bigraph ring"}
     hier = tables["bigraph-2x2x2 2x4 bigraph hier"]
-    assert hier["own"]["nics_per_server"] == 4 and hier["shared"]["nics_per_server"] == 1
+    assert hier.own.nics_per_server == 4 and hier.shared.nics_per_server == 1
     # four flows share the NIC in the inter-server phase: per accelerator 3/4 n in each intra-server ring
     # phase and n/4 across, all four over one NIC when it is shared, so at most (1.5 + 1) / (1.5 + 0.25)
-    assert 1.2 < hier["model_speedup"] <= 2.5 / 1.75 + 1e-9
-    assert hier["speedup"] == pytest.approx(hier["model_speedup"])  # the fake session runs at the model's pace
+    assert 1.2 < hier.model_speedup <= 2.5 / 1.75 + 1e-9
+    assert hier.speedup == pytest.approx(hier.model_speedup)  # the fake session runs at the model's pace
     md = open(report.write_report(out)).read()
     assert "## Server designs: one NIC per accelerator against a shared NIC" in md
-    lo, hi = hier["interval"]
-    assert f"×{hier['speedup']:.2f} ({lo:.2f}–{hi:.2f})" in md
+    lo, hi = hier.interval
+    assert f"×{hier.speedup:.2f} ({lo:.2f}–{hi:.2f})" in md
 
 
 # ------------------------------------------------------------------ answers, intervals and summary.json
@@ -227,7 +229,6 @@ series:
       - {{topology: "bigraph:upper=4,lower=4,hosts_per_switch=2{bw}", routing: bigraph, algorithms: [hdrm]}}
       - {{topology: "leafspine:leaves=4,spines=2,hosts_per_leaf=4", routing: ecmp, seeds: [0], algorithms: [hd]}}
 """
-REF = {"algorithm": "hdrm", "routing": "bigraph"}
 BIG_REF = "big.bigraph-4x4x2.bigraph.hdrm.64KiB"
 BIG_BASE = "big.leafspine-4x2x4.ecmp-s0.hd.64KiB"
 
@@ -301,29 +302,29 @@ def test_answers_open_the_report_and_match_the_tables_and_summary(tmp_path):
     assert "×6.08" in q2[0]["text"] and "×6.08" not in q2[1]["text"]
 
     _, rows = report.load_rows(out)
-    tables = {(t["series"], t["hosts"]): t for t in report.speedup_tables(rows, REF)}
+    tables = {(t.series, t.hosts): t for t in report.speedup_tables(rows, REF)}
     for a in q2:
         t = tables[("big", 16)] if a["hosts"] == 16 else tables[("cmp", 8)]
         fam = a["comparison"].split(" / ")[1]
-        e = t["baselines"][fam][a["size"]]
-        assert a["measured"] == pytest.approx(e["speedup"]) and a["model"] == pytest.approx(e["model_speedup"])
-        assert a["interval"] == pytest.approx(list(e["interval"])) and a["significant"] == e["significant"]
+        e = t.baselines[fam][a["size"]]
+        assert a["measured"] == pytest.approx(e.speedup) and a["model"] == pytest.approx(e.model_speedup)
+        assert a["interval"] == pytest.approx(list(e.interval)) and a["significant"] == e.significant
         lo, hi = a["interval"]
         assert lo <= a["measured"] <= hi and lo < hi  # the jitter gives every cell a spread
         assert f"×{a['measured']:.2f} (95%: {lo:.2f}–{hi:.2f})" in a["text"] and a["text"] in answers_md
-        assert f"×{e['speedup']:.2f} ({lo:.2f}–{hi:.2f})" in md  # the table shows the same interval
+        assert f"×{e.speedup:.2f} ({lo:.2f}–{hi:.2f})" in md  # the table shows the same interval
         assert a["trusted"] is True and "Caution" not in a["text"]
     # ECMP seeds fold into one baseline: the interval resamples one group per seed
-    by_id = {r["id"]: r for r in rows}
-    ring = tables[("cmp", 8)]["baselines"]["leafspine-4x2x2 ecmp ring"][64 * 1024]
-    seeds = [by_id[f"cmp.leafspine-4x2x2.ecmp-s{s}.ring.64KiB"]["rep_busbw"] for s in (0, 1)]
-    iv = stats.ratio_interval([by_id["cmp.bigraph-2x2x2.bigraph.hdrm.64KiB"]["rep_busbw"]], seeds)
-    assert ring["seeds"] == 2 and ring["interval"] == (iv.low, iv.high)
+    by_id = {r.id: r for r in rows}
+    ring = tables[("cmp", 8)].baselines["leafspine-4x2x2 ecmp ring"][64 * 1024]
+    seeds = [by_id[f"cmp.leafspine-4x2x2.ecmp-s{s}.ring.64KiB"].rep_busbw for s in (0, 1)]
+    iv = stats.ratio_interval([by_id["cmp.bigraph-2x2x2.bigraph.hdrm.64KiB"].rep_busbw], seeds)
+    assert ring.seeds == 2 and ring.interval == (iv.low, iv.high)
 
     scaling = [a for a in summary["answers"] if a["question"] == "scaling"]
     assert len(scaling) == 1 and (scaling[0]["hosts"], scaling[0]["size"]) == (16, 64 * 1024)
     small, large = by_id["cmp.bigraph-2x2x2.bigraph.hdrm.64KiB"], by_id[BIG_REF]
-    assert scaling[0]["measured"] == pytest.approx(large["busbw_mbps"] / small["busbw_mbps"])  # same link rate
+    assert scaling[0]["measured"] == pytest.approx(large.busbw_mbps / small.busbw_mbps)  # same link rate
     assert "From 8 to 16 hosts at 64KiB per rank" in scaling[0]["text"]
     assert not [a for a in summary["answers"] if a["question"] == "Q1"]  # no server designs: no Q1
     assert "**Q1." not in md
@@ -400,25 +401,25 @@ def test_cells_at_different_link_rates_are_compared_by_efficiency(tmp_path):
     out = make_answers_results(tmp_path, bw=",bw=10")
     md = open(report.write_report(out)).read()
     _, rows = report.load_rows(out)
-    by_id = {r["id"]: r for r in rows}
+    by_id = {r.id: r for r in rows}
     ref, base = by_id["big.bigraph-4x4x2-h10-s10.bigraph.hdrm.64KiB"], by_id[BIG_BASE]
-    assert (ref["link_mbps"], base["link_mbps"]) == (10, 20)
-    eff = (ref["busbw_mbps"] / ref["capacity_mbps"]) / (base["busbw_mbps"] / base["capacity_mbps"])
-    assert abs(eff - ref["busbw_mbps"] / base["busbw_mbps"]) > 0.3  # the two readings differ a lot here
+    assert (ref.link_mbps, base.link_mbps) == (10, 20)
+    eff = (ref.busbw_mbps / ref.capacity_mbps) / (base.busbw_mbps / base.capacity_mbps)
+    assert abs(eff - ref.busbw_mbps / base.busbw_mbps) > 0.3  # the two readings differ a lot here
     answers = summary_of(out)["answers"]
     big = next(a for a in answers if a["question"] == "Q2" and a["hosts"] == 16)
     assert big["measured"] == pytest.approx(eff) and "by efficiency" in big["text"]
     lo, hi = big["interval"]
     assert lo <= eff <= hi
-    t = next(t for t in report.speedup_tables(rows, REF) if t["hosts"] == 16)
-    assert t["baselines"]["leafspine-4x2x4 ecmp hd"][64 * 1024]["by_efficiency"] is True
+    t = next(t for t in report.speedup_tables(rows, REF) if t.hosts == 16)
+    assert t.baselines["leafspine-4x2x4 ecmp hd"][64 * 1024].by_efficiency is True
     assert f"×{eff:.2f} ({lo:.2f}–{hi:.2f})" in md
     # scaling: 8 hosts at 20 Mbit/s against 16 at 10, by each cell's own link goodput
     small = by_id["cmp.bigraph-2x2x2.bigraph.hdrm.64KiB"]
     scaling = next(a for a in answers if a["question"] == "scaling")
-    expected = (ref["busbw_mbps"] / ref["capacity_mbps"]) / (small["busbw_mbps"] / small["capacity_mbps"])
+    expected = (ref.busbw_mbps / ref.capacity_mbps) / (small.busbw_mbps / small.capacity_mbps)
     assert scaling["measured"] == pytest.approx(expected)
-    assert abs(expected - ref["busbw_mbps"] / small["busbw_mbps"]) > 0.3
+    assert abs(expected - ref.busbw_mbps / small.busbw_mbps) > 0.3
 
 
 SERVERS_EXP = """
@@ -448,11 +449,11 @@ def test_q1_answers_from_the_server_designs(tmp_path):
     assert sorted(a["comparison"].split(":")[0].split()[-1] for a in q1[1:]) == ["hier", "ring"]
     assert all(a["size"] == 1 << 20 and a["hosts"] == 8 for a in q1)
     assert q1[1]["measured"] <= q1[2]["measured"]
-    tables = {(t["family"], t["size"]): t for t in report.server_speedup_tables(report.load_rows(out)[1])}
+    tables = {(t.family, t.size): t for t in report.server_speedup_tables(report.load_rows(out)[1])}
     for a in q1:
         t = tables[(a["comparison"].split(":")[0], a["size"])]
-        assert a["measured"] == pytest.approx(t["speedup"]) and a["interval"] == pytest.approx(list(t["interval"]))
-        assert a["cells"] == [t["own"]["id"], t["shared"]["id"]]
+        assert a["measured"] == pytest.approx(t.speedup) and a["interval"] == pytest.approx(list(t.interval))
+        assert a["cells"] == [t.own.id, t.shared.id]
         assert a["text"].startswith("One NIC per accelerator is ") and f"×{a['measured']:.2f} (95%: " in a["text"]
         assert "on 8 accelerators (2 servers × 4)" in a["text"]
     assert "×11.3" in q1[0]["text"] and not any("×11.3" in a["text"] for a in q1[1:])
@@ -460,3 +461,35 @@ def test_q1_answers_from_the_server_designs(tmp_path):
     assert md.index("**Q1.") < md.index("**Q2.")
     q2 = [a for a in summary_of(out)["answers"] if a["question"] == "Q2"]
     assert q2 and all(a["comparison"].startswith("bigraph-2x2x2-srv2x4n4s") for a in q2)
+
+
+# ------------------------------------------------------------------ the document
+def test_the_document_renders_every_block_to_markdown_and_html():
+    doc = report.Doc()
+    doc.h(2, "Speedup <of> x")
+    doc.p("a `code` and **bold** & more")
+    doc.ul([])
+    doc.ul(["one", "`two`"])
+    doc.table(["a", "b|c"], [["1", "x|y"]])
+    doc.img("plots/p.png", "a plot")
+    assert doc.markdown() == ("## Speedup <of> x\n\na `code` and **bold** & more\n\n- (none)\n\n- one\n- `two`\n\n"
+                              "| a | b|c |\n|---|---|\n| 1 | x\\|y |\n\n![a plot](plots/p.png)\n")
+    page = doc.html("Experiment <x>")
+    assert page.startswith("<!doctype html>") and "<title>Experiment &lt;x&gt;</title>" in page
+    assert "<h2>Speedup &lt;of&gt; x</h2>" in page
+    assert "<p>a <code>code</code> and <b>bold</b> &amp; more</p>" in page
+    assert "<ul></ul>" in page and "<li><code>two</code></li>" in page
+    assert "<tr><th>a</th><th>b|c</th></tr><tr><td>1</td><td>x|y</td></tr>" in page
+    assert "<p><img src='plots/p.png' alt='a plot'></p>" in page and page.endswith("</body></html>\n")
+
+
+def test_cells_csv_has_the_columns_in_order_and_a_row_per_planned_cell(tmp_path):
+    _, out = make_results(tmp_path)
+    report.write_report(out)
+    with open(os.path.join(out, "cells.csv")) as fh:
+        lines = fh.read().splitlines()
+    assert lines[0] == ",".join(report.CSV_FIELDS)
+    _, rows = report.load_rows(out)
+    assert [line.split(",")[0] for line in lines[1:]] == [r.id for r in rows]
+    flagged = next(r for r in rows if r.flags)
+    assert f",{' '.join(flagged.flags)}," in lines[1 + rows.index(flagged)]

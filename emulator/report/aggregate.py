@@ -1,0 +1,561 @@
+"""The report's numbers: typed cell rows read from a results folder, and everything computed from them.
+
+Pure apart from reading the folder: nothing here draws or writes prose. It owns
+
+* :class:`Plan` (what the report needs of ``experiment.json``) and
+  :class:`CellRow` (one planned cell: its plan, its state in ``state.json``
+  and its ``results.json`` read through :func:`emulator.results.load`), from
+  :func:`load_rows`, and ``cells.csv`` (:func:`write_csv`, columns
+  :data:`CSV_FIELDS`);
+* the speedup of the reference over every baseline family of a series and
+  host count (:func:`speedup_tables`), ECMP seeds folded by their median; one
+  NIC per accelerator against a shared NIC (:func:`server_speedup_tables`);
+  each with its 95% hierarchical bootstrap interval (:func:`speedup_interval`,
+  :mod:`emulator.stats`); cells at different link rates compare efficiencies
+  (busbw / link goodput), never busbw;
+* scaling efficiency per family and host count (:func:`scaling_families`);
+* the heat map's cells (:func:`pick_heatmap_cells`), their link x step
+  matrices (:func:`link_step_matrix`) and first measured repetition's
+  transfers (:func:`first_measured_transfers`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from emulator import results, routing, stats, topology
+from emulator.files import read_json, read_json_object, read_jsonl, write_atomic
+from emulator.results import FaultRecord
+from emulator.schedule import cost
+from emulator.schedule import format as sformat
+
+CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
+              "status", "outcome", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
+              "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted", "max_flows_per_link",
+              "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s", "error")
+LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput
+RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
+DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
+
+
+# ------------------------------------------------------------------ rows
+@dataclass(frozen=True)
+class Reference:
+    """The experiment's reference: the algorithm and routing every other cell is compared against."""
+
+    algorithm: str
+    routing: str
+
+    def matches(self, row: CellRow) -> bool:
+        return row.algorithm == self.algorithm and row.routing == self.routing
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the report reads of ``experiment.json``'s ``experiment``."""
+
+    name: str
+    description: str
+    reference: Reference
+    link_mbps: float
+    fabric: str | None  # the fabric profile's spec; None for runs older than fabric profiles
+    warmup: int
+    repeat: int
+    ecmp_seeds: tuple[int, ...]
+
+    @classmethod
+    def from_json(cls, exp: Mapping[str, Any]) -> Plan:
+        ref = exp.get("reference") or DEFAULT_REFERENCE
+        return cls(name=str(exp["name"]), description=str(exp.get("description") or ""),
+                   reference=Reference(algorithm=ref["algorithm"], routing=ref["routing"]),
+                   link_mbps=float(exp["link_mbps"]), fabric=exp.get("fabric") or None, warmup=int(exp["warmup"]),
+                   repeat=int(exp["repeat"]), ecmp_seeds=tuple(int(s) for s in exp["ecmp_seeds"]))
+
+
+@dataclass(frozen=True)
+class CellRow:
+    """One planned cell as the report sees it (``cells.csv`` holds the fields of :data:`CSV_FIELDS`).
+
+    Measured fields (busbw, times, ``trusted``, ``rep_busbw``) are None or
+    empty unless the cell finished; predictions come from the cell's results,
+    else from the plan.
+    """
+
+    id: str
+    series: str
+    topology: str
+    kind: str
+    hosts: int
+    routing: str
+    seed: int
+    algorithm: str
+    placement: str
+    size: int
+    topology_slug: str
+    status: str  # ok, failed, interrupted, not run
+    busbw_mbps: float | None
+    busbw_min_mbps: float | None
+    busbw_max_mbps: float | None
+    time_s: float | None
+    predicted_time_s: float | None
+    predicted_busbw_mbps: float | None
+    alpha_beta_time_s: float | None
+    measured_over_predicted: float | None
+    max_flows_per_link: int
+    trusted: bool | None
+    flags: list[str]
+    qdisc_drops: int
+    tcp_retransmits: int
+    repetitions: int
+    wall_s: float | None
+    error: str | None
+    goodput: float | None  # TCP payload per wire byte of the prediction
+    link_mbps: float
+    capacity_mbps: float  # link goodput: link_mbps x goodput
+    rep_busbw: list[float]  # busbw of every measured repetition
+    datapath: str | None
+    outcome: str
+    servers: int | None
+    accels_per_server: int | None
+    nics_per_server: int | None
+    server_design: str | None  # "shared NIC", "NIC per accelerator", "N NICs for A"; None without servers
+    faults: list[FaultRecord]
+    dir: str  # the cell's folder
+
+    @property
+    def algorithm_label(self) -> str:
+        """``hd``, or ``hd-packed`` for a placement other than the algorithm's own."""
+        return self.algorithm if self.placement in ("identity", "hdrm") else f"{self.algorithm}-{self.placement}"
+
+    def family(self, with_seed: bool = False) -> str:
+        """``leafspine-4x4x4 ecmp hd`` (the label of a line or a table row); ``ecmp-s1`` with its seed."""
+        policy = f"{self.routing}-s{self.seed}" if with_seed and self.routing == "ecmp" else self.routing
+        return f"{self.topology_slug} {policy} {self.algorithm_label}"
+
+
+@dataclass(frozen=True)
+class CellState:
+    """A cell's entry in ``state.json``: its last status, error and wall time."""
+
+    status: str | None = None
+    error: str | None = None
+    wall_s: float | None = None
+
+
+def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
+    """The experiment and one row per cell (planned cells that never ran have status ``not run``).
+
+    Raises FileNotFoundError when ``out`` has no ``experiment.json``.
+    """
+    plan = read_json(os.path.join(out, "experiment.json"))
+    if not isinstance(plan, dict):
+        raise FileNotFoundError(f"{out}: no experiment.json (not a results folder of `emu run`)")
+    header = Plan.from_json(plan["experiment"])
+    state = (read_json_object(os.path.join(out, "state.json")) or {}).get("cells", {})
+    rows = []
+    for cell in plan["cells"]:
+        st = state.get(cell["id"], {})
+        rows.append(_row(out, cell, CellState(st.get("status"), st.get("error"), st.get("wall_s")), header))
+    return header, rows
+
+
+def _row(out: str, cell: Mapping[str, Any], st: CellState, plan: Plan) -> CellRow:
+    """One cell's row from its plan entry, its state and its results (any of the last two may be missing)."""
+    cdir = os.path.join(out, "cells", cell["id"])
+    res = results.load(os.path.join(cdir, "results.json"))
+    finished = res is not None and res.finished and res.cell_id() == cell["id"]
+    status = "ok" if finished else (st.status or (res.status if res else None) or "not run")
+    if status == "running":
+        status = "interrupted"
+    reps = res.repetitions if res else []
+    summary = res.summary() if res and finished else None
+    pred = res.prediction if res else {}
+    busbws = [r.busbw_mbps for r in reps]
+    params = topology.parse_spec(cell["topology"])[1]
+    link_mbps = (res.link_mbps if res else None) or plan.link_mbps
+    fidelity = [r.fidelity for r in reps if r.fidelity is not None]
+    return CellRow(
+        **{k: cell[k] for k in ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm",
+                                "placement", "size")},
+        topology_slug=cell["id"].split(".")[1], status=status,
+        busbw_mbps=summary.busbw_mbps if summary else None,
+        busbw_min_mbps=min(busbws) if busbws and finished else None,
+        busbw_max_mbps=max(busbws) if busbws and finished else None,
+        time_s=summary.time_s if summary else None,
+        predicted_time_s=pred.get("predicted_time_s", cell.get("predicted_time_s")),
+        predicted_busbw_mbps=pred.get("busbw_mbps", cell.get("predicted_busbw_mbps")),
+        alpha_beta_time_s=pred.get("alpha_beta_time_s", cell.get("alpha_beta_time_s")),
+        measured_over_predicted=summary.measured_over_predicted if summary else None,
+        max_flows_per_link=max(pred.get("max_flows_per_link") or [cell.get("max_flows_per_link", 0)]),
+        trusted=summary.trusted if summary else None,
+        flags=res.flags() if res else [],
+        qdisc_drops=sum(f.qdisc_drops for f in fidelity), tcp_retransmits=sum(f.tcp_retransmits for f in fidelity),
+        repetitions=len(reps), wall_s=st.wall_s,
+        error=None if finished else (st.error or (res.error if res else None)),
+        goodput=pred.get("goodput"), link_mbps=link_mbps,
+        capacity_mbps=link_mbps * (pred.get("goodput") or LEGACY_GOODPUT),
+        rep_busbw=busbws if finished else [],
+        datapath=res.datapath if res else None, outcome=res.outcome if res else status,
+        servers=params.get("servers"), accels_per_server=params.get("accels_per_server"),
+        nics_per_server=params.get("nics_per_server"), server_design=_server_design(params),
+        faults=res.faults if res else [], dir=cdir)
+
+
+def _server_design(params: Mapping[str, Any]) -> str | None:
+    if "servers" not in params:
+        return None
+    a, n = params["accels_per_server"], params["nics_per_server"]
+    return "shared NIC" if n == 1 else "NIC per accelerator" if n == a else f"{n} NICs for {a}"
+
+
+def write_csv(path: str, rows: list[CellRow]) -> None:
+    """``cells.csv``: one line per row, the columns of :data:`CSV_FIELDS`, flags separated by spaces."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    w.writeheader()
+    for row in rows:
+        w.writerow({name: " ".join(row.flags) if name == "flags" else getattr(row, name) for name in CSV_FIELDS})
+    write_atomic(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------- numbers
+def median(values: Iterable[float | None]) -> float | None:
+    """The median of the values that are not None; None when there is none."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num and den else None
+
+
+def by_efficiency(rows: Iterable[CellRow]) -> bool:
+    """Whether a comparison of these rows must divide efficiencies: their cells ran at different link rates."""
+    return len({r.link_mbps for r in rows}) > 1
+
+
+def speedup_interval(num: list[CellRow], den: list[CellRow], efficiency: bool = False) -> stats.Interval | None:
+    """The bootstrap interval of median(num) / median(den) over the repetitions of the cells, a group per cell.
+
+    Per-repetition busbw, or busbw / link goodput when ``efficiency``. None when a side has no measured
+    repetition.
+    """
+    def groups(rows: list[CellRow]) -> list[list[float]]:
+        return [[v / (r.capacity_mbps if efficiency else 1.0) for v in r.rep_busbw] for r in rows if r.rep_busbw]
+
+    n, d = groups(num), groups(den)
+    if not n or not d:
+        return None
+    return stats.ratio_interval(n, d, resamples=RESAMPLES)
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """A measured and a model speedup, with the measured one's 95% bootstrap interval.
+
+    ``significant``: the interval excludes 1 (None without an interval). ``by_efficiency``: the cells ran at
+    different link rates, so the ratio is of busbw / link goodput.
+    """
+
+    speedup: float | None
+    model_speedup: float | None
+    interval: tuple[float, float] | None
+    significant: bool | None
+    by_efficiency: bool
+
+
+def _interval_of(iv: stats.Interval | None) -> tuple[tuple[float, float] | None, bool | None]:
+    return ((iv.low, iv.high), stats.significant(iv)) if iv else (None, None)
+
+
+@dataclass(frozen=True)
+class BaselineEntry(Speedup):
+    """The reference against one baseline family at one size (ECMP: one cell per seed).
+
+    ``speedup`` is the reference's busbw over the median of the family's, ``range`` the lowest and highest
+    over seeds (None for one seed); ``busbw`` and ``model_busbw`` the family's medians.
+    """
+
+    busbw: float | None
+    model_busbw: float | None
+    seeds: int
+    cells: list[CellRow]
+    range: tuple[float, float] | None
+
+
+@dataclass(frozen=True)
+class SpeedupTable:
+    """One (series, hosts) that has reference cells: per size, the reference and every baseline family."""
+
+    series: str
+    hosts: int
+    sizes: list[int]
+    reference: dict[int, CellRow]  # size -> the reference's cell
+    baselines: dict[str, dict[int, BaselineEntry]]  # family -> size -> entry
+
+
+def _baseline_entry(rr: CellRow | None, cells: list[CellRow]) -> BaselineEntry:
+    """The reference ``rr`` against one baseline family's cells (one per ECMP seed) at one size."""
+    eff = by_efficiency([rr, *cells]) if rr else False
+
+    def values(rows: list[CellRow], value: Callable[[CellRow], float | None]) -> list[float]:
+        """busbw, or busbw / link goodput when the link rates differ, of the rows that have one."""
+        return [v / (r.capacity_mbps if eff else 1.0) for r in rows if (v := value(r))]
+
+    speedup = spread = model_speedup = None
+    iv = None
+    if rr is not None:
+        ok, ref_v = values(cells, lambda r: r.busbw_mbps), values([rr], lambda r: r.busbw_mbps)
+        if ref_v and ok:
+            speedup = ref_v[0] / statistics.median(ok)
+            if len(ok) > 1:
+                spread = (ref_v[0] / max(ok), ref_v[0] / min(ok))
+        model = values(cells, lambda r: r.predicted_busbw_mbps)
+        ref_m = values([rr], lambda r: r.predicted_busbw_mbps)
+        if ref_m and model:
+            model_speedup = ref_m[0] / statistics.median(model)
+        iv = speedup_interval([rr], cells, eff)
+    interval, significant = _interval_of(iv)
+    return BaselineEntry(speedup=speedup, model_speedup=model_speedup, interval=interval, significant=significant,
+                         by_efficiency=eff, busbw=median(c.busbw_mbps for c in cells),
+                         model_busbw=median(c.predicted_busbw_mbps for c in cells), seeds=len(cells), cells=cells,
+                         range=spread)
+
+
+def speedup_tables(rows: list[CellRow], ref: Reference) -> list[SpeedupTable]:
+    """Per (series, hosts) that has reference cells: the reference's busbw over every other family's, per size.
+
+    Families are :meth:`CellRow.family` labels; ECMP seeds fold into one family (see :class:`BaselineEntry`).
+    """
+    out = []
+    keys = sorted({(r.series, r.hosts) for r in rows if ref.matches(r)})
+    for series, hosts in keys:
+        group = [r for r in rows if r.series == series and r.hosts == hosts]
+        refs = {r.size: r for r in group if ref.matches(r)}
+        fams: dict[str, dict[int, list[CellRow]]] = {}
+        for r in group:
+            if not ref.matches(r):
+                fams.setdefault(r.family(), {}).setdefault(r.size, []).append(r)
+        base = {fam: {size: _baseline_entry(refs.get(size), cells) for size, cells in by_size.items()}
+                for fam, by_size in fams.items()}
+        out.append(SpeedupTable(series=series, hosts=hosts, sizes=sorted({r.size for r in group}), reference=refs,
+                                baselines=base))
+    return out
+
+
+@dataclass(frozen=True)
+class ServerComparison(Speedup):
+    """One NIC per accelerator (``own``) against a shared NIC (``shared``): speedup = own busbw / shared busbw."""
+
+    family: str  # ``bigraph-2x2x2 2x4 bigraph hier``: fabric, servers x accelerators, routing, algorithm
+    size: int
+    own: CellRow
+    shared: CellRow
+
+
+def _server_comparison(o: CellRow, sh: CellRow, family: str) -> ServerComparison:
+    eff = by_efficiency([o, sh])
+
+    def per(r: CellRow, value: float | None) -> float | None:
+        return value / r.capacity_mbps if value and eff else value
+
+    interval, significant = _interval_of(speedup_interval([o], [sh], eff))
+    return ServerComparison(
+        speedup=ratio(per(o, o.busbw_mbps), per(sh, sh.busbw_mbps)),
+        model_speedup=ratio(per(o, o.predicted_busbw_mbps), per(sh, sh.predicted_busbw_mbps)),
+        interval=interval, significant=significant, by_efficiency=eff, family=family, size=o.size, own=o, shared=sh)
+
+
+#: fabric (the topology slug without its servers), servers, accelerators per server, routing, seed, algorithm,
+#: placement, size
+ServerKey = tuple[str, int | None, int | None, str, int, str, str, int]
+
+
+def server_speedup_tables(rows: list[CellRow]) -> list[ServerComparison]:
+    """One NIC per accelerator against a shared NIC, for every (fabric, servers, routing, algorithm, size).
+
+    Cells match when everything but ``nics_per_server`` and the NIC placement is the same; sorted by that key.
+    """
+    def key(r: CellRow) -> ServerKey:
+        return (r.topology_slug.split("-srv")[0], r.servers, r.accels_per_server, r.routing, r.seed, r.algorithm,
+                r.placement, r.size)
+
+    own: dict[ServerKey, CellRow] = {}
+    shared: dict[ServerKey, CellRow] = {}
+    for r in rows:
+        if r.servers is None or r.nics_per_server is None:
+            continue
+        if r.nics_per_server == r.accels_per_server and r.nics_per_server > 1:
+            own[key(r)] = r
+        elif r.nics_per_server == 1:
+            shared[key(r)] = r
+    out = []
+    for k in sorted(set(own) & set(shared)):
+        fabric, servers, accels, policy, seed, algo, _, _ = k
+        routing_label = f"{policy}-s{seed}" if policy == "ecmp" else policy
+        out.append(_server_comparison(own[k], shared[k], f"{fabric} {servers}x{accels} {routing_label} {algo}"))
+    return out
+
+
+class ScalingKey(NamedTuple):
+    """A family measured at several host counts: kind, routing, algorithm (with placement) and size."""
+
+    kind: str
+    routing: str
+    algorithm: str
+    size: int
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """A family at one host count: median efficiency (busbw / link goodput), the model's, and median busbw."""
+
+    efficiency: float | None
+    model_efficiency: float | None
+    busbw: float | None
+
+
+def scaling_families(rows: list[CellRow]) -> dict[ScalingKey, dict[int, ScalingPoint]]:
+    """Per family measured at two or more host counts: hosts -> its point (ECMP seeds folded by median)."""
+    acc: dict[ScalingKey, dict[int, list[CellRow]]] = {}
+    for r in rows:
+        acc.setdefault(ScalingKey(r.kind, r.routing, r.algorithm_label, r.size), {}).setdefault(r.hosts, []).append(r)
+    out = {}
+    for key, by_hosts in acc.items():
+        if len(by_hosts) < 2:
+            continue
+        out[key] = {hosts: ScalingPoint(efficiency=median(c.busbw_mbps / c.capacity_mbps for c in cells
+                                                          if c.busbw_mbps),
+                                        model_efficiency=median(c.predicted_busbw_mbps / c.capacity_mbps
+                                                                for c in cells if c.predicted_busbw_mbps),
+                                        busbw=median(c.busbw_mbps for c in cells))
+                    for hosts, cells in sorted(by_hosts.items())}
+    return out
+
+
+# ------------------------------------------------------------- heat map
+def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | None, CellRow | None]:
+    """One congested cell and one clean reference cell, at the largest size.
+
+    Congested: an ECMP hd cell if one shares a link (the paper's case), else the cell with the most flows on a
+    link; ties go to the lowest busbw. Clean: a reference cell with at most one flow per link.
+    """
+    ok = [r for r in rows if r.status == "ok" and r.kind != "star"]
+    if not ok:
+        return None, None
+    largest = max(r.size for r in ok)
+    pool = [r for r in ok if r.size == largest] or ok
+    # the paper's case first: halving-doubling hashed by ECMP; then whatever shares links most
+    # at the host count most cells have (the main comparison), not a scaling point
+    hosts = statistics.mode(r.hosts for r in pool)
+    congested = max(pool, key=lambda r: (r.routing == "ecmp" and r.algorithm == "hd" and r.max_flows_per_link > 1,
+                                         r.hosts == hosts, r.max_flows_per_link, -(r.busbw_mbps or 0)))
+    clean_pool = [r for r in pool if ref.matches(r) and r.max_flows_per_link <= 1] or \
+                 [r for r in pool if r.max_flows_per_link <= 1]
+    clean = max(clean_pool, key=lambda r: (r.hosts == congested.hosts, r.busbw_mbps or 0)) if clean_pool else None
+    if congested.max_flows_per_link <= 1:
+        return None, clean
+    return congested, clean
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One transfer of ``timeline.jsonl`` (:func:`emulator.replay.timeline_records`): monotonic seconds."""
+
+    rep: int
+    step: int
+    src: int  # sending rank
+    src_host: str
+    dst_host: str
+    bytes: int
+    start: float
+    end: float
+
+
+def read_transfers(cell_dir: str, rep: int) -> list[Transfer]:
+    """The transfers of repetition ``rep`` in the cell's timeline (lines of other repetitions are not parsed)."""
+    return [Transfer(rep=rep, step=t["step"], src=t["src"], src_host=t["src_host"], dst_host=t["dst_host"],
+                     bytes=t["bytes"], start=t["start"], end=t["end"])
+            for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl")) if t.get("rep") == rep]
+
+
+def _first_measured(res: results.CellResults | None) -> int:
+    """The index of the first measured repetition: after the warm-up ones."""
+    return int((res.config if res else {}).get("warmup", 0))
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """One cell's first measured repetition, transfer by transfer (the Gantt chart's data)."""
+
+    row: CellRow
+    rep: int
+    transfers: list[Transfer]
+
+
+def first_measured_transfers(rows: Iterable[CellRow]) -> list[Timeline]:
+    """Each row's first measured repetition, for the rows whose timeline has one."""
+    out = []
+    for row in rows:
+        rep = _first_measured(results.load(os.path.join(row.dir, "results.json")))
+        transfers = read_transfers(row.dir, rep)
+        if transfers:
+            out.append(Timeline(row=row, rep=rep, transfers=transfers))
+    return out
+
+
+@dataclass(frozen=True)
+class LinkStepMatrix:
+    """Per step x directed switch-to-switch link (``s1>s3``): flows the model routes, mean measured goodput.
+
+    ``flows[i][j]`` and ``measured_mbps[i][j]`` are of step ``steps[i]`` and link ``links[j]``; measured is
+    None where no transfer of repetition ``rep`` crossed the link in that step.
+    """
+
+    links: list[str]
+    steps: list[int]
+    flows: list[list[int]]
+    measured_mbps: list[list[float | None]]
+    rep: int
+
+
+def link_step_matrix(cell_dir: str, rep: int | None = None) -> LinkStepMatrix:
+    """The cell's :class:`LinkStepMatrix` for repetition ``rep`` (default: the first measured one).
+
+    Reads the cell's schedule, topology, results (routing, seed) and timeline, and routes every transfer's
+    host pair as the cell did (:func:`emulator.routing.route`).
+    """
+    res = results.load(os.path.join(cell_dir, "results.json"))
+    cfg = res.config if res else {}
+    topo = topology.load(os.path.join(cell_dir, "topology.json"))
+    schedule = sformat.load(os.path.join(cell_dir, "schedule.json"))
+    policy, seed = cfg.get("routing", "shortest"), int(cfg.get("seed", 0))
+    costs = cost.analyze(schedule, topo, policy, seed=seed)
+    links = sorted({lk for st in costs.steps for lk in st.flows_per_link
+                    if topo.is_switch(lk[0]) and topo.is_switch(lk[1])},
+                   key=lambda lk: (int(lk[0][1:]), int(lk[1][1:])))
+    steps = [st.step for st in costs.steps]
+    flows = [[st.flows_per_link.get(lk, 0) for lk in links] for st in costs.steps]
+    if rep is None:
+        rep = _first_measured(res)
+    rates: dict[tuple[int, tuple[str, str]], list[float]] = {}
+    paths: dict[tuple[str, str], list[str]] = {}
+    for t in read_transfers(cell_dir, rep):
+        if t.end <= t.start:
+            continue
+        pair = (t.src_host, t.dst_host)
+        if pair not in paths:
+            paths[pair] = routing.route(topo, policy, routing.agent_flow(topo, *pair), seed=seed)
+        mbps = t.bytes * 8 / (t.end - t.start) / 1e6
+        for lk in routing.switch_links_of(paths[pair]):
+            rates.setdefault((t.step, lk), []).append(mbps)
+    measured = [[statistics.mean(rates[(s, lk)]) if (s, lk) in rates else None for lk in links] for s in steps]
+    return LinkStepMatrix(links=[f"{a}>{b}" for a, b in links], steps=steps, flows=flows, measured_mbps=measured,
+                          rep=rep)
+

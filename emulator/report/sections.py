@@ -1,0 +1,358 @@
+"""The report's sections, in the order they appear: one function each, appending its blocks to a :class:`Doc`.
+
+This module owns the report's prose and tables: what each section says and
+how its numbers read (``×1.24 (1.10–1.38)``, ``–`` for a missing value).
+Each function takes numbers already computed (:mod:`emulator.report.aggregate`,
+:mod:`emulator.report.answers`, :mod:`emulator.paper_scale`); those with a
+figure draw it through :mod:`emulator.report.plots` into the ``plots``
+folder they are given and link it as ``plots/<name>``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+
+from emulator import fabric, paper_scale
+from emulator.report import answers, plots
+from emulator.report.aggregate import (
+    RESAMPLES,
+    BaselineEntry,
+    CellRow,
+    LinkStepMatrix,
+    Plan,
+    Reference,
+    ScalingKey,
+    ScalingPoint,
+    ServerComparison,
+    SpeedupTable,
+    first_measured_transfers,
+    link_step_matrix,
+)
+from emulator.report.doc import Doc
+from emulator.schedule.format import format_size
+
+INTERVAL_SENTENCE = (f"In brackets after a speedup: its 95% bootstrap interval ({RESAMPLES} resamples: the ECMP "
+                     "seeds with replacement, then the repetitions within each drawn seed, the median of the "
+                     "pooled draw on each side); **n.s.** = not significant, the interval contains 1.")
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def speedup_text(speedup: float | None, interval: tuple[float, float] | None, significant: bool | None) -> str:
+    """``×1.24 (1.10–1.38)``, ``×1.02 (0.97–1.08) n.s.`` or ``–``."""
+    if speedup is None:
+        return "–"
+    text = f"×{speedup:.2f}"
+    if interval:
+        text += f" ({interval[0]:.2f}–{interval[1]:.2f})"
+    return text + (" n.s." if significant is False else "")
+
+
+# ------------------------------------------------------------ the opening
+def title(doc: Doc, plan: Plan) -> None:
+    """The experiment's name, and its description if it has one."""
+    doc.h(1, f"Experiment `{plan.name}`")
+    if plan.description:
+        doc.p(plan.description)
+
+
+def answers_section(doc: Doc, found: list[answers.Answer], repeat: int) -> None:
+    """The "Answers" section: per question its sentences (nothing when no answer has data)."""
+    if not found:
+        return
+    doc.h(2, "Answers")
+    for question, heading in answers.QUESTIONS.items():
+        texts = [a.text for a in found if a.question == question]
+        if texts:
+            doc.p(f"**{heading}**")
+            doc.ul(texts)
+    doc.p(f"Measured: median busbw of the measured repetitions (ECMP seeds: median over seeds); 95%: the "
+          f"bootstrap interval of that ratio over repetitions and ECMP seeds ({RESAMPLES} resamples); model: "
+          "`schedule check`'s max-min fair prediction on the same routes. Cells at different link rates are "
+          "compared by efficiency (busbw / link goodput), never by busbw. Details in the tables below."
+          + (f" With {repeat} measured repetitions per cell the bootstrap sees little of the run-to-run spread: "
+             "read a narrow interval as a lower bound on the uncertainty." if repeat < 5 else ""))
+
+
+def fabric_sentence(spec: str | None, link_mbps: float) -> str:
+    """What the emulated figures stand for: the experiment's fabric profile (older runs had none)."""
+    if not spec:
+        dilation = fabric.default().link_gbps * 1000 / link_mbps
+        return (f"Time dilation: a {link_mbps:g} Mbit/s emulated link stands for a {fabric.default().link_gbps:g} "
+                f"Gbit/s one, every time divided by {dilation:g}. This run predates fabric profiles: only "
+                "bandwidth was dilated, so small messages here are more latency-bound than on the real fabric.")
+    profile = fabric.parse(spec)
+    return (f"Fabric: {profile.describe()}. Divide an emulated time by {profile.dilation:g} (multiply a rate by "
+            f"it) for the real fabric's: busbw {link_mbps * 0.9:.1f} Mbit/s here is "
+            f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
+
+
+def overview(doc: Doc, plan: Plan, rows: list[CellRow]) -> None:
+    """How many cells finished, the links and datapath, what busbw and the model are, the fabric; a caution
+    when the model's contention-free cells ran much slower than predicted."""
+    n_ok = sum(r.status == "ok" for r in rows)
+    failed = sum(r.status not in ("ok", "not run") for r in rows)
+    not_run = sum(r.status == "not run" for r in rows)
+    datapaths = sorted({r.datapath for r in rows if r.datapath})
+    doc.ul([
+        f"**{n_ok} of {len(rows)} cells finished**, {failed} failed or interrupted, {not_run} not run"
+        + ("" if n_ok == len(rows) else " (run `emu run` again to finish them)") + ".",
+        f"Links: {plan.link_mbps:g} Mbit/s (host and switch links unless a topology sets its own); Open vSwitch "
+        f"datapath: {', '.join(datapaths) or 'unknown'}; repetitions per cell: {plan.warmup} warm-up + "
+        f"{plan.repeat} measured; ECMP seeds: {', '.join(map(str, plan.ecmp_seeds))}.",
+        "busbw is the nccl-tests bus bandwidth (algbw x 2(p-1)/p), the median of the measured repetitions; a "
+        "perfect allreduce reaches the link's TCP goodput. The model is `schedule check`'s timing model on the "
+        "same routes: max-min fair sharing of every link, and the fabric's per-message latency, with the agents' "
+        "own dependency rules (it knows contention and latency, not the emulator's CPU limits).",
+        fabric_sentence(plan.fabric, plan.link_mbps),
+    ])
+    clean_ratios = [r.measured_over_predicted for r in rows
+                    if r.measured_over_predicted and r.max_flows_per_link <= 1]
+    if clean_ratios and statistics.median(clean_ratios) > 1.3:
+        doc.p(f"**Caution:** cells the model calls contention-free (at most one flow per link) took "
+              f"{statistics.median(clean_ratios):.1f}x their predicted time (median of {len(clean_ratios)}). "
+              "Something other than the fabric's links limits them: on this machine, the CPU (Python agents and "
+              "the userspace Open vSwitch datapath share its cores) or TCP losses (see the retransmits column). "
+              "That ceiling applies to every fabric alike and compresses the measured differences between them; "
+              "the model's numbers show the fabric-only effect. Fewer hosts, lower link rates or a calibrated "
+              "kernel datapath bring the measurement closer to the model.")
+
+
+# ------------------------------------------------------------- speedups
+def _headline(table: SpeedupTable) -> str:
+    """One sentence on the largest size: the reference against its best and worst baseline, with the model.
+
+    Baselines rank by speedup (by efficiency where link rates differ), never by busbw across link rates.
+    """
+    size = max(table.sizes)
+    rr = table.reference.get(size)
+    entries = {fam: by[size] for fam, by in table.baselines.items() if size in by and by[size].speedup}
+    if not rr or not rr.busbw_mbps or not entries:
+        return ""
+    ahead = [f for f, e in entries.items() if (e.speedup or 0) > 1]
+    best = min(entries, key=lambda f: entries[f].speedup or 0)
+    worst = max(entries, key=lambda f: entries[f].speedup or 0)
+    return (f"At {format_size(size)}: the reference `{rr.family()}` reaches **{rr.busbw_mbps:.2f} Mbit/s** "
+            f"busbw (model {_fmt(rr.predicted_busbw_mbps)}), ahead of {len(ahead)} of {len(entries)} "
+            f"baselines. Best baseline: `{best}` {entries[best].busbw:.2f} (model "
+            f"{_fmt(entries[best].model_busbw)}); worst: `{worst}` {entries[worst].busbw:.2f} (model "
+            f"{_fmt(entries[worst].model_busbw)}).")
+
+
+def _baseline_cell(e: BaselineEntry) -> str:
+    """One baseline at one size: ``×1.24 (1.10–1.38); model ×1.25; seeds ×1.20..×1.28; busbw 4.1 (4.2)``."""
+    text = speedup_text(e.speedup, e.interval, e.significant) + f"; model ×{_fmt(e.model_speedup)}"
+    if e.by_efficiency:
+        text += "; by efficiency"
+    if e.range:
+        text += f"; seeds ×{e.range[0]:.2f}..×{e.range[1]:.2f}"
+    return text + f"; busbw {_fmt(e.busbw)} ({_fmt(e.model_busbw)})"
+
+
+def _speedup_table(doc: Doc, t: SpeedupTable) -> None:
+    doc.h(3, f"series `{t.series}`, {t.hosts} hosts")
+    headline = _headline(t)
+    if headline:
+        doc.p(headline)
+    head = ["baseline"] + [f"{format_size(s)}: speedup (95%), model" for s in t.sizes]
+    ref_row = ["**reference busbw**, Mbit/s (model)"]
+    for s in t.sizes:
+        rr = t.reference.get(s)
+        ref_row.append(f"**{_fmt(rr.busbw_mbps if rr else None)}** ({_fmt(rr.predicted_busbw_mbps if rr else None)})"
+                       + (f" {rr.id.split('.')[1]}" if rr else ""))
+    body = [ref_row]
+    for fam in sorted(t.baselines):
+        by_size = t.baselines[fam]
+        body.append([fam] + [_baseline_cell(by_size[s]) if s in by_size else "" for s in t.sizes])
+    doc.table(head, body)
+
+
+def speedups(doc: Doc, tables: list[SpeedupTable], ref: Reference) -> None:
+    """The reference against every baseline: a table per series and host count, a column per size."""
+    doc.h(2, f"Speedup of {ref.routing} + {ref.algorithm} over every baseline")
+    if not tables:
+        doc.p("No reference cells (the experiment's `reference`) finished or were planned.")
+    for t in tables:
+        _speedup_table(doc, t)
+    doc.p("Speedup = reference busbw / baseline busbw (medians; for ECMP the median over seeds, with the range "
+          "over seeds). Above 1: the reference is faster. " + INTERVAL_SENTENCE + " Model: the same ratio "
+          "from the model. By efficiency: the two ran at different link rates, so the ratio is of busbw / "
+          "link goodput.")
+
+
+def servers(doc: Doc, server_tables: list[ServerComparison]) -> None:
+    """One NIC per accelerator against a shared NIC (nothing when the experiment has no server designs)."""
+    if not server_tables:
+        return
+    doc.h(2, "Server designs: one NIC per accelerator against a shared NIC")
+    doc.table(["servers x accelerators, routing, algorithm", "size", "speedup (95%), model",
+               "NIC per accelerator busbw (model)", "shared NIC busbw (model)"],
+              [[t.family, format_size(t.size),
+                speedup_text(t.speedup, t.interval, t.significant)
+                + f", model ×{_fmt(t.model_speedup)}" + (", by efficiency" if t.by_efficiency else ""),
+                f"{_fmt(t.own.busbw_mbps)} ({_fmt(t.own.predicted_busbw_mbps)})",
+                f"{_fmt(t.shared.busbw_mbps)} ({_fmt(t.shared.predicted_busbw_mbps)})"]
+               for t in server_tables])
+    doc.p("Each server's accelerators sit behind one PCIe switch; with a shared NIC they all leave the "
+          "server through one link, with a NIC each every accelerator uses its own (EFLOPS). Speedup = busbw "
+          "with a NIC per accelerator / busbw with the shared NIC, same fabric, routing, algorithm and size; "
+          "in brackets the model's ratio. Only the phases that cross servers gain: intra-server steps run "
+          "over PCIe either way (which is also why busbw may exceed the NIC rate). A ring with identity "
+          "placement sends one flow out of each server per step, so a shared NIC costs it nothing. "
+          + INTERVAL_SENTENCE)
+
+
+# --------------------------------------------------------------- figures
+def busbw_vs_size(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
+    """A busbw-against-size plot per series."""
+    doc.h(2, "busbw against message size")
+    for series in dict.fromkeys(r.series for r in rows):
+        name = f"busbw-{series}.png"
+        if plots.plot_busbw_vs_size(os.path.join(plot_dir, name), [r for r in rows if r.series == series],
+                                    f"series {series}: busbw against size"):
+            doc.img(f"plots/{name}", f"busbw against size, series {series}")
+
+
+def _heatmap(doc: Doc, congested: CellRow | None, clean: CellRow | None, plot_dir: str) -> None:
+    mats: list[tuple[CellRow, LinkStepMatrix]] = []
+    for r in (c for c in (congested, clean) if c is not None):
+        try:
+            mats.append((r, link_step_matrix(r.dir)))
+        except Exception as exc:  # a damaged cell folder must not cost the whole report
+            doc.p(f"No heat map for {r.id}: {type(exc).__name__}: {exc}")
+    if not mats:
+        return
+    plots.plot_heatmaps(os.path.join(plot_dir, "heatmap.png"), mats)
+    doc.p("Rows: directed switch-to-switch links; columns: steps. Left: flows the model routes over the "
+          "link in that step (2 or more = shared). Right: the mean goodput the transfers crossing the "
+          "link got in the first measured repetition. "
+          + (f"Congested: `{congested.id}` (up to {congested.max_flows_per_link} flows on a link). "
+             if congested else "No congested cell finished. ")
+          + (f"Clean: `{clean.id}` (never more than one flow per link)." if clean else ""))
+    doc.img("plots/heatmap.png", "flows and goodput per link and step")
+
+
+def congestion(doc: Doc, congested: CellRow | None, clean: CellRow | None, plot_dir: str) -> None:
+    """The heat map of flows and goodput per link and step, then the timeline, of a congested and a clean cell."""
+    doc.h(2, "Congestion per link and step")
+    chosen = [r for r in (congested, clean) if r is not None]
+    if not chosen:
+        doc.p("No finished cell with switch-to-switch links.")
+        return
+    _heatmap(doc, congested, clean, plot_dir)
+    doc.h(2, "Timeline")
+    if plots.plot_gantt(os.path.join(plot_dir, "gantt.png"), first_measured_transfers(chosen)):
+        doc.p("Every transfer of the first measured repetition, from the send's start to the receive's end, "
+              "one row per sending rank, coloured by step; both runs on the same time axis.")
+        doc.img("plots/gantt.png", "timeline of transfers")
+
+
+def scaling(doc: Doc, fams: dict[ScalingKey, dict[int, ScalingPoint]], plot_dir: str) -> None:
+    """Efficiency per family and host count: a table and a plot (or a sentence saying there is no family)."""
+    doc.h(2, "Scaling")
+    if not plots.plot_scaling(os.path.join(plot_dir, "scaling.png"), fams):
+        doc.p("No family of cells was measured at more than one host count.")
+        return
+    hosts = sorted({h for v in fams.values() for h in v})
+    body = []
+    for (kind, routing, algo, size), by_hosts in sorted(fams.items()):
+        body.append([f"{kind} {routing} {algo} {format_size(size)}"]
+                    + [f"{_fmt(by_hosts[h].efficiency)} ({_fmt(by_hosts[h].model_efficiency)})"
+                       if h in by_hosts else "" for h in hosts])
+    doc.table(["family"] + [f"{h} hosts" for h in hosts], body)
+    doc.p("Efficiency = busbw / link goodput (1 = near-linear scaling: the allreduce keeps every host link "
+          "busy however many hosts take part); model in brackets.")
+    doc.img("plots/scaling.png", "scaling efficiency")
+
+
+def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, profile: fabric.FabricProfile) -> None:
+    """The "Paper scale (model)" section: the reference against each baseline at 128..1024 accelerators."""
+    doc.h(2, "Paper scale, by the model alone (not measured)")
+    if not comps:
+        doc.p("No projection: the experiment measured its reference at fewer than two host counts.")
+        return
+    body = []
+    for c in comps:
+        body.append([str(c.hosts), format_size(c.size), answers.point_label(c.baseline), f"`{c.baseline.topology}`",
+                     f"{c.reference.real_time_s * 1e3:.3f} ms, eff. {c.reference.efficiency:.2f}",
+                     f"{c.baseline.real_time_s * 1e3:.3f} ms, eff. {c.baseline.efficiency:.2f}",
+                     f"model ×{c.speedup:.2f}"])
+    doc.table(["accelerators", "size per rank", "baseline (model)", "baseline fabric",
+               "reference: real time, efficiency (model)", "baseline: real time, efficiency (model)",
+               "speedup (model)"], body)
+    ref_specs = sorted({(c.hosts, c.reference.topology) for c in comps})
+    doc.p("Every number in this section is the timing model's, on the real fabric the profile names ("
+          f"{profile.link_gbps:g} Gbit/s links, {profile.alpha_us:g} µs per message, {profile.switch_latency_us:g} "
+          "µs per switch, MTU " f"{profile.mtu}), computed by `emulator.schedule.projection` (which equals "
+          "`schedule check`'s prediction of the same schedule on the sizes the emulator runs). Reference: "
+          + ", ".join(f"`{spec}` ({h})" for h, spec in ref_specs)
+          + "; fabrics of equal switch radix k (k/2 hosts per leaf; BiGraph with k/2 switches per group), ECMP "
+          f"folded by the median over seeds {', '.join(map(str, paper_scale.SEEDS))}. The model's error where "
+          f"the emulator measured it: {error}. Efficiency = busbw / link goodput.")
+
+
+# ------------------------------------------------------------ every cell
+def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
+    """Every cell measured against the model: a scatter plot and a table, with its fidelity counters."""
+    doc.h(2, "Every cell: measured against the model")
+    if plots.plot_measured_vs_predicted(os.path.join(plot_dir, "measured-vs-model.png"), rows):
+        doc.img("plots/measured-vs-model.png", "measured against predicted busbw")
+    body = [[f"`{r.id}`", r.status, _fmt(r.busbw_mbps), _fmt(r.predicted_busbw_mbps), _fmt(r.time_s, 3),
+             _fmt(r.predicted_time_s, 3), _fmt(r.measured_over_predicted), str(r.max_flows_per_link),
+             ", ".join(r.flags) or "none", str(r.qdisc_drops), str(r.tcp_retransmits)] for r in rows]
+    doc.table(["cell", "status", "busbw", "model busbw", "time s", "model s", "measured/model time",
+               "max flows/link", "fidelity flags", "qdisc drops", "TCP retrans."], body)
+    doc.p("Times are the median of the measured repetitions; busbw in Mbit/s. Fidelity flags per repetition "
+          "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
+          "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
+          "calibrate` never ran here (the capacity is the documented default). A cell with `over_capacity` or "
+          "`cpu_saturated` is not trusted: it measures the emulator, not the fabric.")
+
+
+def faults(doc: Doc, rows: list[CellRow]) -> None:
+    """Every fault of every cell: when it fired, how long the controller took, what it hit (nothing without)."""
+    faulted = [r for r in rows if r.faults]
+    if not faulted:
+        return
+    doc.h(2, "Faults")
+    body = []
+    for r in faulted:
+        for f in r.faults:
+            affected = f.get("affected_transfers") or []
+            slow = [t["time_s"] for t in affected if t.get("time_s") is not None]
+            body.append([f"`{r.id}`", f"`{f['spec']}`",
+                         "not fired" if f.get("fired_s") is None else f"{f['fired_s']:.3f} s",
+                         "" if f.get("reroute_s") is None else f"{f['reroute_s'] * 1000:.0f} ms",
+                         f"{len(affected)}" + (f" (slowest {max(slow):.3f} s)" if slow else ""),
+                         f.get("error") or f.get("note") or "", r.outcome])
+    doc.table(["cell", "fault", "fired at", "controller done after", "transfers on the link", "what happened",
+               "cell outcome"], body)
+    doc.p("`fired at` counts from the repetition's common start; `controller done after` is the time until "
+          "the controller had every switch confirmed with entries that route around (or back over) the link, "
+          "or had resynchronised every switch after a restart. Transfers on the link are those whose planned "
+          "path crossed it, with the slowest one's measured time. A cell whose repetitions all finished with "
+          "correct data despite a fault is `degraded`; a fault that stops a rank fails the cell.")
+
+
+def fidelity(doc: Doc, rows: list[CellRow]) -> None:
+    """How many cells carry each fidelity flag, the untrusted cells, the failed ones and those not run yet."""
+    doc.h(2, "Fidelity flags and failures")
+    flag_counts: dict[str, int] = {}
+    for r in rows:
+        for f in r.flags:
+            flag_counts[f] = flag_counts.get(f, 0) + 1
+    doc.ul([f"`{f}`: {n} cells" for f, n in sorted(flag_counts.items())] or ["no fidelity flag in any cell"])
+    untrusted = [r for r in rows if r.trusted is False]
+    if untrusted:
+        doc.p("Not trusted: " + ", ".join(f"`{r.id}`" for r in untrusted) + ".")
+    failed = [r for r in rows if r.status not in ("ok", "not run")]
+    doc.ul([f"`{r.id}`: {r.status}: {r.error or 'no error recorded'}" for r in failed] or ["no failed cells"])
+    not_run = sum(r.status == "not run" for r in rows)
+    if not_run:
+        doc.p(f"Not run yet: {not_run} cells.")
+    doc.p("Every cell's numbers are in `cells.csv`; raw results in `cells/<cell>/` (results.json, timeline.jsonl, "
+          "links.jsonl); the answers, as numbers, in `summary.json`.")
