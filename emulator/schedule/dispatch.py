@@ -102,12 +102,28 @@ class Dispatcher:
                 (self._on_written if early else self._on_done)[d].append(op.id)
         self._waiting = {op.id: len(op.deps) for op in program.ops}
         self._ready_at: dict[int, float] = {}
-        self._queues: dict[Channel, list[int]] = defaultdict(list)
+        # per channel (by its index in the order channels first appear): its op ids in program order, how many
+        # are queued, and when the last one was
+        self._channel_index: dict[Channel, int] = {}
+        self._channel_of: dict[int, Channel] = {}
+        self._queue_of: dict[int, int] = {}
+        self._queues: list[list[int]] = []
+        channels: list[Channel] = []
+        by_key: dict[tuple[int, bool], int] = {}
         for op in program.ops:
             if op.is_comm:
-                self._queues[Channel.of(op)].append(op.id)
-        self._next = dict.fromkeys(self._queues, 0)
-        self._last_queued_at = dict.fromkeys(self._queues, float("-inf"))
+                key = (op.partner, op.kind == SEND)
+                k = by_key.get(key)
+                if k is None:
+                    k = by_key[key] = len(channels)
+                    channels.append(Channel(*key))
+                    self._channel_index[channels[k]] = k
+                    self._queues.append([])
+                self._queues[k].append(op.id)
+                self._queue_of[op.id] = k
+                self._channel_of[op.id] = channels[k]  # one object per channel
+        self._next = [0] * len(self._queues)
+        self._last_queued_at = [float("-inf")] * len(self._queues)
         self._ready_comm: set[int] = set()
         self._released_written: set[int] = set()
         self.finished: set[int] = set()
@@ -120,15 +136,23 @@ class Dispatcher:
     @property
     def channels(self) -> list[Channel]:
         """Every channel this rank sends or receives on, in the order its first operation appears."""
-        return list(self._queues)
+        return list(self._channel_index)
+
+    def channel_of(self, op_id: int) -> Channel:
+        """The channel of send or receive ``op_id`` (always the same object: cheap to look up by)."""
+        return self._channel_of[op_id]
 
     def channel_ops(self, channel: Channel) -> list[Op]:
         """The operations of ``channel``, in program order (none for a channel this rank does not use)."""
-        return [self.ops[i] for i in self._queues.get(channel, ())]
+        return [self.ops[i] for i in self._channel_ids(channel)]
 
     def head(self, channel: Channel) -> Op | None:
         """The first operation of ``channel`` not completed yet (None: all are, or there are none)."""
-        return next((self.ops[i] for i in self._queues.get(channel, ()) if i not in self.finished), None)
+        return next((self.ops[i] for i in self._channel_ids(channel) if i not in self.finished), None)
+
+    def _channel_ids(self, channel: Channel) -> list[int]:
+        k = self._channel_index.get(channel)
+        return [] if k is None else self._queues[k]
 
     def released(self, op_id: int) -> bool:
         """Whether every dependency of ``op_id`` is released (it is ready, though perhaps not queued yet)."""
@@ -159,11 +183,12 @@ class Dispatcher:
 
     def done(self, op_id: int, at: float) -> list[Ready]:
         """``op_id`` completed at ``at``: release what waited for it, in program order."""
-        if op_id in self._released_written:
-            dependents = self._on_done[op_id]
-        else:  # never reported written (a send the executor completes at once): everything goes now
-            self._released_written.add(op_id)
-            dependents = sorted(self._on_written[op_id] + self._on_done[op_id], key=self._order.__getitem__)
+        early = self._on_written.get(op_id)
+        if not early or op_id in self._released_written:
+            dependents = self._on_done.get(op_id, [])
+        else:  # never reported written (a send the executor completes at once): everything goes now, in order
+            dependents = sorted(early + self._on_done.get(op_id, []), key=self._order.__getitem__)
+        self._released_written.add(op_id)
         out: list[Ready] = []
         self.finished.add(op_id)
         self._release(dependents, at, out)
@@ -182,7 +207,7 @@ class Dispatcher:
             out.append(Ready(op, self._ready_at[op_id]))
             return
         self._ready_comm.add(op_id)
-        key = Channel.of(op)
+        key = self._queue_of[op_id]
         ids = self._queues[key]
         while self._next[key] < len(ids) and ids[self._next[key]] in self._ready_comm:
             queued = ids[self._next[key]]

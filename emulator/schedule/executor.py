@@ -186,6 +186,14 @@ def _channel_count_errors(schedule: Schedule) -> list[str]:
 
 
 @dataclass(frozen=True)
+class _Local:
+    """A local operation of ``rank`` that is ready to run."""
+
+    rank: int
+    op: Op
+
+
+@dataclass(frozen=True)
 class _Transfer:
     """A send and the receive it is matched with, both queued at the heads of their channels."""
 
@@ -207,7 +215,7 @@ class _Run:
         self.index = [{op.id: i for i, op in enumerate(prog.ops)} for prog in schedule.ranks]
         self.dispatch = [Dispatcher(prog) for prog in schedule.ranks]
         self.state = _State(schedule)
-        self.local: deque[tuple[int, Op]] = deque()  # (rank, op): ready local work, in the order it became so
+        self.local: deque[_Local] = deque()  # in the order it became ready
         #: per rank and channel, the queued communication not matched yet (the first is the channel's head)
         self.queued: list[dict[Channel, deque[Op]]] = [defaultdict(deque) for _ in range(self.p)]
         self.rounds = 0
@@ -233,9 +241,9 @@ class _Run:
     def _hand(self, rank: int, ready: list[Ready]) -> None:
         for r in ready:
             if r.op.is_comm:
-                self.queued[rank][Channel.of(r.op)].append(r.op)
+                self.queued[rank][self.dispatch[rank].channel_of(r.op.id)].append(r.op)
             else:
-                self.local.append((rank, r.op))
+                self.local.append(_Local(rank, r.op))
 
     def _complete(self, rank: int, op: Op) -> None:
         self.completed_round[(rank, op.id)] = self.rounds
@@ -252,7 +260,8 @@ class _Run:
 
     def _run_local(self) -> None:
         while self.local:
-            r, op = self.local.popleft()
+            work = self.local.popleft()
+            r, op = work.rank, work.op
             labels, counts = self.state.read(r, *op.source, op.nchunks)
             if op.kind == COPY:
                 self.state.write(r, op.buffer, op.chunk, labels, counts)
@@ -287,8 +296,8 @@ class _Run:
                 self.state.write(t.dst, t.recv.buffer, t.recv.chunk, labels, counts)
             else:
                 self._accumulate(t.dst, t.recv, labels, counts)
-            self.queued[t.src][Channel.of(t.send)].popleft()
-            self.queued[t.dst][Channel.of(t.recv)].popleft()
+            self.queued[t.src][self.dispatch[t.src].channel_of(t.send.id)].popleft()
+            self.queued[t.dst][self.dispatch[t.dst].channel_of(t.recv.id)].popleft()
             self.matches.append((t.src, t.send.id, t.dst, t.recv.id))
             self._complete(t.src, t.send)
             self._complete(t.dst, t.recv)
