@@ -193,7 +193,7 @@ def with_bw(spec: str, bw: float) -> str:
 
 
 def replay_row(case: Case, algo: str, results: dict[str, Any], link_mbps: float, size: int = 0) -> dict[str, Any]:
-    """The bench's summary of one replay's ``results`` dict."""
+    """The bench's summary of one replay's results document (``results.json``, :meth:`emulator.results.CellResults.to_json`)."""
     reps = results.get("repetitions", [])
     flags = sorted({f for r in reps for f in r.get("fidelity", {}).get("flags", []) if f != "uncalibrated"})
     loads = [r["fidelity"]["datapath_load_mbps"] for r in reps if "fidelity" in r]
@@ -437,7 +437,7 @@ def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath:
             echo(f"   {algo} {format_size(size.bytes)}:")
             try:
                 results = session.run(schedule, os.path.join(out, slug, f"{algo}-{format_size(size.bytes)}"),
-                                      repeat=size.repeat, warmup=size.warmup)
+                                      repeat=size.repeat, warmup=size.warmup).to_json()
             except ReplayFailed as exc:
                 results = {"status": "failed", "error": str(exc)}
             rows.append(replay_row(case, algo, results, bw, size.bytes))
@@ -463,7 +463,7 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
         "fabric_profile": profile.to_json(), "latency": latency.to_json(),
         "sizes": [s.__dict__ for s in sizes], "link_mbps": link_mbps, "dilation": profile.dilation,
         "calibration_source": latency.intrinsic.source,
-        "calibration_capacity_mbps": (calibration or {}).get("datapath_capacity_mbps"),
+        "calibration_capacity_mbps": calibration.datapath_capacity_mbps,
         "targets": {"agent_over_iperf3": TARGET_AGENT, "hdrm_busbw_over_link": TARGET_HDRM,
                     "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
                     "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],

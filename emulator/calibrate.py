@@ -51,6 +51,7 @@ from typing import Any
 import psutil
 
 from emulator import fidelity, latency_probe, routing, topology
+from emulator.calibration_file import Calibration
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.files import write_json_atomic
@@ -422,10 +423,10 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
                            echo=lambda s: None) as session:
             results = session.run(schedule, os.path.join(tmp, "agents"), repeat=repeat, warmup=1)
             ip = run_iperf_flows(session.en, topo, [("h1", "h2")], seconds, bidir=True).reports[0]
-    agent = statistics.median(r["busbw_mbps"] for r in results["repetitions"])
+    agent = statistics.median(r.busbw_mbps for r in results.repetitions)
     iperf = (ip["received_mbps"] + ip["reverse_received_mbps"]) / 2
     return {"topology": topo.spec, "link_mbps": bw_mbps, "size": size, "repeat": repeat,
-            "agent_mbps": agent, "agent_reps_mbps": [r["busbw_mbps"] for r in results["repetitions"]],
+            "agent_mbps": agent, "agent_reps_mbps": [r.busbw_mbps for r in results.repetitions],
             "iperf3_mbps": iperf, "iperf3": ip, "ratio": agent / iperf if iperf else None,
             "agent_over_link": agent / bw_mbps, "iperf3_over_link": iperf / bw_mbps}
 
@@ -476,15 +477,15 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
 
 
 def ensure_calibration(profile: FabricProfile, datapath: str = "auto",
-                       echo: Callable[[str], None] = print) -> dict[str, Any]:
+                       echo: Callable[[str], None] = print) -> Calibration:
     """This machine's calibration at the profile's MTU; when there is none, make a minimal one (about a minute)."""
     found = fidelity.load_calibration(profile.emulated_mtu)
     if found is not None:
         return found
     echo(f"no calibration of this machine at MTU {profile.emulated_mtu}: measuring one now (about a minute; "
          f"`emu calibrate` makes a full one), written to {fidelity.calibration_path(profile.emulated_mtu)}")
-    return calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
-                     latency_mbps=profile.emulated_link_mbps, echo=lambda line: None)
+    return Calibration.from_json(calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
+                                           latency_mbps=profile.emulated_link_mbps, echo=lambda line: None))
 
 
 def summary_table(data: dict[str, Any]) -> str:

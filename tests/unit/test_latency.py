@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulator import fabric, fidelity
+from emulator.calibration_file import Calibration, Machine
 from emulator.latency import Curve, Intrinsic, LatencyModel, PathLatency
 from emulator.topology import last_segment_bytes
 
@@ -67,13 +68,14 @@ def test_last_segments():
 def test_lateness_and_the_latency_floor_flag():
     assert fidelity.lateness([0.001, 0.002, 0.02], [0.1, 0.1, 0.1]) == pytest.approx(0.02)
     assert fidelity.lateness([0.5], [0.0]) is None
-    snap = {"time": 0.0, "qdisc": {}, "retrans": {}, "cpu_idle": 0.0, "cpu_total": 0.0}
-    after = {**snap, "time": 1.0, "cpu_idle": 50.0, "cpu_total": 100.0}
-    cal = {"datapath_capacity_mbps": 1000.0}
+    snap = fidelity.Snapshot(time=0.0)
+    after = fidelity.Snapshot(time=1.0, cpu_idle=50.0, cpu_total=100.0)
+    cal = Calibration(version=fidelity.CALIBRATION_VERSION, machine=Machine(kernel=None, ovs_version=None, nproc=None),
+                      datapath_capacity_mbps=1000.0, recommended_link_mbps=None, latency=None)
     ok = fidelity.assess(snap, after, 1.0, 0, cal, floors=[], late_fraction=0.01)
-    assert "latency_floor" not in ok["flags"] and ok["trusted"]
+    assert "latency_floor" not in ok.flags and ok.trusted
     late = fidelity.assess(snap, after, 1.0, 0, cal, floors=[], late_fraction=0.2)
     floor = fidelity.assess(snap, after, 1.0, 0, cal, floors=[5], late_fraction=None)
     for fid in (late, floor):
-        assert "latency_floor" in fid["flags"] and not fid["trusted"]
-    assert floor["latency_floor_switches"] == [5]
+        assert "latency_floor" in fid.flags and not fid.trusted
+    assert floor.latency_floor_switches == [5]
