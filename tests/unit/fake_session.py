@@ -2,14 +2,18 @@
 
 Each repetition takes the model's per-step times, stretched by ``slowdown``
 (``slowdown_ecmp`` for ECMP routing), so the report has something to show.
+Like the real session, ``run`` writes ``results.json`` through
+:meth:`emulator.results.CellResults.save` as it goes and returns the
+:class:`~emulator.results.CellResults`; a probe (``config`` with ``probe``)
+writes nothing and returns its results only.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 
 from emulator.files import append_jsonl, write_json_atomic
+from emulator.results import CellResults, Fidelity, Repetition
 from emulator.schedule import cost
 from emulator.schedule import format as sformat
 
@@ -47,27 +51,46 @@ class FakeSession:
         FakeSession.runs.append(cell_id)
         sformat.save(schedule, os.path.join(out, "schedule.json"))
         write_json_atomic(os.path.join(out, "topology.json"), self.topo.to_json())
-        results = {"config": {**config, "algorithm": schedule.algorithm, "ranks": schedule.p, "size": schedule.size,
-                              "topology": self.topo.spec, "routing": self.policy, "seed": self.seed,
-                              "repeat": repeat, "warmup": warmup},
-                   "link_mbps": self.topo.host_bw, "datapath": "user", "prediction": report.to_json(),
-                   "repetitions": [], "warmup": [], "status": "running", "error": None}
+        results = CellResults(config={**config, "algorithm": schedule.algorithm, "ranks": schedule.p,
+                                      "size": schedule.size, "topology": self.topo.spec, "routing": self.policy,
+                                      "seed": self.seed, "repeat": repeat, "warmup": warmup},
+                              link_mbps=self.topo.host_bw, datapath="user", prediction=report.to_json())
         path = os.path.join(out, "results.json")
-        write_json_atomic(path, results)
+        results.save(path)
         if cell_id in self.interrupt:
-            results["status"] = "interrupted"
-            write_json_atomic(path, results)
+            results.status = results.outcome = "interrupted"
+            results.save(path)
             raise KeyboardInterrupt
         if cell_id in self.fail:
-            results["status"] = "failed"
-            results["error"] = "rank 3 did not report 'done' within 30 s: agent hung"
-            write_json_atomic(path, results)
-            raise RuntimeError(results["error"])
+            results.status = results.outcome = "failed"
+            results.error = "rank 3 did not report 'done' within 30 s: agent hung"
+            results.save(path)
+            raise RuntimeError(results.error)
         slow = self.slowdown_ecmp if self.policy == "ecmp" else self.slowdown
-        transfers = cost.transfers(schedule, self.topo, self.policy, self.seed)
+        self._timeline(schedule, report, out, warmup + repeat, slow)
         for rep in range(warmup + repeat):
+            elapsed = sum(st.maxmin_s * slow for st in report.costs.steps)
+            p = schedule.p
+            algbw = schedule.size / elapsed * 8 / 1e6
+            fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0, tcp_retransmits=1,
+                                flags=list(self.flags), trusted="over_capacity" not in self.flags)
+            metrics = Repetition(rep=rep, time_s=elapsed, algbw_mbps=algbw, busbw_mbps=algbw * 2 * (p - 1) / p,
+                                 predicted_time_s=report.predicted_time_s, measured_over_predicted=slow,
+                                 fidelity=fidelity)
+            (results.warmup if rep < warmup else results.repetitions).append(metrics)
+        results.faults = [{**f.to_json(), "rep_index": warmup + f.rep, "fired_s": 0.5, "action_s": 0.01,
+                           "reroute_s": 0.04 if f.action.startswith("link") else None, "error": None,
+                           "affected_transfers": [], "note": "fake"} for f in fault_plan]
+        results.status = "ok"
+        results.outcome = "degraded" if fault_plan else "ok"
+        results.save(path)
+        return results
+
+    def _timeline(self, schedule, report, out, reps, slow):
+        """``timeline.jsonl``: every transfer of every repetition, repetitions 100 s apart."""
+        transfers = cost.transfers(schedule, self.topo, self.policy, self.seed)
+        for rep in range(reps):
             t = 100.0 * rep
-            t0 = t
             for st in report.costs.steps:
                 dur = st.maxmin_s * slow
                 for tr in transfers:
@@ -77,34 +100,15 @@ class FakeSession:
                                       "src_host": tr.src_host, "dst_host": tr.dst_host, "bytes": tr.bytes,
                                       "start": t, "end": t + dur * (tr.bytes / max(st.bytes, 1))})
                 t += dur
-            elapsed = t - t0
-            p = schedule.p
-            algbw = schedule.size / elapsed * 8 / 1e6
-            metrics = {"rep": rep, "time_s": elapsed, "algbw_mbps": algbw, "busbw_mbps": algbw * 2 * (p - 1) / p,
-                       "correct": True, "measured_over_predicted": slow,
-                       "fidelity": {"flags": list(self.flags), "trusted": "over_capacity" not in self.flags,
-                                    "qdisc_drops": 0, "tcp_retransmits": 1}}
-            (results["warmup"] if rep < warmup else results["repetitions"]).append(metrics)
-        reps = results["repetitions"]
-        results["busbw_mbps_median"] = statistics.median(r["busbw_mbps"] for r in reps)
-        results["time_s_median"] = statistics.median(r["time_s"] for r in reps)
-        results["measured_over_predicted_median"] = results["time_s_median"] / report.predicted_time_s
-        results["trusted"] = all(r["fidelity"]["trusted"] for r in reps)
-        results["faults"] = [{**f.to_json(), "rep_index": warmup + f.rep, "fired_s": 0.5, "action_s": 0.01,
-                              "reroute_s": 0.04 if f.action.startswith("link") else None, "error": None,
-                              "affected_transfers": [], "note": "fake"} for f in fault_plan]
-        results["status"] = "ok"
-        results["outcome"] = "degraded" if fault_plan else "ok"
-        write_json_atomic(path, results)
-        return results
 
     def _probe(self, schedule, repeat, warmup, report):
         FakeSession.probes.append(self.topo.spec)
         slow = self.probe_slowdowns.pop(0) if self.probe_slowdowns else 1.0
         t = report.predicted_time_s * slow
-        reps = [{"rep": r, "time_s": t, "correct": True, "fidelity": {"flags": [], "trusted": True}}
+        reps = [Repetition(rep=r, time_s=t, algbw_mbps=0.0, busbw_mbps=0.0,
+                           fidelity=Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0))
                 for r in range(warmup + repeat)]
-        return {"status": "ok", "error": None, "warmup": reps[:warmup], "repetitions": reps[warmup:]}
+        return CellResults(status="ok", outcome="ok", warmup=reps[:warmup], repetitions=reps[warmup:])
 
 
 def factory(**options):
