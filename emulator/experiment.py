@@ -1,6 +1,8 @@
-"""Experiment files: a typed, frozen grid of replay runs, its cells and their resume state.
+"""Experiment files: a typed, frozen grid of replay runs and its cells.
 
-This module is pure (no root, no network). It owns
+This module is pure: it imports nothing that starts a process or touches a
+network or a results folder, so ``emu run --check`` and the unit tests use it
+without root. It owns
 
 * the experiment file format (``experiments/*.yaml``, documented in
   ``experiments/README.md``): :func:`load` / :func:`from_dict` parse and
@@ -15,12 +17,11 @@ This module is pure (no root, no network). It owns
 * :func:`prepare`: each cell's schedule and the model's prediction (the same
   ``schedule check`` the replay runs), which is what ``emu run --check``
   validates without starting anything;
-* resume bookkeeping: :func:`cell_finished` says whether a cell's directory
-  holds a finished result of *this* cell (``results.json`` with status
-  ``ok`` and the same cell configuration), :func:`groups` orders cells so a
-  network comes up once per (topology, routing, seed).
+* :func:`groups`: cells ordered so a network comes up once per (topology,
+  routing, seed, fabric).
 
-The live loop is in :mod:`emulator.runner`; the report in :mod:`emulator.report`.
+The results folder and its resume bookkeeping are in :mod:`emulator.run_folder`,
+the live loop in :mod:`emulator.runner`, the report in :mod:`emulator.report`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import yaml
 from emulator import fabric, faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.fabric import FabricProfile
-from emulator.files import read_json_object
 from emulator.latency import LatencyModel
 from emulator.schedule import generators
 from emulator.schedule.check import CheckReport, predict
@@ -534,24 +534,6 @@ def groups(cells: list[Cell]) -> list[tuple[tuple[str, str, int, str], list[Cell
     for cell in cells:
         out.setdefault(cell.group, []).append(cell)
     return list(out.items())
-
-
-# ------------------------------------------------------------ resume state
-def cell_dir(out: str, cell: Cell | str) -> str:
-    return os.path.join(out, "cells", cell if isinstance(cell, str) else cell.id)
-
-
-def read_results(out: str, cell: Cell | str) -> dict[str, Any] | None:
-    """The cell's ``results.json``, or None if absent or unreadable."""
-    return read_json_object(os.path.join(cell_dir(out, cell), "results.json"))
-
-
-def cell_finished(out: str, cell: Cell) -> bool:
-    """True if the cell's directory holds a finished (status ok) result of exactly this cell."""
-    res = read_results(out, cell)
-    if res is None or res.get("status") != "ok":
-        return False
-    return (res.get("config") or {}).get("cell") == cell.to_json()
 
 
 def estimate_s(pc: PreparedCell, overhead_s: float) -> float:

@@ -2,10 +2,11 @@
 
 ``emu run`` validates the file and every cell's schedule and prediction
 first (``--check`` stops there, starts nothing), then runs the grid with
-:class:`emulator.runner.Runner` and writes the report
-(:mod:`emulator.report`). Without ``--out`` it resumes the newest unfinished
-run of the same experiment under ``results/`` or starts
-``results/<name>-<timestamp>/``; ``results/latest`` points at it. Exit
+:class:`emulator.runner.Runner` on :class:`emulator.replay.ReplaySession`
+networks and writes the report (:mod:`emulator.report`). Without ``--out`` it
+resumes the newest unfinished run of the same experiment under ``results/``
+or starts ``results/<name>-<timestamp>/`` (:mod:`emulator.run_folder`);
+``results/latest`` points at it. Exit
 status: 0 all cells ok, 1 some cell failed, 2 bad input, 130 interrupted
 (everything finished is kept; the same command resumes).
 """
@@ -16,10 +17,10 @@ import argparse
 import os
 
 from emulator import experiment as xp
-from emulator import fidelity, runner
+from emulator import fidelity, replay, run_folder, runner, system
 from emulator.calibrate import ensure_calibration
 from emulator.errors import UserError
-from emulator.files import read_json_object
+from emulator.progress import DEFAULT_BRINGUP_S, DEFAULT_CELL_OVERHEAD_S, format_duration
 from emulator.system import interrupt_on_sigterm
 
 RESULTS_ROOT = "results"
@@ -53,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
     prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, fidelity.load_calibration(p.emulated_mtu)))
-    total_pred = sum(xp.estimate_s(pc, runner.DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
+    total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
     networks = len(xp.groups([pc.cell for pc in prepared]))
     if args.check:
         for pc in prepared:
@@ -61,23 +62,21 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s, "
                   f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
         _print_loads(prepared)
-        est = total_pred + networks * runner.DEFAULT_BRINGUP_S
+        est = total_pred + networks * DEFAULT_BRINGUP_S
         print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
-              f"about {runner.format_duration(est)} if the network met the model")
+              f"about {format_duration(est)} if the network met the model")
         _print_fabrics(exp)
         return 0
-    from emulator.system import require_root
-
     if args.out:
         out = args.out
-        old = read_json_object(os.path.join(out, "run.json"))
-        if old and old.get("fingerprint") != exp.fingerprint():
+        old = run_folder.RunFolder(out).read_run()
+        if old is not None and old.fingerprint != exp.fingerprint():
             raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
                             "(it holds a run of a different experiment file)")
     else:
-        found = None if args.new else runner.find_unfinished(RESULTS_ROOT, exp)
-        out = found or runner.new_out_dir(RESULTS_ROOT, exp.name)
-    require_root()
+        found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
+        out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
+    system.require_root()
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
     calibrations = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
@@ -87,22 +86,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"run: field 'out': expected a folder that can be created, got {out!r} ({exc.strerror})") \
             from None
     if not args.out:
-        runner.point_latest(RESULTS_ROOT, out)
+        run_folder.point_latest(RESULTS_ROOT, out)
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
     _print_fabrics(exp)
-    summary = runner.Runner(exp, out, source_text=text, prepared=prepared).run()
+    summary = runner.Runner(exp, out, session_factory=replay.ReplaySession, source_text=text,
+                            prepared=prepared).run()
     try:
-        from emulator import report
-
-        path = report.write_report(out)
+        path = _write_report(out)
         print(f"report: {path}")
     except KeyboardInterrupt:
         print("report not written (interrupted); `emu report DIR` writes it")
     print(f"{summary.status}: {len(summary.ran)} cells run, {len(summary.skipped)} skipped, "
-          f"{len(summary.failed)} failed, in {runner.format_duration(summary.wall_s)}")
+          f"{len(summary.failed)} failed, in {format_duration(summary.wall_s)}")
     for cid, err in summary.failed.items():
         print(f"  failed {cid}: {err}")
     if summary.interrupted:
@@ -117,8 +115,8 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
         by_group.setdefault(pc.cell.group, []).append(pc)
     for (spec, policy, seed, _), pcs in by_group.items():
         busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
-        calibration = fidelity.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu) or {}
-        capacity = calibration.get("datapath_capacity_mbps")
+        calibration = fidelity.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
+        capacity = calibration.datapath_capacity_mbps if calibration is not None else None
         share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
             " (no calibration at this MTU: `emu calibrate`)"
         print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): {len(pcs[0].topo.hosts)} "
@@ -132,19 +130,21 @@ def _print_fabrics(exp: xp.Experiment) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from emulator import report
-
     expected = "a results folder of `emu run` (with its experiment.json)"
-    plan = read_json_object(os.path.join(args.dir, "experiment.json"))
-    cells = plan.get("cells") if isinstance(plan, dict) else None
-    if not (isinstance(plan, dict) and isinstance(plan.get("experiment"), dict) and isinstance(cells, list)
-            and all(isinstance(c, dict) and isinstance(c.get("id"), str) and "." in c["id"] for c in cells)):
+    if not run_folder.RunFolder(args.dir).has_plan():
         raise UserError(f"report: field 'dir': expected {expected}, got {args.dir!r}")
     try:
-        path = report.write_report(args.dir)
+        path = _write_report(args.dir)
     except (LookupError, TypeError, ValueError, AttributeError, FileNotFoundError) as exc:
         # a results folder damaged by hand: say which, in one line, rather than a traceback
         raise UserError(f"report: field 'dir': expected {expected} and intact cell results, got {args.dir!r} "
                         f"({type(exc).__name__}: {exc})") from None
     print(f"report: {path}")
     return 0
+
+
+def _write_report(out: str) -> str:
+    """Write the report of the results folder ``out``; returns report.md's path."""
+    from emulator import report  # here, not at the top: `emu --help` and `emu run --check` need no report or plots
+
+    return report.write_report(out)

@@ -1,4 +1,4 @@
-"""Experiment files: validation with field-named errors, grid expansion, resume bookkeeping (fake session)."""
+"""Experiment files: validation with field-named errors, grid expansion; the runner's loop and resume (fake session)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 import yaml
 from fake_session import FakeSession, factory
 
-from emulator import cli, fabric, runner
+from emulator import cli, fabric, run_folder, runner
 from emulator import experiment as xp
 from emulator.errors import FieldError, UserError
+from emulator.results import CellResults, Fidelity, Repetition
+from emulator.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -250,7 +252,7 @@ def test_interrupt_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
     s = _runner(exp, tmp_path, after_cell=stop_after_first).run()
     assert s.interrupted and s.ran == [ids[0]]
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
-    assert xp.cell_finished(str(tmp_path), xp.expand(exp)[0])
+    assert RunFolder(str(tmp_path)).cell_finished(xp.expand(exp)[0])
     FakeSession.runs.clear()
     s2 = _runner(exp, tmp_path).run()
     assert s2.skipped == [ids[0]] and s2.ran == ids[1:] and FakeSession.runs == ids[1:]
@@ -297,31 +299,17 @@ def test_bring_up_failure_fails_the_group_only(tmp_path):
 def test_results_folders(tmp_path):
     exp = parse(TINY)
     root = str(tmp_path)
-    assert runner.find_unfinished(root, exp) is None
-    a = runner.new_out_dir(root, "t")
+    assert run_folder.find_unfinished(root, exp) is None
+    a = run_folder.new_out_dir(root, "t")
     os.makedirs(a)
     r = _runner(exp, a, after_cell=lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     r.run()
-    assert runner.find_unfinished(root, exp) == a
-    assert runner.find_unfinished(root, parse(TINY.replace("16KiB", "32KiB"))) is None
-    runner.point_latest(root, a)
+    assert run_folder.find_unfinished(root, exp) == a
+    assert run_folder.find_unfinished(root, parse(TINY.replace("16KiB", "32KiB"))) is None
+    run_folder.point_latest(root, a)
     assert os.readlink(os.path.join(root, "latest")) == os.path.basename(a)
     _runner(exp, a).run()
-    assert runner.find_unfinished(root, exp) is None
-
-
-def test_eta_uses_prediction_scaled_by_what_was_seen():
-    exp = parse(TINY)
-    prepared = {pc.cell.id: pc for pc in xp.prepare(exp)}
-    eta = runner.Eta(prepared)
-    ids = list(prepared)
-    before = eta.remaining_s(ids, 2)
-    assert before > 2 * runner.DEFAULT_BRINGUP_S
-    eta.observe_bringup(4.0)
-    eta.observe_cell(ids[0], 100.0)  # much slower than predicted
-    assert eta.remaining_s(ids[1:], 1) > 3 * 50
-    assert runner.format_duration(3725) == "1h02m" and runner.format_duration(61) == "1m01s"
-    assert runner.progress_bar(1, 4, width=8) == "[##------]"
+    assert run_folder.find_unfinished(root, exp) is None
 
 
 def test_user_error_for_foreign_out_dir(tmp_path, capsys):
@@ -380,20 +368,23 @@ def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_p
     from emulator import report
 
     _, rows = report.load_rows(str(tmp_path))
-    flagged = {r["id"] for r in rows if "probe_failed" in r["flags"]}
-    assert flagged == {ids[0], ids[1]} and all(r["trusted"] is False for r in rows if r["id"] in flagged)
+    flagged = {r.id for r in rows if "probe_failed" in r.flags}
+    assert flagged == {ids[0], ids[1]} and all(r.trusted is False for r in rows if r.id in flagged)
 
 
 def test_a_probe_that_crashes_counts_as_failed():
     from emulator import probe
 
-    verdict = probe.judge({"status": "failed", "error": "rank 1 hung"}, 0.5, ("h1", "h4"))
+    def rep(correct=True, fidelity=None):
+        return Repetition(rep=0, time_s=0.5, algbw_mbps=1.0, busbw_mbps=1.0, correct=correct, fidelity=fidelity)
+
+    verdict = probe.judge(CellResults(status="failed", error="rank 1 hung"), 0.5, ("h1", "h4"))
     assert not verdict.passed and "rank 1 hung" in verdict.reason and verdict.measured_s is None
-    wrong = probe.judge({"status": "ok", "repetitions": [{"time_s": 0.5, "correct": False}]}, 0.5, ("h1", "h4"))
+    wrong = probe.judge(CellResults(status="ok", repetitions=[rep(correct=False)]), 0.5, ("h1", "h4"))
     assert not wrong.passed and "wrong data" in wrong.reason
-    untrusted = probe.judge({"status": "ok", "repetitions": [
-        {"time_s": 0.5, "correct": True, "fidelity": {"trusted": False, "flags": ["cpu_saturated"]}}]},
-        0.5, ("h1", "h4"))
+    saturated = Fidelity(cpu_idle=0.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0, flags=["cpu_saturated"],
+                         trusted=False)
+    untrusted = probe.judge(CellResults(status="ok", repetitions=[rep(fidelity=saturated)]), 0.5, ("h1", "h4"))
     assert not untrusted.passed and "cpu_saturated" in untrusted.reason
 
 
@@ -492,3 +483,46 @@ def test_a_rebuild_that_does_not_come_up_fails_that_networks_cells_and_the_run_g
     s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
     assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
     assert all("rebuild after a failed probe failed: ovs-vsctl: timed out" in e for e in s.failed.values())
+
+
+def test_the_console_lines_of_a_run(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    stream = io.StringIO()
+    runner.Runner(exp, str(tmp_path), session_factory=factory(fail={ids[3]}), stream=stream).run()
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("[------------------------] 0/4 cells, 2 networks to bring up, ETA ")
+    assert lines[1] == "network 1/2: bigraph:upper=2,lower=2,hosts_per_switch=1,bw=20 (bigraph), 2 cells"
+    assert lines[2].startswith("[######------------------] 1/4 ETA ") and f"  {ids[0]}: busbw " in lines[2]
+    assert "[fidelity" not in lines[2]  # "uncalibrated" alone is not worth a mention
+    assert lines[4] == "network 2/2: star:hosts=4,bw=20 (shortest), 2 cells"
+    assert lines[6].startswith("[########################] 4/4 ETA 0s  ") and lines[6].endswith(
+        f"{ids[3]}: FAILED (RuntimeError: rank 3 did not report 'done' within 30 s: agent hung)")
+    assert len(lines) == 7
+    stream = io.StringIO()
+    runner.Runner(exp, str(tmp_path), session_factory=factory(), stream=stream).run()
+    again = stream.getvalue().splitlines()
+    assert again[0] == f"resuming {tmp_path}: 3 of 4 cells finished before, skipped"
+    assert again[1].startswith("[##################------] 3/4 cells, 1 networks to bring up, ETA ")
+    assert again[2] == "network 1/1: star:hosts=4,bw=20 (shortest), 1 cells" and len(again) == 4
+
+
+def test_a_session_that_returns_without_an_ok_result_fails_the_cell_with_its_error(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+
+    class Quiet(FakeSession):
+        def run(self, schedule, out, **kw):
+            res = super().run(schedule, out, **kw)
+            if "cell" in (kw.get("config") or {}) and kw["config"]["cell"]["id"] == ids[1]:
+                res.status, res.error = "failed", "rank 2 computed wrong data"
+                res.save(os.path.join(out, "results.json"))
+            if "cell" in (kw.get("config") or {}) and kw["config"]["cell"]["id"] == ids[2]:
+                os.unlink(os.path.join(out, "results.json"))
+            return res
+
+    s = runner.Runner(exp, str(tmp_path), session_factory=Quiet, stream=io.StringIO()).run()
+    assert s.failed == {ids[1]: "rank 2 computed wrong data", ids[2]: "status None"}
+    assert s.ran == [ids[0], ids[3]] and s.status == "incomplete"
+    state = json.loads((tmp_path / "state.json").read_text())["cells"]
+    assert state[ids[1]]["status"] == "failed" and state[ids[1]]["error"] == "rank 2 computed wrong data"
