@@ -66,7 +66,12 @@ def _text(value: object) -> str | None:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """``run.json``: which experiment, its status, and the wall seconds of every invocation so far."""
+    """``run.json``: which experiment, its status, and the wall seconds of every invocation so far.
+
+    Every field is None when the document lacks it (or holds a value of the
+    wrong type): a ``run.json`` without ``wall_s`` has no wall time, which the
+    report writes as null and a resume counts as 0.
+    """
 
     experiment: str | None
     source: str | None
@@ -75,7 +80,7 @@ class RunRecord:
     updated: str | None
     status: str | None
     cells: int | None
-    wall_s: float
+    wall_s: float | None
 
     def to_json(self) -> dict[str, Any]:
         return {"experiment": self.experiment, "source": self.source, "fingerprint": self.fingerprint,
@@ -84,13 +89,13 @@ class RunRecord:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
-        """Any JSON object: keys that are missing or of the wrong type read as None (``wall_s`` as 0)."""
+        """Any JSON object: keys that are missing or of the wrong type read as None."""
         cells = data.get("cells")
         return cls(experiment=_text(data.get("experiment")), source=_text(data.get("source")),
                    fingerprint=_text(data.get("fingerprint")), created=_text(data.get("created")),
                    updated=_text(data.get("updated")), status=_text(data.get("status")),
                    cells=cells if isinstance(cells, int) and not isinstance(cells, bool) else None,
-                   wall_s=_number(data.get("wall_s")) or 0.0)
+                   wall_s=_number(data.get("wall_s")))
 
 
 @dataclass(frozen=True)

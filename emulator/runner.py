@@ -141,7 +141,7 @@ class Runner:
         """Run every unfinished cell; returns what happened (never raises KeyboardInterrupt)."""
         start = self.clock()
         previous = self.folder.read_run()
-        wall_before_s = previous.wall_s if previous is not None else 0.0
+        wall_before_s = (previous.wall_s if previous is not None else None) or 0.0
         self.folder.write_plan(self.exp, self.prepared, self.source_text)
         self.states = self.folder.read_states()
         summary = Summary(out=self.out, total=len(self.prepared))
