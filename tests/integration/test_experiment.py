@@ -10,6 +10,8 @@ import pytest
 
 from emulator import experiment as xp
 from emulator import report, runner
+from emulator.replay import ReplaySession
+from emulator.run_folder import RunFolder
 
 pytestmark = pytest.mark.integration
 
@@ -26,18 +28,19 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
     def interrupt(cell_id: str, outcome: str) -> None:
         raise KeyboardInterrupt  # as Ctrl-C right after the first cell
 
-    first = runner.Runner(exp, out, stream=io.StringIO(), after_cell=interrupt).run()
+    folder = RunFolder(out)
+    first = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO(), after_cell=interrupt).run()
     assert first.interrupted and first.ran == [ids[0]] and not first.failed
-    res = xp.read_results(out, ids[0])
-    assert res["status"] == "ok" and res["repetitions"] and all(r["correct"] for r in res["repetitions"])
-    assert xp.cell_finished(out, xp.expand(exp)[0])
+    res = folder.results_of(ids[0])
+    assert res is not None and res.status == "ok" and res.repetitions and all(r.correct for r in res.repetitions)
+    assert folder.cell_finished(xp.expand(exp)[0])
     with open(os.path.join(out, "run.json")) as fh:
         assert json.load(fh)["status"] == "interrupted"
     for cid in ids[1:]:
         assert not os.path.exists(os.path.join(out, "cells", cid, "results.json"))
     kept = os.stat(os.path.join(out, "cells", ids[0], "results.json")).st_mtime_ns
 
-    second = runner.Runner(exp, out, stream=io.StringIO()).run()
+    second = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO()).run()
     assert second.status == "complete", second.failed
     assert second.skipped == [ids[0]] and second.ran == ids[1:]
     assert os.stat(os.path.join(out, "cells", ids[0], "results.json")).st_mtime_ns == kept
@@ -56,7 +59,8 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
     probes = [json.load(open(os.path.join(out, "sessions", d, "probe.json")))
               for d in sorted(os.listdir(os.path.join(out, "sessions")))]
     assert len(probes) == 1 and probes[0]["attempts"][-1]["passed"]  # its one network (the resume probed it anew)
-    assert all(xp.read_results(out, cid)["probe"]["passed"] for cid in ids)
+    verdicts = [folder.results_of(cid) for cid in ids]
+    assert all(res is not None and res.probe is not None and res.probe.passed for res in verdicts)
     assert md.index("## Answers") < md.index("## Speedup")
     with open(os.path.join(out, "summary.json")) as fh:
         summary = json.load(fh)

@@ -16,6 +16,7 @@ from emulator import experiment as xp
 from emulator import topology
 from emulator.naming import BRIDGE_RE
 from emulator.replay import ReplayConfig, ReplayFailed, replay
+from emulator.run_folder import RunFolder
 from emulator.runstate import all_runs
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
@@ -44,16 +45,16 @@ def test_controller_killed_mid_run_switches_keep_forwarding_then_restart_resyncs
     res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
                               repeat=2, warmup=0,
                               faults=["controller_kill@0.2s", "controller_restart@step=5"]))
-    assert res["status"] == "ok" and res["outcome"] == "degraded"
-    assert all(rep["correct"] for rep in res["repetitions"])
-    kill, restart = res["faults"]
+    assert res.status == "ok" and res.outcome == "degraded"
+    assert all(rep.correct for rep in res.repetitions)
+    kill, restart = res.faults
     assert kill["fired_s"] is not None and kill["error"] is None
     assert restart["fired_s"] is not None and restart["error"] is None
     assert restart["reroute_s"] is not None and restart["reroute_s"] < 20, restart
-    assert [len(r["faults"]) for r in res["repetitions"]] == [2, 0]
+    assert [len(r.faults) for r in res.repetitions] == [2, 0]
     # The restarted controller resynchronised every switch: the second
     # repetition ran through its entries as fast as the first.
-    t0, t1 = (r["time_s"] for r in res["repetitions"])
+    t0, t1 = (r.time_s for r in res.repetitions)
     assert t1 < 2 * t0
     saved = json.loads((out / "results.json").read_text())
     assert saved["outcome"] == "degraded" and len(saved["faults"]) == 2
@@ -64,14 +65,14 @@ def test_link_down_mid_step_reroutes_and_the_run_completes_degraded(tmp_path):
     out = tmp_path / "link"
     res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
                               repeat=1, warmup=0, faults=["link_down:s1-s3@step=1"]))
-    assert res["status"] == "ok" and res["outcome"] == "degraded"
-    assert res["repetitions"][0]["correct"]
-    (down,) = res["faults"]
+    assert res.status == "ok" and res.outcome == "degraded"
+    assert res.repetitions[0].correct
+    (down,) = res.faults
     assert down["error"] is None and down["fired_s"] is not None
     assert down["reroute_s"] is not None and down["reroute_s"] < 3.0, down
     affected = down["affected_transfers"]
     assert affected and all(t["time_s"] is not None and t["time_s"] > 0 for t in affected)
-    assert {t["step"] for t in affected} <= set(range(res["prediction"]["steps"]))
+    assert {t["step"] for t in affected} <= set(range(res.prediction["steps"]))
     nothing_of_ours_left()
 
 
@@ -119,7 +120,7 @@ def _start_run(path: str, out: str) -> subprocess.Popen:
 def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_s: float = 240) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        done = [c.id for c in xp.expand(exp) if xp.cell_finished(out, c)]
+        done = [c.id for c in xp.expand(exp) if RunFolder(out).cell_finished(c)]
         if len(done) >= n:
             return done
         assert proc.poll() is None, proc.communicate()[0]
@@ -159,7 +160,7 @@ def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cell
     proc = _start_run(path, out)  # its bring-up removes what the killed run left
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
-    assert all(xp.cell_finished(out, c) for c in cells)
+    assert all(RunFolder(out).cell_finished(c) for c in cells)
     for cid, mtime in kept.items():
         assert os.stat(os.path.join(out, "cells", cid, "results.json")).st_mtime_ns == mtime
     assert f"skipped {first[0]}" in open(os.path.join(out, "run.log")).read()

@@ -32,10 +32,12 @@ def test_a_two_rank_exchange_of_one_frame_takes_the_profiles_latency(tmp_path, s
     # the profile's latency of one message: alpha and the switches, then the frame on each of its links
     frame_s = SIZE / 2 / (profile.emulated_link_mbps * 1e6 / 8 * topology.tcp_goodput_factor(profile.emulated_mtu))
     message_s = fabric.message_latency_s(profile, switches) + (switches + 1) * frame_s
-    rounds = [st["time_s"] for rep in results["repetitions"] for st in rep["steps"]]
+    rounds = [st.time_s for rep in results.repetitions for st in rep.steps]
     assert statistics.median(rounds) == pytest.approx(message_s, rel=0.2), rounds
     # a round also waits for its rendezvous: the whole exchange is the model's prediction
-    assert results["measured_over_predicted_median"] == pytest.approx(1.0, rel=0.2)
-    assert results["fabric"]["spec"] == profile.spec()
-    fid = results["repetitions"][0]["fidelity"]
-    assert "latency_floor" not in fid["flags"] and fid["late_fraction"] < fidelity.LATE_FRACTION
+    summary = results.summary()
+    assert summary is not None and summary.measured_over_predicted == pytest.approx(1.0, rel=0.2)
+    assert results.fabric is not None and results.fabric["spec"] == profile.spec()
+    fid = results.repetitions[0].fidelity
+    assert fid is not None and "latency_floor" not in fid.flags
+    assert fid.late_fraction is not None and fid.late_fraction < fidelity.LATE_FRACTION

@@ -58,15 +58,17 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     path, schedule, topo = write_schedule(tmp_path, "hdrm", BIGRAPH)
     good = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm"),
                                repeat=3, warmup=1))
-    assert good["status"] == "ok"
-    assert all(rep["correct"] for rep in good["repetitions"])
+    good_summary = good.summary()
+    assert good.status == "ok" and good_summary is not None
+    assert all(rep.correct for rep in good.repetitions)
     # at 4 MiB the fabric's latency is part of the time: hdrm reaches the model's busbw (0.85 of the link
     # here), which the next test holds where it is bandwidth-bound
-    predicted_busbw = good["prediction"]["busbw_mbps"]
-    assert good["busbw_mbps_median"] >= 0.9 * predicted_busbw, (good["busbw_mbps_median"], predicted_busbw)
-    assert good["busbw_mbps_median"] >= 0.75 * good["link_mbps"], good["busbw_mbps_median"]
+    predicted_busbw = good.prediction["busbw_mbps"]
+    assert good_summary.busbw_mbps >= 0.9 * predicted_busbw, (good_summary.busbw_mbps, predicted_busbw)
+    assert good_summary.busbw_mbps >= 0.75 * good.link_mbps, good_summary.busbw_mbps
     saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
-    assert saved["busbw_mbps_median"] == good["busbw_mbps_median"]
+    assert saved == good.to_json()
+    assert saved["busbw_mbps_median"] == good_summary.busbw_mbps
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
     timeline = (tmp_path / "hdrm" / "timeline.jsonl").read_text().splitlines()
     sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
@@ -78,27 +80,30 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     seed = colliding_seed(hd_schedule, ls_topo)
     bad = replay(ReplayConfig(schedule=hd_path, topology=LEAFSPINE, routing="ecmp", seed=seed,
                               out=str(tmp_path / "hd-ecmp"), repeat=3, warmup=1))
-    assert bad["status"] == "ok" and all(rep["correct"] for rep in bad["repetitions"])
-    flows = bad["prediction"]["max_flows_per_link"]
+    bad_summary = bad.summary()
+    assert bad.status == "ok" and bad_summary is not None and all(rep.correct for rep in bad.repetitions)
+    flows = bad.prediction["max_flows_per_link"]
     colliding = [step for step, n in enumerate(flows) if n > 1]
     assert colliding, "the chosen seed should make ECMP collide"
-    assert bad["busbw_mbps_median"] < 0.95 * good["busbw_mbps_median"], (bad["busbw_mbps_median"],
-                                                                         good["busbw_mbps_median"])
+    assert bad_summary.busbw_mbps < 0.95 * good_summary.busbw_mbps, (bad_summary.busbw_mbps,
+                                                                     good_summary.busbw_mbps)
     # Where the hash collides, the same step (same bytes per transfer in hd and
     # hdrm) is much slower than on BiGraph's direct links.
     assert step_time(bad, colliding) > 1.3 * step_time(good, colliding), (step_time(bad, colliding),
                                                                           step_time(good, colliding))
-    ratio = bad["measured_over_predicted_median"]
-    assert ratio is not None and 0.5 < ratio < 2.0, ratio
+    # the model predicts ECMP's collisions too: every make bench row is within 10% of it (docs/fidelity.md)
+    ratio = bad_summary.measured_over_predicted
+    assert ratio is not None and 0.8 < ratio < 1.25, ratio
 
 
 def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):
     path, _, _ = write_schedule(tmp_path, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
     res = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm16"),
                               repeat=3, warmup=0))
-    assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
-    busbw = [rep["busbw_mbps"] for rep in res["repetitions"]]
-    assert res["busbw_mbps_median"] >= HDRM_MIN_BUSBW * res["link_mbps"], busbw
+    summary = res.summary()
+    assert res.status == "ok" and summary is not None and all(rep.correct for rep in res.repetitions)
+    busbw = [rep.busbw_mbps for rep in res.repetitions]
+    assert summary.busbw_mbps >= HDRM_MIN_BUSBW * res.link_mbps, busbw
 
 
 def test_killed_agent_fails_the_run_naming_its_rank(tmp_path):

@@ -33,7 +33,7 @@ def inter_server_steps(schedule, topo) -> list[int]:
 
 def predicted_phase(results, steps) -> float:
     """The timing model's span of those steps, as the measured one is taken (first start to last end)."""
-    return sum(st["time_s"] for st in results["prediction"]["per_step"] if st["step"] in steps)
+    return sum(st["time_s"] for st in results.prediction["per_step"] if st["step"] in steps)
 
 
 def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_path):
@@ -49,8 +49,8 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
         # bandwidth alone: the NIC's sharing is what differs (a fabric's latency would dilute the 4x)
         res = replay(ReplayConfig(schedule=path, topology=spec, routing="bigraph", out=str(tmp_path / f"n{nics}"),
                                   repeat=3, warmup=1, fabric="bandwidth-only"))
-        assert res["status"] == "ok" and all(rep["correct"] for rep in res["repetitions"])
-        flows = res["prediction"]["max_flows_per_link"]
+        assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
+        flows = res.prediction["max_flows_per_link"]
         assert max(flows[s] for s in steps) == (1 if nics == 4 else 4)
         measured[nics] = step_time(res, steps)
         predicted[nics] = predicted_phase(res, steps)
