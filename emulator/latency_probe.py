@@ -31,7 +31,6 @@ import os
 import statistics
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from emulator import topology
@@ -40,7 +39,6 @@ from emulator.files import read_jsonl
 from emulator.latency import Curve, Intrinsic
 from emulator.replay import ReplaySession
 from emulator.schedule import generators
-from emulator.schedule.format import RankProgram, Schedule
 
 #: (topology spec without rates, routing, {switches crossed: (host, host)}): the bigraph gives paths of 1, 2 and
 #: 3 switches (same switch, opposite groups, same group), the fat-tree's cross-pod path 5.
@@ -51,13 +49,6 @@ PROBES: tuple[tuple[str, str, dict[int, tuple[str, str]]], ...] = (
 PROBE_BYTES = 64
 PROBE_REPS = 25
 PING_COUNT = 20
-
-
-def probe_schedule(a: str, b: str, size: int = PROBE_BYTES) -> Schedule:
-    """A 2-rank halving-doubling exchange between hosts ``a`` and ``b``: two lockstep rounds of small messages."""
-    base = generators.generate("hd", topology.build("star:hosts=2"), size)
-    ranks = tuple(RankProgram(r.rank, host, r.ops) for r, host in zip(base.ranks, (a, b), strict=True))
-    return replace(base, ranks=ranks, topology=None, placement="probe")
 
 
 def serialisation_s(nbytes: int, links: int, rate_mbps: float, mtu: int) -> float:
@@ -138,7 +129,7 @@ def measure(rate_mbps: float, mtu: int, datapath: str = "auto", reps: int = PROB
                                echo=lambda s: None) as session:
                 for s, (a, b) in sorted(pairs.items()):
                     out = os.path.join(tmp, f"probe-{s}")
-                    session.run(probe_schedule(a, b), out, repeat=reps, warmup=2)
+                    session.run(generators.pair_exchange(a, b, PROBE_BYTES), out, repeat=reps, warmup=2)
                     records[s] = [r for r in _records(out) if r["rep"] >= 2]
                     rtts = _ping(session, topo, a, b)
                     oneway[s] = ping_oneway_s(rtts, s + 1, rate_mbps, mtu) if rtts else 0.0

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import statistics
 
-from emulator.latency_probe import probe_schedule
 from emulator.results import CellResults, ProbeVerdict
 from emulator.schedule.format import Schedule
+from emulator.schedule.generators import pair_exchange
 from emulator.topology import Topology
 
 #: 32 KiB each way per round: at the default fabric's link rate a round is both latency- and bandwidth-bound, so a
@@ -57,7 +57,7 @@ def probe_pair(topo: Topology) -> tuple[str, str]:
 def schedule(topo: Topology) -> Schedule:
     """The probe's schedule on ``topo`` (see the module docstring)."""
     a, b = probe_pair(topo)
-    return probe_schedule(a, b, PROBE_BYTES)
+    return pair_exchange(a, b, PROBE_BYTES)
 
 
 def judge(results: CellResults, predicted_s: float, pair: tuple[str, str],

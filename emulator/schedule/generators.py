@@ -53,7 +53,7 @@ in the tests.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from emulator.errors import FieldError
 from emulator.schedule.deps import derive_dep_indices
@@ -68,6 +68,7 @@ from emulator.schedule.format import (
     is_power_of_two,
 )
 from emulator.topology import Topology, hdrm_problem, hdrm_slot_order
+from emulator.topology import build as build_topology
 
 ALGORITHMS = ("ring", "hd", "hdrm", "dbtree", "hier")
 PLACEMENTS = ("identity", "random", "hdrm")
@@ -337,6 +338,17 @@ def generate(algo: str, topo: Topology, size: int, placement: str | None = None,
     programs = b.programs(hosts, lockstep=algo in ("hd", "hdrm"))
     return Schedule(algorithm=algo, size=size, chunks=chunks, ranks=programs, topology=topo.spec,
                     placement=placement, meta=meta)
+
+
+def pair_exchange(a: str, b: str, size: int) -> Schedule:
+    """A 2-rank halving-doubling exchange between hosts ``a`` and ``b``: two lockstep rounds of ``size // 2`` bytes.
+
+    The probe of a network and the latency calibration replay it between two
+    chosen hosts of a bigger topology (placement ``probe``, no topology named).
+    """
+    base = generate("hd", build_topology("star:hosts=2"), size)
+    ranks = tuple(RankProgram(r.rank, host, r.ops) for r, host in zip(base.ranks, (a, b), strict=True))
+    return replace(base, ranks=ranks, topology=None, placement="probe")
 
 
 def _hd(b: Builder, p: int, unit: int, chunks: int) -> None:

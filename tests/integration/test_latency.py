@@ -7,9 +7,9 @@ import statistics
 import pytest
 
 from emulator import fabric, fidelity, topology
-from emulator.latency_probe import probe_schedule
 from emulator.replay import ReplayConfig, prepare, replay
 from emulator.schedule import format as sformat
+from emulator.schedule.generators import pair_exchange
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +23,7 @@ SIZE = 16000
 ])
 def test_a_two_rank_exchange_of_one_frame_takes_the_profiles_latency(tmp_path, spec, routing, hosts, switches):
     path = str(tmp_path / "hd2.json")
-    sformat.save(probe_schedule(*hosts, size=SIZE), path)
+    sformat.save(pair_exchange(*hosts, size=SIZE), path)
     cfg = ReplayConfig(schedule=path, topology=spec, routing=routing, out=str(tmp_path / "out"), repeat=5, warmup=1)
     prep = prepare(cfg)
     profile = fabric.default()

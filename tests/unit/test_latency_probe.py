@@ -9,12 +9,13 @@ import pytest
 from emulator import fidelity, latency_probe, topology
 from emulator.calibration_file import Calibration, LatencyCalibration
 from emulator.latency import Intrinsic
+from emulator.schedule import generators
 from emulator.schedule.executor import execute
 from emulator.schedule.format import check_hosts
 
 
 def test_the_probe_is_a_two_rank_exchange_between_the_chosen_hosts():
-    sched = latency_probe.probe_schedule("h1", "h16")
+    sched = generators.pair_exchange("h1", "h16", latency_probe.PROBE_BYTES)
     assert execute(sched).valid and sched.hosts == ["h1", "h16"] and sched.p == 2
     check_hosts(sched, topology.build("fattree:k=4"))
     for spec, _policy, pairs in latency_probe.PROBES:
