@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -43,6 +44,7 @@ from typing import Any
 from emulator import fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
 from emulator.calibration_file import Calibration
+from emulator.controller_process import ControllerProcess
 from emulator.errors import UserError, int_field
 from emulator.fault_actions import FaultActions, fault_records, measure_affected
 from emulator.faults import Fault, Injector
@@ -56,6 +58,7 @@ from emulator.metrics import repetition_metrics as repetition_metrics
 from emulator.metrics import send_lateness as send_lateness
 from emulator.metrics import send_paths as send_paths
 from emulator.metrics import timeline_records as timeline_records
+from emulator.network import EmulatedNetwork
 from emulator.results import CellResults, Repetition
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
@@ -206,11 +209,6 @@ class ReplaySession:
         self.stop()
 
     def start(self) -> None:
-        import tempfile
-
-        from emulator.controller_process import ControllerProcess
-        from emulator.network import EmulatedNetwork
-
         self.work_dir = self.work_dir or tempfile.mkdtemp(prefix="ef-replay-")
         os.makedirs(self.work_dir, exist_ok=True)
         self.topo_path = os.path.abspath(os.path.join(self.work_dir, "topology.json"))

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from emulator import topology as topology_mod
 from emulator.errors import FieldError, UserError
 from emulator.schedule.format import Schedule
+from emulator.schedule.generators import generate
 from emulator.topology import Topology
 
 FILE_RE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et$")
@@ -177,8 +178,6 @@ def rank_files(paths: Sequence[str]) -> list[str]:
 def load(paths: Sequence[str], algo: str = "ring", index: int = 0, topology: Topology | str | None = None,
          placement: str | None = None, seed: int = 0) -> Schedule:
     """The ``index``-th ALL_REDUCE of a trace, expanded with generator ``algo`` (see the module docstring)."""
-    from emulator.schedule.generators import generate  # local: generators import nothing from here
-
     pb = _pb()
     files = rank_files(paths)
     p = len(files)

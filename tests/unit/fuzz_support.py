@@ -300,6 +300,8 @@ def forbid_starting(mp: pytest.MonkeyPatch) -> None:
     import emulator.system
 
     mp.setattr(emulator.network, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.replay, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.replay, "ControllerProcess", _FakeController)
     mp.setattr(emulator.commands.net, "EmulatedNetwork", _FakeNetwork)
     mp.setattr(emulator.controller_process, "ControllerProcess", _FakeController)
     mp.setattr(controllers.launcher, "run_foreground", _fake_foreground)
