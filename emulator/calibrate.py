@@ -51,10 +51,9 @@ from typing import Any
 import psutil
 
 from emulator import fidelity, latency_probe, routing, topology
-from emulator.calibration_file import Calibration
+from emulator.calibration_file import Calibration, save_calibration
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
-from emulator.files import write_json_atomic
 from emulator.naming import host_intf, switch_intf
 from emulator.network import EmulatedNetwork
 from emulator.ovs_sockets import OVS_PIDFILE
@@ -433,7 +432,7 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
 
 def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,
               echo: Callable[[str], None] = print, write: bool = True, latency_mbps: float | None = None,
-              minimal: bool = False) -> dict[str, Any]:
+              minimal: bool = False) -> Calibration:
     """Every measurement at ``mtu``; writes the calibration file of that MTU atomically (unless ``write`` is false).
 
     ``latency_mbps`` is the link rate of the latency probes (default: the
@@ -471,9 +470,10 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
     data["latency"] = latency_probe.measure(latency_mbps or bw, mtu, datapath, echo=echo)
     data["machine"] = {**info, "loadavg_after": load_average()}
     data["duration_s"] = time.monotonic() - t0
+    calibration = Calibration.from_json(data)  # the document as calibration_file reads it, or FieldError
     if write:
-        write_json_atomic(fidelity.calibration_path(mtu), data)
-    return data
+        save_calibration(calibration, mtu)
+    return calibration
 
 
 def ensure_calibration(profile: FabricProfile, datapath: str = "auto",
@@ -484,8 +484,8 @@ def ensure_calibration(profile: FabricProfile, datapath: str = "auto",
         return found
     echo(f"no calibration of this machine at MTU {profile.emulated_mtu}: measuring one now (about a minute; "
          f"`emu calibrate` makes a full one), written to {fidelity.calibration_path(profile.emulated_mtu)}")
-    return Calibration.from_json(calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
-                                           latency_mbps=profile.emulated_link_mbps, echo=lambda line: None))
+    return calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
+                     latency_mbps=profile.emulated_link_mbps, echo=lambda line: None)
 
 
 def summary_table(data: dict[str, Any]) -> str:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from emulator.errors import MISSING, FieldError
-from emulator.files import read_json
+from emulator.files import read_json, write_json_atomic
 from emulator.latency import Intrinsic
 from emulator.system import machine_identity
 from emulator.topology import DEFAULT_MTU
@@ -244,6 +244,13 @@ class Calibration:
                   agent_over_iperf3=_optional_number(data, "agent_over_iperf3", WHERE))
         known = {f.name for f in fields(cls)} - {"extra"}
         return replace(cal, extra={k: v for k, v in data.items() if k not in known})
+
+
+def save_calibration(calibration: Calibration, mtu: int) -> str:
+    """Write ``calibration`` as the calibration file of ``mtu`` (atomically); returns its path."""
+    path = calibration_path(mtu)
+    write_json_atomic(path, calibration.to_json())
+    return path
 
 
 # ------------------------------------------------------------------- loading

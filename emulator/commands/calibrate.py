@@ -34,7 +34,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     echo = (lambda s: None) if args.json else print
     data = calibrate(args.bw, quick=args.quick, datapath=args.datapath, echo=echo, mtu=profile.emulated_mtu,
-                     latency_mbps=profile.emulated_link_mbps)
+                     latency_mbps=profile.emulated_link_mbps).to_json()
     if args.json:
         print(json.dumps(data, indent=1, sort_keys=True))
     else:
