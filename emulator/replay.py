@@ -201,6 +201,11 @@ class ReplaySession:
         self.topo_path = ""
         self.stats_file = ""
 
+    @property
+    def bringup_s(self) -> float | None:
+        """How long the network took to come up (None before it has)."""
+        return self.en.bringup_s if self.en is not None else None
+
     def __enter__(self) -> ReplaySession:
         self.start()
         return self

@@ -55,6 +55,9 @@ class Session(Protocol):
 
     def stop(self) -> None: ...
 
+    @property
+    def bringup_s(self) -> float | None: ...
+
     def run(self, schedule: Schedule, out: str, *, repeat: int = ..., warmup: int = ...,
             timeout_s: float | None = ..., config: dict[str, Any] | None = ..., report: CheckReport | None = ...,
             fault_plan: Sequence[Fault] = ...) -> CellResults: ...
@@ -213,8 +216,8 @@ class Runner:
             self._fail_all(net, f"network bring-up failed: {exc}", progress, summary)
             return
         # the network's own bring-up time, without waiting for another network to go away (plus a teardown)
-        own = getattr(getattr(session, "en", None), "bringup_s", None)
-        progress.eta.observe_bringup(own + TEARDOWN_S if isinstance(own, int | float) else self.clock() - t0)
+        own = session.bringup_s
+        progress.eta.observe_bringup(own + TEARDOWN_S if own is not None else self.clock() - t0)
         try:
             try:
                 session, verdict = self._probe_network(session, first, net, work, progress)

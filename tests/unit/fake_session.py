@@ -34,6 +34,7 @@ class FakeSession:
         self.fail, self.interrupt = set(fail), set(interrupt)
         self.slowdown, self.slowdown_ecmp, self.flags = slowdown, slowdown_ecmp, list(flags)
         self.up = False
+        self.bringup_s = None  # the runner then counts the wall time of start()
 
     def start(self):
         FakeSession.started.append((self.topo.spec, self.policy, self.seed))

@@ -50,9 +50,7 @@ def _is_shlex_join(node: ast.expr | None) -> bool:
 
 
 #: ``node.cmd`` calls not built with shlex.join yet, each with why it is safe meanwhile.
-CMD_NOT_QUOTED_YET = {
-    ("emulator/latency_probe.py", "_ping"): "its only values are PING_COUNT and a host IP of the topology model",
-}
+CMD_NOT_QUOTED_YET: dict[tuple[str, str], str] = {}
 
 
 def test_mininet_shell_commands_are_quoted_with_shlex():
