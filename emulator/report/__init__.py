@@ -53,7 +53,7 @@ import os
 from dataclasses import dataclass
 
 from emulator import fabric, paper_scale
-from emulator.files import read_json_object, write_atomic, write_json_atomic
+from emulator.files import write_atomic, write_json_atomic
 from emulator.report import answers, sections
 from emulator.report.aggregate import (
     CSV_FIELDS,
@@ -77,6 +77,7 @@ from emulator.report.aggregate import (
     write_csv,
 )
 from emulator.report.doc import Doc
+from emulator.run_folder import RunFolder
 
 __all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Doc", "LinkStepMatrix", "Plan", "Reference",
            "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable", "build", "link_step_matrix",
@@ -132,10 +133,9 @@ def write_report(out: str) -> str:
     """
     report = build(out)
     write_csv(os.path.join(out, "cells.csv"), report.rows)
-    wall_s = (read_json_object(os.path.join(out, "run.json")) or {}).get("wall_s")
+    run = RunFolder(out).read_run()
     write_json_atomic(os.path.join(out, "summary.json"),
-                      answers.summary(report.plan.name, float(wall_s) if isinstance(wall_s, int | float) else None,
-                                      report.answers))
+                      answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers))
     write_atomic(os.path.join(out, "report.html"), report.doc.html(f"Experiment {report.plan.name}"))
     path = os.path.join(out, "report.md")
     write_atomic(path, report.doc.markdown())

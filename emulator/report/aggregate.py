@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from emulator import results, routing, stats, topology
-from emulator.files import read_json, read_json_object, read_jsonl, write_atomic
+from emulator.files import read_json, read_jsonl, write_atomic
 from emulator.results import FaultRecord
+from emulator.run_folder import CellState, RunFolder
 from emulator.schedule import cost
 from emulator.schedule import format as sformat
 
@@ -139,15 +140,6 @@ class CellRow:
         return f"{self.topology_slug} {policy} {self.algorithm_label}"
 
 
-@dataclass(frozen=True)
-class CellState:
-    """A cell's entry in ``state.json``: its last status, error and wall time."""
-
-    status: str | None = None
-    error: str | None = None
-    wall_s: float | None = None
-
-
 def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
     """The experiment and one row per cell (planned cells that never ran have status ``not run``).
 
@@ -157,20 +149,17 @@ def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
     if not isinstance(plan, dict):
         raise FileNotFoundError(f"{out}: no experiment.json (not a results folder of `emu run`)")
     header = Plan.from_json(plan["experiment"])
-    state = (read_json_object(os.path.join(out, "state.json")) or {}).get("cells", {})
-    rows = []
-    for cell in plan["cells"]:
-        st = state.get(cell["id"], {})
-        rows.append(_row(out, cell, CellState(st.get("status"), st.get("error"), st.get("wall_s")), header))
-    return header, rows
+    folder = RunFolder(out)
+    states = folder.read_states()
+    return header, [_row(folder, cell, states.get(cell["id"]), header) for cell in plan["cells"]]
 
 
-def _row(out: str, cell: Mapping[str, Any], st: CellState, plan: Plan) -> CellRow:
+def _row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan: Plan) -> CellRow:
     """One cell's row from its plan entry, its state and its results (any of the last two may be missing)."""
-    cdir = os.path.join(out, "cells", cell["id"])
-    res = results.load(os.path.join(cdir, "results.json"))
+    cdir = folder.cell_dir(cell["id"])
+    res = folder.results_of(cell["id"])
     finished = res is not None and res.finished and res.cell_id() == cell["id"]
-    status = "ok" if finished else (st.status or (res.status if res else None) or "not run")
+    status = "ok" if finished else ((st.status if st else None) or (res.status if res else None) or "not run")
     if status == "running":
         status = "interrupted"
     reps = res.repetitions if res else []
@@ -196,8 +185,8 @@ def _row(out: str, cell: Mapping[str, Any], st: CellState, plan: Plan) -> CellRo
         trusted=summary.trusted if summary else None,
         flags=res.flags() if res else [],
         qdisc_drops=sum(f.qdisc_drops for f in fidelity), tcp_retransmits=sum(f.tcp_retransmits for f in fidelity),
-        repetitions=len(reps), wall_s=st.wall_s,
-        error=None if finished else (st.error or (res.error if res else None)),
+        repetitions=len(reps), wall_s=st.wall_s if st else None,
+        error=None if finished else ((st.error if st else None) or (res.error if res else None)),
         goodput=pred.get("goodput"), link_mbps=link_mbps,
         capacity_mbps=link_mbps * (pred.get("goodput") or LEGACY_GOODPUT),
         rep_busbw=busbws if finished else [],
