@@ -1,7 +1,7 @@
 """``emu calibrate``: what this machine's emulation can be trusted to do.
 
 Four measurements (DOMAIN.md §4, Mininet-HiFi's lesson) at one MTU, written
-to that MTU's calibration file (:func:`emulator.fidelity.calibration_path`),
+to that MTU's calibration file (:func:`emulator.calibration_file.calibration_path`),
 which replay's fidelity check and the timing model read:
 
 1. **datapath capacity** -- on a multi-hop fabric (:data:`CAPACITY_TOPOLOGY`,
@@ -50,7 +50,7 @@ from typing import Any
 
 import psutil
 
-from emulator import fidelity, latency_probe, routing, topology
+from emulator import calibration_file, fidelity, latency_probe, routing, topology
 from emulator.calibration_file import Calibration, save_calibration
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
@@ -452,7 +452,7 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
     bw = bw_mbps or recommended
     measurements: dict[str, Any] = {"capacity": capacity}
     data: dict[str, Any] = {
-        "version": fidelity.CALIBRATION_VERSION, "quick": quick or minimal, "minimal": minimal,
+        "version": calibration_file.CALIBRATION_VERSION, "quick": quick or minimal, "minimal": minimal,
         "datapath_capacity_mbps": capacity["capacity_mbps"],
         "datapath_capacity_unit": "switch-hop Mbit/s: sum of bytes x switches traversed x 8 / seconds / 1e6",
         "recommended_link_mbps": recommended, "measurements": measurements,
@@ -479,11 +479,11 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
 def ensure_calibration(profile: FabricProfile, datapath: str = "auto",
                        echo: Callable[[str], None] = print) -> Calibration:
     """This machine's calibration at the profile's MTU; when there is none, make a minimal one (about a minute)."""
-    found = fidelity.load_calibration(profile.emulated_mtu)
+    found = calibration_file.load_calibration(profile.emulated_mtu)
     if found is not None:
         return found
     echo(f"no calibration of this machine at MTU {profile.emulated_mtu}: measuring one now (about a minute; "
-         f"`emu calibrate` makes a full one), written to {fidelity.calibration_path(profile.emulated_mtu)}")
+         f"`emu calibrate` makes a full one), written to {calibration_file.calibration_path(profile.emulated_mtu)}")
     return calibrate(minimal=True, datapath=datapath, mtu=profile.emulated_mtu,
                      latency_mbps=profile.emulated_link_mbps, echo=lambda line: None)
 

@@ -15,8 +15,7 @@ This module owns what tells a user whether a measurement can be trusted:
 * packet captures of chosen links with tcpdump.
 
 The calibration files themselves (one per MTU, valid only on the machine
-that made them) are :mod:`emulator.calibration_file`'s; their names are
-importable from here too.
+that made them) are :mod:`emulator.calibration_file`'s.
 
 The pure parts (parsing, deltas, flags) are unit-tested without root.
 """
@@ -32,12 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.calibration_file import CALIBRATION_VERSION as CALIBRATION_VERSION
 from emulator.calibration_file import Calibration
-from emulator.calibration_file import calibration_path as calibration_path
-from emulator.calibration_file import calibration_problem as calibration_problem
-from emulator.calibration_file import load_calibration as load_calibration
-from emulator.calibration_file import state_dir as state_dir
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.latency import Intrinsic, LatencyModel

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from emulator import fabric, faults, fidelity, routing, topology
+from emulator import calibration_file, fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
 from emulator.calibration_file import Calibration
 from emulator.controller_process import ControllerProcess
@@ -53,11 +53,7 @@ from emulator.fleet import AgentFiles, Fleet, RankReport
 from emulator.fleet import ReplayFailed as ReplayFailed
 from emulator.latency import LatencyModel, PathLatency
 from emulator.launcher import AgentLauncher
-from emulator.metrics import nccl_table as nccl_table
-from emulator.metrics import repetition_metrics as repetition_metrics
-from emulator.metrics import send_lateness as send_lateness
-from emulator.metrics import send_paths as send_paths
-from emulator.metrics import timeline_records as timeline_records
+from emulator.metrics import repetition_metrics, send_lateness, send_paths, timeline_records
 from emulator.network import EmulatedNetwork
 from emulator.results import CellResults, Repetition
 from emulator.schedule import check as scheck
@@ -127,7 +123,7 @@ def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepar
     topo = topology.load(cfg.topology, profile.emulated_link_mbps)
     routing.check_policy(topo, cfg.routing)
     if calibration is None:
-        calibration = fidelity.load_calibration(profile.emulated_mtu)
+        calibration = calibration_file.load_calibration(profile.emulated_mtu)
     model = fidelity.latency_model(profile, calibration)
     report = scheck.predict(schedule, topo, cfg.routing, seed=cfg.seed, latency=model, mtu=profile.emulated_mtu,
                             where=f"schedule {cfg.schedule!r}")
@@ -311,7 +307,7 @@ class ReplaySession:
         return RunPlan(schedule=schedule, out=out, repeat=repeat, warmup=warmup, report=report,
                        fault_plan=tuple(fault_plan), timeout_s=timeout_s or default_timeout(report.predicted_time_s),
                        planned=planned, paths=send_paths(self.topo, planned, self.latency, self.mtu), files=files,
-                       calibration=fidelity.load_calibration(self.mtu))
+                       calibration=calibration_file.load_calibration(self.mtu))
 
     def _begin(self, plan: RunPlan, config: dict[str, Any] | None) -> CellResults:
         """The output folder with the agents' files, empty logs, and a ``running`` results.json."""

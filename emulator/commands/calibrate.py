@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from emulator import fabric, fidelity
+from emulator import calibration_file, fabric
 from emulator.cli_types import number
 from emulator.system import interrupt_on_sigterm, require_root
 
@@ -39,5 +39,5 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=1, sort_keys=True))
     else:
         print(summary_table(data))
-        print(f"written to {fidelity.calibration_path(profile.emulated_mtu)}")
+        print(f"written to {calibration_file.calibration_path(profile.emulated_mtu)}")
     return 0

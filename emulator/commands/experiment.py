@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from emulator import calibration_file, fidelity, replay, run_folder, runner, system
 from emulator import experiment as xp
-from emulator import fidelity, replay, run_folder, runner, system
 from emulator.calibrate import ensure_calibration
 from emulator.errors import UserError
 from emulator.progress import DEFAULT_BRINGUP_S, DEFAULT_CELL_OVERHEAD_S, format_duration
@@ -53,7 +53,7 @@ def _check_out(out: str | None) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
-    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, fidelity.load_calibration(p.emulated_mtu)))
+    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibration_file.load_calibration(p.emulated_mtu)))
     total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
     networks = len(xp.groups([pc.cell for pc in prepared]))
     if args.check:
@@ -115,7 +115,7 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
         by_group.setdefault(pc.cell.group, []).append(pc)
     for (spec, policy, seed, _), pcs in by_group.items():
         busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
-        calibration = fidelity.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
+        calibration = calibration_file.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
         capacity = calibration.datapath_capacity_mbps if calibration is not None else None
         share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
             " (no calibration at this MTU: `emu calibrate`)"

@@ -9,7 +9,8 @@ from emulator import fabric
 from emulator.cli_types import int_at_least, positive
 from emulator.errors import UserError
 from emulator.faults import fault_line
-from emulator.replay import ReplayConfig, ReplayFailed, nccl_table, prepare, replay
+from emulator.metrics import nccl_table
+from emulator.replay import ReplayConfig, ReplayFailed, prepare, replay
 from emulator.system import interrupt_on_sigterm, require_root
 
 

@@ -11,7 +11,7 @@ import json
 import math
 import os
 
-from emulator import fabric, fidelity, routing, topology
+from emulator import calibration_file, fabric, fidelity, routing, topology
 from emulator.cli_types import number
 from emulator.errors import FieldError
 from emulator.schedule import chakra, msccl
@@ -100,7 +100,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     routing.check_policy(topo, args.routing)
     where = f"schedule {args.file!r}"
     fmt.check_hosts(sched, topo, where)
-    model = fidelity.latency_model(profile, fidelity.load_calibration(profile.emulated_mtu))
+    model = fidelity.latency_model(profile, calibration_file.load_calibration(profile.emulated_mtu))
     report = check(sched, topo, args.routing, seed=args.seed, latency=model, gamma=args.gamma,
                    mtu=profile.emulated_mtu, where=where)
     if args.json:

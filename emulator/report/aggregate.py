@@ -455,7 +455,7 @@ def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | N
 
 @dataclass(frozen=True)
 class Transfer:
-    """One transfer of ``timeline.jsonl`` (:func:`emulator.replay.timeline_records`): monotonic seconds."""
+    """One transfer of ``timeline.jsonl`` (:func:`emulator.metrics.timeline_records`): monotonic seconds."""
 
     rep: int
     step: int

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from emulator import fidelity, routing, topology
+from emulator import calibration_file, routing, topology
 from emulator.schedule import format as sformat
 from emulator.schedule import generators
 from emulator.topology import DEFAULT_MTU
@@ -43,7 +43,7 @@ def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
         assert 0 < v["data_s"] < 0.05 and 0 < v["rendezvous_s"] < 0.05 and v["messages"] > 0
     assert "intrinsic latency per message" in res.stdout
     monkeypatch.setenv("EF_STATE_DIR", str(state))
-    calibration = fidelity.load_calibration(DEFAULT_MTU)  # made on this machine: it counts here
+    calibration = calibration_file.load_calibration(DEFAULT_MTU)  # made on this machine: it counts here
     assert calibration is not None and calibration.to_json() == data
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from emulator import agent as agent_mod
-from emulator import fabric, peer, replay, topology
+from emulator import fabric, metrics, peer, topology
 from emulator.agent import Agent, AgentError, expected_sum, input_values
 from emulator.latency import LatencyModel, PathLatency
 from emulator.results import Repetition
@@ -83,11 +83,11 @@ def test_agents_compute_an_allreduce_over_tcp(algo, spec):
             assert len(res["ops"]) == n_ops
             assert all(end >= start for _, start, end in res["ops"])
     op_times = {r: {i: (s, e) for i, s, e in reps[0]["ops"]} for r, reps in results.items()}
-    metrics = replay.repetition_metrics(schedule, op_times)
-    assert metrics.time_s > 0 and metrics.busbw_mbps > 0
-    assert [s.step for s in metrics.steps] == sorted({op.step for r in schedule.ranks for op in r.ops
-                                                            if op.is_comm})
-    records = replay.timeline_records(schedule, 0, op_times)
+    measured = metrics.repetition_metrics(schedule, op_times)
+    assert measured.time_s > 0 and measured.busbw_mbps > 0
+    assert [s.step for s in measured.steps] == sorted({op.step for r in schedule.ranks for op in r.ops
+                                                             if op.is_comm})
+    records = metrics.timeline_records(schedule, 0, op_times)
     assert len(records) == sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
     assert all(rec["end"] >= rec["start"] for rec in records)
 
@@ -157,7 +157,7 @@ def test_agents_add_the_profiles_latency_to_every_message():
     for rep in range(2):
         op_times = {r: {i: (s, e) for i, s, e in reps[rep]["ops"]} for r, reps in results.items()}
         sends = {r: {int(i): v for i, v in reps[rep]["sends"].items()} for r, reps in results.items()}
-        records = replay.timeline_records(schedule, rep, op_times, sends)
+        records = metrics.timeline_records(schedule, rep, op_times, sends)
         assert len(records) == 4
         for rec in records:
             assert rec["start"] - rec["posted"] == pytest.approx(0.05, abs=0.01)  # the rendezvous, virtually
@@ -184,7 +184,7 @@ def test_nccl_table_layout():
     topo = topology.build("star:hosts=4")
     schedule = generators.generate("ring", topo, 1 << 20)
     reps = [Repetition(rep=0, time_s=1.0, algbw_mbps=8.39, busbw_mbps=12.58, correct=True)]
-    table = replay.nccl_table(schedule, reps)
+    table = metrics.nccl_table(schedule, reps)
     lines = table.splitlines()
     assert "size" in lines[2] and "busbw" in lines[2] and "#wrong" in lines[2]
     row = lines[4].split()
@@ -316,7 +316,7 @@ def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
     topo = topology.build("leafspine:leaves=2,spines=1,hosts_per_leaf=2")
     schedule = generators.generate("ring", topo, 4096)
     model = LatencyModel(fabric.default())
-    paths = replay.send_paths(topo, cost.transfers(schedule, topo, "shortest"), model, 9000)
+    paths = metrics.send_paths(topo, cost.transfers(schedule, topo, "shortest"), model, 9000)
     assert paths[(0, 1)].switches == 1 and paths[(1, 2)].switches == 3  # same leaf, across the spine
     goodput = 10e6 / 8 * topology.tcp_goodput_factor(9000)
     assert paths[(1, 2)].byte_s == pytest.approx(4 / goodput) and paths[(1, 2)].mss == 8948
@@ -327,5 +327,5 @@ def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
         fh.flush()
         assert agent_mod.load_latency_plan(fh.name, 1) == {2: paths[(1, 2)]}
     sends = {0: {op.id: [0.0, 0.0, 0.0, 0.004] for op in schedule.ranks[0].ops if op.kind == "send"}}
-    late, target = replay.send_lateness(schedule, sends, paths)
+    late, target = metrics.send_lateness(schedule, sends, paths)
     assert late == [0.004] * 6 and target == [paths[(0, 1)].message_target_s] * 6  # a ring's 2(p-1) sends

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import fabric, fidelity
+from emulator import calibration_file, fabric, fidelity
 from emulator.calibration_file import Calibration, Machine
 from emulator.latency import Curve, Intrinsic, LatencyModel, PathLatency
 from emulator.topology import last_segment_bytes
@@ -70,7 +70,7 @@ def test_lateness_and_the_latency_floor_flag():
     assert fidelity.lateness([0.5], [0.0]) is None
     snap = fidelity.Snapshot(time=0.0)
     after = fidelity.Snapshot(time=1.0, cpu_idle=50.0, cpu_total=100.0)
-    cal = Calibration(version=fidelity.CALIBRATION_VERSION, machine=Machine(kernel=None, ovs_version=None, nproc=None),
+    cal = Calibration(version=calibration_file.CALIBRATION_VERSION, machine=Machine(kernel=None, ovs_version=None, nproc=None),
                       datapath_capacity_mbps=1000.0, recommended_link_mbps=None, latency=None)
     ok = fidelity.assess(snap, after, 1.0, 0, cal, floors=[], late_fraction=0.01)
     assert "latency_floor" not in ok.flags and ok.trusted

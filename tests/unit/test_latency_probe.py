@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from emulator import fidelity, latency_probe, topology
+from emulator import calibration_file, latency_probe, topology
 from emulator.calibration_file import Calibration, LatencyCalibration
 from emulator.latency import Intrinsic
 from emulator.schedule import generators
@@ -58,17 +58,17 @@ def test_summarise_takes_medians_less_serialisation_and_makes_curves():
 def test_a_calibration_counts_only_on_the_machine_that_made_it(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_STATE_DIR", str(tmp_path))
     me = {"kernel": "6.1", "ovs_version": "3.1.0", "nproc": 2}
-    assert fidelity.load_calibration(9000, identity=me) is None
+    assert calibration_file.load_calibration(9000, identity=me) is None
     latency = latency_probe.summarise({1: [_record(0.0, 0.001, 0.0, 0.002, 0.0015)]}, {1: 0.0004}, 20.0, 9000)
-    data = {"version": fidelity.CALIBRATION_VERSION, "machine": {**me, "date": "today"},
+    data = {"version": calibration_file.CALIBRATION_VERSION, "machine": {**me, "date": "today"},
             "latency": latency.to_json(), "datapath_capacity_mbps": 1000.0}
     (tmp_path / "calibration-mtu9000.json").write_text(json.dumps(data))
-    found = fidelity.load_calibration(9000, identity=me)
+    found = calibration_file.load_calibration(9000, identity=me)
     assert isinstance(found, Calibration) and found.datapath_capacity_mbps == 1000.0
     assert found.machine.identity() == me and found.latency == latency
-    assert fidelity.load_calibration(1500, identity=me) is None  # one file per MTU
-    assert fidelity.load_calibration(9000, identity={**me, "ovs_version": "3.2.0"}) is None
-    assert "ovs_version" in fidelity.calibration_problem(data, {**me, "ovs_version": "3.2.0"})
-    assert fidelity.calibration_problem({"version": 1}, me) == "not a version 2 calibration"
+    assert calibration_file.load_calibration(1500, identity=me) is None  # one file per MTU
+    assert calibration_file.load_calibration(9000, identity={**me, "ovs_version": "3.2.0"}) is None
+    assert "ovs_version" in calibration_file.calibration_problem(data, {**me, "ovs_version": "3.2.0"})
+    assert calibration_file.calibration_problem({"version": 1}, me) == "not a version 2 calibration"
     assert found.intrinsic().source == "emu calibrate of today"
     assert found.intrinsic().data == latency.intrinsic.data
