@@ -108,8 +108,11 @@ POLICY_KINDS: dict[str, tuple[str, ...] | None] = {
 
 #: Every host agent listens here.
 AGENT_LISTEN_PORT = 7000
-#: An agent connecting to host ``hJ`` binds source port ``AGENT_SOURCE_PORT_BASE + J``.
+#: An agent connecting to host ``hJ`` on lane ``L`` binds source port ``AGENT_SOURCE_PORT_BASE + L·n + J``
+#: (``n`` hosts in the topology; lane 0 is ``BASE + J``).
 AGENT_SOURCE_PORT_BASE = 20000
+#: Agents' source ports stay below Linux's ephemeral range (32768..), which no other connection may then take.
+MAX_AGENT_SOURCE_PORT = 32767
 
 IPPROTO_ICMP = 1
 IPPROTO_TCP = 6
@@ -139,19 +142,37 @@ class Flow:
     dport: int = 0
 
 
-def agent_flow(topo: Topology, src: str, dst: str) -> Flow:
-    """The 5-tuple of the TCP connection the agent on ``src`` opens to ``dst``'s agent."""
-    return Flow(src, dst, IPPROTO_TCP, AGENT_SOURCE_PORT_BASE + topo.host(dst).index, AGENT_LISTEN_PORT)
+def max_lanes(topo: Topology) -> int:
+    """How many lanes (connections per ordered host pair) the agents' source ports leave room for."""
+    return (MAX_AGENT_SOURCE_PORT - AGENT_SOURCE_PORT_BASE) // len(topo.hosts)
 
 
-def exact_flows(topo: Topology, src: str, dst: str) -> tuple[Flow, Flow]:
+def agent_flow(topo: Topology, src: str, dst: str, lane: int = 0) -> Flow:
+    """The 5-tuple of the TCP connection the agent on ``src`` opens to ``dst``'s agent on ``lane``."""
+    if not 0 <= lane < max_lanes(topo):
+        raise ValueError(f"lane {lane} outside 0..{max_lanes(topo) - 1} for {len(topo.hosts)} hosts")
+    sport = AGENT_SOURCE_PORT_BASE + lane * len(topo.hosts) + topo.host(dst).index
+    return Flow(src, dst, IPPROTO_TCP, sport, AGENT_LISTEN_PORT)
+
+
+def agent_lane(topo: Topology, src: str, dst: str, sport: int) -> int | None:
+    """The lane of the agent connection ``src`` opens to ``dst`` from ``sport`` (None: not an agent's port)."""
+    offset = sport - AGENT_SOURCE_PORT_BASE - topo.host(dst).index
+    lane, rest = divmod(offset, len(topo.hosts))
+    return lane if rest == 0 and 0 <= lane < max_lanes(topo) else None
+
+
+def exact_flows(topo: Topology, src: str, dst: str, lanes: int = 1) -> list[Flow]:
     """The flows from ``src`` to ``dst`` that ``ecmp`` hashes by their full 5-tuple.
 
-    The agent connection ``src`` opens to ``dst``, and the return direction
-    of the one ``dst`` opens to ``src``.
+    Per lane below ``lanes``: the agent connection ``src`` opens to ``dst``,
+    and the return direction of the one ``dst`` opens to ``src``.
     """
-    back = agent_flow(topo, dst, src)
-    return agent_flow(topo, src, dst), Flow(src, dst, back.proto, back.dport, back.sport)
+    out = []
+    for lane in range(lanes):
+        back = agent_flow(topo, dst, src, lane)
+        out += [agent_flow(topo, src, dst, lane), Flow(src, dst, back.proto, back.dport, back.sport)]
+    return out
 
 
 @dataclass(frozen=True)
@@ -304,8 +325,8 @@ class _Router(_Reach):
         if self.policy != "ecmp" or flow.proto != IPPROTO_TCP:
             return False
         if flow.dport == AGENT_LISTEN_PORT:
-            return flow.sport == AGENT_SOURCE_PORT_BASE + self.topo.host(flow.dst).index
-        return flow.sport == AGENT_LISTEN_PORT and flow.dport == AGENT_SOURCE_PORT_BASE + self.topo.host(flow.src).index
+            return agent_lane(self.topo, flow.src, flow.dst, flow.sport) is not None
+        return flow.sport == AGENT_LISTEN_PORT and agent_lane(self.topo, flow.dst, flow.src, flow.dport) is not None
 
     def walk(self, flow: Flow) -> list[str]:
         """The node path of ``flow``; raises :class:`NoPath`."""
@@ -446,14 +467,14 @@ def _ip_match(topo: Topology, flow: Flow, exact: bool) -> tuple[tuple[str, objec
 
 
 def flow_table(topo: Topology, policy: str, *, seed: int = 0,
-               failed: Iterable[frozenset[str]] = ()) -> dict[str, list[FlowEntry]]:
+               failed: Iterable[frozenset[str]] = (), lanes: int = 1) -> dict[str, list[FlowEntry]]:
     """Every switch's entries for all host pairs under ``policy`` (see the module docstring).
 
     Per (switch, destination): an ARP entry and an IPv4-destination entry
     along the destination's default next hop. Per pair, where its path leaves
     that default: a source+destination entry (``bigraph``, ``ecmp``). Per
-    agent connection, where it leaves its pair's path: a 5-tuple entry
-    (``ecmp``). With servers, per accelerator an ``in_port`` entry on its PCIe
+    agent connection (``lanes`` per ordered pair), where it leaves its pair's
+    path: a 5-tuple entry (``ecmp``). With servers, per accelerator an ``in_port`` entry on its PCIe
     switch towards its pinned NIC. Pairs cut off by ``failed`` links get no
     entry. Entries are in a deterministic order.
     """
@@ -493,7 +514,7 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
                                                  hop_port(topo, here, nxt, src, dst)))
             if policy != "ecmp":
                 continue
-            for flow in exact_flows(topo, src, dst):
+            for flow in exact_flows(topo, src, dst, lanes):
                 for here, nxt in router.fabric_hops(router.walk(flow)):
                     if nxt != pair_next.get(here, default[here]):
                         table[here].append(FlowEntry(here, PRIORITY_FLOW, _ip_match(topo, flow, True),

@@ -16,6 +16,7 @@ recv           W                                  --
 recv_reduce    A                                  --
 reduce         A                                  R
 copy           W                                  R
+compute        --                                 --
 =============  =================================  ==========================
 
 :func:`hazard_errors` reports every later operation that conflicts with an
@@ -29,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, RankProgram
+from emulator.schedule.format import COMPUTE, COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, RankProgram
 
 READ, WRITE, ACC = "R", "W", "A"
 
@@ -43,6 +44,8 @@ def accesses(op: Op) -> list[tuple[str, int, str]]:
     Works on anything with the attributes of :class:`Op` (kind, buffer, chunk,
     nchunks, src, src_chunk).
     """
+    if op.kind == COMPUTE:
+        return []
     target = _TARGET_MODE[op.kind]
     buf = op.buffer
     out = [(buf, c, target) for c in range(op.chunk, op.chunk + op.nchunks)]

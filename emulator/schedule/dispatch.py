@@ -15,9 +15,10 @@ allreduce. The rules:
   released as soon as it is written (:meth:`Dispatcher.written`): the data
   has left the buffer, but the next send must not share the uplink with its
   tail.
-* Per :class:`Channel` (one direction of the connection to one peer), sends
-  are queued in program order, and receives too: a communication operation
-  is queued once it is ready and every earlier one of its channel is. The
+* Per :class:`Channel` (one direction of the connection to one peer on one
+  lane), sends are queued in program order, and receives too: a
+  communication operation is queued once it is ready and every earlier one
+  of its channel is. The
   k-th send queued on a channel is matched with the k-th receive queued on
   the peer's opposite channel.
 
@@ -42,19 +43,20 @@ from emulator.schedule.format import SEND, Op, RankProgram
 
 @dataclass(frozen=True)
 class Channel:
-    """One direction of a rank's connection to ``peer``: its sends to it (``sends``) or its receives from it."""
+    """One direction of a rank's connection to ``peer`` on ``lane``: its sends to it (``sends``) or its receives."""
 
     peer: int
     sends: bool
+    lane: int = 0
 
     @staticmethod
     def of(op: Op) -> Channel:
         """The channel a send or receive travels on (for a rank's own operation)."""
-        return Channel(op.partner, op.kind == SEND)
+        return Channel(op.partner, op.kind == SEND, op.lane)
 
     def opposite(self, rank: int) -> Channel:
         """The peer's channel that carries the other end of this one's messages, ``rank`` being this side."""
-        return Channel(rank, not self.sends)
+        return Channel(rank, not self.sends, self.lane)
 
 
 @dataclass(frozen=True)
@@ -109,10 +111,10 @@ class Dispatcher:
         self._queue_of: dict[int, int] = {}
         self._queues: list[list[int]] = []
         channels: list[Channel] = []
-        by_key: dict[tuple[int, bool], int] = {}
+        by_key: dict[tuple[int, bool, int], int] = {}
         for op in program.ops:
             if op.is_comm:
-                key = (op.partner, op.kind == SEND)
+                key = (op.partner, op.kind == SEND, op.lane)
                 k = by_key.get(key)
                 if k is None:
                     k = by_key[key] = len(channels)

@@ -1,11 +1,17 @@
-"""Symbolic execution: prove that a schedule is an allreduce, or say why not.
+"""Symbolic execution: prove that a schedule computes its collective, or say why not.
 
 Instead of numbers, every chunk of every buffer holds a *label* (which chunk of
-the original buffers it stands for) and a *count vector* (how many times each
-rank's contribution to that chunk is in it, packed into one integer). Rank ``r``'s data chunk ``c``
-starts as label ``c`` with count 1 for rank ``r``; scratch chunks start empty.
-A schedule is an allreduce iff, once every operation has run, every rank's
-data chunk ``c`` has label ``c`` and count exactly 1 for every rank.
+the collective's global data it stands for) and a *count vector* (how many
+times each rank's contribution to that chunk is in it, packed into one
+integer). Each rank's ``data`` starts as its collective's input
+(:meth:`~emulator.schedule.collectives.Shape.input_piece`: for an allreduce,
+rank ``r``'s chunk ``c`` is label ``c`` with count 1 for rank ``r``); scratch,
+output and chunks without input start empty. A schedule computes its
+collective iff, once every operation has run, every result chunk a rank must
+hold (:meth:`~emulator.schedule.collectives.Shape.result_piece`) has that
+label and exactly that count: 1 for every rank when summed over all, 1 for
+the one owner otherwise. A ``p2p`` schedule has no result to check: only
+matching and deadlock freedom.
 
 Execution model: the host agents' own. Which operation may run when is
 decided by one :class:`~emulator.schedule.dispatch.Dispatcher` per rank, the
@@ -16,7 +22,8 @@ same class the agents and the timing model run on:
   ready and every earlier op of its rank on that channel is -- messages on a
   channel are matched in list order, the k-th send from a to b with the k-th
   receive at b from a.
-* Local operations complete as soon as they are ready.
+* Local operations (``compute`` included: time is not modelled here)
+  complete as soon as they are ready.
 * A send and its matching receive complete together once both are at the
   heads of their channels (rendezvous: no buffering is assumed, so a
   schedule that passes here cannot deadlock on real sockets either). The
@@ -37,9 +44,10 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
+from emulator.schedule.collectives import ALL, NOBODY, Piece
 from emulator.schedule.deps import hazard_errors
 from emulator.schedule.dispatch import Channel, Dispatcher, Ready
-from emulator.schedule.format import COPY, RECV, RECV_REDUCE, SEND, Op, Schedule
+from emulator.schedule.format import COMPUTE, COPY, RECV, RECV_REDUCE, SEND, Op, Schedule
 
 EMPTY = -1
 MIXED = -2
@@ -103,10 +111,20 @@ class _State:
         self.one = [1 << (FIELD_BITS * k) for k in range(p)]
         self.full = sum(self.one)
         self.guard = sum(1 << (FIELD_BITS * k + FIELD_BITS - 1) for k in range(p))
-        self.labels = {"data": [list(range(schedule.chunks)) for _ in range(p)],
-                       "scratch": [[EMPTY] * schedule.scratch_chunks for _ in range(p)]}
-        self.counts = {"data": [[self.one[r]] * schedule.chunks for r in range(p)],
-                       "scratch": [[0] * schedule.scratch_chunks for _ in range(p)]}
+        sizes = {"data": schedule.chunks, "output": schedule.output_chunks, "scratch": schedule.scratch_chunks}
+        self.labels = {buf: [[EMPTY] * n for _ in range(p)] for buf, n in sizes.items()}
+        self.counts = {buf: [[0] * n for _ in range(p)] for buf, n in sizes.items()}
+        for shape in schedule.shapes:
+            for r in range(p):
+                for c in range(shape.chunks):
+                    piece = shape.input_piece(r, c)
+                    if piece.owner != NOBODY:
+                        self.labels["data"][r][shape.data_offset + c] = piece.label
+                        self.counts["data"][r][shape.data_offset + c] = self.count_of(piece.owner)
+
+    def count_of(self, owner: int) -> int:
+        """The count vector of one contribution of ``owner`` (every rank's for ALL, none for NOBODY)."""
+        return self.full if owner == ALL else 0 if owner == NOBODY else self.one[owner]
 
     def unpack(self, packed: int) -> list[int]:
         mask = (1 << FIELD_BITS) - 1
@@ -147,8 +165,8 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
     """Run ``schedule`` symbolically (see the module docstring).
 
     Returns an :class:`Execution`; ``valid`` is true iff no data race, no
-    mismatched transfer, no deadlock, and every rank ends with every chunk
-    fully reduced, each contribution counted once.
+    mismatched transfer, no deadlock, and every rank ends with its result of
+    the collective, each contribution counted once.
     """
     errors: list[str] = []
     for prog in schedule.ranks:
@@ -168,20 +186,23 @@ def execute(schedule: Schedule, max_errors: int = 10) -> Execution:
 
 def _channel_count_errors(schedule: Schedule) -> list[str]:
     """One error per ordered pair of ranks whose sends and receives do not pair up."""
-    sends: dict[tuple[int, int], int] = {}
-    recvs: dict[tuple[int, int], int] = {}
+    sends: dict[tuple[int, int, int], int] = {}
+    recvs: dict[tuple[int, int, int], int] = {}
     for prog in schedule.ranks:
         for op in prog.ops:
             if op.kind == SEND:
-                sends[(prog.rank, op.partner)] = sends.get((prog.rank, op.partner), 0) + 1
+                key = (prog.rank, op.partner, op.lane)
+                sends[key] = sends.get(key, 0) + 1
             elif op.kind in (RECV, RECV_REDUCE):
-                recvs[(op.partner, prog.rank)] = recvs.get((op.partner, prog.rank), 0) + 1
+                key = (op.partner, prog.rank, op.lane)
+                recvs[key] = recvs.get(key, 0) + 1
     errors = []
-    for src, dst in sorted(set(sends) | set(recvs)):
-        ns, nr = sends.get((src, dst), 0), recvs.get((src, dst), 0)
+    for src, dst, lane in sorted(set(sends) | set(recvs)):
+        ns, nr = sends.get((src, dst, lane), 0), recvs.get((src, dst, lane), 0)
         if ns != nr:
-            errors.append(f"rank {src} sends {ns} messages to rank {dst} but rank {dst} receives {nr} "
-                          f"from rank {src}")
+            on = f" on lane {lane}" if lane else ""
+            errors.append(f"rank {src} sends {ns} messages to rank {dst}{on} but rank {dst} receives {nr} "
+                          f"from rank {src}{on}")
     return errors
 
 
@@ -262,6 +283,9 @@ class _Run:
         while self.local:
             work = self.local.popleft()
             r, op = work.rank, work.op
+            if op.kind == COMPUTE:
+                self._complete(r, op)
+                continue
             labels, counts = self.state.read(r, *op.source, op.nchunks)
             if op.kind == COPY:
                 self.state.write(r, op.buffer, op.chunk, labels, counts)
@@ -277,7 +301,7 @@ class _Run:
         out = []
         for _, r, send in sorted(heads, key=lambda h: (h[1], h[0])):
             peer = send.partner
-            theirs = self.queued[peer].get(Channel(r, False)) if 0 <= peer < self.p else None
+            theirs = self.queued[peer].get(Channel(r, False, send.lane)) if 0 <= peer < self.p else None
             if theirs:
                 out.append(_Transfer(r, send, peer, theirs[0]))
         return out
@@ -305,25 +329,38 @@ class _Run:
 
 def _final_errors(state: _State, schedule: Schedule, limit: int) -> list[str]:
     out: list[str] = []
-    for r in range(schedule.p):
-        labels, counts = state.labels["data"][r], state.counts["data"][r]
-        for c in range(schedule.chunks):
-            if labels[c] != c:
-                out.append(f"rank {r} chunk {c}: ends holding {_label_name(labels[c])}'s data")
-            elif counts[c] != state.full:
-                vec = state.unpack(counts[c])
-                parts = []
-                extra = [k for k, n in enumerate(vec) if n > 1]
-                missing = [k for k, n in enumerate(vec) if n == 0]
-                if extra:
-                    parts.append("counts the contribution of " + ", ".join(f"rank {k} {vec[k]} times"
-                                                                           for k in extra[:5]))
-                if missing:
-                    parts.append(f"misses the contribution of ranks {_short(missing)}")
-                out.append(f"rank {r} chunk {c}: " + " and ".join(parts))
-            if len(out) >= limit:
-                return out
+    for shape in schedule.shapes:
+        for r in range(schedule.p):
+            for c in range(shape.result_chunks):
+                want = shape.result_piece(r, c)
+                if want is None:
+                    continue
+                problem = _result_problem(state, r, *shape.result_location(c), want)
+                if problem:
+                    out.append(problem)
+                if len(out) >= limit:
+                    return out
     return out
+
+
+def _result_problem(state: _State, r: int, buf: str, c: int, want: Piece) -> str | None:
+    """What is wrong with rank ``r``'s chunk ``c`` of ``buf`` against the result it must hold (None: nothing)."""
+    where = "" if buf == "data" else f" of {buf}"
+    label, count = state.labels[buf][r][c], state.counts[buf][r][c]
+    if label != want.label:
+        return (f"rank {r} chunk {c}{where}: ends holding {_label_name(label)}'s data, expected "
+                f"{_label_name(want.label)}'s")
+    if count == state.count_of(want.owner):
+        return None
+    vec, wanted = state.unpack(count), state.unpack(state.count_of(want.owner))
+    parts = []
+    extra = [k for k, n in enumerate(vec) if n > wanted[k]]
+    missing = [k for k, n in enumerate(vec) if n < wanted[k]]
+    if extra:
+        parts.append("counts the contribution of " + ", ".join(f"rank {k} {vec[k]} times" for k in extra[:5]))
+    if missing:
+        parts.append(f"misses the contribution of ranks {_short(missing)}")
+    return f"rank {r} chunk {c}{where}: " + " and ".join(parts)
 
 
 def _short(values: list[int]) -> str:

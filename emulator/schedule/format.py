@@ -1,22 +1,29 @@
 """The schedule format: dataclasses, field validation, YAML/JSON load and save.
 
-This module owns what a schedule *is* (see ``docs/schedule-format.md``): an
-allreduce over ``p`` ranks, each rank placed on one host, on a buffer of
-``size`` bytes of float32 split into ``chunks`` equal chunks; per rank an
-ordered list of operations with explicit dependencies. It checks every field
-and raises :class:`~emulator.errors.FieldError` naming the field path (e.g.
-``ranks[3].ops[5].peer``). Whether the operations really compute an allreduce
-is the job of :mod:`emulator.schedule.executor`.
+This module owns what a schedule *is* (see ``docs/schedule-format.md``): a
+collective (:mod:`emulator.schedule.collectives`) over ``p`` ranks, each rank
+placed on one host, on a buffer of ``size`` bytes split into ``chunks`` equal
+chunks; per rank an ordered list of operations with explicit dependencies. It
+checks every field and raises :class:`~emulator.errors.FieldError` naming the
+field path (e.g. ``ranks[3].ops[5].peer``). Whether the operations really
+compute the collective is the job of :mod:`emulator.schedule.executor`.
 
 Operation kinds
-    ``send``         send ``buffer[chunk:chunk+nchunks]`` to ``peer``
-    ``recv``         receive from ``peer`` into ``buffer[chunk:...]`` (overwrite)
-    ``recv_reduce``  receive from ``peer`` and add into ``buffer[chunk:...]``
+    ``send``         send ``buffer[chunk:chunk+nchunks]`` to ``peer`` on ``lane``
+    ``recv``         receive from ``peer`` on ``lane`` into ``buffer[chunk:...]`` (overwrite)
+    ``recv_reduce``  receive from ``peer`` on ``lane`` and add into ``buffer[chunk:...]``
     ``reduce``       ``buffer[chunk:...] += src[src_chunk:...]`` (local)
     ``copy``         ``buffer[chunk:...] = src[src_chunk:...]`` (local)
+    ``compute``      local work of ``seconds`` (of the real system: replays dilate it), touching no buffer
 
-Buffers are ``data`` (the rank's input and output, ``chunks`` chunks) and
-``scratch`` (``scratch_chunks`` chunks, initially empty).
+Buffers are ``data`` (the rank's input, and its result when the collective is
+in place, ``chunks`` chunks), ``output`` (``output_chunks`` chunks, the result
+of an out-of-place collective) and ``scratch`` (``scratch_chunks`` chunks,
+initially empty). A *lane* is one of several connections between the same two
+ranks (an MSCCL channel, a Chakra tag): messages are matched in order per
+sender, receiver and lane.
+
+Version 1 files (allreduce only, no lanes, no compute) read unchanged.
 """
 
 from __future__ import annotations
@@ -32,20 +39,27 @@ import yaml
 
 from emulator.errors import FieldError, UserError, int_field
 from emulator.files import write_atomic
+from emulator.schedule.collectives import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
 
 FORMAT_NAME = "eflops-emulator-schedule"
-FORMAT_VERSION = 1
-DTYPE_BYTES = {"float32": 4}
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
+#: ``uint8`` carries point-to-point traffic of any byte count; collectives add numbers, so they need ``float32``.
+DTYPE_BYTES = {"float32": 4, "uint8": 1}
 
-SEND, RECV, RECV_REDUCE, REDUCE, COPY = "send", "recv", "recv_reduce", "reduce", "copy"
-KINDS = (SEND, RECV, RECV_REDUCE, REDUCE, COPY)
+SEND, RECV, RECV_REDUCE, REDUCE, COPY, COMPUTE = "send", "recv", "recv_reduce", "reduce", "copy", "compute"
+KINDS = (SEND, RECV, RECV_REDUCE, REDUCE, COPY, COMPUTE)
 COMM_KINDS = (SEND, RECV, RECV_REDUCE)
 LOCAL_KINDS = (REDUCE, COPY)
-BUFFERS = ("data", "scratch")
+BUFFERS = ("data", "output", "scratch")
 HOST_RE = re.compile(r"^h[1-9][0-9]*$")
 
 MAX_RANKS = 1024
-MAX_CHUNKS = 1 << 16
+MAX_CHUNKS = 1 << 18
+#: Connections between one pair of ranks (each is a TCP connection in a replay).
+MAX_LANES = 64
+#: The longest compute operation, in seconds of the real system (a replay dilates it).
+MAX_COMPUTE_S = 3600.0
 
 
 # ---------------------------------------------------------------------------
@@ -124,6 +138,8 @@ class Op:
     src: str | None = None
     src_chunk: int | None = None
     deps: tuple[int, ...] = ()
+    lane: int = 0
+    seconds: float = 0.0
 
     @property
     def is_comm(self) -> bool:
@@ -144,18 +160,26 @@ class Op:
         return self.src, self.src_chunk
 
     def describe(self) -> str:
+        if self.kind == COMPUTE:
+            return f"op {self.id} (compute {self.seconds:g} s, step {self.step})"
         rng = f"chunk {self.chunk}" if self.nchunks == 1 else f"chunks {self.chunk}..{self.chunk + self.nchunks - 1}"
         buf = "" if self.buffer == "data" else f" of {self.buffer}"
+        lane = f", lane {self.lane}" if self.lane else ""
         if self.kind == SEND:
-            return f"op {self.id} (send {rng}{buf} to rank {self.peer}, step {self.step})"
+            return f"op {self.id} (send {rng}{buf} to rank {self.peer}{lane}, step {self.step})"
         if self.kind in (RECV, RECV_REDUCE):
-            return f"op {self.id} ({self.kind} {rng}{buf} from rank {self.peer}, step {self.step})"
+            return f"op {self.id} ({self.kind} {rng}{buf} from rank {self.peer}{lane}, step {self.step})"
         return f"op {self.id} ({self.kind} {rng}{buf} from {self.src} {self.src_chunk}, step {self.step})"
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "kind": self.kind}
+        if self.kind == COMPUTE:
+            out.update(seconds=self.seconds, step=self.step, deps=list(self.deps))
+            return out
         if self.peer is not None:
             out["peer"] = self.peer
+        if self.lane:
+            out["lane"] = self.lane
         out.update(chunk=self.chunk, nchunks=self.nchunks, bytes=self.bytes, step=self.step)
         if self.buffer != "data":
             out["buffer"] = self.buffer
@@ -176,8 +200,30 @@ class RankProgram:
 
 
 @dataclass(frozen=True)
+class Segment:
+    """One collective among several in a schedule: its chunks of ``data`` (from ``chunk``) and of ``output``."""
+
+    name: str
+    collective: str
+    chunk: int
+    chunks: int
+    output_chunk: int = 0
+    output_chunks: int = 0
+    root: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": self.name, "collective": self.collective, "chunk": self.chunk,
+                               "chunks": self.chunks}
+        if self.output_chunks:
+            out.update(output_chunk=self.output_chunk, output_chunks=self.output_chunks)
+        if self.collective in ROOTED:
+            out["root"] = self.root
+        return out
+
+
+@dataclass(frozen=True)
 class Schedule:
-    """A whole allreduce schedule (format version 1)."""
+    """A whole schedule: one collective (or point-to-point traffic) over its ranks."""
 
     algorithm: str
     size: int
@@ -185,11 +231,47 @@ class Schedule:
     ranks: tuple[RankProgram, ...]
     scratch_chunks: int = 0
     dtype: str = "float32"
-    collective: str = "allreduce"
+    collective: str = ALLREDUCE
     topology: str | None = None
     placement: str | None = None
     meta: Mapping[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    output_chunks: int = 0
+    root: int = 0
+    segments: tuple[Segment, ...] = ()
+
+    @property
+    def shape(self) -> Shape:
+        """The whole schedule's collective on these buffers (:mod:`emulator.schedule.collectives`)."""
+        return Shape(self.collective, self.p, self.chunks, self.output_chunks, self.root)
+
+    @property
+    def shapes(self) -> tuple[Shape, ...]:
+        """Every segment's collective in place on the buffers (one, the whole schedule, without segments)."""
+        if not self.segments:
+            return (self.shape,)
+        out = []
+        base = 0
+        for seg in self.segments:
+            shape = Shape(seg.collective, self.p, seg.chunks, seg.output_chunks, seg.root, seg.chunk,
+                          seg.output_chunk, base)
+            base += shape.labels
+            out.append(shape)
+        return tuple(out)
+
+    @property
+    def labels(self) -> int:
+        """How many global chunk labels the segments use together."""
+        return sum(shape.labels for shape in self.shapes)
+
+    @property
+    def collective_bytes(self) -> int:
+        """nccl-tests' size of the collective: the larger of its input and output, in bytes."""
+        return max(self.chunks, self.output_chunks) * self.chunk_bytes
+
+    @property
+    def compute_ops(self) -> int:
+        return sum(op.kind == COMPUTE for r in self.ranks for op in r.ops)
 
     @property
     def p(self) -> int:
@@ -209,7 +291,7 @@ class Schedule:
         return max((op.step + 1 for r in self.ranks for op in r.ops), default=0)
 
     def buffer_chunks(self, buffer: str) -> int:
-        return self.chunks if buffer == "data" else self.scratch_chunks
+        return {"data": self.chunks, "output": self.output_chunks}.get(buffer, self.scratch_chunks)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -217,6 +299,12 @@ class Schedule:
             "algorithm": self.algorithm, "dtype": self.dtype, "size": self.size, "chunks": self.chunks,
             "chunk_bytes": self.chunk_bytes, "scratch_chunks": self.scratch_chunks,
         }
+        if self.output_chunks:
+            out["output_chunks"] = self.output_chunks
+        if self.collective in ROOTED:
+            out["root"] = self.root
+        if self.segments:
+            out["segments"] = [seg.to_dict() for seg in self.segments]
         if self.topology is not None:
             out["topology"] = self.topology
         if self.placement is not None:
@@ -229,22 +317,23 @@ class Schedule:
 
 
 def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
-    """Pair the k-th send from rank a to rank b with the k-th receive at b from a (execution model, rule 2).
+    """Pair the k-th send from rank a to rank b on a lane with the k-th receive at b from a on that lane
+    (execution model, rule 2).
 
     Returns ``(src_rank, send_op_id, dst_rank, recv_op_id)`` tuples, by sender
-    and receiver rank, then in program order.
+    and receiver rank and lane, then in program order.
     """
-    sends: dict[tuple[int, int], list[int]] = {}
-    recvs: dict[tuple[int, int], list[int]] = {}
+    sends: dict[tuple[int, int, int], list[int]] = {}
+    recvs: dict[tuple[int, int, int], list[int]] = {}
     for prog in schedule.ranks:
         for op in prog.ops:
             if op.kind == SEND:
-                sends.setdefault((prog.rank, op.partner), []).append(op.id)
+                sends.setdefault((prog.rank, op.partner, op.lane), []).append(op.id)
             elif op.kind in (RECV, RECV_REDUCE):
-                recvs.setdefault((op.partner, prog.rank), []).append(op.id)
+                recvs.setdefault((op.partner, prog.rank, op.lane), []).append(op.id)
     out = []
-    for (a, b), ids in sorted(sends.items()):
-        for send_id, recv_id in zip(ids, recvs.get((a, b), []), strict=False):  # validated schedules pair up
+    for (a, b, lane), ids in sorted(sends.items()):
+        for send_id, recv_id in zip(ids, recvs.get((a, b, lane), []), strict=False):  # validated schedules pair up
             out.append((a, send_id, b, recv_id))
     return out
 
@@ -254,9 +343,12 @@ def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
 # ---------------------------------------------------------------------------
 
 _TOP_KEYS = {"format", "version", "collective", "algorithm", "dtype", "size", "chunks", "chunk_bytes",
-             "scratch_chunks", "topology", "placement", "meta", "ranks"}
+             "scratch_chunks", "output_chunks", "root", "segments", "topology", "placement", "meta", "ranks"}
+_SEGMENT_KEYS = {"name", "collective", "chunk", "chunks", "output_chunk", "output_chunks", "root"}
 _RANK_KEYS = {"rank", "host", "ops"}
-_OP_KEYS = {"id", "kind", "peer", "chunk", "nchunks", "bytes", "step", "buffer", "src", "src_chunk", "deps"}
+_OP_KEYS = {"id", "kind", "peer", "lane", "chunk", "nchunks", "bytes", "step", "buffer", "src", "src_chunk", "deps",
+            "seconds"}
+_COMPUTE_KEYS = {"id", "kind", "seconds", "step", "deps"}
 
 
 def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: set[str]) -> None:
@@ -279,16 +371,25 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     _reject_unknown(where, "", data, _TOP_KEYS)
     if "format" in data and data["format"] != FORMAT_NAME:
         raise FieldError(where, "format", repr(FORMAT_NAME), data["format"])
-    if data.get("version") != FORMAT_VERSION:
-        raise FieldError(where, "version", str(FORMAT_VERSION), data.get("version", "nothing"))
-    if data.get("collective", "allreduce") != "allreduce":
-        raise FieldError(where, "collective", "'allreduce'", data.get("collective"))
+    version = data.get("version", "nothing")
+    if isinstance(version, bool) or version not in READ_VERSIONS:
+        raise FieldError(where, "version", " or ".join(map(str, READ_VERSIONS)), version)
+    collective = data.get("collective", ALLREDUCE)
+    allowed = (*COLLECTIVES, MIXED) if version >= 2 else (ALLREDUCE,)
+    if collective not in allowed:
+        raise FieldError(where, "collective", "one of " + ", ".join(allowed), collective)
     algorithm = data.get("algorithm", "custom")
     if not isinstance(algorithm, str) or not algorithm:
         raise FieldError(where, "algorithm", "a non-empty string", algorithm)
     dtype = data.get("dtype", "float32")
-    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise FieldError(where, "dtype", "'float32'", dtype)
+    raw_segments = data.get("segments", [])
+    if not isinstance(raw_segments, list):
+        raise FieldError(where, "segments", "a list of segments", raw_segments)
+    only_p2p = collective == P2P or (collective == MIXED and raw_segments and all(
+        isinstance(seg, Mapping) and seg.get("collective") == P2P for seg in raw_segments))
+    dtypes = tuple(DTYPE_BYTES) if only_p2p else ("float32",)
+    if not isinstance(dtype, str) or dtype not in dtypes:
+        raise FieldError(where, "dtype", " or ".join(repr(d) for d in dtypes) + f" for {collective}", dtype)
     if "size" not in data:
         raise FieldError(where, "size", "a positive size in bytes", "nothing")
     size = parse_size(data["size"], where)
@@ -297,6 +398,10 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     if "chunk_bytes" in data and data["chunk_bytes"] != chunk_bytes:
         raise FieldError(where, "chunk_bytes", f"{chunk_bytes} (size / chunks)", data["chunk_bytes"])
     scratch = int_field(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
+    output = int_field(where, "output_chunks", data.get("output_chunks", 0), 0, MAX_CHUNKS)
+    root = int_field(where, "root", data.get("root", 0), 0)
+    if root and collective not in ROOTED:
+        raise FieldError(where, "root", f"nothing for {collective} (only {' and '.join(ROOTED)} have a root)", root)
     for key in ("topology", "placement"):
         if data.get(key) is not None and not isinstance(data[key], str):
             raise FieldError(where, key, "a string", data[key])
@@ -309,7 +414,11 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     if len(raw_ranks) > MAX_RANKS:
         raise FieldError(where, "ranks", f"at most {MAX_RANKS} ranks", len(raw_ranks))
     p = len(raw_ranks)
-    bufsize = {"data": chunks, "scratch": scratch}
+    segments = _parse_segments(where, raw_segments, collective, p, chunks, output)
+    problem = None if segments or collective == MIXED else Shape(collective, p, chunks, output, root).problem()
+    if problem is not None:
+        raise FieldError(where, *problem)
+    bufsize = {"data": chunks, "output": output, "scratch": scratch}
     ranks: list[RankProgram] = []
     seen_hosts: dict[str, int] = {}
     for r, raw in enumerate(raw_ranks):
@@ -337,7 +446,51 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
             ops.append(op)
         ranks.append(RankProgram(r, host, tuple(ops)))
     return Schedule(algorithm=algorithm, size=size, chunks=chunks, ranks=tuple(ranks), scratch_chunks=scratch,
-                    dtype=dtype, topology=data.get("topology"), placement=data.get("placement"), meta=dict(meta))
+                    dtype=dtype, collective=collective, topology=data.get("topology"),
+                    placement=data.get("placement"), meta=dict(meta), output_chunks=output, root=root,
+                    segments=segments)
+
+
+def _parse_segments(where: str, raw: list[Any], collective: str, p: int, chunks: int,
+                    output: int) -> tuple[Segment, ...]:
+    """The segments, each a valid collective on its own disjoint ranges of ``data`` and ``output``."""
+    if collective == MIXED and not raw:
+        raise FieldError(where, "segments", f"a non-empty list for collective {MIXED}", raw)
+    out: list[Segment] = []
+    used = {"data": [0] * chunks, "output": [0] * output}
+    kinds = set()
+    for i, seg in enumerate(raw):
+        path = f"segments[{i}]"
+        if not isinstance(seg, Mapping):
+            raise FieldError(where, path, "a mapping with name, collective, chunk and chunks", seg)
+        _reject_unknown(where, f"{path}.", seg, _SEGMENT_KEYS)
+        name = seg.get("name", f"segment {i}")
+        if not isinstance(name, str) or not name:
+            raise FieldError(where, f"{path}.name", "a non-empty string", name)
+        kind = seg.get("collective")
+        if kind not in COLLECTIVES:
+            raise FieldError(where, f"{path}.collective", "one of " + ", ".join(COLLECTIVES), kind)
+        kinds.add(kind)
+        first = int_field(where, f"{path}.chunk", seg.get("chunk", "nothing"), 0, max(chunks - 1, 0))
+        n = int_field(where, f"{path}.chunks", seg.get("chunks", "nothing"), 1, chunks - first)
+        n_out = int_field(where, f"{path}.output_chunks", seg.get("output_chunks", 0), 0, output)
+        first_out = int_field(where, f"{path}.output_chunk", seg.get("output_chunk", 0), 0, output - n_out)
+        root = int_field(where, f"{path}.root", seg.get("root", 0), 0)
+        problem = Shape(kind, p, n, n_out, root).problem()
+        if problem is not None:
+            raise FieldError(where, f"{path}.{problem[0]}", problem[1], problem[2])
+        for buf, lo, count in (("data", first, n), ("output", first_out, n_out)):
+            taken = next((c for c in range(lo, lo + count) if used[buf][c]), None)
+            if taken is not None:
+                raise FieldError(where, f"{path}.{'chunk' if buf == 'data' else 'output_chunk'}",
+                                 f"{buf} chunks no other segment uses (chunk {taken} is taken)", lo)
+            used[buf][lo:lo + count] = [1] * count
+        out.append(Segment(name, kind, first, n, first_out, n_out, root))
+    if out:
+        expected = kinds.pop() if len(kinds) == 1 else MIXED
+        if collective != expected:
+            raise FieldError(where, "collective", f"{expected!r} (the segments' collective)", collective)
+    return tuple(out)
 
 
 def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Mapping[str, int],
@@ -351,20 +504,26 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     kind = raw.get("kind")
     if kind not in KINDS:
         raise FieldError(where, f"{path}.kind", f"one of {', '.join(KINDS)}", kind)
+    if kind == COMPUTE:
+        return _parse_compute(where, path, raw, op_id, steps_by_id)
     peer = raw.get("peer")
+    lane = raw.get("lane", 0)
     if kind in COMM_KINDS:
         peer = int_field(where, f"{path}.peer", raw.get("peer", "nothing"), 0, p - 1)
         if peer == rank:
             raise FieldError(where, f"{path}.peer", f"a rank other than the op's own ({rank})", peer)
+        lane = int_field(where, f"{path}.lane", lane, 0, MAX_LANES - 1)
     elif peer is not None:
         raise FieldError(where, f"{path}.peer", f"no peer for a {kind} (local) op", peer)
+    elif lane != 0:
+        raise FieldError(where, f"{path}.lane", f"no lane for a {kind} (local) op", lane)
     buffer = raw.get("buffer", "data")
     if buffer not in BUFFERS:
-        raise FieldError(where, f"{path}.buffer", "data or scratch", buffer)
+        raise FieldError(where, f"{path}.buffer", "data, output or scratch", buffer)
     nchunks = int_field(where, f"{path}.nchunks", raw.get("nchunks", 1), 1)
     limit = bufsize[buffer]
     if limit == 0:
-        raise FieldError(where, f"{path}.buffer", "data (scratch_chunks is 0)", buffer)
+        raise FieldError(where, f"{path}.buffer", f"a buffer with chunks ({buffer}_chunks is 0)", buffer)
     chunk = int_field(where, f"{path}.chunk", raw.get("chunk", "nothing"), 0, limit - 1)
     if chunk + nchunks > limit:
         raise FieldError(where, f"{path}.nchunks", f"at most {limit - chunk} (the {buffer} buffer has {limit} "
@@ -378,10 +537,10 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     src_chunk = raw.get("src_chunk")
     if kind in LOCAL_KINDS:
         if src not in BUFFERS:
-            raise FieldError(where, f"{path}.src", "data or scratch (the buffer a local op reads)", src)
+            raise FieldError(where, f"{path}.src", "data, output or scratch (the buffer a local op reads)", src)
         slimit = bufsize[src]
         if slimit == 0:
-            raise FieldError(where, f"{path}.src", "data (scratch_chunks is 0)", src)
+            raise FieldError(where, f"{path}.src", f"a buffer with chunks ({src}_chunks is 0)", src)
         src_chunk = int_field(where, f"{path}.src_chunk", raw.get("src_chunk", "nothing"), 0, slimit - 1)
         if src_chunk + nchunks > slimit:
             raise FieldError(where, f"{path}.src_chunk", f"at most {slimit - nchunks} (nchunks {nchunks} must fit "
@@ -394,6 +553,14 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
             if raw.get(key) is not None:
                 raise FieldError(where, f"{path}.{key}", f"nothing for a {kind} op (only reduce and copy read a "
                                  "second buffer)", raw.get(key))
+    deps = _parse_deps(where, path, raw, step, steps_by_id)
+    return Op(id=op_id, kind=kind, chunk=chunk, nchunks=nchunks, bytes=nbytes, step=step, peer=peer,
+              buffer=buffer, src=src if kind in LOCAL_KINDS else None,
+              src_chunk=src_chunk if kind in LOCAL_KINDS else None, deps=deps, lane=lane)
+
+
+def _parse_deps(where: str, path: str, raw: Mapping[str, Any], step: int,
+                steps_by_id: Mapping[int, int]) -> tuple[int, ...]:
     deps = raw.get("deps", [])
     if not isinstance(deps, list):
         raise FieldError(where, f"{path}.deps", "a list of op ids", deps)
@@ -403,9 +570,28 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
         if steps_by_id[dep] > step:
             raise FieldError(where, f"{path}.step", f"at least {steps_by_id[dep]} (the step of dependency {dep})",
                              step)
-    return Op(id=op_id, kind=kind, chunk=chunk, nchunks=nchunks, bytes=nbytes, step=step, peer=peer,
-              buffer=buffer, src=src if kind in LOCAL_KINDS else None,
-              src_chunk=src_chunk if kind in LOCAL_KINDS else None, deps=tuple(deps))
+    return tuple(deps)
+
+
+def _parse_compute(where: str, path: str, raw: Mapping[str, Any], op_id: int,
+                   steps_by_id: Mapping[int, int]) -> Op:
+    """A ``compute`` op: ``seconds`` of local work (real time, before dilation), touching no buffer."""
+    for key in raw:
+        if key not in _COMPUTE_KEYS:
+            raise FieldError(where, f"{path}.{key}", "only id, kind, seconds, step and deps for a compute op",
+                             f"key {key}")
+    seconds = raw.get("seconds", "nothing")
+    if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
+            or not 0 <= seconds <= MAX_COMPUTE_S):
+        raise FieldError(where, f"{path}.seconds", f"a duration of 0 to {MAX_COMPUTE_S:g} seconds", seconds)
+    step = int_field(where, f"{path}.step", raw.get("step", "nothing"))
+    deps = _parse_deps(where, path, raw, step, steps_by_id)
+    return Op(id=op_id, kind=COMPUTE, chunk=0, nchunks=0, bytes=0, step=step, deps=deps, seconds=float(seconds))
+
+
+def compute_op(op_id: int, seconds: float, step: int, deps: Iterable[int] = ()) -> Op:
+    """A ``compute`` operation (what generators and importers build)."""
+    return Op(id=op_id, kind=COMPUTE, chunk=0, nchunks=0, bytes=0, step=step, deps=tuple(deps), seconds=seconds)
 
 
 def validate(schedule: Schedule, where: str = "schedule") -> Schedule:

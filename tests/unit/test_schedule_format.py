@@ -70,7 +70,13 @@ def _set(doc: dict, path: list, value) -> dict:
 
 
 BAD = [
-    (["version"], 2, "version"),
+    (["version"], 3, "version"),
+    (["version"], True, "version"),
+    (["collective"], "gossip", "collective"),
+    (["root"], 1, "root"),  # an allreduce has no root
+    (["output_chunks"], 3, "output_chunks"),
+    (["ranks", 0, "ops", 1, "lane"], 64, "ranks[0].ops[1].lane"),
+    (["ranks", 0, "ops", 1, "lane"], -1, "ranks[0].ops[1].lane"),
     (["size"], "12 parsecs", "size"),
     (["size"], 12, "size"),  # 2 chunks of 6 bytes: not whole float32 elements
     (["chunks"], 0, "chunks"),
@@ -155,3 +161,59 @@ def test_documented_example_is_a_valid_allreduce():
     block = re.search(r"```yaml\n(.*?)```", open(doc).read(), re.S).group(1)
     sched = fmt.loads(block)
     assert execute(sched).valid and sched.steps == 2 and sched.size == 65536
+
+
+def _doc2(collective: str = "allreduce", **top) -> dict:
+    doc = _doc()
+    doc.update(version=2, collective=collective, **top)
+    return doc
+
+
+def test_version_2_compute_and_lanes_round_trip(tmp_path):
+    doc = _doc2()
+    doc["ranks"][0]["ops"][0]["lane"] = 3
+    doc["ranks"][1]["ops"][0]["lane"] = 3
+    doc["ranks"][0]["ops"].insert(0, {"id": 7, "kind": "compute", "seconds": 0.25, "step": 0})
+    doc["ranks"][0]["ops"][1]["deps"] = [7]
+    sched = fmt.from_dict(doc)
+    first = sched.ranks[0].ops[0]
+    assert first.kind == "compute" and first.seconds == 0.25 and not first.is_comm
+    assert sched.ranks[0].ops[1].lane == 3 and sched.compute_ops == 1
+    assert fmt.from_dict(sched.to_dict()) == sched
+    assert fmt.match_transfers(sched) == [(0, 0, 1, 0), (1, 1, 0, 1)]
+
+
+@pytest.mark.parametrize("op, field", [
+    ({"id": 9, "kind": "compute", "seconds": -1, "step": 0}, "seconds"),
+    ({"id": 9, "kind": "compute", "seconds": "1ms", "step": 0}, "seconds"),
+    ({"id": 9, "kind": "compute", "seconds": float("nan"), "step": 0}, "seconds"),
+    ({"id": 9, "kind": "compute", "step": 0}, "seconds"),
+    ({"id": 9, "kind": "compute", "seconds": 1, "step": 0, "peer": 1}, "peer"),
+    ({"id": 9, "kind": "compute", "seconds": 1, "step": 0, "deps": [42]}, "deps[0]"),
+    ({"id": 9, "kind": "copy", "chunk": 0, "src": "data", "src_chunk": 1, "step": 0, "lane": 1}, "lane"),
+])
+def test_bad_compute_and_lane_fields(op, field):
+    doc = _doc2()
+    doc["ranks"][0]["ops"].append(op)
+    with pytest.raises(FieldError) as exc:
+        fmt.from_dict(doc)
+    assert exc.value.field == f"ranks[0].ops[2].{field}"
+
+
+@pytest.mark.parametrize("collective, top, field", [
+    ("allreduce", {"dtype": "uint8"}, "dtype"),
+    ("allgather", {"output_chunks": 3}, "output_chunks"),
+    ("reduce_scatter", {"chunks": 1, "size": 4}, "chunks"),
+    ("alltoall", {"chunks": 3, "size": 12}, "chunks"),
+    ("broadcast", {"root": 2}, "root"),
+])
+def test_collective_shapes_are_checked(collective, top, field):
+    with pytest.raises(FieldError) as exc:
+        fmt.from_dict(_doc2(collective, **top))
+    assert exc.value.field == field
+
+
+def test_p2p_carries_any_byte_count():
+    doc = _doc2("p2p", dtype="uint8", size=6, chunks=2)
+    sched = fmt.from_dict(doc)
+    assert sched.chunk_bytes == 3 and sched.collective_bytes == 6
