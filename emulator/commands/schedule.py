@@ -12,12 +12,13 @@ import math
 import os
 
 from emulator import calibration_file, fabric, fidelity, routing, topology
-from emulator.cli_types import number
+from emulator.cli_types import int_at_least, number
 from emulator.errors import FieldError
 from emulator.schedule import chakra, msccl
 from emulator.schedule import format as fmt
 from emulator.schedule.check import check
-from emulator.schedule.generators import ALGORITHMS, PLACEMENTS, generate
+from emulator.schedule.collectives import ALLREDUCE
+from emulator.schedule.generators import GENERATED, PLACEMENTS, algorithms, generate
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,10 +26,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = sched.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND")
     sub.required = True
 
-    gen = sub.add_parser("gen", help="generate an allreduce schedule for every host of a topology")
-    gen.add_argument("--algo", required=True, metavar="ALGO", help=f"one of {', '.join(ALGORITHMS)}")
+    gen = sub.add_parser("gen", help="generate a collective's schedule (default allreduce) for every host of a "
+                         "topology")
+    gen.add_argument("--algo", required=True, metavar="ALGO",
+                     help="; ".join(f"{', '.join(algorithms(c))} for {c}" for c in GENERATED))
+    gen.add_argument("--collective", default=ALLREDUCE, choices=GENERATED, metavar="COLLECTIVE",
+                     help=f"one of {', '.join(GENERATED)} (default allreduce)")
+    gen.add_argument("--root", type=int_at_least(0), default=0, metavar="N",
+                     help="the root rank of broadcast and reduce (default 0)")
     gen.add_argument("--topology", required=True, metavar="SPEC", help="topology spec or exported JSON file")
-    gen.add_argument("--size", required=True, metavar="SIZE", help="bytes per rank, e.g. 64KiB, 16MiB, 1MB")
+    gen.add_argument("--size", required=True, metavar="SIZE",
+                     help="bytes of every rank's data buffer (nccl-tests' size), e.g. 64KiB, 16MiB, 1MB")
     gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
                      "(default: hdrm for --algo hdrm, else identity)")
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random placement")
@@ -79,13 +87,20 @@ def _save(sched: fmt.Schedule, path: str, where: str) -> None:
         raise FieldError(where, "output", "a file that can be written", f"{path} ({exc.strerror})") from None
 
 
-def cmd_gen(args: argparse.Namespace) -> int:
-    _check_output(args.output, "schedule gen")
+def gen_schedule(args: argparse.Namespace) -> fmt.Schedule:
+    """The schedule ``emu schedule gen`` writes, from its parsed options (raises :class:`FieldError`)."""
     topo = topology.load(args.topology)
     size = fmt.parse_size(args.size, "schedule gen", "size")
-    sched = generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks)
+    return generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks,
+                    collective=args.collective, root=args.root)
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    _check_output(args.output, "schedule gen")
+    sched = gen_schedule(args)
     _save(sched, args.output, "schedule gen")
-    print(f"wrote {args.output}: {_summary(sched)}")
+    what = "" if sched.collective == ALLREDUCE else f"{sched.collective} "
+    print(f"wrote {args.output}: {what}{_summary(sched)}")
     return 0
 
 

@@ -3,16 +3,19 @@
 Every send operation is a transfer; transfers with the same ``step`` are taken
 to run at the same time. Each transfer is routed with the controller's own
 pure routing logic, ``routing.route(topo, policy, routing.agent_flow(topo,
-src_host, dst_host), seed=seed)``, so the path is the one the agent's TCP
-connection takes. Per step this module counts the flows on every directed link
-and charges the step by two lockstep models:
+src_host, dst_host, lane), seed=seed)``, so the path is the one the agent's TCP
+connection on that lane takes (ECMP hashes every lane's 5-tuple on its own).
+``compute`` operations move no data: they are no transfer and cost nothing
+here (the timing model charges them). Per step this module counts the flows
+on every directed link and charges the step by two lockstep models:
 
 alpha-beta (no contention)
     the slowest transfer alone: its latency (rendezvous, message latency and
     store-and-forward tail, :mod:`emulator.latency`) plus ``bytes / rate``,
     ``rate`` the goodput of the slowest link on its path. With latency
     ``alpha`` per message only, a ring on a star sums to exactly
-    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (DOMAIN.md §2, :func:`allreduce_formula`).
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (DOMAIN.md §2, :func:`allreduce_formula`;
+    the other collectives' closed forms are :func:`collective_formula`'s).
 max-min fair (flow level)
     all transfers of the step start together; every directed link's goodput is
     shared max-min fairly (progressive filling, bottleneck by bottleneck);
@@ -32,12 +35,20 @@ modelled).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from emulator import routing
 from emulator.latency import LatencyModel
+from emulator.schedule.collectives import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE_SCATTER,
+    REDUCE_TO_ROOT,
+    bus_factor,
+)
 from emulator.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
 from emulator.topology import DEFAULT_MTU, Topology, last_segment_bytes, tcp_goodput_factor, tcp_payload_bytes
 
@@ -55,6 +66,7 @@ class Transfer:
     dst_host: str
     bytes: int
     path: list[str]
+    lane: int = 0
 
 
 @dataclass
@@ -105,17 +117,18 @@ class CostReport:
 
 
 def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0) -> list[Transfer]:
-    """Every send of the schedule with its routed path (via :func:`emulator.routing.route`)."""
-    paths: dict[tuple[str, str], list[str]] = {}
+    """Every send of the schedule with the routed path of its lane's connection (via :func:`emulator.routing.route`)."""
+    paths: dict[tuple[str, str, int], list[str]] = {}
     out = []
     for prog in schedule.ranks:
         for op in prog.ops:
             if op.kind != SEND:
                 continue
-            src, dst = prog.host, schedule.ranks[op.peer].host  # type: ignore[index]
-            if (src, dst) not in paths:
-                paths[(src, dst)] = routing.route(topo, policy, routing.agent_flow(topo, src, dst), seed=seed)
-            out.append(Transfer(op.step, prog.rank, op.peer, src, dst, op.bytes, paths[(src, dst)]))  # type: ignore[arg-type]
+            src, dst = prog.host, schedule.ranks[op.partner].host
+            key = (src, dst, op.lane)
+            if key not in paths:
+                paths[key] = routing.route(topo, policy, routing.agent_flow(topo, src, dst, op.lane), seed=seed)
+            out.append(Transfer(op.step, prog.rank, op.partner, src, dst, op.bytes, paths[key], op.lane))
     return out
 
 
@@ -185,19 +198,30 @@ def maxmin_completion(sizes: list[float], flows: list[list[Link]], capacity: dic
     return now
 
 
-def path_function(topo: Topology, planned: list[Transfer],
-                  goodput: float = TCP_GOODPUT) -> Callable[[int, int], tuple[list[Link], list[float], int]]:
-    """``(src_rank, dst_rank) -> (directed links, their capacities, switches crossed)`` for the timing model,
-    from the routed transfers of :func:`transfers`."""
-    paths = {(t.src, t.dst): t.path for t in planned}
-    cache: dict[tuple[int, int], tuple[list[Link], list[float], int]] = {}
+class PathOf(Protocol):
+    """What :func:`path_function` returns: the route of the connection from ``src`` to ``dst`` on ``lane``."""
 
-    def path_of(src: int, dst: int) -> tuple[list[Link], list[float], int]:
-        if (src, dst) not in cache:
-            path = paths[(src, dst)]
+    def __call__(self, src: int, dst: int, lane: int = 0) -> tuple[list[Link], list[float], int]: ...
+
+
+def path_function(topo: Topology, planned: list[Transfer], goodput: float = TCP_GOODPUT) -> PathOf:
+    """``path_of(src_rank, dst_rank, lane=0) -> (directed links, their capacities, switches crossed)`` for the
+    timing model, from the routed transfers of :func:`transfers`.
+
+    Each lane of a pair of ranks is its own connection with its own route;
+    ``lane`` defaults to 0, the only lane of a schedule without lanes.
+    Raises :class:`KeyError` for a (src, dst, lane) that carries no transfer.
+    """
+    paths = {(t.src, t.dst, t.lane): t.path for t in planned}
+    cache: dict[tuple[int, int, int], tuple[list[Link], list[float], int]] = {}
+
+    def path_of(src: int, dst: int, lane: int = 0) -> tuple[list[Link], list[float], int]:
+        key = (src, dst, lane)
+        if key not in cache:
+            path = paths[key]
             named = physical_links(topo, path, goodput)
-            cache[(src, dst)] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
-        return cache[(src, dst)]
+            cache[key] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
+        return cache[key]
 
     return path_of
 
@@ -254,6 +278,20 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
     return report
 
 
+def _message(b: float, alpha: float, beta: float, switches: int, switch_latency: float, frame: float) -> float:
+    """One message of ``b`` bytes: latencies, serialisation, and its last frame's store-and-forward on later links."""
+    last = last_segment_bytes(b, int(frame)) if frame else 0.0
+    return alpha + switches * switch_latency + b * beta + switches * last * beta
+
+
+def _halving_rounds(p: int, n: float) -> list[float]:
+    """The bytes of recursive halving's rounds, ``n/2, n/4, ..., n/p`` (``p`` a power of two)."""
+    k = p.bit_length() - 1
+    if 1 << k != p:
+        raise ValueError("the halving-doubling formula needs p a power of two")
+    return [n / 2 ** (s + 1) for s in range(k)]
+
+
 def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
                       switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0) -> float:
     """Closed-form contention-free allreduce time (DOMAIN.md §2, §8) for ``ring`` and ``hd``/``hdrm``.
@@ -270,24 +308,91 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
     ``2·log2(p)·alpha + ...`` (``p`` a power of two).
     """
     def message(b: float) -> float:
-        last = last_segment_bytes(b, int(frame)) if frame else 0.0
-        return alpha + switches * switch_latency + b * beta + switches * last * beta
+        return _message(b, alpha, beta, switches, switch_latency, frame)
 
     reduce = (p - 1) / p * n * gamma
     rendezvous = switches * switch_latency
     if algo == "ring":
         return rendezvous + 2 * (p - 1) * message(n / p) + reduce
     if algo in ("hd", "hdrm"):
-        k = p.bit_length() - 1
-        if 1 << k != p:
-            raise ValueError("the halving-doubling formula needs p a power of two")
-        rounds = [n / 2 ** (s + 1) for s in range(k)]
-        return 2 * sum(rendezvous + message(b) for b in rounds) + reduce
+        return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
     raise ValueError(f"no closed form for {algo}")
 
 
-def bus_bandwidth_mbps(size: int, p: int, seconds: float) -> float:
-    """nccl-tests busbw of an allreduce of ``size`` bytes per rank taking ``seconds``, in Mbit/s."""
+def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
+                       *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
+                       frame: float = 0.0) -> float:
+    """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
+
+    ``n`` is nccl-tests' size of the collective (each rank's ``data``
+    buffer; a reduce-scatter's input, an all-gather's output, an alltoall's
+    send buffer). Messages cost what :func:`allreduce_formula` charges them;
+    pipelined algorithms (``ring``, ``dbtree``) pay one rendezvous in all,
+    lockstep ones (``hd``, ``hdrm``, ``direct``) one per round. With
+    ``switches = 0`` and ``m(b) = alpha + b·beta`` (Thakur, Rabenseifner and
+    Gropp 2005, "Optimization of collective communication operations in
+    MPICH"; DOMAIN.md §2):
+
+    =====================  ==================  ============================================================
+    collective             algo                time
+    =====================  ==================  ============================================================
+    allreduce              ring, hd, hdrm      :func:`allreduce_formula`
+    reduce_scatter         ring, direct        ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
+    reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
+    allgather              ring, direct        ``(p-1)·m(n/p)``
+    allgather              hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta``
+    alltoall               direct              ``(p-1)·m(n/p)``
+    broadcast, reduce      ring                ``(C+p-2)·m(n/C)`` (+ ``(C+p-2)·n/C·gamma`` for reduce)
+    broadcast, reduce      dbtree              ``(C/2 + floor(log2(p-1)))·m(n/C)``
+    broadcast, reduce      hd, hdrm            ``2·log2(p)·alpha + 2(p-1)/p·n·beta`` (+ ``(p-1)/p·n·gamma``)
+    =====================  ==================  ============================================================
+
+    ``C`` is the schedule's ``chunks`` (required for ``ring`` and
+    ``dbtree`` broadcast and reduce). These are what the alpha-beta step
+    model of :func:`analyze` sums to where no link is shared. The tree's
+    reductions have no closed form here (a rank may add several messages in
+    one step): ``gamma`` must be 0 for ``dbtree`` reduce. Raises
+    :class:`ValueError` for pairs without a formula and for ``hd`` with
+    ``p`` not a power of two.
+    """
+    if collective == ALLREDUCE:
+        return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
+                                 frame=frame)
+
+    def message(b: float) -> float:
+        return _message(b, alpha, beta, switches, switch_latency, frame)
+
+    rendezvous = switches * switch_latency
+    reduce = (p - 1) / p * n * gamma if collective in (REDUCE_SCATTER, REDUCE_TO_ROOT) else 0.0
+    if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
+        if algo == "ring" and collective != ALLTOALL:
+            return rendezvous + (p - 1) * message(n / p) + reduce
+        if algo == "direct":
+            return (p - 1) * (rendezvous + message(n / p)) + reduce
+        if algo in ("hd", "hdrm") and collective != ALLTOALL:
+            return sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+    elif collective in (BROADCAST, REDUCE_TO_ROOT):
+        if algo in ("hd", "hdrm"):
+            return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+        if algo in ("ring", "dbtree"):
+            if not chunks:
+                raise ValueError(f"the {algo} {collective} formula needs the schedule's chunks")
+            if algo == "dbtree" and gamma and collective == REDUCE_TO_ROOT:
+                raise ValueError("no closed form for the dbtree reduce's reductions (gamma must be 0)")
+            steps = chunks + p - 2 if algo == "ring" else chunks // 2 + (p - 1).bit_length() - 1
+            adds = steps * n / chunks * gamma if collective == REDUCE_TO_ROOT else 0.0
+            return rendezvous + steps * message(n / chunks) + adds
+    raise ValueError(f"no closed form for {algo} {collective}")
+
+
+def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLREDUCE) -> float:
+    """nccl-tests busbw of ``collective`` (default allreduce) of ``size`` bytes taking ``seconds``, in Mbit/s.
+
+    ``size`` is nccl-tests' size (:attr:`~emulator.schedule.format.Schedule.collective_bytes`); the factor is
+    :func:`~emulator.schedule.collectives.bus_factor`'s.
+    """
     if seconds <= 0:
         return 0.0
-    return size / seconds * 2 * (p - 1) / p * 8 / 1e6
+    if collective == ALLREDUCE:  # the arithmetic of earlier versions, so existing figures stay the same to the bit
+        return size / seconds * 2 * (p - 1) / p * 8 / 1e6
+    return size / seconds * bus_factor(collective, p) * 8 / 1e6

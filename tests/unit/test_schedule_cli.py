@@ -128,3 +128,44 @@ def test_import_errors(tmp_path, capsys, files, extra, needle):
     assert main(["schedule", "import", *[str(tmp_path / f) for f in files], "-o", str(out), *extra]) == 2
     assert needle in _err_line(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, summary", [
+    (["--collective", "allgather", "--algo", "ring", "--topology", "star:hosts=4"], "allgather ring, 4 ranks"),
+    (["--collective", "alltoall", "--algo", "direct", "--topology", "star:hosts=6"], "alltoall direct, 6 ranks"),
+    (["--collective", "broadcast", "--algo", "dbtree", "--root", "3", "--topology", "star:hosts=5"],
+     "broadcast dbtree, 5 ranks"),
+    (["--collective", "reduce", "--algo", "hdrm", "--root", "5", "--topology", BIG], "reduce hdrm, 32 ranks"),
+    (["--collective", "reduce_scatter", "--algo", "hd", "--topology", "star:hosts=8", "--chunks", "16"],
+     "reduce_scatter hd, 8 ranks"),
+])
+def test_gen_other_collectives_then_check(tmp_path, capsys, args, summary):
+    out = str(tmp_path / "s.json")
+    assert main(["schedule", "gen", *args, "--size", "96KiB", "-o", out]) == 0
+    assert summary in capsys.readouterr().out
+    assert main(["schedule", "check", out, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is True and data["algorithm"] == args[3]
+    with open(out) as fh:
+        doc = json.load(fh)
+    assert doc["collective"] == args[1]
+    if "--root" in args:
+        assert doc["root"] == int(args[args.index("--root") + 1])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--collective", "gather", "--algo", "ring", "--topology", "star:hosts=4"], "field 'collective'"),
+    (["--collective", "p2p", "--algo", "ring", "--topology", "star:hosts=4"], "field 'collective'"),
+    (["--collective", "allgather", "--algo", "hd", "--topology", "star:hosts=6"], "power-of-two number of ranks"),
+    (["--collective", "alltoall", "--algo", "hd", "--topology", "star:hosts=4"], "halving-doubling has no alltoall"),
+    (["--collective", "allgather", "--algo", "dbtree", "--topology", "star:hosts=4"],
+     "one of ring, hd, hdrm, direct for allgather"),
+    (["--collective", "broadcast", "--algo", "ring", "--root", "4", "--topology", "star:hosts=4"], "field 'root'"),
+    (["--collective", "broadcast", "--algo", "ring", "--root", "-1", "--topology", "star:hosts=4"], "field 'root'"),
+    (["--algo", "ring", "--root", "1", "--topology", "star:hosts=4"], "nothing for allreduce"),
+])
+def test_gen_collective_errors_are_one_line_and_write_nothing(tmp_path, capsys, args, needle):
+    out = tmp_path / "out.yaml"
+    assert main(["schedule", "gen", *args, "--size", "64KiB", "-o", str(out)]) == 2
+    assert needle in _err_line(capsys)
+    assert os.listdir(tmp_path) == []

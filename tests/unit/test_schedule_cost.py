@@ -1,20 +1,27 @@
-"""Contention counts and the alpha-beta and max-min fair cost models."""
+"""Contention counts, the alpha-beta and max-min fair cost models, and every collective's closed form."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from emulator import fabric, topology
+from emulator import fabric, routing, topology
 from emulator.latency import LatencyModel
 from emulator.schedule.check import check
+from emulator.schedule.collectives import ROOTED
 from emulator.schedule.cost import (
     allreduce_formula,
     analyze,
     bus_bandwidth_mbps,
+    collective_formula,
     maxmin_completion,
     maxmin_rates,
+    path_function,
 )
-from emulator.schedule.generators import generate
+from emulator.schedule.executor import execute
+from emulator.schedule.format import compute_op, match_transfers, validate, with_ops
+from emulator.schedule.generators import RECIPES, generate
 from emulator.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 
@@ -48,6 +55,7 @@ def test_the_timing_model_is_the_closed_form_on_a_star(algo, p, n, alpha_us, swi
     topo = topology.build(f"star:hosts={p}")
     model = _profile(alpha_us, switch_us)
     report = check(generate(algo, topo, n), topo, "shortest", latency=model)
+    assert model.profile is not None
     expected = allreduce_formula(algo, p, n, model.profile.alpha_s, _beta(topo), switches=1,
                                  switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes())
     assert report.predicted_time_s == pytest.approx(expected, rel=1e-9)
@@ -132,3 +140,154 @@ def test_formula_rejects_unknown_algorithms():
         allreduce_formula("dbtree", 8, 1, 1, 1)
     with pytest.raises(ValueError):
         allreduce_formula("hd", 6, 1, 1, 1)
+
+
+# ---------------------------------------------------------------------------
+# Every collective: closed forms, contention, lanes, compute
+# ---------------------------------------------------------------------------
+
+FORMULA_CASES = [(c, a, p) for c, a in RECIPES if c != "allreduce" and a != "hdrm"
+                 for p in (2, 3, 4, 8) if not RECIPES[(c, a)].power_of_two or p != 3]
+
+
+def _formula(sched, topo, model, switches=1, gamma=0.0):
+    return collective_formula(sched.collective, sched.algorithm, sched.p, sched.size, model.profile.alpha_s,
+                              _beta(topo), gamma, chunks=sched.chunks, switches=switches,
+                              switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes())
+
+
+@pytest.mark.parametrize(("collective", "algo", "p"), FORMULA_CASES)
+def test_every_collectives_closed_form_is_the_alpha_beta_step_sum_on_a_star(collective, algo, p):
+    topo = topology.build(f"star:hosts={p}")
+    model = _profile(8, 0)
+    sched = generate(algo, topo, 4 * 8 * p * 1024, collective=collective, root=p - 1 if collective in ROOTED else 0)
+    costs = analyze(sched, topo, "shortest", latency=model)
+    assert costs.alpha_beta_time_s == pytest.approx(_formula(sched, topo, model), rel=1e-9)
+    if algo != "dbtree":  # a tree's root feeds two tree roots at once: its link is shared
+        assert max(costs.max_flows_per_link) == 1
+        assert costs.maxmin_time_s == pytest.approx(costs.alpha_beta_time_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_hdrm_closed_forms_on_a_bigraph(collective):
+    topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
+    model = _profile(8, 0)
+    sched = generate("hdrm", topo, 8 * 4 * 1024, collective=collective, root=3 if collective in ROOTED else 0)
+    costs = analyze(sched, topo, "shortest", latency=model)
+    assert costs.alpha_beta_time_s == pytest.approx(_formula(sched, topo, model, switches=2), rel=1e-9)
+
+
+@pytest.mark.parametrize(("collective", "algo"), [("reduce_scatter", "ring"), ("reduce_scatter", "hd"),
+                                                  ("reduce_scatter", "direct"), ("reduce", "ring"), ("reduce", "hd")])
+def test_the_closed_forms_charge_the_reductions_as_the_step_model_does(collective, algo):
+    topo = topology.build("star:hosts=8")
+    model = _profile(0, 0)
+    sched = generate(algo, topo, 8 * 4 * 1024, collective=collective)
+    costs = analyze(sched, topo, "shortest", latency=model, gamma=1e-6)
+    assert costs.alpha_beta_time_s == pytest.approx(_formula(sched, topo, model, gamma=1e-6), rel=1e-9)
+
+
+@pytest.mark.parametrize(("collective", "algo"), [("reduce_scatter", "ring"), ("allgather", "ring"),
+                                                  ("reduce_scatter", "hd"), ("allgather", "hd"),
+                                                  ("reduce_scatter", "direct"), ("allgather", "direct"),
+                                                  ("alltoall", "direct"), ("reduce", "hd")])
+@pytest.mark.parametrize("alpha_us, switch_us", [(8.0, 0.0), (8.0, 1.0), (25.0, 3.0)])
+def test_the_timing_model_is_the_closed_form_for_rings_and_lockstep_rounds(collective, algo, alpha_us, switch_us):
+    """A ring pays one rendezvous (its receives are posted early), lockstep rounds one each, as for allreduce."""
+    topo = topology.build("star:hosts=8")
+    model = _profile(alpha_us, switch_us)
+    report = check(generate(algo, topo, 64 << 10, collective=collective), topo, "shortest", latency=model)
+    assert report.valid
+    assert report.predicted_time_s == pytest.approx(_formula(report.schedule, topo, model), rel=1e-9)
+
+
+def test_pipelined_chains_overlap_their_latencies_in_the_timing_model():
+    """The textbook (C+p-2)·(alpha + n/C·beta) charges every piece its latency; a real chain (and the timing
+    model) has the next piece on the wire while the latency of the last is in flight."""
+    topo = topology.build("star:hosts=8")
+    model = _profile(8, 0)
+    sched = generate("ring", topo, 64 << 10, collective="broadcast")
+    report = check(sched, topo, "shortest", latency=model)
+    assert report.valid
+    assert report.predicted_time_s < _formula(sched, topo, model)
+
+
+def test_alltoall_collides_on_a_leaf_spine_with_one_spine():
+    topo = topology.build("leafspine:leaves=2,spines=1,hosts_per_leaf=4")
+    costs = analyze(generate("direct", topo, 8 * 4 * 1024, collective="alltoall"), topo, "shortest")
+    assert max(costs.max_flows_per_link) > 1
+    worst = max(costs.steps, key=lambda s: s.max_flows_per_link)
+    assert worst.busiest(1)[0][0] in {("s1", "s3"), ("s2", "s3"), ("s3", "s1"), ("s3", "s2")}  # leaf - spine
+    assert costs.maxmin_time_s > costs.alpha_beta_time_s
+
+
+def test_formulas_refuse_what_they_do_not_cover():
+    with pytest.raises(ValueError, match="power of two"):
+        collective_formula("allgather", "hd", 6, 1, 1, 1)
+    with pytest.raises(ValueError, match="chunks"):
+        collective_formula("broadcast", "ring", 4, 1, 1, 1)
+    with pytest.raises(ValueError, match="gamma"):
+        collective_formula("reduce", "dbtree", 4, 1, 1, 1, 1e-9, chunks=8)
+    for collective, algo in [("alltoall", "hd"), ("alltoall", "ring"), ("broadcast", "direct"), ("p2p", "ring")]:
+        with pytest.raises(ValueError, match="no closed form"):
+            collective_formula(collective, algo, 4, 1, 1, 1, chunks=8)
+    assert collective_formula("allreduce", "ring", 4, 1024, 1e-3, 1e-6) == allreduce_formula("ring", 4, 1024, 1e-3,
+                                                                                              1e-6)
+
+
+def test_bus_bandwidth_follows_nccl_tests_for_every_collective():
+    assert bus_bandwidth_mbps(10**6, 4, 1.0) == bus_bandwidth_mbps(10**6, 4, 1.0, "allreduce") == pytest.approx(12.0)
+    for collective in ("reduce_scatter", "allgather", "alltoall"):
+        assert bus_bandwidth_mbps(10**6, 4, 1.0, collective) == pytest.approx(6.0)
+    for collective in ("broadcast", "reduce", "p2p"):
+        assert bus_bandwidth_mbps(10**6, 4, 1.0, collective) == pytest.approx(8.0)
+    assert bus_bandwidth_mbps(10**6, 4, 0.0, "alltoall") == 0.0
+
+
+def _with_lanes(sched, lanes: int):
+    """``sched`` with its k-th matched transfer on lane ``k mod lanes`` (both ends)."""
+    lane_of: dict[tuple[int, int], int] = {}
+    for k, (a, send_id, b, recv_id) in enumerate(match_transfers(sched)):
+        lane_of[(a, send_id)] = lane_of[(b, recv_id)] = k % lanes
+    return with_ops(sched, [[dataclasses.replace(op, lane=lane_of.get((r.rank, op.id), 0)) for op in r.ops]
+                            for r in sched.ranks])
+
+
+def test_every_lane_is_routed_as_its_own_connection():
+    topo = topology.build("leafspine:leaves=2,spines=4,hosts_per_leaf=4")
+    sched = _with_lanes(generate("direct", topo, 8 * 4 * 1024, collective="alltoall"), 4)
+    assert execute(sched).valid
+    costs = analyze(sched, topo, "ecmp", seed=1)
+    assert {t.lane for t in costs.transfers} == {0, 1, 2, 3}
+    for t in costs.transfers:
+        flow = routing.agent_flow(topo, t.src_host, t.dst_host, t.lane)
+        assert t.path == routing.route(topo, "ecmp", flow, seed=1)
+    path_of = path_function(topo, costs.transfers, costs.goodput)
+    for t in costs.transfers:
+        links, caps, switches = path_of(t.src, t.dst, t.lane)
+        assert switches == len(t.path) - 2 and len(links) == len(caps) == len(t.path) - 1
+    # lanes of one pair hash apart: ECMP spreads the cross-leaf transfers over more uplinks than one lane does
+    one_lane = analyze(_with_lanes(sched, 1), topo, "ecmp", seed=1)
+    assert {tuple(t.path) for t in costs.transfers} != {tuple(t.path) for t in one_lane.transfers}
+    assert check(sched, topo, "ecmp", seed=1).valid
+
+
+def test_path_function_defaults_to_lane_0():
+    topo = topology.build("star:hosts=4")
+    costs = analyze(generate("ring", topo, 4096), topo, "shortest")
+    path_of = path_function(topo, costs.transfers, costs.goodput)
+    assert path_of(0, 1) == path_of(0, 1, 0) == path_of(0, 1, lane=0)
+    with pytest.raises(KeyError):
+        path_of(0, 1, 1)
+
+
+def test_compute_ops_are_no_transfers():
+    topo = topology.build("star:hosts=4")
+    sched = generate("ring", topo, 4096, collective="allgather")
+    ops = [list(r.ops) for r in sched.ranks]
+    ops[0].append(compute_op(len(ops[0]), 0.5, sched.steps - 1, [len(ops[0]) - 1]))
+    with_compute = with_ops(sched, ops)
+    assert validate(with_compute).compute_ops == 1
+    plain, costs = analyze(sched, topo, "shortest"), analyze(with_compute, topo, "shortest")
+    assert len(costs.transfers) == len(plain.transfers)
+    assert costs.alpha_beta_time_s == plain.alpha_beta_time_s and costs.max_flows_per_link == plain.max_flows_per_link

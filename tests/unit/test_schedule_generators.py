@@ -1,15 +1,30 @@
-"""Every generator, at every supported p from 2 to 64, is proved an allreduce by symbolic execution."""
+"""Every generator, at every supported p from 2 to 64, is proved an allreduce by symbolic execution; every other
+collective's generators at p = 2, 3, 4, 6, 8, 12 and 16 (and random p and sizes) are proved the same way."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from emulator import routing, topology
 from emulator.errors import FieldError
+from emulator.schedule.collectives import COLLECTIVES, ROOTED
 from emulator.schedule.cost import analyze
 from emulator.schedule.executor import execute
-from emulator.schedule.format import validate
-from emulator.schedule.generators import double_binary_tree, generate, hdrm_placement
+from emulator.schedule.format import Schedule, match_transfers, validate, with_ops
+from emulator.schedule.generators import (
+    ALGORITHMS,
+    GENERATED,
+    RECIPES,
+    algorithms,
+    double_binary_tree,
+    generate,
+    hdrm_placement,
+    rooted_trees,
+)
 
 PS = list(range(2, 65))
 
@@ -82,7 +97,7 @@ def test_hdrm_is_an_allreduce_and_contention_free(u, m):
     for prog in sched.ranks:
         for op in prog.ops:
             if op.kind == "send":
-                src, dst = hosts[prog.rank], hosts[op.peer]
+                src, dst = hosts[prog.rank], hosts[op.partner]
                 assert role[src] != role[dst]
                 per_step.setdefault(op.step, []).append((topo.host(src).switch, topo.host(dst).switch))
     for step, links in per_step.items():
@@ -193,3 +208,198 @@ def test_double_binary_tree_shape(p):
                 v, seen = parent[v], seen + 1
                 assert seen <= p
             assert v == root
+
+
+# ---------------------------------------------------------------------------
+# The other collectives
+# ---------------------------------------------------------------------------
+
+OTHER = [(c, a) for c, a in RECIPES if c != "allreduce" and a != "hdrm"]
+ROOTED_PAIRS = [(c, a) for c, a in OTHER if c in ROOTED]
+
+
+def _ps(collective: str, algo: str) -> list[int]:
+    """2, 3, 4, 8, 16 and the non-powers of two 6 and 12 where the algorithm takes them."""
+    return [p for p in (2, 3, 4, 6, 8, 12, 16) if not RECIPES[(collective, algo)].power_of_two or p & (p - 1) == 0]
+
+
+def _cases() -> list[tuple[str, str, int]]:
+    return [(c, a, p) for c, a in OTHER for p in _ps(c, a)]
+
+
+def _gen(collective: str, algo: str, p: int, *, root: int = 0, mult: int = 1, **kw) -> Schedule:
+    topo = topology.build(f"star:hosts={p}")
+    return generate(algo, topo, 4 * 16 * p * mult, collective=collective, root=root, **kw)
+
+
+@pytest.mark.parametrize(("collective", "algo", "p"), _cases())
+def test_every_collective_and_algorithm_is_proved(collective, algo, p):
+    roots = [0, p - 1, p // 2] if collective in ROOTED else [0]
+    for root in sorted(set(roots)):
+        sched = _gen(collective, algo, p, root=root)
+        assert sched.collective == collective and sched.root == root and sched.algorithm == algo
+        assert validate(sched) == sched
+        _proved(sched)
+
+
+def _expected_steps(collective: str, algo: str, p: int, chunks: int) -> int:
+    k = p.bit_length() - 1
+    if algo == "hd":
+        return k if collective in ("reduce_scatter", "allgather") else 2 * k
+    if collective in ROOTED:
+        return chunks + p - 2 if algo == "ring" else chunks // 2 + (p - 1).bit_length() - 1
+    return p - 1
+
+
+@pytest.mark.parametrize(("collective", "algo", "p"), _cases())
+def test_steps_and_buffers(collective, algo, p):
+    sched = _gen(collective, algo, p)
+    assert sched.steps == _expected_steps(collective, algo, p, sched.chunks)
+    pipelined = collective in ROOTED and algo in ("ring", "dbtree")
+    assert sched.chunks == (8 if pipelined else p)
+    # alltoall is out of place; the others in place (NCCL's layout for reduce_scatter and allgather)
+    assert sched.output_chunks == (sched.chunks if collective == "alltoall" else 0)
+    assert sched.collective_bytes == sched.size
+
+
+@given(pair=st.sampled_from(OTHER), p=st.integers(2, 20), mult=st.integers(1, 3), root=st.integers(0, 19),
+       extra=st.integers(1, 3))
+@settings(max_examples=150, deadline=None)
+def test_random_sizes_and_chunk_counts_are_proved(pair, p, mult, root, extra):
+    collective, algo = pair
+    how = RECIPES[pair]
+    assume(not how.power_of_two or p & (p - 1) == 0)
+    base = how.base(p)
+    chunks = (how.default or base) * extra if base > 1 else extra
+    sched = _gen(collective, algo, p, root=root % p if collective in ROOTED else 0, mult=mult * chunks,
+                 chunks=chunks)
+    assert sched.chunks == chunks
+    _proved(sched)
+
+
+SMALL = "bigraph:upper=2,lower=2,hosts_per_switch=2"
+
+
+@pytest.mark.parametrize("spec", [SMALL, BIG])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_hdrm_is_contention_free_for_every_collective_that_has_hd(spec, collective):
+    topo = topology.build(spec)
+    p = len(topo.hosts)
+    for root in ([0, 5, p - 1] if collective in ROOTED else [0]):
+        sched = generate("hdrm", topo, 4 * p * 64, collective=collective, root=root)
+        assert sched.placement == "hdrm" and sched.hosts == hdrm_placement(topo)
+        _proved(sched)
+        assert analyze(sched, topo, "shortest").max_flows_per_link == [1] * sched.steps
+
+
+def test_direct_pairs_every_rank_with_one_sender_and_one_receiver_per_step():
+    for collective in ("reduce_scatter", "allgather", "alltoall"):
+        sched = _gen(collective, "direct", 6)
+        per_step: dict[int, list[tuple[int, int]]] = {}
+        for prog in sched.ranks:
+            for op in prog.ops:
+                if op.kind == "send":
+                    per_step.setdefault(op.step, []).append((prog.rank, op.partner))
+        for step, pairs in per_step.items():
+            assert sorted(pairs) == [(r, (r + step + 1) % 6) for r in range(6)]
+
+
+def test_rooted_trees_cover_the_other_ranks_with_height_log2_p_minus_1():
+    for p in range(2, 40):
+        for root in (0, p - 1):
+            trees = rooted_trees(p, root)
+            assert len(trees) == 2
+            for tree in trees:
+                reached = {tree.root} | {e.child for e in tree.edges}
+                assert reached == set(range(p)) - {root}
+                assert tree.height == (p - 1).bit_length() - 1
+                assert max((e.depth for e in tree.edges), default=0) == tree.height
+
+
+@pytest.mark.parametrize(("collective", "algo", "needle"), [
+    ("alltoall", "hd", "halving-doubling has no alltoall"),
+    ("alltoall", "hdrm", "halving-doubling has no alltoall"),
+    ("alltoall", "ring", "no store-and-forward ring"),
+    ("allgather", "dbtree", "one of ring, hd, hdrm, direct for allgather"),
+    ("broadcast", "direct", "one of ring, dbtree, hd, hdrm for broadcast"),
+    ("reduce_scatter", "hier", "for reduce_scatter"),
+])
+def test_undefined_algorithms_are_refused_naming_the_allowed_ones(collective, algo, needle):
+    with pytest.raises(FieldError, match="field 'algo'") as err:
+        generate(algo, topology.build("star:hosts=4"), 1 << 12, collective=collective)
+    assert needle in str(err.value)
+    assert algo not in algorithms(collective)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast", "reduce"])
+def test_hd_needs_a_power_of_two(collective):
+    with pytest.raises(FieldError, match="field 'algo'.*power-of-two number of ranks") as err:
+        generate("hd", topology.build("star:hosts=6"), 4 * 6 * 16, collective=collective)
+    assert "over 6 ranks" in str(err.value) and "ring" in str(err.value)
+
+
+def test_bad_collective_root_and_chunks_are_refused():
+    topo = topology.build("star:hosts=4")
+    with pytest.raises(FieldError, match="field 'collective'"):
+        generate("ring", topo, 1 << 12, collective="p2p")
+    with pytest.raises(FieldError, match="field 'root'.*0..3"):
+        generate("ring", topo, 1 << 12, collective="broadcast", root=4)
+    with pytest.raises(FieldError, match="field 'root'.*nothing for allgather"):
+        generate("ring", topo, 1 << 12, collective="allgather", root=1)
+    with pytest.raises(FieldError, match="field 'chunks'.*multiple of 4"):
+        generate("ring", topo, 1 << 12, collective="reduce_scatter", chunks=6)
+    with pytest.raises(FieldError, match="field 'chunks'.*multiple of 2.*half per tree"):
+        generate("dbtree", topo, 1 << 12, collective="reduce", chunks=3)
+    with pytest.raises(FieldError, match="field 'placement'"):
+        generate("hdrm", topology.build(BIG), 1 << 12, collective="allgather", placement="identity")
+
+
+def test_algorithms_lists_allreduce_first_and_every_generated_collective():
+    assert algorithms() == algorithms("allreduce") == ALGORITHMS
+    assert set(GENERATED) == set(COLLECTIVES) - {"p2p"}
+    assert algorithms("alltoall") == ("direct",)
+    assert algorithms("p2p") == ()
+
+
+def _result_transfer(sched: Schedule, kinds: tuple[str, ...] = ("recv", "recv_reduce")) -> tuple[int, int, int, int]:
+    """The last matched transfer (by step) whose receive, of one of ``kinds``, lands in a result chunk."""
+    shape = sched.shape
+    best = None
+    for a, send_id, b, recv_id in match_transfers(sched):
+        recv = sched.ranks[b].ops[recv_id]
+        if (recv.kind in kinds and recv.buffer == shape.result_buffer
+                and shape.result_piece(b, recv.chunk) is not None):
+            if best is None or recv.step >= sched.ranks[best[2]].ops[best[3]].step:
+                best = (a, send_id, b, recv_id)
+    assert best is not None
+    return best
+
+
+def _replace_op(sched: Schedule, rank: int, op_id: int, **changes) -> Schedule:
+    ops = [list(r.ops) for r in sched.ranks]
+    ops[rank][op_id] = dataclasses.replace(ops[rank][op_id], **changes)
+    return with_ops(sched, ops)
+
+
+@pytest.mark.parametrize(("collective", "algo", "p"), [(c, a, p) for c, a, p in _cases() if p in (3, 4, 8)])
+def test_the_executor_catches_a_wrong_chunk_sent(collective, algo, p):
+    sched = _gen(collective, algo, p, root=p - 1 if collective in ROOTED else 0)
+    a, send_id, b, recv_id = _result_transfer(sched)
+    send, recv = sched.ranks[a].ops[send_id], sched.ranks[b].ops[recv_id]
+    other = 0 if send.chunk else send.nchunks
+    assert other + send.nchunks <= sched.chunks
+    result = execute(_replace_op(sched, a, send_id, chunk=other))
+    assert not result.valid
+    assert any(f"rank {b}" in e and f"chunk {recv.chunk}" in e for e in result.errors), result.errors
+
+
+@pytest.mark.parametrize(("collective", "algo", "p"),
+                         [(c, a, p) for c, a, p in _cases() if c in ("reduce_scatter", "reduce") and p in (2, 3, 8)])
+def test_the_executor_catches_a_dropped_reduction(collective, algo, p):
+    sched = _gen(collective, algo, p, root=1 if collective in ROOTED else 0)
+    a, send_id, b, recv_id = _result_transfer(sched, ("recv_reduce",))
+    recv = sched.ranks[b].ops[recv_id]
+    result = execute(_replace_op(sched, b, recv_id, kind="recv"))
+    assert not result.valid
+    assert any(f"rank {b} chunk {recv.chunk}" in e and "misses the contribution" in e for e in result.errors), \
+        result.errors
