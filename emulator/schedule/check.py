@@ -6,7 +6,17 @@ topology, runs :func:`emulator.schedule.executor.execute` (the proof),
 :func:`emulator.schedule.cost.analyze` (contention and the step models) and
 :func:`emulator.schedule.timing.simulate` (the prediction), and returns one
 :class:`CheckReport`. :func:`predict` is what a replay runs first: the same,
-refusing anything that is not a correct allreduce.
+refusing anything that does not compute its collectives.
+
+Schedules with ``compute`` operations (a training iteration,
+:mod:`emulator.schedule.training`) are predicted with their compute dilated
+like everything else (``compute_dilation``, by default the fabric profile's
+``dilation``: a replay sleeps ``D·seconds``). The report then has the
+iteration's time (:attr:`CheckReport.iteration_time_s`, the makespan), its
+time with communication free (:attr:`CheckReport.compute_only_s`,
+:func:`emulator.schedule.timing.compute_only_s`) and the scaling efficiency,
+compute-only over iteration (1 when communication hides entirely behind
+compute).
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from typing import Any
 from emulator.errors import UserError
 from emulator.latency import LatencyModel
 from emulator.schedule import cost, executor, timing
+from emulator.schedule.collectives import MIXED
 from emulator.schedule.format import Schedule, check_hosts
 from emulator.topology import DEFAULT_MTU, Topology, tcp_payload_bytes
 
@@ -28,6 +39,10 @@ class CheckReport:
     execution: executor.Execution
     costs: cost.CostReport
     timing: timing.Timing | None  # None when the proof failed
+    #: What a compute op's ``seconds`` were multiplied by (emulated seconds per real one).
+    compute_dilation: float = 1.0
+    #: The time with communication free, emulated (dilated) seconds; None without compute ops or a proof.
+    compute_only_s: float | None = None
 
     @property
     def valid(self) -> bool:
@@ -47,6 +62,24 @@ class CheckReport:
         """What :attr:`predicted_time_s` stands for on the real fabric (None without a fabric profile)."""
         profile = self.latency.profile
         return profile.real_seconds(self.predicted_time_s) if profile is not None else None
+
+    @property
+    def iteration_time_s(self) -> float:
+        """The whole schedule's predicted time (a training iteration's, compute and communication), emulated seconds."""
+        return self.predicted_time_s
+
+    @property
+    def real_compute_only_s(self) -> float | None:
+        """What :attr:`compute_only_s` stands for in real seconds (the compute ops' own ``seconds`` along the
+        longest chain)."""
+        return None if self.compute_only_s is None else self.compute_only_s / self.compute_dilation
+
+    @property
+    def scaling_efficiency(self) -> float | None:
+        """Compute-only time over iteration time (1: communication entirely hidden); None without compute ops."""
+        if self.compute_only_s is None or self.predicted_time_s <= 0:
+            return None
+        return self.compute_only_s / self.predicted_time_s
 
     def step_times(self) -> dict[int, float]:
         """Per step, the timing model's span: from its first transfer's start to its last one's end."""
@@ -85,6 +118,9 @@ class CheckReport:
             "real_busbw_gbps": (profile.real_mbps(cost.bus_bandwidth_mbps(s.size, s.p, self.predicted_time_s)) / 1e3
                                 if profile is not None else None),
             "fabric": profile.to_json() if profile is not None else None,
+            "compute_ops": s.compute_ops, "compute_dilation": self.compute_dilation,
+            "iteration_time_s": self.iteration_time_s, "compute_only_s": self.compute_only_s,
+            "real_compute_only_s": self.real_compute_only_s, "scaling_efficiency": self.scaling_efficiency,
             "latency": {"intrinsic": self.latency.intrinsic.to_json(), "netem": self.latency.netem,
                         "paths": [self.latency.path(n).to_json() for n in self.costs.switch_counts],
                         "latency_floor_switches": self.latency_floors()},
@@ -93,13 +129,23 @@ class CheckReport:
         }
 
 
+def dilation_of(latency: LatencyModel | None, compute_dilation: float | None = None) -> float:
+    """``compute_dilation`` if given, else the latency model's fabric profile's ``dilation``, else 1."""
+    if compute_dilation is not None:
+        return compute_dilation
+    return latency.profile.dilation if latency is not None and latency.profile is not None else 1.0
+
+
 def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
-          gamma: float = 0.0, mtu: int = DEFAULT_MTU, where: str = "schedule") -> CheckReport:
-    """Prove ``schedule`` an allreduce and predict its contention and time on ``topo`` under ``policy``.
+          gamma: float = 0.0, mtu: int = DEFAULT_MTU, compute_dilation: float | None = None,
+          where: str = "schedule") -> CheckReport:
+    """Prove that ``schedule`` computes its collectives and predict its contention and time on ``topo`` under ``policy``.
 
     ``latency`` holds the fabric profile and this machine's intrinsic latency
     (default: no latency at all, bandwidth alone); ``mtu`` is the emulated
-    network's. Raises :class:`~emulator.errors.UserError` for hosts missing
+    network's; a compute op takes its ``seconds`` times ``compute_dilation``
+    (default :func:`dilation_of`: the profile's dilation, 1 without a
+    profile). Raises :class:`~emulator.errors.UserError` for hosts missing
     from the topology or an unknown routing policy; correctness problems are
     reported in the result (``valid`` false, ``execution.errors``) and then no
     timing is simulated.
@@ -107,19 +153,28 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     check_hosts(schedule, topo, where)
     execution = executor.execute(schedule)
     model = latency or LatencyModel()
+    dilation = dilation_of(model, compute_dilation)
     costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, gamma=gamma, mtu=mtu)
     sim = None
+    compute_only = None
     if execution.valid:
-        path_of = cost.path_function(topo, costs.transfers, costs.goodput)
-        sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu), gamma=gamma)
-    return CheckReport(schedule=schedule, topology=topo.spec, execution=execution, costs=costs, timing=sim)
+        path_of = cost.path_function(topo, costs.transfers, costs.goodput)  # every lane's connection its own route
+        sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu), gamma=gamma,
+                              compute_dilation=dilation)
+        if schedule.compute_ops:
+            compute_only = timing.compute_only_s(schedule, dilation)
+    return CheckReport(schedule=schedule, topology=topo.spec, execution=execution, costs=costs, timing=sim,
+                       compute_dilation=dilation, compute_only_s=compute_only)
 
 
 def predict(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
-            mtu: int = DEFAULT_MTU, where: str = "schedule") -> CheckReport:
-    """:func:`check`, raising :class:`UserError` unless the schedule is a correct allreduce (what a replay runs first)."""
-    report = check(schedule, topo, policy, seed=seed, latency=latency, mtu=mtu, where=where)
+            mtu: int = DEFAULT_MTU, compute_dilation: float | None = None, where: str = "schedule") -> CheckReport:
+    """:func:`check`, raising :class:`UserError` unless the schedule computes its collectives (what a replay runs
+    first)."""
+    report = check(schedule, topo, policy, seed=seed, latency=latency, mtu=mtu, compute_dilation=compute_dilation,
+                   where=where)
     if not report.valid:
         first = (report.execution.errors or ["it deadlocks"])[0]
-        raise UserError(f"{where} is not a correct allreduce: {first} (see `emu schedule check`)")
+        what = "schedule of collectives" if schedule.collective == MIXED else schedule.collective
+        raise UserError(f"{where} is not a correct {what}: {first} (see `emu schedule check`)")
     return report

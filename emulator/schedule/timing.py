@@ -27,6 +27,17 @@ of :mod:`emulator.agent` (which follows the execution model of
 6. A send completes when written; an awaited one ``ack`` after its data
    arrived. Local operations, and a ``recv_reduce``'s addition after its
    data arrived, take ``gamma`` seconds per byte.
+7. A ``compute`` operation takes its ``seconds`` times ``compute_dilation``
+   (the fabric profile's dilation ``D``: a replay sleeps ``D·seconds``; 1
+   for the real system's time) and then completes like a local operation.
+
+Connections: the transfers of one sender, receiver and *lane* form one
+connection (rules 3 and 5 hold per connection); different lanes between the
+same ranks are separate connections whose flows share links max-min like any
+others. ``path_of(src, dst, lane)`` gives each one's links. A path without
+links is free: its transfers drain as soon as their first byte is due
+(:func:`free_path`, with which :func:`compute_only_s` finds a schedule's time
+when communication costs nothing).
 
 So halving-doubling's lockstep rounds wait for their slowest pair and pay a
 rendezvous per round, while a ring's pre-posted receives let it pipeline, as
@@ -44,7 +55,7 @@ from dataclasses import dataclass, field
 from emulator.latency import ZERO, PathLatency
 from emulator.schedule.cost import Link, maxmin_rates
 from emulator.schedule.dispatch import Dispatcher, Ready
-from emulator.schedule.format import RECV_REDUCE, SEND, Schedule, match_transfers
+from emulator.schedule.format import COMPUTE, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.topology import last_segment_bytes
 
 _EPS = 1e-12
@@ -63,6 +74,7 @@ class TransferTiming:
     links: list[Link]
     latency: PathLatency
     tail_s: float
+    lane: int = 0
     posted: float | None = None
     cts_at: float | None = None
     queued: float | None = None
@@ -90,33 +102,42 @@ class Timing:
         return {s: (a, b) for s, (a, b) in sorted(spans.items())}
 
 
-PathOf = Callable[[int, int], tuple[list[Link], list[float], int]]
+#: ``(src_rank, dst_rank, lane) -> (directed links, their capacities in bytes/s, switches crossed)``.
+PathOf = Callable[[int, int, int], tuple[list[Link], list[float], int]]
+#: A connection: sender, receiver and lane.
+Conn = tuple[int, int, int]
+
+
+def free_path(src: int, dst: int, lane: int) -> tuple[list[Link], list[float], int]:
+    """A path that costs nothing: no links and no switches (its transfers take no time at all)."""
+    return [], [], 0
 
 
 class _Simulation:
     """The mutable state of one :func:`simulate` run (see the module docstring for the rules)."""
 
     def __init__(self, schedule: Schedule, path_of: PathOf, latency_of: Callable[[int], PathLatency],
-                 mss: int, gamma: float):
+                 mss: int, gamma: float, compute_dilation: float):
         self.gamma = gamma
+        self.compute_dilation = compute_dilation
         self.dispatch = {r.rank: Dispatcher(r) for r in schedule.ranks}
         self.capacity: dict[Link, float] = {}
         self.transfers: list[TransferTiming] = []
         self.by_send: dict[tuple[int, int], int] = {}
         self.by_recv: dict[tuple[int, int], int] = {}
         for a, send_id, b, recv_id in match_transfers(schedule):
-            links, caps, switches = path_of(a, b)
-            self.capacity.update(zip(links, caps, strict=True))
             op = self.dispatch[a].ops[send_id]
+            links, caps, switches = path_of(a, b, op.lane)
+            self.capacity.update(zip(links, caps, strict=True))
             tail = sum(last_segment_bytes(op.bytes, mss) / cap for cap in caps[1:])
             self.by_send[(a, send_id)] = self.by_recv[(b, recv_id)] = len(self.transfers)
             self.transfers.append(TransferTiming(a, b, send_id, recv_id, op.step, op.bytes, links,
-                                                 latency_of(switches), tail))
-        # per (src, dst) channel: sends queued, waiting for their clear to send, in order; whether bytes
-        # of one are flowing; and the ones whose first byte is due behind those
-        self.channel: dict[tuple[int, int], list[int]] = defaultdict(list)
-        self.busy: set[tuple[int, int]] = set()
-        self.backlog: dict[tuple[int, int], list[int]] = defaultdict(list)
+                                                 latency_of(switches), tail, op.lane))
+        # per connection (src, dst, lane): sends queued, waiting for their clear to send, in order; whether
+        # bytes of one are flowing; and the ones whose first byte is due behind those
+        self.channel: dict[Conn, list[int]] = defaultdict(list)
+        self.busy: set[Conn] = set()
+        self.backlog: dict[Conn, list[int]] = defaultdict(list)
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -132,26 +153,28 @@ class _Simulation:
         """Operations the rank's dispatcher released: local ones run, communication is queued."""
         for r in ready:
             op = r.op
-            if not op.is_comm:
+            if op.kind == COMPUTE:
+                self.push(r.at + self.compute_dilation * op.seconds, "done", rank, op.id)
+            elif not op.is_comm:
                 self.push(r.at + self.gamma * op.bytes, "done", rank, op.id)
             elif op.kind == SEND:
                 i = self.by_send[(rank, op.id)]
                 self.transfers[i].queued = r.at
-                self.channel[(rank, op.partner)].append(i)
-                self.try_start(rank, op.partner)
+                self.channel[(rank, op.partner, op.lane)].append(i)
+                self.try_start((rank, op.partner, op.lane))
             else:
                 tr = self.transfers[self.by_recv[(rank, op.id)]]
                 tr.posted = r.at
                 self.push(r.at + tr.latency.rendezvous_target_s, "cts", tr.src, tr.send_id)
 
-    def try_start(self, src: int, dst: int) -> None:
-        """Start the queued sends to ``dst`` whose clear to send is in, in order."""
-        queue = self.channel[(src, dst)]
+    def try_start(self, conn: Conn) -> None:
+        """Start the sends queued on connection ``conn`` whose clear to send is in, in order."""
+        queue = self.channel[conn]
         while queue and self.transfers[queue[0]].cts_at is not None:
             tr = self.transfers[queue.pop(0)]
             assert tr.posted is not None
             tr.start = self.now
-            self.push(max(tr.start + tr.latency.message_s, tr.posted + tr.latency.cts_path_s), "flow", src,
+            self.push(max(tr.start + tr.latency.message_s, tr.posted + tr.latency.cts_path_s), "flow", conn[0],
                       tr.send_id)
 
     def done(self, rank: int, op_id: int) -> None:
@@ -164,17 +187,17 @@ class _Simulation:
         elif kind == "cts":
             tr = self.transfers[self.by_send[(rank, op_id)]]
             tr.cts_at = self.now
-            self.try_start(tr.src, tr.dst)
+            self.try_start((tr.src, tr.dst, tr.lane))
         elif kind == "flow":
             i = self.by_send[(rank, op_id)]
             tr = self.transfers[i]
             tr.first_byte = self.now
-            channel = (tr.src, tr.dst)
-            if channel in self.busy:  # its bytes follow the previous message's in the same stream
-                self.backlog[channel].append(i)
+            conn = (tr.src, tr.dst, tr.lane)
+            if conn in self.busy:  # its bytes follow the previous message's in the same stream
+                self.backlog[conn].append(i)
                 return
-            self.busy.add(channel)
-            self.active[i] = float(tr.bytes)
+            self.busy.add(conn)
+            self.flow(i)
             self.reshare()
         elif kind == "arrived":
             tr = self.transfers[self.by_recv[(rank, op_id)]]
@@ -189,6 +212,15 @@ class _Simulation:
             self.transfers[self.by_recv[(rank, op_id)]].end = self.now
             self.done(rank, op_id)
 
+    def flow(self, i: int) -> None:
+        """Transfer ``i``'s bytes start to flow (its connection is now busy with it); on a free path they are
+        through at once. The caller reshares the links."""
+        tr = self.transfers[i]
+        if tr.links:
+            self.active[i] = float(tr.bytes)
+        else:
+            self.drained(i)
+
     def drained(self, i: int) -> None:
         tr = self.transfers[i]
         tr.drained = self.now
@@ -197,12 +229,12 @@ class _Simulation:
         else:
             self.done(tr.src, tr.send_id)
         self.push(self.now + tr.tail_s, "arrived", tr.dst, tr.recv_id)
-        channel = (tr.src, tr.dst)
-        self.busy.discard(channel)
-        if self.backlog[channel]:
-            nxt = self.backlog[channel].pop(0)
-            self.busy.add(channel)
-            self.active[nxt] = float(self.transfers[nxt].bytes)
+        conn = (tr.src, tr.dst, tr.lane)
+        self.busy.discard(conn)
+        if self.backlog[conn]:
+            nxt = self.backlog[conn].pop(0)
+            self.busy.add(conn)
+            self.flow(nxt)
 
     def reshare(self) -> None:
         ids = list(self.active)
@@ -240,13 +272,27 @@ class _Simulation:
 
 
 def simulate(schedule: Schedule, path_of: PathOf, latency_of: Callable[[int], PathLatency] = lambda s: ZERO, *,
-             mss: int = 8948, gamma: float = 0.0) -> Timing:
+             mss: int = 8948, gamma: float = 0.0, compute_dilation: float = 1.0) -> Timing:
     """Simulate one execution of ``schedule`` (see the module docstring).
 
-    ``path_of(src_rank, dst_rank)`` returns the transfer's directed links,
-    their capacities (bytes/s) and the number of switches it crosses;
-    ``latency_of(switches)`` its latency terms; ``mss`` is the payload of a
-    full frame (bytes), for the store-and-forward of the last frame.
+    ``path_of(src_rank, dst_rank, lane)`` returns the connection's directed
+    links, their capacities (bytes/s) and the number of switches it crosses
+    (no links: free, :func:`free_path`); ``latency_of(switches)`` its latency
+    terms; ``mss`` is the payload of a full frame (bytes), for the
+    store-and-forward of the last frame; a ``compute`` op takes its
+    ``seconds`` times ``compute_dilation`` (pass the fabric profile's
+    ``dilation`` for emulated seconds, 1 for the real system's).
     Raises :class:`ValueError` for a schedule that deadlocks.
     """
-    return _Simulation(schedule, path_of, latency_of, mss, gamma).run()
+    return _Simulation(schedule, path_of, latency_of, mss, gamma, compute_dilation).run()
+
+
+def compute_only_s(schedule: Schedule, compute_dilation: float = 1.0) -> float:
+    """The schedule's time with communication free: the longest chain of ``compute`` ops along dependencies
+    (a rank's own, and across ranks through the messages, which take no time).
+
+    Seconds of the real system with ``compute_dilation`` 1 (the default),
+    emulated ones with the fabric profile's dilation; 0 for a schedule
+    without compute. Raises :class:`ValueError` for a schedule that deadlocks.
+    """
+    return simulate(schedule, free_path, compute_dilation=compute_dilation).makespan_s
