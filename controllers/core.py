@@ -60,6 +60,7 @@ class Settings:
     stats_interval: float = DEFAULT_STATS_INTERVAL
     state_file: str | None = None
     listen: tuple[str, int] = DEFAULT_LISTEN
+    lanes: int = 1  # agent connections per ordered host pair (ecmp installs an exact entry for each)
 
     def check(self) -> Topology:
         """Validate every field; return the loaded topology. Raises :class:`UserError`."""
@@ -69,12 +70,15 @@ class Settings:
             raise FieldError("controller", "ecmp-seed", "an integer >= 0", self.seed)
         if not isinstance(self.stats_interval, (int, float)) or not 0.05 <= self.stats_interval <= 3600:
             raise FieldError("controller", "stats-interval", "seconds in [0.05, 3600]", self.stats_interval)
+        if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or not 1 <= self.lanes <= routing.max_lanes(topo):
+            raise FieldError("controller", "lanes", f"an integer in 1..{routing.max_lanes(topo)} for "
+                             f"{len(topo.hosts)} hosts", self.lanes)
         parse_listen(f"{self.listen[0]}:{self.listen[1]}")
         return topo
 
     def to_env(self) -> dict[str, str]:
         env = {"EF_TOPOLOGY": self.topology, "EF_ROUTING": self.routing, "EF_ECMP_SEED": str(self.seed),
-               "EF_STATS_INTERVAL": repr(float(self.stats_interval))}
+               "EF_STATS_INTERVAL": repr(float(self.stats_interval)), "EF_LANES": str(self.lanes)}
         if self.stats_file:
             env["EF_STATS_FILE"] = self.stats_file
         if self.state_file:
@@ -95,9 +99,13 @@ class Settings:
         except ValueError:
             raise FieldError("controller environment", "EF_STATS_INTERVAL", "seconds",
                              env.get("EF_STATS_INTERVAL")) from None
+        try:
+            lanes = int(env.get("EF_LANES", "1"))
+        except ValueError:
+            raise FieldError("controller environment", "EF_LANES", "an integer >= 1", env.get("EF_LANES")) from None
         return cls(topology=env["EF_TOPOLOGY"], routing=env.get("EF_ROUTING", "shortest"), seed=seed,
                    stats_file=env.get("EF_STATS_FILE") or None, stats_interval=interval,
-                   state_file=env.get("EF_STATE_FILE") or None)
+                   state_file=env.get("EF_STATE_FILE") or None, lanes=lanes)
 
 
 @dataclass
@@ -127,11 +135,12 @@ def _link_name(link: frozenset[str]) -> tuple[str, str]:
 class ControllerCore:
     """Desired and installed flow entries of every switch, and the links that are down."""
 
-    def __init__(self, topo: Topology, policy: str, seed: int = 0):
+    def __init__(self, topo: Topology, policy: str, seed: int = 0, lanes: int = 1):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
         self.seed = seed
+        self.lanes = lanes
         self.by_dpid = {s.dpid: s.name for s in topo.switches}
         self.down_ports: set[tuple[str, int]] = set()
         self.failed: frozenset[frozenset[str]] = frozenset()
@@ -146,7 +155,7 @@ class ControllerCore:
         return self.by_dpid.get(dpid)
 
     def _compute(self) -> dict[str, dict[tuple, FlowEntry]]:
-        table = routing.flow_table(self.topo, self.policy, seed=self.seed, failed=self.failed)
+        table = routing.flow_table(self.topo, self.policy, seed=self.seed, failed=self.failed, lanes=self.lanes)
         return {sw: {e.key(): e for e in entries} for sw, entries in table.items()}
 
     def connect(self, switch: str) -> list[FlowEntry]:

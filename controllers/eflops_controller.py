@@ -60,7 +60,7 @@ class EflopsController(compat.BaseApp):
         super().__init__(*args, **kwargs)
         self.settings = _SETTINGS or Settings.from_env()
         topo = self.settings.check()
-        self.core = ControllerCore(topo, self.settings.routing, self.settings.seed)
+        self.core = ControllerCore(topo, self.settings.routing, self.settings.seed, self.settings.lanes)
         self.topo = topo
         self.datapaths: dict[str, Any] = {}
         self.barriers: dict[str, int] = {}

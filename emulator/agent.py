@@ -5,28 +5,32 @@ Started by :mod:`emulator.replay` (through :mod:`emulator.launcher`) as
 --log FILE --latency PLAN``. It:
 
 1. listens on its host's IP, port :data:`routing.AGENT_LISTEN_PORT`, and opens
-   one TCP connection to every rank it sends to, from source port
-   ``AGENT_SOURCE_PORT_BASE + J`` for destination host ``hJ`` -- the 5-tuple
-   :func:`emulator.routing.agent_flow` predicts, so the controller's path and
-   the checker's prediction are the path the bytes take;
+   one TCP connection to every rank it sends to per lane it uses, from the
+   source port :func:`emulator.routing.agent_flow` gives that lane -- the
+   5-tuple it predicts, so the controller's path and the checker's
+   prediction are the path the bytes take;
 2. reports ``ready`` on the control socket (:mod:`emulator.control`, a Unix
    socket: it crosses network namespaces) and waits for ``go`` -- the
    barrier, so every connection is established before the clock starts;
-3. per repetition: fills its buffer with float32 values that identify the rank,
-   runs its operations honouring their dependencies (sends and receives to
-   different peers run concurrently; to the same peer in program order, so TCP
-   stream order matches the schedule), really adds received data for
-   ``recv_reduce``/``reduce``, records every operation's start and end on
-   ``CLOCK_MONOTONIC`` (shared by all namespaces), checks that the final buffer
-   is the sum of all ranks' inputs, and reports ``done`` with its timings.
+3. per repetition: fills its buffers with values that identify the rank and
+   element (:mod:`emulator.buffers`), runs its operations honouring their
+   dependencies (sends and receives on different connections run
+   concurrently; on one connection in program order, so TCP stream order
+   matches the schedule), really adds received data for
+   ``recv_reduce``/``reduce``, runs ``compute`` operations as timed work (the
+   recorded seconds times the plan's time dilation, one at a time, as on one
+   accelerator stream), records every operation's start and end on
+   ``CLOCK_MONOTONIC`` (shared by all namespaces), checks that its buffers
+   hold the collective's result, and reports ``done`` with its timings.
 
 The parts: :mod:`emulator.peer` owns the data connections (set-up, framing,
 delivery tracking); :class:`~emulator.schedule.dispatch.Dispatcher` decides
 which operation may run when (the rules the schedule checker proves
 schedules with); :mod:`emulator.buffers` does the numeric work. This module
-composes them: per repetition, one send worker thread per peer it sends to,
-one receive worker per peer it receives from, and the main thread, which
-feeds the workers' events to the dispatcher and runs local operations.
+composes them: per repetition, one send worker thread per connection it
+sends on, one receive worker per connection it receives on, one compute
+worker, and the main thread, which feeds the workers' events to the
+dispatcher and runs local operations.
 
 Messages follow a rendezvous protocol, as large messages do in MPI and as
 NCCL's InfiniBand transport does (the receiver posts a buffer, the sender
@@ -68,10 +72,20 @@ from emulator.buffers import RankBuffers, Staging, bytes_view, expected_sum, inp
 from emulator.control import AgentChannel, Msg
 from emulator.files import read_json
 from emulator.latency import ZERO, PathLatency
-from emulator.peer import Channels, ConnectionPlan, Delivered, PeerError, RecvChannel, Route, SendChannel, open_channels
+from emulator.peer import (
+    Channels,
+    ConnectionPlan,
+    ConnKey,
+    Delivered,
+    PeerError,
+    RecvChannel,
+    Route,
+    SendChannel,
+    open_channels,
+)
 from emulator.schedule import format as sformat
 from emulator.schedule.dispatch import Completed, Dispatcher, Ready, Written
-from emulator.schedule.format import COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
+from emulator.schedule.format import COMPUTE, COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
 
 __all__ = ["Agent", "AgentError", "RepetitionResult", "SendTiming", "expected_sum", "input_values", "latency_plan",
            "load_latency_plan", "main"]
@@ -116,7 +130,7 @@ class RepetitionResult:
     """What :meth:`Agent.run_once` found: every operation's times, the data check, every send's rendezvous."""
 
     ops: dict[int, Completed]
-    wrong: str | None  # None: the buffer holds the allreduce's result
+    wrong: str | None  # None: the buffers hold the collective's result
     sends: dict[int, SendTiming]
 
     @property
@@ -135,8 +149,9 @@ class _Repetition:
 
     rep: int
     dispatcher: Dispatcher
-    sends: dict[int, queue.Queue[Ready | None]]  # per peer: the sends queued for its worker
-    receives: dict[int, queue.Queue[Ready | None]]
+    sends: dict[ConnKey, queue.Queue[Ready | None]]  # per connection: the sends queued for its worker
+    receives: dict[ConnKey, queue.Queue[Ready | None]]
+    computes: queue.Queue[Ready | None]
     watched: set[int]
     on_step: Callable[[int], None] | None
     events: queue.Queue[WorkerEvent] = field(default_factory=queue.Queue)
@@ -151,7 +166,7 @@ class _Repetition:
 
     def stop(self) -> None:
         """Every worker: no more operations."""
-        for q in [*self.sends.values(), *self.receives.values()]:
+        for q in [*self.sends.values(), *self.receives.values(), self.computes]:
             q.put(None)
 
 
@@ -191,13 +206,13 @@ class _Sender:
         """The worker thread: every queued send, until told to stop; a failure is reported as :class:`Failed`."""
         op: Op | None = None
         try:
-            while (ready := self.channel.next(self.run.sends[self.channel.peer], self._delivered)) is not None:
+            while (ready := self.channel.next(self.run.sends[self.channel.key], self._delivered)) is not None:
                 op = ready.op
                 self._send(ready)
         except BaseException as exc:
             failed = self.channel.delivery.oldest or op
             if failed is not None:
-                error = AgentError(f"send {failed.describe()} to rank {self.channel.peer}: {exc}")
+                error = AgentError(f"send {failed.describe()} to {self.channel.key.describe()}: {exc}")
                 self.run.events.put(Failed(failed.id, error))
 
     def _delivered(self, delivered: Delivered) -> None:
@@ -233,18 +248,24 @@ class Agent:
     """Executes one rank's program; see the module docstring."""
 
     def __init__(self, schedule: Schedule, topo: topology.Topology, rank: int,
-                 ip_of: dict[str, str] | None = None, latency: dict[int, PathLatency] | None = None):
+                 ip_of: dict[str, str] | None = None, latency: dict[int, PathLatency] | None = None,
+                 compute_dilation: float = 1.0):
         """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback);
-        ``latency`` the latency terms of the path to each rank this one sends to (default: none)."""
+        ``latency`` the latency terms of the path to each rank this one sends to (default: none);
+        ``compute_dilation`` what a compute operation's seconds are multiplied by (the fabric's dilation)."""
         self.schedule = schedule
         self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
         self.topo = topo
         self.rank = rank
         self.program = schedule.ranks[rank]
         self.buffers = RankBuffers(schedule, rank)
-        self.send_peers = sorted({op.partner for op in self.program.ops if op.kind == SEND})
+        self.compute_dilation = compute_dilation
+        self.send_keys = sorted({ConnKey(op.partner, op.lane) for op in self.program.ops if op.kind == SEND})
+        self.recv_keys = sorted({ConnKey(op.partner, op.lane) for op in self.program.ops
+                                 if op.kind in (RECV, RECV_REDUCE)})
+        self.send_peers = sorted({key.peer for key in self.send_keys})
+        self.recv_peers = sorted({key.peer for key in self.recv_keys})
         self.latency = {peer: (latency or {}).get(peer, ZERO) for peer in self.send_peers}
-        self.recv_peers = sorted({op.partner for op in self.program.ops if op.kind in (RECV, RECV_REDUCE)})
         self.link_bps = topo.host_bw * 1e6
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
         # Room for a whole message before the receiver has posted its receive (see peer.open_channels).
@@ -262,12 +283,15 @@ class Agent:
         """This rank's data connections: each send peer along the 5-tuple :func:`routing.agent_flow` predicts."""
         me = self.host_of(self.rank)
         routes = []
-        for peer in self.send_peers:
-            dst = self.host_of(peer)
-            flow = routing.agent_flow(self.topo, me.name, dst.name)
-            routes.append(Route(peer, self.ip(peer), flow.sport, flow.dport,
-                                f"rank {peer} ({dst.name} {self.ip(peer)})"))
-        return ConnectionPlan(self.rank, self.ip(self.rank), routing.AGENT_LISTEN_PORT, tuple(self.recv_peers),
+        for key in self.send_keys:
+            dst = self.host_of(key.peer)
+            try:
+                flow = routing.agent_flow(self.topo, me.name, dst.name, key.lane)
+            except ValueError as exc:
+                raise AgentError(f"connection to {key.describe()}: {exc}") from None
+            routes.append(Route(key, self.ip(key.peer), flow.sport, flow.dport,
+                                f"{key.describe()} ({dst.name} {self.ip(key.peer)})"))
+        return ConnectionPlan(self.rank, self.ip(self.rank), routing.AGENT_LISTEN_PORT, tuple(self.recv_keys),
                               tuple(routes), self.rcvbuf, self.link_bps)
 
     def connect(self, timeout_s: float = 30.0) -> None:
@@ -305,8 +329,8 @@ class Agent:
         to its last byte, a local operation as it ran.
         """
         run = _Repetition(rep, Dispatcher(self.program),
-                          {peer: queue.Queue() for peer in self.send_peers},
-                          {peer: queue.Queue() for peer in self.recv_peers}, set(watch_steps), on_step)
+                          {key: queue.Queue() for key in self.send_keys},
+                          {key: queue.Queue() for key in self.recv_keys}, queue.Queue(), set(watch_steps), on_step)
         self._start_workers(self.channels, run)
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.monotonic()))
@@ -325,10 +349,12 @@ class Agent:
         return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings)
 
     def _start_workers(self, channels: Channels, run: _Repetition) -> None:
-        workers = [threading.Thread(target=_Sender(channels.send[peer], self.latency[peer], self.buffers, run),
-                                    daemon=True) for peer in self.send_peers]
-        workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[peer], run), daemon=True)
-                    for peer in self.recv_peers]
+        workers = [threading.Thread(target=_Sender(channels.send[key], self.latency[key.peer], self.buffers, run),
+                                    daemon=True) for key in self.send_keys]
+        workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[key], run), daemon=True)
+                    for key in self.recv_keys]
+        if self.schedule.compute_ops:
+            workers.append(threading.Thread(target=self._compute_worker, args=(run,), daemon=True))
         for w in workers:
             w.start()
 
@@ -344,28 +370,47 @@ class Agent:
             r = todo.popleft()
             op = r.op
             run.entered(op.step)
-            if op.kind in (REDUCE, COPY):
+            if op.kind == COMPUTE:
+                run.computes.put(r)
+            elif op.kind in (REDUCE, COPY):
                 t0 = time.monotonic()
                 self.buffers.run_local(op)
                 run.timings[op.id] = Completed(op.id, t0, time.monotonic())
                 todo.extend(run.dispatcher.done(op.id, r.at))
             elif op.kind == SEND:
-                run.sends[op.partner].put(r)
+                run.sends[ConnKey(op.partner, op.lane)].put(r)
             else:
                 self._post_receive(op, run.rep, r.at)
-                run.receives[op.partner].put(r)
+                run.receives[ConnKey(op.partner, op.lane)].put(r)
 
     def _post_receive(self, op: Op, rep: int, at: float) -> None:
         """Tell ``op``'s sender that this receive is posted (its clear to send), as of ``at``."""
         try:
-            self.channels.receive[op.partner].post(rep, op.step, at)
+            self.channels.receive[ConnKey(op.partner, op.lane)].post(rep, op.step, at)
         except OSError as exc:
             raise AgentError(f"{op.describe()}: clear to send to rank {op.partner}: {exc}") from None
 
+    def _compute_worker(self, run: _Repetition) -> None:
+        """The compute stream: each compute operation in the order released, ``seconds × dilation`` long.
+
+        An operation starts at its virtual ready time or when the previous one
+        ended, whichever is later (one accelerator runs one kernel at a time),
+        and its completion carries that virtual end, so the agent's own lateness
+        does not lengthen the modelled compute.
+        """
+        free_at = float("-inf")
+        while (ready := run.computes.get()) is not None:
+            op = ready.op
+            start = max(ready.at, free_at)
+            end = start + op.seconds * self.compute_dilation
+            time.sleep(max(0.0, end - time.monotonic()))
+            free_at = end
+            run.events.put(Completed(op.id, start, end))
+
     def _receive_worker(self, channel: RecvChannel, run: _Repetition) -> None:
-        """The worker thread of one receive peer: its messages in order, each reported as it completes."""
+        """The worker thread of one receive connection: its messages in order, each reported as it completes."""
         staging = Staging()
-        while (ready := run.receives[channel.peer].get()) is not None:
+        while (ready := run.receives[channel.key].get()) is not None:
             op = ready.op  # a receive's time runs from its posting
             try:
                 self._receive(channel, op, run.rep, staging)
@@ -389,22 +434,32 @@ class Agent:
 
 
 # ---------------------------------------------------------------- process main
-def latency_plan(paths: dict[tuple[int, int], PathLatency]) -> dict[str, Any]:
-    """The latency plan file's contents: per sending rank, per receiving rank, the path's latency terms."""
+def latency_plan(paths: dict[tuple[int, int], PathLatency], compute_dilation: float = 1.0) -> dict[str, Any]:
+    """The latency plan file's contents: per sending rank, per receiving rank, the path's latency terms; and
+    the time dilation compute operations run at."""
     plan: dict[str, dict[str, Any]] = {}
     for (src, dst), path in sorted(paths.items()):
         plan.setdefault(str(src), {})[str(dst)] = path.to_json()
-    return {"version": 1, "ranks": plan}
+    return {"version": 1, "ranks": plan, "compute_dilation": compute_dilation}
 
 
-def load_latency_plan(path: str | None, rank: int) -> dict[int, PathLatency]:
+@dataclass(frozen=True)
+class TimingPlan:
+    """This rank's part of a latency plan: each send path's latency terms, and the compute dilation."""
+
+    latency: dict[int, PathLatency]
+    compute_dilation: float = 1.0
+
+
+def load_latency_plan(path: str | None, rank: int) -> TimingPlan:
     """This rank's entries of a plan written from :func:`latency_plan` (none without a file)."""
     if path is None:
-        return {}
+        return TimingPlan({})
     data = read_json(path)
     if not isinstance(data, dict) or data.get("version") != 1:
         raise AgentError(f"latency plan {path}: not a version 1 plan")
-    return {int(dst): PathLatency.from_json(v) for dst, v in data["ranks"].get(str(rank), {}).items()}
+    latency = {int(dst): PathLatency.from_json(v) for dst, v in data["ranks"].get(str(rank), {}).items()}
+    return TimingPlan(latency, float(data.get("compute_dilation", 1.0)))
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
@@ -457,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         schedule = sformat.load(args.schedule)
         topo = topology.load(args.topology)
-        agent = Agent(schedule, topo, args.rank, latency=load_latency_plan(args.latency, args.rank))
+        timing = load_latency_plan(args.latency, args.rank)
+        agent = Agent(schedule, topo, args.rank, latency=timing.latency, compute_dilation=timing.compute_dilation)
         _serve(control, agent)
         return 0
     except BaseException as exc:

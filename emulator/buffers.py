@@ -1,11 +1,16 @@
 """One rank's buffers and the numeric work on them: inputs, local reduce and copy, received additions, the check.
 
-A rank holds two float32 buffers, ``data`` (the allreduce's input and
-result) and ``scratch``, both in chunks of the schedule's ``chunk_bytes``.
-:func:`input_values` fills ``data`` with small integers that identify the
-rank and element (exact in float32 when summed), so :func:`expected_sum` is
-the exact result and :meth:`RankBuffers.wrong` can name the first wrong
-element.
+A rank holds three buffers, ``data``, ``output`` and ``scratch``, in chunks
+of the schedule's ``chunk_bytes`` (float32, or bytes for point-to-point
+traffic). Every chunk of a collective's input is filled with small integers
+that identify the contributing rank and the element of the collective's
+global data it stands for (its *label*, :mod:`emulator.schedule.collectives`;
+exact in float32 when summed), so the result each rank must end with is
+known exactly (:func:`expected_sum` for a sum over every rank,
+:func:`input_values` for one rank's contribution) and
+:meth:`RankBuffers.wrong` can name the first wrong element. Chunks whose
+result the collective leaves open (a reduce's non-roots, p2p traffic) are not
+checked.
 
 Additions into one chunk may be unordered (the schedule allows two
 accumulations to commute, ``docs/schedule-format.md``); numpy releases the
@@ -18,20 +23,31 @@ import threading
 
 import numpy as np
 
-from emulator.schedule.format import REDUCE, Op, Schedule
+from emulator.schedule.collectives import ALL, NOBODY
+from emulator.schedule.format import COMPUTE, DTYPE_BYTES, REDUCE, Op, Schedule
+
+BUFFER_NAMES = ("data", "output", "scratch")
+
+
+def input_values_at(rank: int, elements: np.ndarray) -> np.ndarray:
+    """Rank ``rank``'s contribution to global elements ``elements``: small integers, exact in float32 when summed."""
+    return (((rank * 131 + elements.astype(np.int64) * 7) % 61) + 1).astype(np.float32)
+
+
+def expected_sum_at(p: int, elements: np.ndarray) -> np.ndarray:
+    """The sum over ranks 0..p-1 of :func:`input_values_at`, computed without p passes."""
+    table = np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
+    return table[(elements.astype(np.int64) * 7) % 61]
 
 
 def input_values(rank: int, n: int) -> np.ndarray:
-    """Rank ``rank``'s input: small integers (exact in float32 when summed) that differ per rank and element."""
-    i = np.arange(n, dtype=np.int64)
-    return (((rank * 131 + i * 7) % 61) + 1).astype(np.float32)
+    """Rank ``rank``'s allreduce input on ``n`` elements (labels are chunk indices)."""
+    return input_values_at(rank, np.arange(n, dtype=np.int64))
 
 
 def expected_sum(p: int, n: int) -> np.ndarray:
-    """The allreduce result of :func:`input_values` over ranks 0..p-1, computed without p passes."""
-    table = np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
-    i = np.arange(n, dtype=np.int64)
-    return table[(i * 7) % 61]
+    """The allreduce result of :func:`input_values` over ranks 0..p-1."""
+    return expected_sum_at(p, np.arange(n, dtype=np.int64))
 
 
 def bytes_view(array: np.ndarray) -> memoryview:
@@ -40,17 +56,43 @@ def bytes_view(array: np.ndarray) -> memoryview:
 
 
 class RankBuffers:
-    """Rank ``rank``'s ``data`` and ``scratch`` buffers for ``schedule`` (see the module docstring)."""
+    """Rank ``rank``'s ``data``, ``output`` and ``scratch`` buffers for ``schedule`` (see the module docstring)."""
 
     def __init__(self, schedule: Schedule, rank: int):
-        self.elems_per_chunk = schedule.chunk_bytes // 4
-        self.arrays = {
-            "data": np.zeros(schedule.chunks * self.elems_per_chunk, dtype=np.float32),
-            "scratch": np.zeros(max(schedule.scratch_chunks, 1) * self.elems_per_chunk, dtype=np.float32),
-        }
-        self.inputs = input_values(rank, len(self.arrays["data"]))
-        self.expected = expected_sum(schedule.p, len(self.arrays["data"]))
+        self.dtype = np.float32 if schedule.dtype == "float32" else np.uint8
+        self.elems_per_chunk = schedule.chunk_bytes // DTYPE_BYTES[schedule.dtype]
+        e = self.elems_per_chunk
+        self.arrays = {buf: np.zeros(max(schedule.buffer_chunks(buf), 1) * e, dtype=self.dtype)
+                       for buf in BUFFER_NAMES}
+        self.inputs = np.zeros_like(self.arrays["data"])
+        #: per buffer: the expected result and where it is checked (a mask), for the buffers that hold results
+        self.expected: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        if schedule.dtype == "float32":
+            self._fill(schedule, rank)
         self._lock = threading.Lock()
+
+    def _fill(self, schedule: Schedule, rank: int) -> None:
+        """Inputs and expected results of every segment, chunk by chunk (vectorised per chunk's elements)."""
+        e, p = self.elems_per_chunk, schedule.p
+        offsets = np.arange(e, dtype=np.int64)
+        for shape in schedule.shapes:
+            for c in range(shape.chunks):
+                piece = shape.input_piece(rank, c)
+                if piece.owner != NOBODY:
+                    lo = (shape.data_offset + c) * e
+                    self.inputs[lo:lo + e] = input_values_at(piece.owner, piece.label * e + offsets)
+            for c in range(shape.result_chunks):
+                want = shape.result_piece(rank, c)
+                if want is None:
+                    continue
+                buf, index = shape.result_location(c)
+                values, mask = self.expected.setdefault(buf, (np.zeros_like(self.arrays[buf]),
+                                                              np.zeros(self.arrays[buf].size, dtype=bool)))
+                elements = want.label * e + offsets
+                lo = index * e
+                values[lo:lo + e] = (expected_sum_at(p, elements) if want.owner == ALL
+                                     else input_values_at(want.owner, elements))
+                mask[lo:lo + e] = True
 
     def view(self, buffer: str, chunk: int, nchunks: int) -> np.ndarray:
         """Chunks ``chunk .. chunk + nchunks - 1`` of ``buffer`` (a view: writing it writes the buffer)."""
@@ -62,12 +104,15 @@ class RankBuffers:
         return self.view(op.buffer, op.chunk, op.nchunks)
 
     def reset(self) -> None:
-        """``data`` back to this rank's input, ``scratch`` to zeros (before every repetition)."""
+        """``data`` back to this rank's input, ``output`` and ``scratch`` to zeros (before every repetition)."""
         np.copyto(self.arrays["data"], self.inputs)
+        self.arrays["output"][:] = 0
         self.arrays["scratch"][:] = 0
 
     def run_local(self, op: Op) -> None:
         """A ``reduce`` (add the source range into the target) or a ``copy`` (overwrite it)."""
+        if op.kind == COMPUTE:
+            return
         target = self.target(op)
         source = self.view(op.src or "data", op.src_chunk or 0, op.nchunks)
         with self._lock:
@@ -82,14 +127,16 @@ class RankBuffers:
             np.add(target, values, out=target)
 
     def wrong(self) -> str | None:
-        """None if ``data`` holds the allreduce's result, else how many elements are wrong and the first one."""
-        data = self.arrays["data"]
-        if np.array_equal(data, self.expected):
-            return None
-        bad = np.flatnonzero(data != self.expected)
-        first = int(bad[0])
-        return (f"{len(bad)} of {len(self.expected)} elements wrong; element {first} "
-                f"(chunk {first // self.elems_per_chunk}) is {data[first]:g}, expected {self.expected[first]:g}")
+        """None if every checked element holds the collective's result, else how many are wrong and the first one."""
+        for buf, (expected, mask) in self.expected.items():
+            got = self.arrays[buf]
+            bad = np.flatnonzero((got != expected) & mask)
+            if bad.size:
+                first = int(bad[0])
+                where = "" if buf == "data" else f" of {buf}"
+                return (f"{bad.size} of {int(mask.sum())} elements wrong; element {first}{where} "
+                        f"(chunk {first // self.elems_per_chunk}) is {got[first]:g}, expected {expected[first]:g}")
+        return None
 
 
 class Staging:

@@ -75,7 +75,7 @@ def controller_command(settings: Settings, state_file: str, python: str = sys.ex
     cmd = [python, "-m", "emulator", "controller", "--topology", settings.topology,
            "--routing", settings.routing, "--listen", f"{settings.listen[0]}:{settings.listen[1]}",
            "--ecmp-seed", str(settings.seed), "--stats-interval", repr(float(settings.stats_interval)),
-           "--state-file", state_file]
+           "--state-file", state_file, "--lanes", str(settings.lanes)]
     if settings.stats_file:
         cmd += ["--stats-file", settings.stats_file]
     return cmd
@@ -103,15 +103,16 @@ class ControllerProcess:
     @classmethod
     def for_network(cls, topology_path: str, routing: str, seed: int = 0, *, stats_file: str | None = None,
                     stats_interval_s: float = DEFAULT_STATS_INTERVAL, log_file: str | None = None,
-                    host: str = "127.0.0.1") -> ControllerProcess:
+                    host: str = "127.0.0.1", lanes: int = 1) -> ControllerProcess:
         """A controller of the topology file (or spec) ``topology_path`` that listens on a free port of ``host``.
 
-        ``routing`` and ``seed`` pick the policy; ``stats_file`` (JSON lines)
+        ``routing`` and ``seed`` pick the policy, ``lanes`` how many agent
+        connections per host pair it routes exactly; ``stats_file`` (JSON lines)
         receives the port counters every ``stats_interval_s`` seconds. Checks
         the settings (:class:`UserError`) but starts nothing.
         """
         settings = Settings(topology=topology_path, routing=routing, seed=seed, stats_file=stats_file,
-                            stats_interval=stats_interval_s, listen=(host, free_port(host)))
+                            stats_interval=stats_interval_s, listen=(host, free_port(host)), lanes=lanes)
         return cls(settings, log_file=log_file)
 
     def __enter__(self) -> ControllerProcess:

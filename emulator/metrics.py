@@ -4,8 +4,9 @@ Pure functions, unit-tested without root; :class:`emulator.replay.ReplaySession`
 feeds them what the agents report (:class:`emulator.fleet.RankReport`):
 
 * :func:`repetition_metrics` -- the repetition's time, algbw/busbw
-  (nccl-tests definitions, Mbit/s) and per-step times, against the
-  prediction, as a :class:`emulator.results.Repetition`;
+  (nccl-tests definitions for the schedule's collective,
+  :func:`emulator.schedule.collectives.bus_factor`, Mbit/s) and per-step
+  times, against the prediction, as a :class:`emulator.results.Repetition`;
 * :func:`timeline_records` -- one ``timeline.jsonl`` record per transfer;
 * :func:`send_paths` and :func:`send_lateness` -- the latency terms of every
   sender's path (what the agents' latency plan holds) and how late each send
@@ -26,9 +27,10 @@ from typing import Any
 
 from emulator import topology
 from emulator.latency import LatencyModel, PathLatency
-from emulator.results import Repetition, StepTime
+from emulator.results import Iteration, Repetition, StepTime
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
+from emulator.schedule.collectives import ROOTED, bus_factor
 from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.tc import SHAPER_BURST_BYTES
 
@@ -60,25 +62,32 @@ def repetition_metrics(schedule: Schedule, op_times: OpTimes, predicted: scheck.
     """Time, algbw/busbw and per-step times of repetition ``rep``; with ``predicted`` (``schedule check``'s
     report) the measured/predicted ratios of the whole and of every step.
 
+    A schedule with compute (a training iteration) also gets its
+    :class:`~emulator.results.Iteration`: the repetition's time against the
+    prediction's compute-only time (its compute ops' recorded seconds,
+    dilated, along the longest chain: what the iteration would take with
+    communication free).
+
     Correctness, fidelity and faults are the caller's to fill in.
     """
     starts = [t[0] for per_rank in op_times.values() for t in per_rank.values()]
     ends = [t[1] for per_rank in op_times.values() for t in per_rank.values()]
     t0, t1 = min(starts), max(ends)
     elapsed = t1 - t0
-    p = schedule.p
-    algbw = schedule.size / elapsed * 8 / 1e6 if elapsed > 0 else 0.0
+    algbw = schedule.collective_bytes / elapsed * 8 / 1e6 if elapsed > 0 else 0.0
     per_step = predicted.step_times() if predicted is not None else {}
     steps = []
     for k, (start, end) in sorted(_step_spans(schedule, op_times).items()):
         pred = per_step.get(k)
         steps.append(StepTime(step=k, start_s=start - t0, time_s=end - start, predicted_s=pred,
                               measured_over_predicted=(end - start) / pred if pred else None))
-    out = Repetition(rep=rep, time_s=elapsed, algbw_mbps=algbw, busbw_mbps=algbw * 2 * (p - 1) / p, steps=steps,
-                     start_monotonic=t0)
+    out = Repetition(rep=rep, time_s=elapsed, algbw_mbps=algbw,
+                     busbw_mbps=algbw * bus_factor(schedule.collective, schedule.p), steps=steps, start_monotonic=t0)
     if predicted is not None:
         out.predicted_time_s = predicted.predicted_time_s
         out.measured_over_predicted = elapsed / predicted.predicted_time_s if predicted.predicted_time_s else None
+        if predicted.compute_only_s is not None:
+            out.iteration = Iteration(iteration_s=elapsed, compute_only_s=predicted.compute_only_s)
     return out
 
 
@@ -136,14 +145,16 @@ def send_lateness(schedule: Schedule, sends: SendTimes,
 def nccl_table(schedule: Schedule, reps: Sequence[Repetition]) -> str:
     """The nccl-tests layout: one row per measured repetition (in-place, Mbit/s of the emulated fabric)."""
     lines = [
-        f"# {schedule.algorithm} allreduce, {schedule.p} ranks, emulated bandwidths in Mbit/s",
+        f"# {schedule.algorithm} {schedule.collective}, {schedule.p} ranks, emulated bandwidths in Mbit/s",
         "#",
         f"# {'size':>12} {'count':>12} {'type':>6} {'redop':>6} {'root':>5} {'time':>10} {'algbw':>8} "
         f"{'busbw':>8} {'#wrong':>6}",
         f"# {'(B)':>12} {'(elements)':>12} {'':>6} {'':>6} {'':>5} {'(us)':>10} {'(Mb/s)':>8} {'(Mb/s)':>8} {'':>6}",
     ]
     for rep in reps:
-        lines.append(f"  {schedule.size:>12} {schedule.size // 4:>12} {'float':>6} {'sum':>6} {-1:>5} "
+        size = schedule.collective_bytes
+        root = schedule.root if schedule.collective in ROOTED else -1
+        lines.append(f"  {size:>12} {size // 4:>12} {'float':>6} {'sum':>6} {root:>5} "
                      f"{rep.time_s * 1e6:>10.0f} {rep.algbw_mbps:>8.2f} {rep.busbw_mbps:>8.2f} "
                      f"{0 if rep.correct else 1:>6}")
     if reps:

@@ -1,10 +1,12 @@
 """The data connections between host agents: set-up, framing, and delivery tracking.
 
-One TCP connection per ordered pair of ranks, opened by the sender
-(:func:`open_channels`). What crosses it, in order:
+One TCP connection per ordered pair of ranks and lane (a schedule's lanes
+stand for an MSCCL channel or a Chakra tag, each its own connection, as NCCL
+opens one per channel), opened by the sender (:func:`open_channels`). What
+crosses it, in order:
 
-1. sender -> receiver, once: :data:`HELLO` (the sender's rank), so the
-   receiver knows whose connection it accepted;
+1. sender -> receiver, once: :data:`HELLO` (the sender's rank and the lane),
+   so the receiver knows whose connection it accepted;
 2. receiver -> sender, per posted receive: :data:`CLEAR_TO_SEND`
    (repetition, step, and when the receive was posted, on the shared
    ``CLOCK_MONOTONIC``, as a virtual time: see :mod:`emulator.schedule.dispatch`);
@@ -37,13 +39,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from emulator.schedule.format import Op
 from emulator.waiting import wait_until
 
 HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
-HELLO = struct.Struct("!I")  # sender rank, first thing on a data connection
+HELLO = struct.Struct("!II")  # sender rank and lane, first thing on a data connection
 #: receiver -> sender, "this receive is posted": repetition, step, and when it was posted (CLOCK_MONOTONIC,
 #: virtual: the time its dependencies were done, see emulator.schedule.dispatch)
 CLEAR_TO_SEND = struct.Struct("!IId")
@@ -55,6 +57,16 @@ DELIVERY_TAIL_POLL_S = 0.001
 CONNECT_RETRY_S = 0.05
 
 T = TypeVar("T")
+
+
+class ConnKey(NamedTuple):
+    """Which connection: the peer rank at its other end, and the lane."""
+
+    peer: int
+    lane: int = 0
+
+    def describe(self) -> str:
+        return f"rank {self.peer}" + (f" lane {self.lane}" if self.lane else "")
 
 
 class PeerError(Exception):
@@ -188,15 +200,16 @@ class SendChannel:
     polling delivery and reports each acknowledged watched send through it.
     """
 
-    def __init__(self, sock: socket.socket, peer: int, link_bps: float):
+    def __init__(self, sock: socket.socket, key: ConnKey, link_bps: float):
         self.sock = sock
-        self.peer = peer
+        self.key = key
+        self.peer = key.peer
         self.delivery = DeliveryTracker(sock, link_bps)
         self._clear = bytearray(CLEAR_TO_SEND.size)
 
     def hello(self, rank: int) -> None:
-        """Introduce ourselves (``rank``): the first thing on a new connection."""
-        self.sock.sendall(HELLO.pack(rank))
+        """Introduce ourselves (``rank``, and the lane): the first thing on a new connection."""
+        self.sock.sendall(HELLO.pack(rank, self.key.lane))
         self.delivery.wrote(HELLO.size)
 
     def next(self, items: queue.Queue[T | None], on_delivered: Callable[[Delivered], None]) -> T | None:
@@ -241,9 +254,10 @@ class SendChannel:
 class RecvChannel:
     """Our end of the connection from a rank we receive from: clears to send out, messages in."""
 
-    def __init__(self, sock: socket.socket, peer: int):
+    def __init__(self, sock: socket.socket, key: ConnKey):
         self.sock = sock
-        self.peer = peer
+        self.key = key
+        self.peer = key.peer
         self._header = bytearray(HEADER.size)
 
     def post(self, rep: int, step: int, at: float) -> None:
@@ -274,9 +288,9 @@ def _close(sock: socket.socket) -> None:
 # ------------------------------------------------------------------ set-up
 @dataclass(frozen=True)
 class Route:
-    """How to reach a rank we send to: its address, and the ports of the connection's 5-tuple."""
+    """How to reach a rank we send to on one lane: its address, and the ports of the connection's 5-tuple."""
 
-    peer: int
+    key: ConnKey
     ip: str
     sport: int
     dport: int
@@ -290,7 +304,7 @@ class ConnectionPlan:
     rank: int
     ip: str
     port: int
-    receive_from: tuple[int, ...]
+    receive_from: tuple[ConnKey, ...]
     send_to: tuple[Route, ...]
     rcvbuf: int
     link_bps: float
@@ -298,10 +312,10 @@ class ConnectionPlan:
 
 @dataclass
 class Channels:
-    """A rank's open data connections, by peer rank."""
+    """A rank's open data connections, by peer rank and lane."""
 
-    send: dict[int, SendChannel]
-    receive: dict[int, RecvChannel]
+    send: dict[ConnKey, SendChannel]
+    receive: dict[ConnKey, RecvChannel]
 
     def close(self) -> None:
         for out in self.send.values():
@@ -326,17 +340,17 @@ def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
         listener.bind((plan.ip, plan.port))
         listener.listen(max(len(plan.receive_from), 1))
         listener.settimeout(timeout_s)
-        accepted: dict[int, socket.socket] = {}
+        accepted: dict[ConnKey, socket.socket] = {}
         accept_error: list[BaseException] = []
         acceptor = threading.Thread(target=_accept_all, args=(listener, plan.receive_from, accepted, accept_error),
                                     daemon=True)
         acceptor.start()
         deadline = time.monotonic() + timeout_s
-        send: dict[int, SendChannel] = {}
+        send: dict[ConnKey, SendChannel] = {}
         for route in plan.send_to:
-            channel = SendChannel(connect(plan.ip, route, deadline), route.peer, plan.link_bps)
+            channel = SendChannel(connect(plan.ip, route, deadline), route.key, plan.link_bps)
             channel.hello(plan.rank)
-            send[route.peer] = channel
+            send[route.key] = channel
         acceptor.join(max(deadline - time.monotonic(), 0.1))
     finally:
         listener.close()
@@ -344,13 +358,13 @@ def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
         raise PeerError(f"accepting connections: {accept_error[0]}")
     missing = sorted(set(plan.receive_from) - set(accepted))
     if missing:
-        raise PeerError(f"ranks {missing} never connected")
-    return Channels(send, {peer: RecvChannel(sock, peer) for peer, sock in accepted.items()})
+        raise PeerError(f"{', '.join(key.describe() for key in missing)} never connected")
+    return Channels(send, {key: RecvChannel(sock, key) for key, sock in accepted.items()})
 
 
-def _accept_all(listener: socket.socket, expected: Iterable[int], accepted: dict[int, socket.socket],
+def _accept_all(listener: socket.socket, expected: Iterable[ConnKey], accepted: dict[ConnKey, socket.socket],
                 errors: list[BaseException]) -> None:
-    """Accept one connection from every rank of ``expected`` into ``accepted`` (the first failure: ``errors``)."""
+    """Accept one connection per key of ``expected`` into ``accepted`` (the first failure: ``errors``)."""
     wanted = set(expected)
     try:
         while len(accepted) < len(wanted):
@@ -358,11 +372,11 @@ def _accept_all(listener: socket.socket, expected: Iterable[int], accepted: dict
             conn.settimeout(None)
             buf = bytearray(HELLO.size)
             recv_exact(conn, memoryview(buf))
-            (peer,) = HELLO.unpack(buf)
-            if peer not in wanted or peer in accepted:
-                raise PeerError(f"unexpected connection from rank {peer}")
+            key = ConnKey(*HELLO.unpack(buf))
+            if key not in wanted or key in accepted:
+                raise PeerError(f"unexpected connection from {key.describe()}")
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            accepted[peer] = conn
+            accepted[key] = conn
     except BaseException as exc:  # reported by open_channels
         errors.append(exc)
 

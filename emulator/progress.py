@@ -84,14 +84,19 @@ class Eta:
 
 
 def cell_line(res: CellResults) -> str:
-    """The tail of a finished cell's progress line: median busbw against the model's, and its fidelity flags."""
+    """The tail of a finished cell's progress line: median busbw (a training iteration: its time and scaling
+    efficiency) against the model's, and its fidelity flags."""
     summary = res.summary()
     pred = res.prediction.get("busbw_mbps") or 0.0
     flags = [f for f in res.flags() if f not in QUIET_FLAGS]
     busbw = summary.busbw_mbps if summary is not None else 0.0
     ratio = (summary.measured_over_predicted if summary is not None else None) or 0.0
-    return (f"busbw {busbw:.2f} Mbit/s (model {pred:.2f}), measured/predicted {ratio:.2f}"
-            + (f" [fidelity: {', '.join(flags)}]" if flags else ""))
+    tail = f", measured/predicted {ratio:.2f}" + (f" [fidelity: {', '.join(flags)}]" if flags else "")
+    if summary is not None and summary.scaling_efficiency is not None:
+        model = res.prediction.get("scaling_efficiency") or 0.0
+        return f"iteration {summary.iteration_s:.1f} s, scaling efficiency {summary.scaling_efficiency:.2f} " \
+               f"(model {model:.2f})" + tail
+    return f"busbw {busbw:.2f} Mbit/s (model {pred:.2f})" + tail
 
 
 class Progress:

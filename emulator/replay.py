@@ -1,8 +1,8 @@
 """``emu replay``: run a schedule over real TCP on an emulated network and measure it.
 
 :func:`replay` checks everything first (schedule, topology, routing, the
-fabric profile; the schedule must be a proven allreduce), then brings up the
-controller and the network (:class:`ReplaySession`), starts one
+fabric profile; the schedule must be proven to compute its collective), then
+brings up the controller and the network (:class:`ReplaySession`), starts one
 :mod:`emulator.agent` per rank inside its host (:class:`emulator.fleet.Fleet`),
 and runs ``warmup + repeat`` repetitions behind a barrier, firing the faults
 of the plan in theirs (:mod:`emulator.fault_actions`). After every
@@ -179,11 +179,13 @@ class ReplaySession:
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
                  latency: LatencyModel | None = None, mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5,
-                 work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None):
+                 work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None,
+                 lanes: int = 1):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
         self.seed = seed
+        self.lanes = lanes
         self.datapath = datapath
         self.latency = latency or LatencyModel()
         self.mtu = self.latency.profile.emulated_mtu if self.latency.profile is not None else mtu
@@ -196,6 +198,11 @@ class ReplaySession:
         self.launcher: AgentLauncher | None = None
         self.topo_path = ""
         self.stats_file = ""
+
+    @property
+    def compute_dilation(self) -> float:
+        """What a compute operation's seconds are multiplied by: the fabric profile's dilation (1 without one)."""
+        return self.latency.profile.dilation if self.latency.profile is not None else 1.0
 
     @property
     def bringup_s(self) -> float | None:
@@ -218,7 +225,8 @@ class ReplaySession:
         try:
             self.ctl = ControllerProcess.for_network(self.topo_path, self.policy, self.seed, stats_file=self.stats_file,
                                                      stats_interval_s=self.stats_interval_s,
-                                                     log_file=os.path.join(self.work_dir, "controller.log"))
+                                                     log_file=os.path.join(self.work_dir, "controller.log"),
+                                                     lanes=self.lanes)
             self.ctl.start()
             self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
                                       label="replay", mtu=self.mtu,
@@ -298,6 +306,10 @@ class ReplaySession:
               report: scheck.CheckReport | None, fault_plan: Sequence[Fault]) -> RunPlan:
         """What a run needs before anything is written: the prediction, the routed transfers, the agents' files."""
         out = os.path.abspath(out)
+        if self.policy == "ecmp" and lanes_of(schedule) > self.lanes:
+            raise UserError(f"replay: schedule {schedule.algorithm!r} uses {lanes_of(schedule)} lanes, but this "
+                            f"network's ecmp routes {self.lanes} per host pair exactly: start the session with "
+                            f"lanes={lanes_of(schedule)}")
         if report is None:
             report = scheck.predict(schedule, self.topo, self.policy, seed=self.seed, latency=self.latency,
                                     mtu=self.mtu)
@@ -315,11 +327,12 @@ class ReplaySession:
         os.makedirs(plan.files.logs, exist_ok=True)
         sformat.save(schedule, plan.files.schedule)
         write_json_atomic(plan.path("topology.json"), topo.to_json())
-        write_json_atomic(plan.files.latency, latency_plan(plan.paths))
+        write_json_atomic(plan.files.latency, latency_plan(plan.paths, self.compute_dilation))
         for name in ("timeline.jsonl", "links.jsonl"):
             open(plan.path(name), "w").close()
         results = CellResults(
-            config={**(config or {}), "algorithm": schedule.algorithm, "ranks": schedule.p, "size": schedule.size,
+            config={**(config or {}), "algorithm": schedule.algorithm, "collective": schedule.collective,
+                    "ranks": schedule.p, "size": schedule.size,
                     "topology": topo.spec, "routing": self.policy, "seed": self.seed, "repeat": plan.repeat,
                     "warmup": plan.warmup, "mtu": self.mtu},
             fabric=self.latency.profile.to_json() if self.latency.profile is not None else None,
@@ -365,7 +378,10 @@ class ReplaySession:
         measured = self._record(plan, results, rep, done, before, after)
         (results.warmup if rep < plan.warmup else results.repetitions).append(measured)
         results.save(plan.results_path)
-        self.echo(f"  {plan.label(rep)}: {measured.time_s:.3f} s, busbw {measured.busbw_mbps:.2f} Mbit/s, "
+        it = measured.iteration
+        what = (f"iteration, scaling efficiency {it.scaling_efficiency:.2f}" if it is not None
+                else f"busbw {measured.busbw_mbps:.2f} Mbit/s")
+        self.echo(f"  {plan.label(rep)}: {measured.time_s:.3f} s, {what}, "
                   f"measured/predicted {measured.measured_over_predicted or 0:.2f}, "
                   f"{'correct' if measured.correct else 'WRONG'}{fidelity.flag_text(measured.fidelity)}")
         wrong = sorted(r for r, d in done.items() if not d.correct)
@@ -410,6 +426,11 @@ class ReplaySession:
             append_jsonl(dest, {"source": "controller", **rec})
 
 
+def lanes_of(schedule: Schedule) -> int:
+    """How many lanes (connections per ordered pair of ranks) ``schedule`` uses."""
+    return 1 + max((op.lane for r in schedule.ranks for op in r.ops if op.is_comm), default=0)
+
+
 def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> CellResults:
     """``emu replay``: check, bring up, run one schedule, tear down. Returns the results.
 
@@ -420,7 +441,7 @@ def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> CellR
     os.makedirs(cfg.out, exist_ok=True)
     with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
                        stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
-                       echo=echo) as session:
+                       echo=echo, lanes=lanes_of(prep.schedule)) as session:
         plan = faults.parse_faults(cfg.faults, prep.topo, prep.schedule.p, prep.schedule.steps, cfg.repeat)
         return session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
                            pcap=cfg.pcap, config=asdict(cfg), report=prep.report, fault_plan=plan)

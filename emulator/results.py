@@ -8,8 +8,8 @@ resume logic, the probe and ``emu bench`` read it back with :func:`load`.
 The layout (schema :data:`SCHEMA_VERSION`):
 
 * ``schema`` -- this version; a document without it is schema 1, which has
-  the same layout and is read as such (results of earlier runs resume and
-  report as before);
+  the same layout and is read as such, as is schema 2 (results of earlier
+  runs resume and report as before);
 * ``config`` -- the input echoed back (the replay's or the cell's settings,
   the schedule's algorithm, ranks and size, topology, routing, seed,
   repetitions, MTU), free-form because each entry point echoes its own;
@@ -24,6 +24,10 @@ The layout (schema :data:`SCHEMA_VERSION`):
 * ``busbw_mbps_median``, ``time_s_median``,
   ``measured_over_predicted_median``, ``trusted`` -- over the measured
   repetitions, present once there is one (:meth:`CellResults.summary`);
+  for a schedule with compute (a training iteration, a trace: schema 3)
+  also ``iteration_s_median``, ``compute_only_s`` and
+  ``scaling_efficiency_median`` (compute-only time / iteration time, both
+  emulated seconds; every repetition carries its own);
 * ``status`` (``running``, ``ok``, ``failed``, ``interrupted``), ``outcome``
   (the status, or ``degraded`` when a fault fired), ``error``;
 * ``faults`` -- one record per fault of the plan (:mod:`emulator.faults`);
@@ -42,7 +46,7 @@ from typing import Any
 
 from emulator.files import read_json_object, write_json_atomic
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 #: Fault records are the documents of :mod:`emulator.faults` (action, target, when it fired, what it hit).
 FaultRecord = dict[str, Any]
@@ -107,6 +111,29 @@ class StepTime:
                    predicted_s=data.get("predicted_s"), measured_over_predicted=data.get("measured_over_predicted"))
 
 
+@dataclass(frozen=True)
+class Iteration:
+    """A repetition of a schedule with compute: its time, the time its compute alone takes, and their ratio."""
+
+    iteration_s: float
+    compute_only_s: float
+
+    @property
+    def scaling_efficiency(self) -> float:
+        """Compute-only time over iteration time: 1 when communication hides entirely behind compute."""
+        return self.compute_only_s / self.iteration_s if self.iteration_s > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iteration_s": self.iteration_s, "compute_only_s": self.compute_only_s,
+                "scaling_efficiency": self.scaling_efficiency}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Iteration | None:
+        if data.get("iteration_s") is None:
+            return None
+        return cls(float(data["iteration_s"]), float(data.get("compute_only_s") or 0.0))
+
+
 @dataclass
 class Repetition:
     """One repetition: time, algbw/busbw (nccl-tests definitions, Mbit/s), steps, correctness, fidelity."""
@@ -122,6 +149,7 @@ class Repetition:
     measured_over_predicted: float | None = None
     fidelity: Fidelity | None = None
     faults: list[FaultRecord] = field(default_factory=list)
+    iteration: Iteration | None = None
 
     @property
     def trusted(self) -> bool:
@@ -136,6 +164,8 @@ class Repetition:
             out.update(predicted_time_s=self.predicted_time_s, measured_over_predicted=self.measured_over_predicted)
         if self.fidelity is not None:
             out["fidelity"] = self.fidelity.to_json()
+        if self.iteration is not None:
+            out.update(self.iteration.to_json())
         return out
 
     @classmethod
@@ -148,7 +178,7 @@ class Repetition:
                    predicted_time_s=data.get("predicted_time_s"),
                    measured_over_predicted=data.get("measured_over_predicted"),
                    fidelity=Fidelity.from_json(fid) if isinstance(fid, Mapping) else None,
-                   faults=list(data.get("faults") or []))
+                   faults=list(data.get("faults") or []), iteration=Iteration.from_json(data))
 
 
 @dataclass(frozen=True)
@@ -182,10 +212,14 @@ class Summary:
     time_s: float
     measured_over_predicted: float | None
     trusted: bool
+    iteration_s: float | None = None
+    compute_only_s: float | None = None
+    scaling_efficiency: float | None = None
 
 
 #: The keys of the document that :class:`CellResults` owns; the rest go to ``extra`` and back.
-_SUMMARY_KEYS = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted")
+_SUMMARY_KEYS = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted",
+                 "iteration_s_median", "compute_only_s", "scaling_efficiency_median")
 
 
 @dataclass
@@ -230,9 +264,14 @@ class CellResults:
             return None
         time_s = statistics.median(r.time_s for r in self.repetitions)
         predicted = self.predicted_time_s
+        iterations = [r.iteration for r in self.repetitions if r.iteration is not None]
         return Summary(busbw_mbps=statistics.median(r.busbw_mbps for r in self.repetitions), time_s=time_s,
                        measured_over_predicted=time_s / predicted if predicted else None,
-                       trusted=all(r.trusted for r in self.repetitions))
+                       trusted=all(r.trusted for r in self.repetitions),
+                       iteration_s=statistics.median(i.iteration_s for i in iterations) if iterations else None,
+                       compute_only_s=iterations[0].compute_only_s if iterations else None,
+                       scaling_efficiency=(statistics.median(i.scaling_efficiency for i in iterations)
+                                           if iterations else None))
 
     @property
     def trusted(self) -> bool | None:
@@ -262,6 +301,9 @@ class CellResults:
         if summary is not None:
             out.update(busbw_mbps_median=summary.busbw_mbps, time_s_median=summary.time_s,
                        measured_over_predicted_median=summary.measured_over_predicted, trusted=summary.trusted)
+            if summary.iteration_s is not None:
+                out.update(iteration_s_median=summary.iteration_s, compute_only_s=summary.compute_only_s,
+                           scaling_efficiency_median=summary.scaling_efficiency)
         if self.probe is not None:
             out["probe"] = self.probe.to_json()
         return out

@@ -41,6 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--listen", default=f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}", metavar="HOST:PORT",
                      help="OpenFlow address to listen on (default: %(default)s)")
     ctl.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="ECMP hash seed (default: 0)")
+    ctl.add_argument("--lanes", type=int_at_least(1), default=1, metavar="N",
+                     help="agent connections per host pair that ecmp routes by their 5-tuple (default: 1)")
     ctl.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL, metavar="SECONDS",
                      help="port statistics polling interval (default: %(default)s)")
     ctl.add_argument("--stats-file", metavar="FILE",
@@ -61,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     settings = Settings(topology=args.topology, routing=args.routing, seed=args.ecmp_seed,
                         stats_file=args.stats_file, stats_interval=args.stats_interval,
-                        state_file=args.state_file, listen=parse_listen(args.listen))
+                        state_file=args.state_file, listen=parse_listen(args.listen), lanes=args.lanes)
     settings.check()
     for name, path in (("stats-file", args.stats_file), ("state-file", args.state_file)):
         if path is not None:

@@ -28,7 +28,7 @@ def test_expected_sum_matches_a_direct_sum():
     assert not np.array_equal(input_values(0, 100), input_values(1, 100))
 
 
-def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None):
+def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None, compute_dilation=1.0):
     """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}.
 
     ``start_at``: one monotonic time for all ranks, or a dict rank -> time;
@@ -36,7 +36,8 @@ def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None):
     """
     ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
     plan = {peer: latency for peer in range(schedule.p)} if latency is not None else None
-    agents = [Agent(schedule, topo, r, ip_of=ip_of, latency=plan) for r in range(schedule.p)]
+    agents = [Agent(schedule, topo, r, ip_of=ip_of, latency=plan, compute_dilation=compute_dilation)
+              for r in range(schedule.p)]
     errors: list[BaseException] = []
     results: dict[int, list] = {r: [] for r in range(schedule.p)}
     barrier = threading.Barrier(schedule.p)
@@ -194,7 +195,7 @@ def test_nccl_table_layout():
 
 
 def test_the_wire_structs_are_fixed():
-    assert (peer.HELLO.size, peer.CLEAR_TO_SEND.size, peer.HEADER.size) == (4, 16, 16)
+    assert (peer.HELLO.size, peer.CLEAR_TO_SEND.size, peer.HEADER.size) == (8, 16, 16)
 
 
 def test_concurrent_reductions_into_one_chunk_take_turns(monkeypatch):
@@ -280,11 +281,11 @@ def test_the_delivery_poll_is_quick_near_the_tail_and_slow_far_from_it(tcp_pair)
 
 def test_a_send_channel_and_a_recv_channel_speak_the_rendezvous_protocol(tcp_pair):
     client, server = tcp_pair
-    out, into = peer.SendChannel(client, 1, link_bps=10e6), peer.RecvChannel(server, 0)
+    out, into = peer.SendChannel(client, peer.ConnKey(1, 2), link_bps=10e6), peer.RecvChannel(server, peer.ConnKey(0, 2))
     out.hello(0)
     hello = bytearray(peer.HELLO.size)
     peer.recv_exact(server, memoryview(hello))
-    assert peer.HELLO.unpack(hello) == (0,) and out.delivery.written == peer.HELLO.size
+    assert peer.HELLO.unpack(hello) == (0, 2) and out.delivery.written == peer.HELLO.size
     into.post(3, 7, 12.5)
     assert out.clear_to_send(lambda d: None) == peer.ClearToSend(rep=3, step=7, posted_at=12.5)
     payload = np.arange(4, dtype=np.float32)
@@ -325,7 +326,29 @@ def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
     with tempfile.NamedTemporaryFile("w", suffix=".json") as fh:
         json.dump(plan, fh)
         fh.flush()
-        assert agent_mod.load_latency_plan(fh.name, 1) == {2: paths[(1, 2)]}
+        assert agent_mod.load_latency_plan(fh.name, 1) == agent_mod.TimingPlan({2: paths[(1, 2)]}, 1.0)
     sends = {0: {op.id: [0.0, 0.0, 0.0, 0.004] for op in schedule.ranks[0].ops if op.kind == "send"}}
     late, target = metrics.send_lateness(schedule, sends, paths)
     assert late == [0.004] * 6 and target == [paths[(0, 1)].message_target_s] * 6  # a ring's 2(p-1) sends
+
+
+def test_lanes_are_connections_of_their_own_and_compute_is_dilated_work():
+    """Two messages between one pair on two lanes, received in the opposite order of their sends, and a compute
+    op: lane 1's message does not wait behind lane 0's (which waits for the receiver's compute)."""
+    from emulator.schedule.compose import Composer
+
+    topo = topology.build("star:hosts=2")
+    comp = Composer(["h1", "h2"], 4096)
+    work = comp.compute(1, 0.05)
+    comp.message(0, 1, 2, lane=0, after_dst=[work])  # its receive is posted only after rank 1's compute
+    comp.message(0, 1, 2, lane=1)
+    schedule = comp.build("two-lanes")
+    assert {op.lane for op in schedule.ranks[0].ops} == {0, 1}
+    results, errors = run_agents(schedule, topo, base=70, compute_dilation=4.0)
+    assert not errors, errors
+    times = {r: {i: (s, e) for i, s, e in reps[0]["ops"]} for r, reps in results.items()}
+    compute_start, compute_end = times[1][0]
+    assert compute_end - compute_start == pytest.approx(0.2, abs=1e-6)  # 0.05 s x dilation 4, virtual times
+    lane0_recv, lane1_recv = times[1][1], times[1][2]
+    assert lane1_recv[1] < compute_end <= lane0_recv[1]
+    assert all(reps[0]["correct"] for reps in results.values())
