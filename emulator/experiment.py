@@ -41,9 +41,10 @@ from emulator import fabric, faults, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.fabric import FabricProfile
 from emulator.latency import LatencyModel
-from emulator.schedule import generators
+from emulator.schedule import generators, training
 from emulator.schedule.check import CheckReport, predict
 from emulator.schedule.format import PARSE_ERRORS, Schedule, describe_parse_error, format_size, parse_size
+from emulator.topology import Topology
 
 DEFAULT_LINK_MBPS = 10.0
 DEFAULT_REPEAT = 2
@@ -56,7 +57,8 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
              "reference", "series")
 SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
-RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps")
+RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps",
+            "collective", "model", "batch", "scale")
 REFERENCE_KEYS = ("algorithm", "routing")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 
@@ -73,6 +75,24 @@ class Run:
     sizes: tuple[int, ...] | None = None
     faults: tuple[str, ...] = ()  # canonical fault specs (emulator.faults), for every cell of the run
     fabric: fabric.FabricProfile | None = None  # the run's own fabric (dilation), else the series'
+    collective: str = "allreduce"
+    workload: Workload | None = None  # a training iteration instead of one collective per size
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A run's training iteration (:mod:`emulator.schedule.training`): the model, per-accelerator batch, scale."""
+
+    model: str
+    batch: int | None = None  # None: the model's default
+    scale: float = 1.0
+
+    @property
+    def slug(self) -> str:
+        """How cell ids name it, where a size would go: ``resnet50``, ``resnet50-b32-s16``."""
+        batch = f"-b{self.batch}" if self.batch is not None else ""
+        scale = f"-s{self.scale:g}" if self.scale != 1 else ""
+        return f"{self.model}{batch}{scale}"
 
 
 @dataclass(frozen=True)
@@ -141,6 +161,8 @@ class Cell:
     timeout_s: float | None
     faults: tuple[str, ...] = ()
     fabric: str = ""  # the fabric profile's canonical spec
+    collective: str = "allreduce"
+    workload: Workload | None = None
 
     @property
     def group(self) -> tuple[str, str, int, str]:
@@ -149,6 +171,15 @@ class Cell:
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "faults": list(self.faults)}  # as it reads back from results.json
+
+    def schedule(self, topo: Topology) -> Schedule:
+        """The cell's schedule: its collective at its size, or its workload's training iteration."""
+        if self.workload is not None:
+            w = self.workload
+            return training.gen(w.model, self.algorithm, topo, batch=w.batch, scale=w.scale,
+                                placement=self.placement)
+        return generators.generate(self.algorithm, topo, self.size, placement=self.placement,
+                                   collective=self.collective)
 
 
 # ---------------------------------------------------------------- parsing
@@ -335,7 +366,15 @@ def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int
     rprofile = _fabric(where, run, f"{rp}.", enclosing) if "fabric" in run or "link_mbps" in run else None
     topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
-    algos = _choices(where, f"{rp}.algorithms", run["algorithms"], generators.ALGORITHMS)
+    collective = _choices(where, f"{rp}.collective", run.get("collective", "allreduce"), generators.GENERATED)[0]
+    workload = _workload(where, rp, run)
+    if workload is not None and collective != "allreduce":
+        raise FieldError(where, f"{rp}.collective", f"allreduce for a {workload.model} iteration (DDP allreduces "
+                         "its gradients)", collective)
+    if workload is not None and "sizes" in run:
+        raise FieldError(where, f"{rp}.sizes", f"nothing: a {workload.model} iteration has its own sizes",
+                         run["sizes"])
+    algos = _choices(where, f"{rp}.algorithms", run["algorithms"], generators.algorithms(collective))
     placements = (_choices(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
                   if "placements" in run else ("identity",))
     for i, placement in enumerate(placements):
@@ -346,7 +385,22 @@ def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int
                seeds=_seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
                sizes=_sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
                faults=_faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else (),
-               fabric=rprofile)
+               fabric=rprofile, collective=collective, workload=workload)
+
+
+def _workload(where: str, rp: str, run: Mapping[str, Any]) -> Workload | None:
+    """A run's ``model`` (with ``batch`` and ``scale``), or None for a collective per size."""
+    if "model" not in run:
+        for key in ("batch", "scale"):
+            if key in run:
+                raise FieldError(where, f"{rp}.{key}", "a model to go with it (model: resnet50)", run[key])
+        return None
+    name = _choices(where, f"{rp}.model", run["model"], tuple(training.MODELS))[0]
+    batch = int_field(where, f"{rp}.batch", run["batch"], 1, 1 << 16) if "batch" in run else None
+    scale = run.get("scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 1 <= scale <= 1e6:
+        raise FieldError(where, f"{rp}.scale", "a number >= 1 (gradients and compute divided by it)", scale)
+    return Workload(name, batch, float(scale))
 
 
 def _routings(where: str, name: str, value: object, topo: topology.Topology) -> tuple[str, ...]:
@@ -443,8 +497,11 @@ def expand(exp: Experiment) -> list[Cell]:
                         for placement in placements:
                             default = "hdrm" if algo == "hdrm" else "identity"
                             aname = algo if placement == default else f"{algo}-{placement}"
-                            for size in sizes:
-                                cid = f"{ser.name}.{slug}.{rname}.{aname}.{format_size(size)}"
+                            if run.collective != "allreduce":
+                                aname = f"{run.collective}-{aname}"
+                            for size in (0,) if run.workload is not None else sizes:
+                                what = run.workload.slug if run.workload is not None else format_size(size)
+                                cid = f"{ser.name}.{slug}.{rname}.{aname}.{what}"
                                 if cid in ids:
                                     raise FieldError(exp.source, where_field, "runs that add new cells, not one "
                                                      f"that {ids[cid]} already has", cid)
@@ -453,7 +510,8 @@ def expand(exp: Experiment) -> list[Cell]:
                                                   kind=kind, hosts=hosts, routing=policy, seed=seed,
                                                   algorithm=algo, placement=placement, size=size,
                                                   repeat=exp.repeat, warmup=exp.warmup, timeout_s=exp.timeout_s,
-                                                  faults=run.faults, fabric=profile.spec()))
+                                                  faults=run.faults, fabric=profile.spec(),
+                                                  collective=run.collective, workload=run.workload))
     return cells
 
 
@@ -514,9 +572,9 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: Latenc
         profile = cell_profile(cell)
         model = models.setdefault(profile, latency_of(profile))
         try:
-            schedule = generators.generate(cell.algorithm, topo, cell.size, placement=cell.placement)
+            schedule = cell.schedule(topo)
             report = predict(schedule, topo, cell.routing, seed=cell.seed, latency=model,
-                             mtu=profile.emulated_mtu, where=f"cell {cell.id}")
+                             mtu=profile.emulated_mtu, where=f"cell {cell.id}", compute_dilation=profile.dilation)
             faults.parse_faults(cell.faults, topo, schedule.p, schedule.steps, cell.repeat, where=f"cell {cell.id}")
         except FieldError as exc:
             raise FieldError(exp.source, f"{cell.field}", f"a runnable cell ({cell.id}): {exc.field} "

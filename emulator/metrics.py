@@ -7,7 +7,8 @@ feeds them what the agents report (:class:`emulator.fleet.RankReport`):
   (nccl-tests definitions for the schedule's collective,
   :func:`emulator.schedule.collectives.bus_factor`, Mbit/s) and per-step
   times, against the prediction, as a :class:`emulator.results.Repetition`;
-* :func:`timeline_records` -- one ``timeline.jsonl`` record per transfer;
+* :func:`timeline_records` -- one ``timeline.jsonl`` record per transfer, and
+  :func:`compute_records` one per compute operation (``"kind": "compute"``);
 * :func:`send_paths` and :func:`send_lateness` -- the latency terms of every
   sender's path (what the agents' latency plan holds) and how late each send
   left against its target, for :func:`emulator.fidelity.lateness`;
@@ -31,7 +32,7 @@ from emulator.results import Iteration, Repetition, StepTime
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule.collectives import ROOTED, bus_factor
-from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, match_transfers
+from emulator.schedule.format import COMPUTE, RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.tc import SHAPER_BURST_BYTES
 
 OpTimes = Mapping[int, Mapping[int, tuple[float, float]]]
@@ -113,6 +114,18 @@ def timeline_records(schedule: Schedule, rep: int, op_times: OpTimes,
         if info is not None:
             rec.update(posted=info[0], cts_at=info[1], sent=info[2], late_s=info[3])
         out.append(rec)
+    return out
+
+
+def compute_records(schedule: Schedule, rep: int, op_times: OpTimes) -> list[dict[str, Any]]:
+    """One record per compute operation that ran: ``kind`` compute, its rank and host, op id, start and end."""
+    out = []
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind == COMPUTE and op.id in op_times.get(prog.rank, {}):
+                start, end = op_times[prog.rank][op.id]
+                out.append({"rep": rep, "kind": "compute", "step": op.step, "rank": prog.rank, "host": prog.host,
+                            "op": op.id, "seconds": op.seconds, "start": start, "end": end})
     return out
 
 

@@ -21,6 +21,8 @@ survives a failure or Ctrl-C. Files in the output directory:
   destination rank and host, bytes, start and end (CLOCK_MONOTONIC seconds),
   and when the receive was posted, the clear to send came and ``sendall``
   began, and how late that was (:func:`emulator.metrics.timeline_records`);
+  and every compute operation, ``"kind": "compute"``
+  (:func:`emulator.metrics.compute_records`);
 * ``links.jsonl`` -- the controller's port counters over time, tc qdisc
   statistics of every link interface and TCP retransmissions per host, per
   repetition;
@@ -53,7 +55,7 @@ from emulator.fleet import AgentFiles, Fleet, RankReport
 from emulator.fleet import ReplayFailed as ReplayFailed
 from emulator.latency import LatencyModel, PathLatency
 from emulator.launcher import AgentLauncher
-from emulator.metrics import repetition_metrics, send_lateness, send_paths, timeline_records
+from emulator.metrics import compute_records, repetition_metrics, send_lateness, send_paths, timeline_records
 from emulator.network import EmulatedNetwork
 from emulator.results import CellResults, Repetition
 from emulator.schedule import check as scheck
@@ -406,7 +408,7 @@ class ReplaySession:
                                             fidelity.lateness(*send_lateness(schedule, sends, plan.paths)))
         for rec in fidelity.link_records(before, after, rep):
             append_jsonl(plan.path("links.jsonl"), rec)
-        for rec in transfers:
+        for rec in transfers + compute_records(schedule, rep, op_times):
             append_jsonl(plan.path("timeline.jsonl"), rec)
         return measured
 

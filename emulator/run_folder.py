@@ -198,7 +198,8 @@ class RunFolder:
             cells.append({**pc.cell.to_json(), "predicted_time_s": pred["predicted_time_s"],
                           "predicted_busbw_mbps": pred["busbw_mbps"],
                           "alpha_beta_time_s": pred["alpha_beta_time_s"],
-                          "max_flows_per_link": max(pred["max_flows_per_link"], default=0)})
+                          "max_flows_per_link": max(pred["max_flows_per_link"], default=0),
+                          "predicted_scaling_efficiency": pred.get("scaling_efficiency")})
         write_json_atomic(self._file("experiment.json"),
                           {"experiment": exp.to_json(), "fingerprint": exp.fingerprint(), "cells": cells})
 

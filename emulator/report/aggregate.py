@@ -30,16 +30,19 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from emulator import results, routing, stats, topology
+from emulator.experiment import Workload
 from emulator.files import read_json, read_jsonl, write_atomic
 from emulator.results import FaultRecord
 from emulator.run_folder import CellState, RunFolder
 from emulator.schedule import cost
 from emulator.schedule import format as sformat
 
-CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "algorithm", "placement", "size",
-              "status", "outcome", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s", "predicted_time_s",
-              "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted", "max_flows_per_link",
-              "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s", "error")
+CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "collective", "algorithm", "placement",
+              "size", "workload", "status", "outcome", "busbw_mbps", "busbw_min_mbps", "busbw_max_mbps", "time_s",
+              "predicted_time_s", "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted",
+              "iteration_s", "compute_only_s", "scaling_efficiency", "predicted_scaling_efficiency",
+              "max_flows_per_link", "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s",
+              "error")
 LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput
 RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
 DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
@@ -128,6 +131,16 @@ class CellRow:
     server_design: str | None  # "shared NIC", "NIC per accelerator", "N NICs for A"; None without servers
     faults: list[FaultRecord]
     dir: str  # the cell's folder
+    collective: str = "allreduce"
+    workload: str = ""  # a training iteration's model (e.g. "resnet50-s16"); "" for one collective per size
+    iteration_s: float | None = None
+    compute_only_s: float | None = None
+    scaling_efficiency: float | None = None  # compute-only / iteration time, median over repetitions
+    predicted_scaling_efficiency: float | None = None
+
+    @property
+    def is_training(self) -> bool:
+        return bool(self.workload)
 
     @property
     def algorithm_label(self) -> str:
@@ -193,7 +206,17 @@ def _row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan:
         datapath=res.datapath if res else None, outcome=res.outcome if res else status,
         servers=params.get("servers"), accels_per_server=params.get("accels_per_server"),
         nics_per_server=params.get("nics_per_server"), server_design=_server_design(params),
-        faults=res.faults if res else [], dir=cdir)
+        faults=res.faults if res else [], dir=cdir, collective=cell.get("collective", "allreduce"),
+        workload=_workload_slug(cell.get("workload")),
+        iteration_s=summary.iteration_s if summary else None,
+        compute_only_s=summary.compute_only_s if summary else pred.get("compute_only_s"),
+        scaling_efficiency=summary.scaling_efficiency if summary else None,
+        predicted_scaling_efficiency=pred.get("scaling_efficiency", cell.get("predicted_scaling_efficiency")))
+
+
+def _workload_slug(workload: Mapping[str, Any] | None) -> str:
+    """A plan entry's training workload as cell ids name it (``resnet50-s16``); "" for none."""
+    return Workload(**workload).slug if workload else ""
 
 
 def _server_design(params: Mapping[str, Any]) -> str | None:
@@ -471,7 +494,8 @@ def read_transfers(cell_dir: str, rep: int) -> list[Transfer]:
     """The transfers of repetition ``rep`` in the cell's timeline (lines of other repetitions are not parsed)."""
     return [Transfer(rep=rep, step=t["step"], src=t["src"], src_host=t["src_host"], dst_host=t["dst_host"],
                      bytes=t["bytes"], start=t["start"], end=t["end"])
-            for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl")) if t.get("rep") == rep]
+            for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl"))
+            if t.get("rep") == rep and t.get("kind") != "compute"]
 
 
 def _first_measured(res: results.CellResults | None) -> int:
