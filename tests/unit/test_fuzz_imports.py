@@ -2,10 +2,11 @@
 
 Random bytes and structured corruptions of the valid samples in ``tests/data``
 (an attribute of one element set to a wrong value or removed, an element
-dropped or duplicated, a trace's bytes flipped or cut, a collective's
-attributes of the wrong type or size): the importer returns a schedule that
-validates and executes, or raises a one-line :class:`UserError`; the CLI
-exits 2 with one line and writes no output file.
+dropped or duplicated, a trace's bytes flipped or cut, a Chakra node of any
+type with an attribute missing or of the wrong kind or range, a node
+dropped, replaced or given a dependency it cannot have): the importer returns
+a schedule that validates and executes, or raises a one-line
+:class:`UserError`; the CLI exits 2 with one line and writes no output file.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis import strategies as st
 
 from emulator.schedule import chakra, msccl
 from emulator.schedule import format as fmt
+from emulator.schedule.executor import execute
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 
@@ -115,29 +117,107 @@ def _attr(name: str, kind: str, value: object) -> pb.AttributeProto:
 
 
 attr_kinds = st.sampled_from(["int64_val", "int32_val", "uint64_val", "bool_val", "string_val", "float_val"])
+#: Every collective of the schema (three times the ones that import), and one it does not have.
+comm_types = st.sampled_from(3 * [pb.ALL_REDUCE, pb.REDUCE, pb.ALL_GATHER, pb.BROADCAST, pb.ALL_TO_ALL,
+                                  pb.REDUCE_SCATTER, pb.REDUCE_SCATTER_BLOCK, pb.BARRIER] + [pb.GATHER, pb.SCATTER, 99])
+comm_sizes = st.sampled_from([65536, 65536, 4096, 96, 100, 0, 3, 1 << 40])
+names = st.sampled_from(["ar", "", "é\n", "x" * 300])
+#: Every node type of the schema, twice the ones that replay, and one it does not have.
+node_types = st.sampled_from([pb.COMP_NODE, pb.COMP_NODE, pb.COMM_SEND_NODE, pb.COMM_RECV_NODE, pb.COMM_COLL_NODE,
+                              pb.COMM_COLL_NODE, pb.METADATA_NODE, pb.INVALID_NODE, pb.MEM_LOAD_NODE,
+                              pb.MEM_STORE_NODE, 99])
+BAD_VALUES = {"int64_val": 2**62, "int32_val": -1, "uint64_val": 2**64 - 1, "bool_val": True, "string_val": "64KiB",
+              "float_val": 1.5}
+
+
+def _spoil(draw, node: pb.Node) -> pb.Node:
+    """Sometimes one attribute of ``node`` missing, of the wrong kind or negative."""
+    if not node.attr or draw(st.integers(0, 2)):
+        return node
+    which = draw(st.sampled_from(sorted({a.name for a in node.attr})))
+    keep = [a for a in node.attr if a.name != which]
+    del node.attr[:]
+    node.attr.extend(keep)
+    how = draw(st.sampled_from(["missing", "kind", "negative"]))
+    if how == "kind":
+        kind = draw(attr_kinds)
+        node.attr.append(_attr(which, kind, BAD_VALUES[kind]))
+    elif how == "negative":
+        node.attr.append(_attr(which, "int64_val", draw(st.integers(-(2**63), -1))))
+    return node
 
 
 @st.composite
 def coll_nodes(draw) -> pb.Node:
-    """A collective node, valid or with one attribute missing, of the wrong type or out of range."""
-    comm_type = draw(st.sampled_from([pb.ALL_REDUCE, pb.ALL_REDUCE, pb.ALL_GATHER, 99]))
-    comm_size = draw(st.sampled_from([65536, 65536, 96, 0, 3, 1 << 40]))
-    node = chakra.coll_node(draw(st.integers(0, 5)), draw(st.sampled_from(["ar", "", "é\n"])), comm_type,
-                            comm_size)
-    if draw(st.integers(0, 2)) == 0:
-        which = draw(st.sampled_from(["comm_type", "comm_size"]))
-        keep = [a for a in node.attr if a.name != which]
-        del node.attr[:]
-        node.attr.extend(keep)
-        how = draw(st.sampled_from(["missing", "kind", "negative"]))
-        if how == "kind":
-            kind = draw(attr_kinds)
-            value = {"int64_val": 2**62, "int32_val": -1, "uint64_val": 2**64 - 1, "bool_val": True,
-                     "string_val": "64KiB", "float_val": 1.5}[kind]
-            node.attr.append(_attr(which, kind, value))
-        elif how == "negative":
-            node.attr.append(_attr(which, "int64_val", draw(st.integers(-(2**63), -1))))
-    return node
+    """A collective node of any comm_type, valid or with one attribute missing, of the wrong type or out of range."""
+    node = chakra.coll_node(draw(st.integers(0, 5)), draw(names), draw(comm_types), draw(comm_sizes))
+    return _spoil(draw, node)
+
+
+@st.composite
+def any_nodes(draw, node_id: int, peers: int = 4) -> pb.Node:
+    """A node of any type (or an unknown one) with plausible attributes, sometimes one of them spoilt."""
+    kind = draw(node_types)
+    if kind in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+        node = chakra.comm_node(node_id, draw(names), kind == pb.COMM_SEND_NODE, draw(st.integers(-1, peers)),
+                                draw(comm_sizes), draw(st.sampled_from([0, 0, 1, -5, 2**31 - 1])))
+    elif kind == pb.COMM_COLL_NODE:
+        node = chakra.coll_node(node_id, draw(names), draw(comm_types), draw(comm_sizes))
+    else:
+        node = pb.Node(id=node_id, name=draw(names), type=kind,
+                       duration_micros=draw(st.sampled_from([0, 5, 10**6, 2**64 - 1])))
+    return _spoil(draw, node)
+
+
+@st.composite
+def recorded(draw) -> list[list[pb.Node]]:
+    """Per rank the nodes of a plausible trace -- compute, messages (both ends), collectives on every rank and
+    dependency-only nodes -- each after some earlier nodes of its rank or after the one before it (then maybe in
+    another order on each rank, so that a rank may wait for what comes after), then maybe one corruption."""
+    p = draw(st.integers(2, 4))
+    ranks: list[list[pb.Node]] = [[] for _ in range(p)]
+    for _ in range(draw(st.integers(1, 8))):
+        what = draw(st.sampled_from(["comp", "message", "message", "coll", "dep"]))
+        a, b = draw(st.permutations(range(p)))[:2]
+        if what == "comp":
+            ranks[a].append(chakra.comp_node(0, "fwd", draw(st.sampled_from([0, 7, 1000]))))
+        elif what == "message":
+            size, tag = draw(comm_sizes), draw(st.sampled_from([0, 1, 7]))
+            ranks[a].append(chakra.comm_node(0, "s", True, b, size, tag))
+            ranks[b].append(chakra.comm_node(0, "r", False, a, size, tag))
+        elif what == "coll":
+            comm_type, size = draw(comm_types), draw(comm_sizes)
+            for r in range(p):
+                ranks[r].append(chakra.coll_node(0, "c", comm_type, size))
+        else:
+            ranks[a].append(pb.Node(type=draw(st.sampled_from([pb.METADATA_NODE, pb.INVALID_NODE]))))
+    order = draw(st.sampled_from(["random deps", "chained", "chained, shuffled"]))
+    for nodes in ranks:
+        if order == "chained, shuffled":
+            nodes[:] = draw(st.permutations(nodes))
+        for i, node in enumerate(nodes):
+            node.id = i + 1
+            if order != "random deps":
+                node.data_deps.extend([i] if i else [])
+                continue
+            for key in ("data_deps", "ctrl_deps"):
+                getattr(node, key).extend(draw(st.lists(st.integers(1, i), max_size=2)) if i else [])
+    how = draw(st.sampled_from(["keep", "keep", "keep", "replace", "drop", "dep", "late", "late", "swap"]))
+    rank = draw(st.integers(0, p - 1))
+    nodes = ranks[rank]
+    if how == "replace" and nodes:
+        i = draw(st.integers(0, len(nodes) - 1))
+        nodes[i] = draw(any_nodes(nodes[i].id, p))
+    elif how == "drop" and nodes:
+        del nodes[draw(st.integers(0, len(nodes) - 1))]
+    elif how == "dep" and nodes:  # maybe unknown, maybe itself or a later node (a cycle)
+        draw(st.sampled_from(nodes)).ctrl_deps.append(draw(st.integers(0, len(nodes) + 1)))
+    elif how == "late" and len(nodes) > 1:  # waits for a later node: a cycle, or a trace that may stop short
+        i, j = sorted(draw(st.permutations(range(len(nodes))))[:2])
+        nodes[i].ctrl_deps.append(nodes[j].id)
+    elif how == "swap" and len(ranks[0]) > 1:
+        ranks[0][0], ranks[0][-1] = ranks[0][-1], ranks[0][0]
+    return ranks
 
 
 def _trace_bytes(nodes: list[pb.Node]) -> bytes:
@@ -147,41 +227,49 @@ def _trace_bytes(nodes: list[pb.Node]) -> bytes:
 
 @st.composite
 def traces(draw) -> list[bytes]:
-    """Per rank the bytes of one trace: same or different collectives, maybe corrupted bytes."""
-    p = draw(st.integers(1, 4))
-    shared = draw(st.lists(coll_nodes(), max_size=3))
-    out = []
-    for _ in range(p):
-        nodes = shared if draw(st.integers(0, 3)) else draw(st.lists(coll_nodes(), max_size=3))
-        nodes = [pb.Node(id=9, name="fwd", type=pb.COMP_NODE, duration_micros=5), *nodes]
-        raw = _trace_bytes(nodes)
-        how = draw(st.sampled_from(["keep", "keep", "flip", "cut", "append", "random"]))
-        if how == "flip" and raw:
-            i = draw(st.integers(0, len(raw) - 1))
-            raw = raw[:i] + bytes([raw[i] ^ draw(st.integers(1, 255))]) + raw[i + 1:]
-        elif how == "cut":
-            raw = raw[:draw(st.integers(0, len(raw)))]
-        elif how == "append":
-            raw += draw(st.binary(max_size=12))
-        elif how == "random":
-            raw = draw(st.binary(max_size=64))
-        out.append(raw)
+    """Per rank the bytes of one trace: a plausible one, or the same or different collectives; maybe one file's
+    bytes corrupted."""
+    if draw(st.booleans()):
+        per_rank = draw(recorded())
+    else:
+        p = draw(st.integers(1, 4))
+        shared = draw(st.lists(coll_nodes(), max_size=3))
+        per_rank = [shared if draw(st.integers(0, 3)) else draw(st.lists(coll_nodes(), max_size=3)) for _ in range(p)]
+        per_rank = [[pb.Node(id=9, name="fwd", type=pb.COMP_NODE, duration_micros=5), *nodes] for nodes in per_rank]
+    out = [_trace_bytes(nodes) for nodes in per_rank]
+    rank = draw(st.integers(0, len(out) - 1))  # at most one file's bytes corrupted, so the others reach deeper
+    raw = out[rank]
+    how = draw(st.sampled_from(6 * ["keep"] + ["flip", "cut", "append", "random"]))
+    if how == "flip" and raw:
+        i = draw(st.integers(0, len(raw) - 1))
+        raw = raw[:i] + bytes([raw[i] ^ draw(st.integers(1, 255))]) + raw[i + 1:]
+    elif how == "cut":
+        raw = raw[:draw(st.integers(0, len(raw)))]
+    elif how == "append":
+        raw += draw(st.binary(max_size=12))
+    elif how == "random":
+        raw = draw(st.binary(max_size=64))
+    out[rank] = raw
     return out
 
 
 @FUZZ
-@given(files=traces(), algo=st.sampled_from(["ring", "ring", "hd", "dbtree", "hdrm", "bogus"]),
-       index=st.sampled_from([0, 0, 1, -1, 2**40]),
+@given(files=traces(), algo=st.sampled_from(["ring", "ring", "hd", "dbtree", "hdrm", "direct", "hier", "bogus"]),
+       index=st.sampled_from([None, None, None, 0, 1, -1, 2**40]),
        topo=st.sampled_from([None, None, "star:hosts=2", "star:hosts=4", "bigraph:upper=1,lower=1,hosts_per_switch=2",
                              "fattree:k=3", "bogus"]))
 def test_chakra_traces(files, algo, index, topo):
+    """A schedule that validates and (when small enough to run here quickly) executes, or one line."""
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for rank, raw in enumerate(files):
             paths.append(os.path.join(tmp, f"t.{rank}.et"))
             with open(paths[-1], "wb") as fh:
                 fh.write(raw)
-        _imported_ok(user_error_or(chakra.load, paths, algo=algo, index=index, topology=topo))
+        sched = user_error_or(chakra.load, paths, algo=algo, index=index, topology=topo)
+        _imported_ok(sched)
+        if sched is not None and sched.chunks + sched.output_chunks <= 4096:
+            assert execute(sched).valid  # an import never deadlocks and computes its collectives
 
 
 @FUZZ
