@@ -487,6 +487,8 @@ def expand(exp: Experiment) -> list[Cell]:
             hosts = len(topology.build(run.topology).hosts)
             sizes = run.sizes or ser.sizes or exp.sizes
             profile = exp.profile_of(ser, run)
+            if run.workload is not None:
+                profile = fabric.for_workload_scale(profile, run.workload.scale)
             slug = topology_slug(run.topology, profile.emulated_link_mbps)
             for policy in run.routing:
                 seeds = (run.seeds or exp.ecmp_seeds) if policy == "ecmp" else (0,)

@@ -140,6 +140,25 @@ def at_link_rate(profile: FabricProfile, emulated_mbps: float, where: str = "fab
                  where=where)
 
 
+def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabric") -> FabricProfile:
+    """The fabric a workload shrunk by ``scale`` replays on: the same, with its latencies divided by ``scale``.
+
+    A training iteration whose gradients and compute times are divided by
+    ``scale`` (:mod:`emulator.schedule.training`) takes ``1/scale`` of the
+    real iteration's time; dividing the per-message and per-switch latencies
+    by the same factor keeps every term of that time in proportion, so the
+    replay still stands for the full iteration (the emulator's own
+    latencies, flagged ``latency_floor`` where they exceed the target, and
+    frame serialisation, whose frames do not shrink, are what stays
+    unscaled).
+    """
+    if scale == 1:
+        return profile
+    keys = {key: getattr(profile, key) for key in KEYS}
+    keys.update(alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
+    return parse(keys, where=where)
+
+
 def _short(value: float) -> str:
     """``value`` as ``:g`` prints it where that reads back exactly, else in full."""
     text = f"{value:g}"

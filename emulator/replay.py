@@ -61,6 +61,7 @@ from emulator.results import CellResults, Repetition
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
 from emulator.schedule import format as sformat
+from emulator.schedule import training
 from emulator.schedule.format import Schedule
 
 log = logging.getLogger(__name__)
@@ -122,6 +123,8 @@ def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepar
     cfg.check()
     profile = fabric.parse(cfg.fabric, where="replay: fabric")
     schedule = sformat.load(cfg.schedule)
+    # a scaled training iteration stands for the full one on a fabric with its latencies scaled alike
+    profile = fabric.for_workload_scale(profile, training.workload_scale(schedule))
     topo = topology.load(cfg.topology, profile.emulated_link_mbps)
     routing.check_policy(topo, cfg.routing)
     if calibration is None:

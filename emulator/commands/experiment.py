@@ -58,8 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     networks = len(xp.groups([pc.cell for pc in prepared]))
     if args.check:
         for pc in prepared:
-            print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, "
-                  f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s, "
+            eff = pc.report.scaling_efficiency
+            what = (f"scaling efficiency {eff:.3f}" if eff is not None
+                    else f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s")
+            print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, {what}, "
                   f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
         _print_loads(prepared)
         est = total_pred + networks * DEFAULT_BRINGUP_S

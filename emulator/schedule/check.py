@@ -114,8 +114,9 @@ class CheckReport:
             "predicted_time_s": self.predicted_time_s,
             "alpha_beta_time_s": self.costs.alpha_beta_time_s,
             "maxmin_time_s": self.costs.maxmin_time_s,
-            "busbw_mbps": cost.bus_bandwidth_mbps(s.size, s.p, self.predicted_time_s),
-            "real_busbw_gbps": (profile.real_mbps(cost.bus_bandwidth_mbps(s.size, s.p, self.predicted_time_s)) / 1e3
+            "busbw_mbps": cost.bus_bandwidth_mbps(s.collective_bytes, s.p, self.predicted_time_s, s.collective),
+            "real_busbw_gbps": (profile.real_mbps(cost.bus_bandwidth_mbps(s.collective_bytes, s.p,
+                                                                          self.predicted_time_s, s.collective)) / 1e3
                                 if profile is not None else None),
             "fabric": profile.to_json() if profile is not None else None,
             "compute_ops": s.compute_ops, "compute_dilation": self.compute_dilation,
