@@ -8,7 +8,9 @@ unfinished run.
 
 What it shows, all from median busbw (nccl-tests definition) of the measured
 repetitions, with the model's prediction (``schedule check``, max-min fair
-flow level) beside every number:
+flow level) beside every number; training iterations (cells with a workload
+instead of a size) never enter a busbw comparison
+(:func:`~emulator.report.aggregate.busbw_rows`), they have their own section:
 
 * first, the answers to the paper's questions in a few sentences
   (``summary.json`` holds them as numbers);
@@ -26,9 +28,17 @@ flow level) beside every number:
 * a timeline (Gantt) of the same two cells' first measured repetition;
 * scaling efficiency (busbw / link goodput) against the number of hosts, for
   every family of cells measured at more than one host count;
+* "Training iteration: scaling efficiency" (training cells only): per family
+  (kind, routing, algorithm, workload) and host count, compute-only time over
+  iteration time measured and by the model, a plot of it against hosts and a
+  Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
   (:mod:`emulator.paper_scale`), when the reference ran at several host counts;
 * every cell: measured against predicted, faults, fidelity flags, failures.
+
+A collective other than allreduce is named wherever a family is (``leafspine-4x4x4
+ecmp allgather-ring``), and its speedup tables are its own; allreduce labels
+read as they always did.
 
 Modules, each importing only those before it:
 
@@ -60,6 +70,7 @@ from emulator.report.aggregate import (
     RESAMPLES,
     BaselineEntry,
     CellRow,
+    Compute,
     LinkStepMatrix,
     Plan,
     Reference,
@@ -67,22 +78,32 @@ from emulator.report.aggregate import (
     ScalingPoint,
     ServerComparison,
     SpeedupTable,
+    Timeline,
+    TrainingKey,
+    TrainingPoint,
+    busbw_rows,
     link_step_matrix,
     load_rows,
     pick_heatmap_cells,
+    read_computes,
+    read_transfers,
     scaling_families,
     server_speedup_tables,
     speedup_interval,
     speedup_tables,
+    training_families,
+    training_rows,
     write_csv,
 )
 from emulator.report.doc import Doc
 from emulator.run_folder import RunFolder
 
-__all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Doc", "LinkStepMatrix", "Plan", "Reference",
-           "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable", "build", "link_step_matrix",
-           "load_rows", "pick_heatmap_cells", "scaling_families", "server_speedup_tables", "speedup_interval",
-           "speedup_tables", "write_csv", "write_report"]
+__all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "Plan",
+           "Reference", "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable", "Timeline",
+           "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load_rows",
+           "pick_heatmap_cells", "read_computes", "read_transfers", "scaling_families", "server_speedup_tables",
+           "speedup_interval", "speedup_tables", "training_families", "training_rows", "write_csv",
+           "write_report"]
 
 
 @dataclass(frozen=True)
@@ -101,12 +122,13 @@ def build(out: str) -> Report:
     ref = plan.reference
     plot_dir = os.path.join(out, "plots")
     os.makedirs(plot_dir, exist_ok=True)
-    tables, server_tables = speedup_tables(rows, ref), server_speedup_tables(rows)
+    collective = busbw_rows(rows)  # every busbw comparison: one collective at a size, no training iteration
+    tables, server_tables = speedup_tables(collective, ref), server_speedup_tables(collective)
     found = answers.find(rows, ref, tables, server_tables)
-    error = answers.model_error_text(paper_scale.model_error(rows))
+    error = answers.model_error_text(paper_scale.model_error(collective))
     profile = fabric.parse(plan.fabric) if plan.fabric else fabric.default()
     # the projection answers the scaling question at the paper's scale: only for experiments that ask it
-    scaled = len({r.hosts for r in rows if ref.matches(r)}) > 1
+    scaled = len({r.hosts for r in collective if ref.matches(r)}) > 1
     projected = paper_scale.project_comparisons(profile) if scaled else ()
     found += answers.projection_answers(projected, error)
 
@@ -114,12 +136,15 @@ def build(out: str) -> Report:
     sections.title(doc, plan)
     sections.answers_section(doc, found, plan.repeat)
     sections.overview(doc, plan, rows)
-    sections.speedups(doc, tables, ref)
-    sections.servers(doc, server_tables)
-    sections.busbw_vs_size(doc, rows, plot_dir)
-    sections.congestion(doc, *pick_heatmap_cells(rows, ref), plot_dir)
-    sections.scaling(doc, scaling_families(rows), plot_dir)
-    sections.projection(doc, projected, error, profile)
+    if collective or not rows:  # an experiment of training iterations only has no busbw to show
+        sections.speedups(doc, tables, ref)
+        sections.servers(doc, server_tables)
+        sections.busbw_vs_size(doc, collective, plot_dir)
+        sections.congestion(doc, *pick_heatmap_cells(collective, ref), plot_dir)
+        sections.scaling(doc, scaling_families(collective), plot_dir)
+    sections.training(doc, training_families(rows), rows, profile, plot_dir)
+    if collective or not rows:
+        sections.projection(doc, projected, error, profile)
     sections.every_cell(doc, rows, plot_dir)
     sections.faults(doc, rows)
     sections.fidelity(doc, rows)

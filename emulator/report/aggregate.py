@@ -7,16 +7,28 @@ Pure apart from reading the folder: nothing here draws or writes prose. It owns
   and its ``results.json`` read through :func:`emulator.results.load`), from
   :func:`load_rows`, and ``cells.csv`` (:func:`write_csv`, columns
   :data:`CSV_FIELDS`);
-* the speedup of the reference over every baseline family of a series and
-  host count (:func:`speedup_tables`), ECMP seeds folded by their median; one
-  NIC per accelerator against a shared NIC (:func:`server_speedup_tables`);
-  each with its 95% hierarchical bootstrap interval (:func:`speedup_interval`,
-  :mod:`emulator.stats`); cells at different link rates compare efficiencies
-  (busbw / link goodput), never busbw;
+* which rows busbw describes (:func:`busbw_rows`: one collective at a size)
+  and which are training iterations (:func:`training_rows`); every busbw
+  comparison below takes the former only;
+* the speedup of the reference over every baseline family of a series, host
+  count and collective (:func:`speedup_tables`), ECMP seeds folded by their
+  median; one NIC per accelerator against a shared NIC
+  (:func:`server_speedup_tables`); each with its 95% hierarchical bootstrap
+  interval (:func:`speedup_interval`, :mod:`emulator.stats`); cells at
+  different link rates compare efficiencies (busbw / link goodput), never busbw;
 * scaling efficiency per family and host count (:func:`scaling_families`);
+* the training iterations' scaling efficiency (compute-only / iteration
+  time) per family and host count (:func:`training_families`), with its
+  interval between two families (:func:`efficiency_interval`);
 * the heat map's cells (:func:`pick_heatmap_cells`), their link x step
   matrices (:func:`link_step_matrix`) and first measured repetition's
-  transfers (:func:`first_measured_transfers`).
+  transfers and compute operations (:func:`first_measured_transfers`,
+  :func:`read_transfers`, :func:`read_computes`).
+
+Labels: a family is ``<topology slug> <routing> <algorithm>``
+(:meth:`CellRow.family`); a collective other than allreduce prefixes the
+algorithm (``leafspine-4x4x4 ecmp allgather-ring``), so allreduce labels read
+as they always did.
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ import io
 import os
 import statistics
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from emulator import results, routing, stats, topology
@@ -137,6 +149,9 @@ class CellRow:
     compute_only_s: float | None = None
     scaling_efficiency: float | None = None  # compute-only / iteration time, median over repetitions
     predicted_scaling_efficiency: float | None = None
+    workload_scale: float = 1.0  # a training iteration's scale (gradients and compute divided by it)
+    fabric: str = ""  # the cell's fabric profile spec ("" in plans older than fabric profiles)
+    rep_efficiency: list[float] = field(default_factory=list)  # scaling efficiency of every measured repetition
 
     @property
     def is_training(self) -> bool:
@@ -147,10 +162,19 @@ class CellRow:
         """``hd``, or ``hd-packed`` for a placement other than the algorithm's own."""
         return self.algorithm if self.placement in ("identity", "hdrm") else f"{self.algorithm}-{self.placement}"
 
+    @property
+    def op_label(self) -> str:
+        """The algorithm label, prefixed by the collective unless it is allreduce: ``hd``, ``allgather-ring``."""
+        label = self.algorithm_label
+        return label if self.collective == "allreduce" else f"{self.collective}-{label}"
+
     def family(self, with_seed: bool = False) -> str:
-        """``leafspine-4x4x4 ecmp hd`` (the label of a line or a table row); ``ecmp-s1`` with its seed."""
+        """``leafspine-4x4x4 ecmp hd`` (the label of a line or a table row); ``ecmp-s1`` with its seed.
+
+        A collective other than allreduce is named: ``leafspine-4x4x4 ecmp allgather-ring``.
+        """
         policy = f"{self.routing}-s{self.seed}" if with_seed and self.routing == "ecmp" else self.routing
-        return f"{self.topology_slug} {policy} {self.algorithm_label}"
+        return f"{self.topology_slug} {policy} {self.op_label}"
 
 
 def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
@@ -211,7 +235,9 @@ def _row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan:
         iteration_s=summary.iteration_s if summary else None,
         compute_only_s=summary.compute_only_s if summary else pred.get("compute_only_s"),
         scaling_efficiency=summary.scaling_efficiency if summary else None,
-        predicted_scaling_efficiency=pred.get("scaling_efficiency", cell.get("predicted_scaling_efficiency")))
+        predicted_scaling_efficiency=pred.get("scaling_efficiency", cell.get("predicted_scaling_efficiency")),
+        workload_scale=float((cell.get("workload") or {}).get("scale") or 1.0), fabric=str(cell.get("fabric") or ""),
+        rep_efficiency=[r.iteration.scaling_efficiency for r in reps if r.iteration is not None] if finished else [])
 
 
 def _workload_slug(workload: Mapping[str, Any] | None) -> str:
@@ -237,6 +263,20 @@ def write_csv(path: str, rows: list[CellRow]) -> None:
 
 
 # ---------------------------------------------------------------- numbers
+def busbw_rows(rows: Iterable[CellRow]) -> list[CellRow]:
+    """The rows that busbw describes: one collective at a size (training iterations are left out).
+
+    Every busbw comparison (speedups, server designs, busbw against size, the heat map, scaling, the model's
+    error at paper scale, the answers to Q1, Q2 and scaling) takes these rows only.
+    """
+    return [r for r in rows if not r.is_training]
+
+
+def training_rows(rows: Iterable[CellRow]) -> list[CellRow]:
+    """The rows of training iterations (a workload instead of a size)."""
+    return [r for r in rows if r.is_training]
+
+
 def median(values: Iterable[float | None]) -> float | None:
     """The median of the values that are not None; None when there is none."""
     present = [v for v in values if v is not None]
@@ -310,6 +350,7 @@ class SpeedupTable:
     sizes: list[int]
     reference: dict[int, CellRow]  # size -> the reference's cell
     baselines: dict[str, dict[int, BaselineEntry]]  # family -> size -> entry
+    collective: str = "allreduce"
 
 
 def _baseline_entry(rr: CellRow | None, cells: list[CellRow]) -> BaselineEntry:
@@ -341,14 +382,17 @@ def _baseline_entry(rr: CellRow | None, cells: list[CellRow]) -> BaselineEntry:
 
 
 def speedup_tables(rows: list[CellRow], ref: Reference) -> list[SpeedupTable]:
-    """Per (series, hosts) that has reference cells: the reference's busbw over every other family's, per size.
+    """Per (series, hosts, collective) that has reference cells: the reference's busbw over every other
+    family's, per size (training rows are left out: :func:`busbw_rows`).
 
     Families are :meth:`CellRow.family` labels; ECMP seeds fold into one family (see :class:`BaselineEntry`).
+    Sorted by series and hosts, allreduce before the other collectives.
     """
+    rows = busbw_rows(rows)
     out = []
-    keys = sorted({(r.series, r.hosts) for r in rows if ref.matches(r)})
-    for series, hosts in keys:
-        group = [r for r in rows if r.series == series and r.hosts == hosts]
+    keys = sorted({(r.series, r.hosts, r.collective != "allreduce", r.collective) for r in rows if ref.matches(r)})
+    for series, hosts, _, collective in keys:
+        group = [r for r in rows if r.series == series and r.hosts == hosts and r.collective == collective]
         refs = {r.size: r for r in group if ref.matches(r)}
         fams: dict[str, dict[int, list[CellRow]]] = {}
         for r in group:
@@ -357,7 +401,7 @@ def speedup_tables(rows: list[CellRow], ref: Reference) -> list[SpeedupTable]:
         base = {fam: {size: _baseline_entry(refs.get(size), cells) for size, cells in by_size.items()}
                 for fam, by_size in fams.items()}
         out.append(SpeedupTable(series=series, hosts=hosts, sizes=sorted({r.size for r in group}), reference=refs,
-                                baselines=base))
+                                baselines=base, collective=collective))
     return out
 
 
@@ -385,22 +429,23 @@ def _server_comparison(o: CellRow, sh: CellRow, family: str) -> ServerComparison
 
 
 #: fabric (the topology slug without its servers), servers, accelerators per server, routing, seed, algorithm,
-#: placement, size
-ServerKey = tuple[str, int | None, int | None, str, int, str, str, int]
+#: placement, size, collective
+ServerKey = tuple[str, int | None, int | None, str, int, str, str, int, str]
 
 
 def server_speedup_tables(rows: list[CellRow]) -> list[ServerComparison]:
-    """One NIC per accelerator against a shared NIC, for every (fabric, servers, routing, algorithm, size).
+    """One NIC per accelerator against a shared NIC, for every (fabric, servers, routing, algorithm, size,
+    collective); training rows are left out (:func:`busbw_rows`).
 
     Cells match when everything but ``nics_per_server`` and the NIC placement is the same; sorted by that key.
     """
     def key(r: CellRow) -> ServerKey:
         return (r.topology_slug.split("-srv")[0], r.servers, r.accels_per_server, r.routing, r.seed, r.algorithm,
-                r.placement, r.size)
+                r.placement, r.size, r.collective)
 
     own: dict[ServerKey, CellRow] = {}
     shared: dict[ServerKey, CellRow] = {}
-    for r in rows:
+    for r in busbw_rows(rows):
         if r.servers is None or r.nics_per_server is None:
             continue
         if r.nics_per_server == r.accels_per_server and r.nics_per_server > 1:
@@ -409,14 +454,17 @@ def server_speedup_tables(rows: list[CellRow]) -> list[ServerComparison]:
             shared[key(r)] = r
     out = []
     for k in sorted(set(own) & set(shared)):
-        fabric, servers, accels, policy, seed, algo, _, _ = k
+        fabric, servers, accels, policy, seed, algo, _, _, collective = k
         routing_label = f"{policy}-s{seed}" if policy == "ecmp" else policy
+        if collective != "allreduce":
+            algo = f"{collective}-{algo}"
         out.append(_server_comparison(own[k], shared[k], f"{fabric} {servers}x{accels} {routing_label} {algo}"))
     return out
 
 
 class ScalingKey(NamedTuple):
-    """A family measured at several host counts: kind, routing, algorithm (with placement) and size."""
+    """A family measured at several host counts: kind, routing, algorithm (with placement and, unless
+    allreduce, the collective: :attr:`CellRow.op_label`) and size."""
 
     kind: str
     routing: str
@@ -434,10 +482,13 @@ class ScalingPoint:
 
 
 def scaling_families(rows: list[CellRow]) -> dict[ScalingKey, dict[int, ScalingPoint]]:
-    """Per family measured at two or more host counts: hosts -> its point (ECMP seeds folded by median)."""
+    """Per family measured at two or more host counts: hosts -> its point (ECMP seeds folded by median).
+
+    Training rows are left out (:func:`busbw_rows`; :func:`training_families` has theirs).
+    """
     acc: dict[ScalingKey, dict[int, list[CellRow]]] = {}
-    for r in rows:
-        acc.setdefault(ScalingKey(r.kind, r.routing, r.algorithm_label, r.size), {}).setdefault(r.hosts, []).append(r)
+    for r in busbw_rows(rows):
+        acc.setdefault(ScalingKey(r.kind, r.routing, r.op_label, r.size), {}).setdefault(r.hosts, []).append(r)
     out = {}
     for key, by_hosts in acc.items():
         if len(by_hosts) < 2:
@@ -451,14 +502,89 @@ def scaling_families(rows: list[CellRow]) -> dict[ScalingKey, dict[int, ScalingP
     return out
 
 
+class TrainingKey(NamedTuple):
+    """A family of training cells: kind, routing, algorithm (with placement) and workload slug."""
+
+    kind: str
+    routing: str
+    algorithm: str
+    workload: str
+
+    @property
+    def label(self) -> str:
+        """``bigraph bigraph hdrm resnet50-s100``."""
+        return f"{self.kind} {self.routing} {self.algorithm} {self.workload}"
+
+
+@dataclass(frozen=True)
+class TrainingPoint:
+    """A training family at one host count (ECMP seeds folded by their median), emulated seconds.
+
+    ``efficiency`` is the median over cells of each cell's median scaling efficiency (compute-only / iteration
+    time) over its measured repetitions; ``efficiency_range`` the lowest and highest repetition's over every
+    cell; the model's are the timing model's (``schedule check``) on the same routes.
+    """
+
+    efficiency: float | None
+    efficiency_range: tuple[float, float] | None
+    model_efficiency: float | None
+    iteration_s: float | None
+    model_iteration_s: float | None
+    compute_only_s: float | None
+    cells: list[CellRow]
+
+    @property
+    def measured_over_model(self) -> float | None:
+        """Measured over the model's iteration time."""
+        return ratio(self.iteration_s, self.model_iteration_s)
+
+
+def training_key(row: CellRow) -> TrainingKey:
+    return TrainingKey(row.kind, row.routing, row.algorithm_label, row.workload)
+
+
+def training_families(rows: list[CellRow]) -> dict[TrainingKey, dict[int, TrainingPoint]]:
+    """Every family of training cells (:func:`training_rows`), also one measured at a single host count:
+    hosts -> its :class:`TrainingPoint`, host counts in increasing order."""
+    acc: dict[TrainingKey, dict[int, list[CellRow]]] = {}
+    for r in training_rows(rows):
+        acc.setdefault(training_key(r), {}).setdefault(r.hosts, []).append(r)
+    out = {}
+    for key, by_hosts in sorted(acc.items()):
+        points = {}
+        for hosts, cells in sorted(by_hosts.items()):
+            reps = [e for c in cells for e in c.rep_efficiency]
+            points[hosts] = TrainingPoint(
+                efficiency=median(c.scaling_efficiency for c in cells),
+                efficiency_range=(min(reps), max(reps)) if reps else None,
+                model_efficiency=median(c.predicted_scaling_efficiency for c in cells),
+                iteration_s=median(c.iteration_s for c in cells),
+                model_iteration_s=median(c.predicted_time_s for c in cells),
+                compute_only_s=median(c.compute_only_s for c in cells), cells=cells)
+        out[key] = points
+    return out
+
+
+def efficiency_interval(num: list[CellRow], den: list[CellRow]) -> stats.Interval | None:
+    """The bootstrap interval of median(num) / median(den) scaling efficiency, a group per cell (as
+    :func:`speedup_interval`); None when a side has no measured repetition."""
+    n = [r.rep_efficiency for r in num if r.rep_efficiency]
+    d = [r.rep_efficiency for r in den if r.rep_efficiency]
+    if not n or not d:
+        return None
+    return stats.ratio_interval(n, d, resamples=RESAMPLES)
+
+
 # ------------------------------------------------------------- heat map
 def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | None, CellRow | None]:
     """One congested cell and one clean reference cell, at the largest size.
 
     Congested: an ECMP hd cell if one shares a link (the paper's case), else the cell with the most flows on a
-    link; ties go to the lowest busbw. Clean: a reference cell with at most one flow per link.
+    link; ties go to the lowest busbw. Clean: a reference cell with at most one flow per link. Allreduce cells
+    come first, the clean cell is of the congested one's collective if it can be, and training rows are never
+    picked (:func:`busbw_rows`).
     """
-    ok = [r for r in rows if r.status == "ok" and r.kind != "star"]
+    ok = [r for r in busbw_rows(rows) if r.status == "ok" and r.kind != "star"]
     if not ok:
         return None, None
     largest = max(r.size for r in ok)
@@ -466,11 +592,13 @@ def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | N
     # the paper's case first: halving-doubling hashed by ECMP; then whatever shares links most
     # at the host count most cells have (the main comparison), not a scaling point
     hosts = statistics.mode(r.hosts for r in pool)
-    congested = max(pool, key=lambda r: (r.routing == "ecmp" and r.algorithm == "hd" and r.max_flows_per_link > 1,
+    congested = max(pool, key=lambda r: (r.collective == "allreduce",
+                                         r.routing == "ecmp" and r.algorithm == "hd" and r.max_flows_per_link > 1,
                                          r.hosts == hosts, r.max_flows_per_link, -(r.busbw_mbps or 0)))
     clean_pool = [r for r in pool if ref.matches(r) and r.max_flows_per_link <= 1] or \
                  [r for r in pool if r.max_flows_per_link <= 1]
-    clean = max(clean_pool, key=lambda r: (r.hosts == congested.hosts, r.busbw_mbps or 0)) if clean_pool else None
+    clean = max(clean_pool, key=lambda r: (r.collective == congested.collective, r.hosts == congested.hosts,
+                                           r.busbw_mbps or 0)) if clean_pool else None
     if congested.max_flows_per_link <= 1:
         return None, clean
     return congested, clean
@@ -490,12 +618,45 @@ class Transfer:
     end: float
 
 
+@dataclass(frozen=True)
+class Compute:
+    """One compute operation of ``timeline.jsonl`` (:func:`emulator.metrics.compute_records`): monotonic seconds.
+
+    ``seconds`` is the op's own (real accelerator) time in the schedule; ``end - start`` the dilated time it ran.
+    """
+
+    rep: int
+    step: int
+    rank: int
+    host: str
+    op: int
+    seconds: float
+    start: float
+    end: float
+
+
+def _timeline_records(cell_dir: str, rep: int) -> list[dict[str, Any]]:
+    return [t for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl")) if t.get("rep") == rep]
+
+
+def _transfer(t: Mapping[str, Any]) -> Transfer:
+    return Transfer(rep=t["rep"], step=t["step"], src=t["src"], src_host=t["src_host"], dst_host=t["dst_host"],
+                    bytes=t["bytes"], start=t["start"], end=t["end"])
+
+
+def _compute(t: Mapping[str, Any]) -> Compute:
+    return Compute(rep=t["rep"], step=t["step"], rank=t["rank"], host=t["host"], op=t["op"],
+                   seconds=float(t["seconds"]), start=t["start"], end=t["end"])
+
+
 def read_transfers(cell_dir: str, rep: int) -> list[Transfer]:
-    """The transfers of repetition ``rep`` in the cell's timeline (lines of other repetitions are not parsed)."""
-    return [Transfer(rep=rep, step=t["step"], src=t["src"], src_host=t["src_host"], dst_host=t["dst_host"],
-                     bytes=t["bytes"], start=t["start"], end=t["end"])
-            for t in read_jsonl(os.path.join(cell_dir, "timeline.jsonl"))
-            if t.get("rep") == rep and t.get("kind") != "compute"]
+    """The transfers of repetition ``rep`` in the cell's timeline (compute records are left out)."""
+    return [_transfer(t) for t in _timeline_records(cell_dir, rep) if t.get("kind") != "compute"]
+
+
+def read_computes(cell_dir: str, rep: int) -> list[Compute]:
+    """The compute operations of repetition ``rep`` in the cell's timeline (``"kind": "compute"`` records)."""
+    return [_compute(t) for t in _timeline_records(cell_dir, rep) if t.get("kind") == "compute"]
 
 
 def _first_measured(res: results.CellResults | None) -> int:
@@ -505,21 +666,33 @@ def _first_measured(res: results.CellResults | None) -> int:
 
 @dataclass(frozen=True)
 class Timeline:
-    """One cell's first measured repetition, transfer by transfer (the Gantt chart's data)."""
+    """One cell's first measured repetition, transfer by transfer and compute op by op (the Gantt chart's data)."""
 
     row: CellRow
     rep: int
     transfers: list[Transfer]
+    computes: list[Compute] = field(default_factory=list)
+
+    @property
+    def start(self) -> float:
+        """The first send's or compute op's start (the timeline has at least one of them)."""
+        return min([t.start for t in self.transfers] + [c.start for c in self.computes])
+
+    @property
+    def end(self) -> float:
+        return max([t.end for t in self.transfers] + [c.end for c in self.computes])
 
 
 def first_measured_transfers(rows: Iterable[CellRow]) -> list[Timeline]:
-    """Each row's first measured repetition, for the rows whose timeline has one."""
+    """Each row's first measured repetition (transfers and compute ops), for the rows whose timeline has one."""
     out = []
     for row in rows:
         rep = _first_measured(results.load(os.path.join(row.dir, "results.json")))
-        transfers = read_transfers(row.dir, rep)
-        if transfers:
-            out.append(Timeline(row=row, rep=rep, transfers=transfers))
+        records = _timeline_records(row.dir, rep)
+        transfers = [_transfer(t) for t in records if t.get("kind") != "compute"]
+        computes = [_compute(t) for t in records if t.get("kind") == "compute"]
+        if transfers or computes:
+            out.append(Timeline(row=row, rep=rep, transfers=transfers, computes=computes))
     return out
 
 

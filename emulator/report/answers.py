@@ -18,9 +18,18 @@ which cells exist, never from series names.
   of the table with the most baselines.
 * **scaling**: the reference's efficiency (busbw / link goodput, each cell's
   own link rate) from the smallest to the largest host count.
+* **training** (the paper's third claim, near-linear ResNet-50 scaling): per
+  workload and host count, the reference family's training scaling
+  efficiency (compute-only / iteration time) against every other family's at
+  the same host count (:func:`training_answers`).
 * **projection** (model only): at the largest scale that
   :mod:`emulator.paper_scale` projects, the reference against the leaf-spine
   baselines, beside the model's measured error (:func:`model_error_text`).
+
+Q1, Q2 and scaling are busbw answers: they see only the rows of one
+collective at a size (:func:`~emulator.report.aggregate.busbw_rows`), never a
+training iteration. A family of another collective than allreduce is named
+with it (``leaf-spine + ECMP + ring allgather``).
 
 Every answer names its cells' trouble in place: a cell that failed, did not
 run or is not trusted (a fidelity flag) is called out in the sentence.
@@ -39,9 +48,14 @@ from emulator.report.aggregate import (
     Reference,
     ServerComparison,
     SpeedupTable,
+    TrainingKey,
+    TrainingPoint,
+    busbw_rows,
+    efficiency_interval,
     median,
     ratio,
     speedup_interval,
+    training_families,
 )
 from emulator.schedule.format import format_size
 
@@ -49,12 +63,14 @@ QUESTIONS = {
     "Q1": "Q1. Does one NIC per accelerator remove intra-server congestion?",
     "Q2": "Q2. Do BiGraph and HDRM remove network congestion?",
     "scaling": "Scaling: does the reference keep its links busy as hosts are added?",
+    "training": "Training: does a data-parallel iteration scale near-linearly?",
     "projection": "At the paper's scale (model only)",
 }
 PAPER = {
     "Q1": "The paper claims up to ×11.3 from removing NIC congestion.",
     "Q2": "The paper claims up to ×6.08 from BiGraph and HDRM together.",
     "scaling": "The paper reports near-linear scaling of ResNet-50 training.",
+    "training": "The paper reports near-linear scaling of ResNet-50 training on BiGraph with HDRM.",
     "projection": "",
 }
 EACH_FAMILY_MAX = 4  # at the largest host count, every baseline family gets a sentence up to this many
@@ -68,7 +84,7 @@ T = TypeVar("T")
 class Answer:
     """One sentence answering a question, with the numbers behind it (``summary.json``'s ``answers``)."""
 
-    question: str                          # "Q1", "Q2", "scaling" or "projection" (model only)
+    question: str                          # "Q1", "Q2", "scaling", "training" or "projection" (model only)
     text: str
     comparison: str                        # short label: numerator / denominator
     hosts: int
@@ -89,7 +105,8 @@ class Answer:
 
 # ------------------------------------------------------------------ words
 def describe(row: CellRow, seeds: int = 1) -> str:
-    """``leaf-spine + ECMP (2 seeds) + hd``: a family in words."""
+    """``leaf-spine + ECMP (2 seeds) + hd``: a family in words; ``... + ring allgather`` for another collective
+    than allreduce."""
     kind, routing = row.kind, row.routing
     parts = [KINDS.get(kind, kind)]
     if kind != "star" and not (kind == "bigraph" and routing == "bigraph"):
@@ -100,7 +117,8 @@ def describe(row: CellRow, seeds: int = 1) -> str:
 
 def _algorithm(row: CellRow) -> str:
     placement = row.placement
-    return row.algorithm if placement in ("identity", "hdrm") else f"{row.algorithm} ({placement} placement)"
+    algo = row.algorithm if row.collective == "allreduce" else f"{row.algorithm} {row.collective}"
+    return algo if placement in ("identity", "hdrm") else f"{algo} ({placement} placement)"
 
 
 def caution(cells: Iterable[CellRow]) -> str:
@@ -187,13 +205,15 @@ Pick = tuple[SpeedupTable, int, str, str]
 
 
 def network_answers(tables: list[SpeedupTable]) -> list[Answer]:
-    """Q2: every family at the largest host count, and the best and worst non-star of the fullest table."""
+    """Q2: every family at the largest host count, and the best and worst non-star of the fullest table
+    (allreduce tables first)."""
     tables = [t for t in tables if t.reference and t.baselines
               and all(r.server_design in EFLOPS_DESIGNS for r in t.reference.values())]
     if not tables:
         return []
-    largest = max(tables, key=lambda t: (t.hosts, len(t.baselines)))
-    fullest = max(tables, key=lambda t: (len(t.baselines), t.hosts))
+    # the paper's question is the allreduce's: another collective's table only when there is no allreduce one
+    largest = max(tables, key=lambda t: (t.collective == "allreduce", t.hosts, len(t.baselines)))
+    fullest = max(tables, key=lambda t: (t.collective == "allreduce", len(t.baselines), t.hosts))
     picked: list[Pick] = []
     if len(largest.baselines) <= EACH_FAMILY_MAX:
         size = max(largest.reference)
@@ -230,14 +250,16 @@ def _network_answer(t: SpeedupTable, size: int, fam: str, role: str, paper: bool
 # ------------------------------------------------------------------ scaling
 def scaling_answers(rows: list[CellRow], ref: Reference) -> list[Answer]:
     """The reference's efficiency at its smallest and largest host count (the family measured at most counts)."""
-    fams: dict[tuple[str, str | None, int], dict[int, list[CellRow]]] = {}
-    for r in rows:
+    fams: dict[tuple[str, str | None, int, bool, str], dict[int, list[CellRow]]] = {}
+    for r in busbw_rows(rows):
         if ref.matches(r) and r.server_design in EFLOPS_DESIGNS:
-            fams.setdefault((r.kind, r.server_design, r.size), {}).setdefault(r.hosts, []).append(r)
+            key = (r.kind, r.server_design, r.size, r.collective == "allreduce", r.collective)
+            fams.setdefault(key, {}).setdefault(r.hosts, []).append(r)
     fams = {k: v for k, v in fams.items() if len(v) > 1}
     if not fams:
         return []
-    key = max(fams, key=lambda k: (len(fams[k]), k[2]))
+    # the family at the most host counts, then the largest size; allreduce before another collective
+    key = max(fams, key=lambda k: (len(fams[k]), k[2], k[3]))
     by_hosts = fams[key]
     h_s, h_l, size = min(by_hosts), max(by_hosts), key[2]
     small, large = by_hosts[h_s], by_hosts[h_l]
@@ -265,6 +287,72 @@ def _efficiency(cells: list[CellRow], measured: bool) -> float | None:
 
 def _f(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}"
+
+
+# ----------------------------------------------------------------- training
+def training_answers(rows: list[CellRow], ref: Reference) -> list[Answer]:
+    """Per workload and host count of the reference family: its training scaling efficiency against every other
+    family's at that host count, one answer each (the reference alone where no other family ran there).
+
+    ``measured`` is the reference's efficiency over the other family's (with the same compute, the other's
+    iteration time over the reference's), ``model`` the same ratio from the model; alone, ``measured`` is the
+    reference's efficiency and ``model`` the model's.
+    """
+    fams = training_families(rows)
+    out: list[Answer] = []
+    for workload in sorted({k.workload for k in fams}):
+        refs = [k for k in fams if k.workload == workload and k.routing == ref.routing
+                and k.algorithm == ref.algorithm]
+        others = [k for k in fams if k.workload == workload and k not in refs]
+        for rk in refs:
+            for hosts, rp in fams[rk].items():
+                against = [(k, fams[k][hosts]) for k in others if hosts in fams[k]]
+                if not against:
+                    out.append(_training_alone(rk, hosts, rp, paper=not out))
+                for k, op in against:
+                    out.append(_training_answer(rk, hosts, rp, k, op, paper=not out))
+    return out
+
+
+def _kept(point: TrainingPoint) -> str:
+    """``0.94 of the compute-only speed (model 0.95)``."""
+    return f"{_f(point.efficiency)} of the compute-only speed (model {_f(point.model_efficiency)})"
+
+
+def _training_lead(hosts: int, key: TrainingKey, point: TrainingPoint) -> str:
+    return f"At {hosts} hosts a `{key.workload}` iteration on {describe(point.cells[0])} keeps {_kept(point)}"
+
+
+def _training_answer(rk: TrainingKey, hosts: int, rp: TrainingPoint, ok: TrainingKey, op: TrainingPoint,
+                     paper: bool) -> Answer:
+    cells = [*rp.cells, *op.cells]
+    other = describe(op.cells[0], len(op.cells))
+    measured, model = ratio(rp.efficiency, op.efficiency), ratio(rp.model_efficiency, op.model_efficiency)
+    iv = efficiency_interval(rp.cells, op.cells)
+    interval = (iv.low, iv.high) if iv else None
+    significant = stats.significant(iv) if iv else None
+    if measured is None:
+        verdict = f"not measured on both; {_said(model)}"
+    elif significant is False:
+        verdict = (f"no different within the noise: {_x(measured)} ({_spread(interval, significant)}); "
+                   f"{_said(model)}")
+    else:
+        verdict = (f"its iteration is {_x(measured)} ({_spread(interval, significant)}) "
+                   f"{'faster' if measured >= 1 else 'as fast'}; {_said(model)}")
+    text = _sentence("training", f"{_training_lead(hosts, rk, rp)} against {_f(op.efficiency)} (model "
+                     f"{_f(op.model_efficiency)}) for {other}: {verdict}", cells, paper)
+    return Answer("training", text, f"{rk.label} / {ok.label}: scaling efficiency at {hosts} hosts", hosts, 0,
+                  measured, interval, significant, model, _trusted(cells), tuple(c.id for c in cells))
+
+
+def _training_alone(rk: TrainingKey, hosts: int, rp: TrainingPoint, paper: bool) -> Answer:
+    spread = rp.efficiency_range
+    text = _sentence("training", _training_lead(hosts, rk, rp)
+                     + (f" ({spread[0]:.2f}..{spread[1]:.2f} over repetitions)" if spread else "")
+                     + "; no other family ran at this host count", rp.cells, paper)
+    return Answer("training", text, f"{rk.label}: scaling efficiency at {hosts} hosts", hosts, 0,
+                  rp.efficiency, None, None, rp.model_efficiency, _trusted(rp.cells),
+                  tuple(c.id for c in rp.cells))
 
 
 # --------------------------------------------------------------- projection
@@ -324,8 +412,13 @@ def _lowest_and_highest(items: list[T], measured: Callable[[T], float | None],
 
 def find(rows: list[CellRow], ref: Reference, tables: list[SpeedupTable],
          server_tables: list[ServerComparison]) -> list[Answer]:
-    """Every measured answer the data supports, in the order Q1, Q2, scaling."""
-    return [*server_answers(server_tables, ref), *network_answers(tables), *scaling_answers(rows, ref)]
+    """Every measured answer the data supports, in the order Q1, Q2, scaling, training.
+
+    Q1, Q2 and scaling see only :func:`~emulator.report.aggregate.busbw_rows` (``tables`` and
+    ``server_tables`` are built from them already).
+    """
+    return [*server_answers(server_tables, ref), *network_answers(tables), *scaling_answers(rows, ref),
+            *training_answers(rows, ref)]
 
 
 def summary(name: str, wall_s: float | None, found: list[Answer]) -> dict[str, Any]:

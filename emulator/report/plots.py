@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from emulator.report.aggregate import CellRow, LinkStepMatrix, ScalingKey, ScalingPoint, Timeline
+from emulator.report.aggregate import (
+    CellRow,
+    LinkStepMatrix,
+    ScalingKey,
+    ScalingPoint,
+    Timeline,
+    TrainingKey,
+    TrainingPoint,
+)
 from emulator.schedule.format import format_size
 
 if TYPE_CHECKING:
@@ -96,26 +104,45 @@ def plot_heatmaps(path: str, cells: list[tuple[CellRow, LinkStepMatrix]]) -> Non
     _save(fig, path, 100)
 
 
+COMPUTE_GREY = "#b0b0b0"
+
+
 def plot_gantt(path: str, timelines: list[Timeline]) -> bool:
-    """One Gantt chart per timeline on a common time axis (a row per sending rank); False when there is none."""
+    """One Gantt chart per timeline on a common time axis; False when there is none.
+
+    A row per rank: its transfers by sending rank (send start to receive end, coloured by step) and, in
+    grey behind them, its compute operations (a training iteration's forward and backward passes).
+    """
     if not timelines:
         return False
     plt = _plt()
     fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
     cmap = plt.get_cmap("tab10")
-    xmax = max(max(t.end for t in tl.transfers) - min(t.start for t in tl.transfers) for tl in timelines)
+    xmax = max(tl.end - tl.start for tl in timelines)
+    computing = any(tl.computes for tl in timelines)
     for i, tl in enumerate(timelines):
         ax = axes[i][0]
-        t0 = min(t.start for t in tl.transfers)
-        for t in tl.transfers:
-            ax.barh(t.src, t.end - t.start, left=t.start - t0, height=0.8, color=cmap(t.step % 10),
-                    edgecolor="black", linewidth=0.2)
+        t0 = tl.start
+        ranks: dict[int, list[tuple[float, float]]] = {}
+        for c in tl.computes:
+            ranks.setdefault(c.rank, []).append((c.start - t0, c.end - c.start))
+        for rank, spans in ranks.items():  # one call per rank: an iteration has hundreds of compute ops
+            ax.broken_barh(spans, (rank - 0.4, 0.8), facecolors=COMPUTE_GREY, edgecolor="white", linewidth=0.3)
+        if tl.transfers:  # narrower over compute, so that both show where they overlap
+            ax.barh([t.src for t in tl.transfers], [t.end - t.start for t in tl.transfers],
+                    left=[t.start - t0 for t in tl.transfers], height=0.5 if tl.computes else 0.8,
+                    color=[cmap(t.step % 10) for t in tl.transfers], edgecolor="black", linewidth=0.2)
         ax.set_xlim(0, xmax * 1.02)
-        ax.set_ylabel("sending rank")
-        ax.set_title(f"{tl.row.id}, repetition {tl.rep}: transfers (send start to receive end), colour = step",
-                     fontsize=9)
-        ax.invert_yaxis()
-    axes[-1][0].set_xlabel("seconds since the first send")
+        ax.set_ylabel("rank" if tl.computes else "sending rank")
+        what = ("transfers by sending rank (send start to receive end), colour = step; grey = compute"
+                if tl.computes else "transfers (send start to receive end), colour = step")
+        ax.set_title(f"{tl.row.id}, repetition {tl.rep}: {what}", fontsize=9)
+        if tl.computes and not tl.transfers:
+            ax.set_ylim(max(ranks) + 0.5, min(ranks) - 0.5)
+        else:
+            ax.invert_yaxis()
+    axes[-1][0].set_xlabel("seconds since the first send or compute op" if computing
+                           else "seconds since the first send")
     _save(fig, path, 100)
     return True
 
@@ -141,6 +168,37 @@ def plot_scaling(path: str, fams: dict[ScalingKey, dict[int, ScalingPoint]]) -> 
     ax.set_ylim(0, 1.1)
     _finish(ax, "hosts", "busbw / link goodput", "scaling efficiency (1 = every host's link busy all the time)",
             fontsize=7)
+    _save(fig, path, 110)
+    return True
+
+
+def plot_training_efficiency(path: str, fams: dict[TrainingKey, dict[int, TrainingPoint]]) -> bool:
+    """Training scaling efficiency against hosts, measured (solid) and model (dotted) per family.
+
+    The measured points carry their range over repetitions as error bars. False without a family.
+    """
+    if not fams:
+        return False
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (key, by_hosts) in enumerate(sorted(fams.items())):
+        color = plt.get_cmap("tab10")(i % 10)
+        xs = sorted(h for h, v in by_hosts.items() if v.efficiency is not None)
+        if xs:
+            ys = [by_hosts[h].efficiency or 0.0 for h in xs]
+            ranges = [by_hosts[h].efficiency_range or (y, y) for h, y in zip(xs, ys, strict=True)]
+            err = [[max(y - lo, 0.0) for y, (lo, _) in zip(ys, ranges, strict=True)],
+                   [max(hi - y, 0.0) for y, (_, hi) in zip(ys, ranges, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", color=color, capsize=3, label=key.label)
+        mx = sorted(h for h, v in by_hosts.items() if v.model_efficiency is not None)
+        ax.plot(mx, [by_hosts[h].model_efficiency for h in mx], linestyle=":", marker=".", color=color,
+                label=f"{key.label} (model)")
+    ax.set_xscale("log", base=2)
+    hosts = sorted({h for v in fams.values() for h in v})
+    ax.set_xticks(hosts, [str(h) for h in hosts])
+    ax.set_ylim(0, 1.1)
+    _finish(ax, "hosts", "compute-only time / iteration time",
+            "training scaling efficiency (1 = communication hidden behind compute)", fontsize=7)
     _save(fig, path, 110)
     return True
 

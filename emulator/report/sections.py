@@ -10,11 +10,13 @@ folder they are given and link it as ``plots/<name>``.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections.abc import Sequence
 
 from emulator import fabric, paper_scale
+from emulator.errors import FieldError
 from emulator.report import answers, plots
 from emulator.report.aggregate import (
     RESAMPLES,
@@ -27,6 +29,10 @@ from emulator.report.aggregate import (
     ScalingPoint,
     ServerComparison,
     SpeedupTable,
+    Timeline,
+    TrainingKey,
+    TrainingPoint,
+    busbw_rows,
     first_measured_transfers,
     link_step_matrix,
 )
@@ -70,12 +76,23 @@ def answers_section(doc: Doc, found: list[answers.Answer], repeat: int) -> None:
         if texts:
             doc.p(f"**{heading}**")
             doc.ul(texts)
-    doc.p(f"Measured: median busbw of the measured repetitions (ECMP seeds: median over seeds); 95%: the "
-          f"bootstrap interval of that ratio over repetitions and ECMP seeds ({RESAMPLES} resamples); model: "
-          "`schedule check`'s max-min fair prediction on the same routes. Cells at different link rates are "
-          "compared by efficiency (busbw / link goodput), never by busbw. Details in the tables below."
-          + (f" With {repeat} measured repetitions per cell the bootstrap sees little of the run-to-run spread: "
-             "read a narrow interval as a lower bound on the uncertainty." if repeat < 5 else ""))
+    notes = []
+    if any(a.question != "training" for a in found):
+        notes.append(f"Measured: median busbw of the measured repetitions (ECMP seeds: median over seeds); 95%: the "
+                     f"bootstrap interval of that ratio over repetitions and ECMP seeds ({RESAMPLES} resamples); "
+                     "model: `schedule check`'s max-min fair prediction on the same routes. Cells at different link "
+                     "rates are compared by efficiency (busbw / link goodput), never by busbw. Details in the "
+                     "tables below.")
+    if any(a.question == "training" for a in found):
+        notes.append("Training: scaling efficiency (compute-only / iteration time, median of the measured "
+                     "repetitions) of the reference family against another family at the same host count; the "
+                     f"ratio, with its bootstrap interval over repetitions ({RESAMPLES} resamples), is how much "
+                     "faster the reference's iteration runs (both have the same compute); model: `schedule "
+                     "check`'s timing model on the same routes.")
+    if repeat < 5:
+        notes.append(f"With {repeat} measured repetitions per cell the bootstrap sees little of the run-to-run "
+                     "spread: read a narrow interval as a lower bound on the uncertainty.")
+    doc.p(" ".join(notes))
 
 
 def fabric_sentence(spec: str | None, link_mbps: float) -> str:
@@ -98,6 +115,8 @@ def overview(doc: Doc, plan: Plan, rows: list[CellRow]) -> None:
     failed = sum(r.status not in ("ok", "not run") for r in rows)
     not_run = sum(r.status == "not run" for r in rows)
     datapaths = sorted({r.datapath for r in rows if r.datapath})
+    others = sorted({r.collective for r in rows if r.collective != "allreduce"})
+    trained = sorted({r.workload for r in rows if r.is_training})
     doc.ul([
         f"**{n_ok} of {len(rows)} cells finished**, {failed} failed or interrupted, {not_run} not run"
         + ("" if n_ok == len(rows) else " (run `emu run` again to finish them)") + ".",
@@ -105,9 +124,15 @@ def overview(doc: Doc, plan: Plan, rows: list[CellRow]) -> None:
         f"datapath: {', '.join(datapaths) or 'unknown'}; repetitions per cell: {plan.warmup} warm-up + "
         f"{plan.repeat} measured; ECMP seeds: {', '.join(map(str, plan.ecmp_seeds))}.",
         "busbw is the nccl-tests bus bandwidth (algbw x 2(p-1)/p), the median of the measured repetitions; a "
-        "perfect allreduce reaches the link's TCP goodput. The model is `schedule check`'s timing model on the "
+        "perfect allreduce reaches the link's TCP goodput. "
+        + (f"Other collectives here ({', '.join(others)}) use nccl-tests' own factor: (p-1)/p for "
+           "reduce_scatter, allgather and alltoall, 1 for broadcast and reduce. " if others else "")
+        + "The model is `schedule check`'s timing model on the "
         "same routes: max-min fair sharing of every link, and the fabric's per-message latency, with the agents' "
         "own dependency rules (it knows contention and latency, not the emulator's CPU limits).",
+        *([f"Training iterations ({', '.join(f'`{w}`' for w in trained)}): "
+           f"{sum(r.is_training for r in rows)} cells, compared by scaling efficiency (compute-only / iteration "
+           "time) in \"Training iteration: scaling efficiency\", never by busbw."] if trained else []),
         fabric_sentence(plan.fabric, plan.link_mbps),
     ])
     clean_ratios = [r.measured_over_predicted for r in rows
@@ -154,7 +179,7 @@ def _baseline_cell(e: BaselineEntry) -> str:
 
 
 def _speedup_table(doc: Doc, t: SpeedupTable) -> None:
-    doc.h(3, f"series `{t.series}`, {t.hosts} hosts")
+    doc.h(3, f"series `{t.series}`, {t.hosts} hosts" + ("" if t.collective == "allreduce" else f", {t.collective}"))
     headline = _headline(t)
     if headline:
         doc.p(headline)
@@ -208,13 +233,17 @@ def servers(doc: Doc, server_tables: list[ServerComparison]) -> None:
 
 # --------------------------------------------------------------- figures
 def busbw_vs_size(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
-    """A busbw-against-size plot per series."""
+    """A busbw-against-size plot per series (training rows left out); a series of other collectives than
+    allreduce names them in its title."""
     doc.h(2, "busbw against message size")
+    rows = busbw_rows(rows)
     for series in dict.fromkeys(r.series for r in rows):
         name = f"busbw-{series}.png"
-        if plots.plot_busbw_vs_size(os.path.join(plot_dir, name), [r for r in rows if r.series == series],
-                                    f"series {series}: busbw against size"):
-            doc.img(f"plots/{name}", f"busbw against size, series {series}")
+        mine = [r for r in rows if r.series == series]
+        collectives = list(dict.fromkeys(r.collective for r in mine))
+        label = f"series {series}" + ("" if collectives == ["allreduce"] else f" ({', '.join(collectives)})")
+        if plots.plot_busbw_vs_size(os.path.join(plot_dir, name), mine, f"{label}: busbw against size"):
+            doc.img(f"plots/{name}", f"busbw against size, {label}")
 
 
 def _heatmap(doc: Doc, congested: CellRow | None, clean: CellRow | None, plot_dir: str) -> None:
@@ -245,9 +274,11 @@ def congestion(doc: Doc, congested: CellRow | None, clean: CellRow | None, plot_
         return
     _heatmap(doc, congested, clean, plot_dir)
     doc.h(2, "Timeline")
-    if plots.plot_gantt(os.path.join(plot_dir, "gantt.png"), first_measured_transfers(chosen)):
+    timelines = first_measured_transfers(chosen)
+    if plots.plot_gantt(os.path.join(plot_dir, "gantt.png"), timelines):
         doc.p("Every transfer of the first measured repetition, from the send's start to the receive's end, "
-              "one row per sending rank, coloured by step; both runs on the same time axis.")
+              "one row per sending rank, coloured by step; both runs on the same time axis."
+              + (" Grey bars: the rank's compute operations." if any(tl.computes for tl in timelines) else ""))
         doc.img("plots/gantt.png", "timeline of transfers")
 
 
@@ -267,6 +298,116 @@ def scaling(doc: Doc, fams: dict[ScalingKey, dict[int, ScalingPoint]], plot_dir:
     doc.p("Efficiency = busbw / link goodput (1 = near-linear scaling: the allreduce keeps every host link "
           "busy however many hosts take part); model in brackets.")
     doc.img("plots/scaling.png", "scaling efficiency")
+
+
+def _range(point: TrainingPoint) -> str:
+    """``0.94 (0.93..0.95)``: the median and the range over repetitions."""
+    spread = point.efficiency_range
+    return _fmt(point.efficiency) + (f" ({spread[0]:.2f}..{spread[1]:.2f})" if spread else "")
+
+
+def _notes(cells: list[CellRow]) -> str:
+    """``2 seeds``, ``not trusted: id``, ``id failed`` (what a training point's cells say), or ""."""
+    notes = [f"{len(cells)} seeds"] if len(cells) > 1 else []
+    for c in cells:
+        if c.status != "ok":
+            notes.append(f"`{c.id}` {c.status}")
+        elif c.trusted is False:
+            notes.append(f"not trusted: `{c.id}`")
+    return "; ".join(notes)
+
+
+def _latency_scaled(row: CellRow, profile: fabric.FabricProfile) -> bool:
+    """Whether the cell's fabric has the experiment's per-message latency divided by the workload's scale."""
+    try:
+        own = fabric.parse(row.fabric) if row.fabric else None
+    except FieldError:
+        return False
+    return own is not None and math.isclose(own.alpha_us * row.workload_scale, profile.alpha_us, rel_tol=1e-6)
+
+
+def _scale_sentence(rows: list[CellRow], profile: fabric.FabricProfile) -> str:
+    """What a workload's scale > 1 keeps of the real iteration and what it does not ("" when every scale is 1).
+
+    Two cases (:mod:`emulator.schedule.training`): cells whose fabric has the latencies divided by the scale
+    too (the experiment's ``profile`` against each cell's own), and cells that replayed at the full latencies.
+    """
+    rows = [r for r in rows if r.workload_scale > 1]
+    scaled = sorted({(r.workload, r.workload_scale) for r in rows})
+    if not scaled:
+        return ""
+    names = ", ".join(f"`{w}` at scale {s:g}" for w, s in scaled)
+    if all(_latency_scaled(r, profile) for r in rows):
+        return (f"Scale: {names}. Every gradient size and every compute time is divided by the scale, to keep "
+                "emulated runs short, and the cells replay on a fabric with the per-message and per-switch "
+                f"latencies divided by the scale as well (alpha {profile.alpha_us:g} µs becomes "
+                + ", ".join(sorted({f"{profile.alpha_us / s:g} µs" for _, s in scaled}))
+                + "). Then every term of the iteration's time is 1/scale of the real iteration's except two: "
+                "the emulator's own latencies (flagged `latency_floor` where they exceed the target) and frame "
+                "serialisation: frames do not shrink, so a frame's store-and-forward weighs `scale` times more "
+                "than in the real iteration.")
+    return (f"Scale: {names}. Every gradient size and every compute time is divided by the scale, which keeps "
+            "the ratio of bandwidth time to compute time: where the network is bandwidth-bound the overlap, the "
+            "exposed communication tail and the scaling efficiency are those of the real iteration. It does not "
+            "shrink the per-message latency (alpha), the switch latency or the store-and-forward of a frame, so "
+            "latency weighs `scale` times more against compute and bandwidth than in the real iteration: a "
+            "pessimistic efficiency, more so for ring's 2(p-1) messages than for halving-doubling's 2·log2 p; "
+            "and the smallest buckets may pad relatively more. Multiplied by the scale, the times read as the "
+            "real iteration's only where latency is negligible.")
+
+
+def training(doc: Doc, fams: dict[TrainingKey, dict[int, TrainingPoint]], rows: list[CellRow],
+             profile: fabric.FabricProfile, plot_dir: str) -> None:
+    """The "Training iteration: scaling efficiency" section (nothing without training cells): per family and
+    host count the measured and the model's efficiency, iteration and compute-only time, what the workload's
+    scale means (against the experiment's fabric ``profile``), a plot, and a Gantt of the first training
+    cell's first measured repetition."""
+    if not fams:
+        return
+    doc.h(2, "Training iteration: scaling efficiency")
+    doc.p("Scaling efficiency = compute-only time / iteration time. The iteration is one data-parallel "
+          "training step on every rank: the forward pass, the backward pass layer by layer, and every gradient "
+          "bucket's allreduce, started as soon as the bucket's gradients are ready (PyTorch DDP), so it overlaps "
+          "the rest of the backward compute. Compute-only time is the iteration with communication free (the "
+          "compute operations' dilated time along the longest chain). An efficiency of 1 means communication "
+          "hides entirely behind the backward compute: each host computes as fast as it would alone, so "
+          "adding hosts scales the throughput linearly (near-linear scaling); below 1 the exposed "
+          "communication tail costs that fraction of the speed. Measured: median over the measured "
+          "repetitions (ECMP seeds: median over seeds), in brackets the lowest and highest repetition; model: "
+          "`schedule check`'s timing model on the same routes. Times are emulated seconds.")
+    scale = _scale_sentence([c for by in fams.values() for pt in by.values() for c in pt.cells], profile)
+    if scale:
+        doc.p(scale)
+    body = []
+    for key, by_hosts in fams.items():
+        for hosts, pt in by_hosts.items():
+            body.append([key.label, str(hosts), _range(pt), _fmt(pt.model_efficiency),
+                         f"{_fmt(pt.iteration_s, 3)} ({_fmt(pt.model_iteration_s, 3)})", _fmt(pt.compute_only_s, 3),
+                         _fmt(pt.measured_over_model), _notes(pt.cells)])
+    doc.table(["family (kind, routing, algorithm, workload)", "hosts", "efficiency (min..max)", "model efficiency",
+               "iteration s (model)", "compute-only s", "measured/model iteration time", "notes"], body)
+    if plots.plot_training_efficiency(os.path.join(plot_dir, "training-efficiency.png"), fams):
+        doc.img("plots/training-efficiency.png", "training scaling efficiency against hosts")
+    _training_gantt(doc, [c for by in fams.values() for pt in by.values() for c in pt.cells], rows, plot_dir)
+
+
+def _training_gantt(doc: Doc, cells: list[CellRow], rows: list[CellRow], plot_dir: str) -> None:
+    """A Gantt of the first training cell (in the experiment's order) that has a timeline."""
+    ids = {c.id for c in cells}
+    timeline: Timeline | None = None
+    for r in rows:
+        if r.id in ids and r.status == "ok":
+            found = first_measured_transfers([r])
+            if found:
+                timeline = found[0]
+                break
+    if timeline is None or not plots.plot_gantt(os.path.join(plot_dir, "training-gantt.png"), [timeline]):
+        return
+    doc.p(f"The first measured repetition (repetition {timeline.rep}) of `{timeline.row.id}`: one row per rank; "
+          "grey bars are its compute operations (the forward pass, then the backward pass layer by layer), "
+          "coloured bars the transfers it sends (coloured by step, from the send's start to the receive's end), "
+          "so the gradient allreduces show how much of them overlaps the backward compute.")
+    doc.img("plots/training-gantt.png", "timeline of a training iteration")
 
 
 def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, profile: fabric.FabricProfile) -> None:
@@ -299,14 +440,26 @@ def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, pr
 def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
     """Every cell measured against the model: a scatter plot and a table, with its fidelity counters."""
     doc.h(2, "Every cell: measured against the model")
-    if plots.plot_measured_vs_predicted(os.path.join(plot_dir, "measured-vs-model.png"), rows):
+    if plots.plot_measured_vs_predicted(os.path.join(plot_dir, "measured-vs-model.png"), busbw_rows(rows)):
         doc.img("plots/measured-vs-model.png", "measured against predicted busbw")
-    body = [[f"`{r.id}`", r.status, _fmt(r.busbw_mbps), _fmt(r.predicted_busbw_mbps), _fmt(r.time_s, 3),
+
+    def rate(r: CellRow, measured: bool) -> str:
+        """busbw, or a training iteration's scaling efficiency (``eff. 0.94``)."""
+        if r.is_training:
+            value = r.scaling_efficiency if measured else r.predicted_scaling_efficiency
+            return "–" if value is None else f"eff. {value:.2f}"
+        return _fmt(r.busbw_mbps if measured else r.predicted_busbw_mbps)
+
+    body = [[f"`{r.id}`", r.status, rate(r, True), rate(r, False), _fmt(r.time_s, 3),
              _fmt(r.predicted_time_s, 3), _fmt(r.measured_over_predicted), str(r.max_flows_per_link),
              ", ".join(r.flags) or "none", str(r.qdisc_drops), str(r.tcp_retransmits)] for r in rows]
     doc.table(["cell", "status", "busbw", "model busbw", "time s", "model s", "measured/model time",
                "max flows/link", "fidelity flags", "qdisc drops", "TCP retrans."], body)
-    doc.p("Times are the median of the measured repetitions; busbw in Mbit/s. Fidelity flags per repetition "
+    doc.p("Times are the median of the measured repetitions; busbw in Mbit/s. "
+          + ("Training cells (their id ends with the workload, e.g. `resnet50-s100`) show their scaling "
+             "efficiency (`eff.`: compute-only / iteration time) instead of busbw, and their time is the "
+             "iteration's. " if any(r.is_training for r in rows) else "")
+          + "Fidelity flags per repetition "
           "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
           "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
           "calibrate` never ran here (the capacity is the documented default). A cell with `over_capacity` or "
