@@ -29,9 +29,9 @@ instead of a size) never enter a busbw comparison
 * scaling efficiency (busbw / link goodput) against the number of hosts, for
   every family of cells measured at more than one host count;
 * "Training iteration: scaling efficiency" (training cells only): per family
-  (kind, routing, algorithm, workload) and host count, compute-only time over
-  iteration time measured and by the model, a plot of it against hosts and a
-  Gantt chart of one iteration with its compute in grey;
+  (kind, routing, algorithm, workload without its scale) and host count,
+  compute-only time over iteration time measured and by the model, a plot of
+  it against hosts and a Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
   (:mod:`emulator.paper_scale`), when the reference ran at several host counts;
 * every cell: measured against predicted, faults, fidelity flags, failures.

@@ -150,6 +150,7 @@ class CellRow:
     scaling_efficiency: float | None = None  # compute-only / iteration time, median over repetitions
     predicted_scaling_efficiency: float | None = None
     workload_scale: float = 1.0  # a training iteration's scale (gradients and compute divided by it)
+    workload_model: str = ""  # the workload's slug without its scale (``resnet50-b32``): its training family
     fabric: str = ""  # the cell's fabric profile spec ("" in plans older than fabric profiles)
     rep_efficiency: list[float] = field(default_factory=list)  # scaling efficiency of every measured repetition
 
@@ -232,6 +233,7 @@ def _row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan:
         nics_per_server=params.get("nics_per_server"), server_design=_server_design(params),
         faults=res.faults if res else [], dir=cdir, collective=cell.get("collective", "allreduce"),
         workload=_workload_slug(cell.get("workload")),
+        workload_model=_workload_slug({**cell["workload"], "scale": 1.0}) if cell.get("workload") else "",
         iteration_s=summary.iteration_s if summary else None,
         compute_only_s=summary.compute_only_s if summary else pred.get("compute_only_s"),
         scaling_efficiency=summary.scaling_efficiency if summary else None,
@@ -503,7 +505,9 @@ def scaling_families(rows: list[CellRow]) -> dict[ScalingKey, dict[int, ScalingP
 
 
 class TrainingKey(NamedTuple):
-    """A family of training cells: kind, routing, algorithm (with placement) and workload slug."""
+    """A family of training cells: kind, routing, algorithm (with placement) and workload without its scale
+    (``resnet50-b32``: an experiment may shrink the iteration by a different scale at each host count, an
+    emulation setting like the link rate, so the family's line goes on through them)."""
 
     kind: str
     routing: str
@@ -512,7 +516,7 @@ class TrainingKey(NamedTuple):
 
     @property
     def label(self) -> str:
-        """``bigraph bigraph hdrm resnet50-s100``."""
+        """``bigraph bigraph hdrm resnet50-b32``."""
         return f"{self.kind} {self.routing} {self.algorithm} {self.workload}"
 
 
@@ -534,13 +538,18 @@ class TrainingPoint:
     cells: list[CellRow]
 
     @property
+    def scales(self) -> list[float]:
+        """The workload scales of the cells (one, unless cells of the same host count ran at several)."""
+        return sorted({c.workload_scale for c in self.cells})
+
+    @property
     def measured_over_model(self) -> float | None:
         """Measured over the model's iteration time."""
         return ratio(self.iteration_s, self.model_iteration_s)
 
 
 def training_key(row: CellRow) -> TrainingKey:
-    return TrainingKey(row.kind, row.routing, row.algorithm_label, row.workload)
+    return TrainingKey(row.kind, row.routing, row.algorithm_label, row.workload_model)
 
 
 def training_families(rows: list[CellRow]) -> dict[TrainingKey, dict[int, TrainingPoint]]:

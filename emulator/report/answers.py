@@ -320,7 +320,10 @@ def _kept(point: TrainingPoint) -> str:
 
 
 def _training_lead(hosts: int, key: TrainingKey, point: TrainingPoint) -> str:
-    return f"At {hosts} hosts a `{key.workload}` iteration on {describe(point.cells[0])} keeps {_kept(point)}"
+    """``At 32 hosts a `resnet50-b32` iteration (scale 20) on BiGraph + hdrm keeps ...``."""
+    scales = "" if point.scales == [1.0] else f" (scale {', '.join(f'{s:g}' for s in point.scales)})"
+    return (f"At {hosts} hosts a `{key.workload}` iteration{scales} on {describe(point.cells[0])} keeps "
+            f"{_kept(point)}")
 
 
 def _training_answer(rk: TrainingKey, hosts: int, rp: TrainingPoint, ok: TrainingKey, op: TrainingPoint,

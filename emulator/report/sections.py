@@ -381,10 +381,12 @@ def training(doc: Doc, fams: dict[TrainingKey, dict[int, TrainingPoint]], rows: 
     body = []
     for key, by_hosts in fams.items():
         for hosts, pt in by_hosts.items():
-            body.append([key.label, str(hosts), _range(pt), _fmt(pt.model_efficiency),
+            body.append([key.label, str(hosts), ", ".join(f"{s:g}" for s in pt.scales), _range(pt),
+                         _fmt(pt.model_efficiency),
                          f"{_fmt(pt.iteration_s, 3)} ({_fmt(pt.model_iteration_s, 3)})", _fmt(pt.compute_only_s, 3),
                          _fmt(pt.measured_over_model), _notes(pt.cells)])
-    doc.table(["family (kind, routing, algorithm, workload)", "hosts", "efficiency (min..max)", "model efficiency",
+    doc.table(["family (kind, routing, algorithm, workload)", "hosts", "scale", "efficiency (min..max)",
+               "model efficiency",
                "iteration s (model)", "compute-only s", "measured/model iteration time", "notes"], body)
     if plots.plot_training_efficiency(os.path.join(plot_dir, "training-efficiency.png"), fams):
         doc.img("plots/training-efficiency.png", "training scaling efficiency against hosts")

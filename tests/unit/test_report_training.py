@@ -25,7 +25,8 @@ from emulator.files import append_jsonl, read_json_object, write_json_atomic
 from emulator.report import aggregate, answers, plots
 from emulator.results import CellResults, Fidelity, Iteration, Repetition
 
-TRAIN = "{{topology: \"{spec}\", routing: {routing}, algorithms: [{algo}], model: resnet50, scale: 100}}"
+TRAIN = "{{topology: \"{spec}\", routing: {routing}, algorithms: [{algo}], model: resnet50, scale: {scale}}}"
+SCALE = {8: 100, 16: 100, 32: 200}  # the largest host count shrunk more: still one family per line
 FAMILIES = {  # (routing, algorithm) -> hosts -> topology
     ("bigraph", "hdrm"): {8: "bigraph:upper=2,lower=2,hosts_per_switch=2",
                           16: "bigraph:upper=4,lower=4,hosts_per_switch=2",
@@ -61,8 +62,8 @@ GANTT_RANKS = 8
 
 
 def training_yaml() -> str:
-    runs = [TRAIN.format(spec=spec, routing=routing, algo=algo)
-            for (routing, algo), by_hosts in FAMILIES.items() for spec in by_hosts.values()]
+    runs = [TRAIN.format(spec=spec, routing=routing, algo=algo, scale=SCALE[hosts])
+            for (routing, algo), by_hosts in FAMILIES.items() for hosts, spec in by_hosts.items()]
     return "  - name: train\n    runs:\n" + "".join(f"      - {r}\n" for r in runs)
 
 
@@ -99,8 +100,8 @@ def write_training_cell(out: str, cell: xp.Cell, warmup: int, latency_scaled: bo
                           iteration=Iteration(iteration_s=it, compute_only_s=COMPUTE_ONLY_S))
 
     effs = rep_efficiencies(cell)
-    res = CellResults(config={"cell": cell_json(cell, latency_scaled), "warmup": warmup, "repeat": len(effs), "routing": cell.routing,
-                              "seed": cell.seed},
+    res = CellResults(config={"cell": cell_json(cell, latency_scaled), "warmup": warmup, "repeat": len(effs),
+                              "routing": cell.routing, "seed": cell.seed},
                       prediction=pred, link_mbps=20.0, datapath="user", status="ok", outcome="ok",
                       warmup=[rep(0, model)], repetitions=[rep(warmup + i, e) for i, e in enumerate(effs)])
     res.save(os.path.join(cdir, "results.json"))
@@ -134,7 +135,8 @@ def make_results(tmp_path, latency_scaled: bool = False) -> tuple[str, list[xp.C
     trained = [c for c in xp.expand(full) if c.workload is not None]
     plan = read_json_object(os.path.join(out, "experiment.json"))
     assert plan is not None
-    entries = [{**cell_json(c, latency_scaled), "predicted_time_s": COMPUTE_ONLY_S / MODEL_EFF[(c.routing, c.algorithm)][c.hosts],
+    entries = [{**cell_json(c, latency_scaled),
+                "predicted_time_s": COMPUTE_ONLY_S / MODEL_EFF[(c.routing, c.algorithm)][c.hosts],
                 "predicted_busbw_mbps": 1.3, "alpha_beta_time_s": 0.5, "max_flows_per_link": 1,
                 "predicted_scaling_efficiency": MODEL_EFF[(c.routing, c.algorithm)][c.hosts]} for c in trained]
     plan["cells"] = entries + plan["cells"]
@@ -161,11 +163,12 @@ def test_training_cells_get_their_section_table_and_plot(built):
     out, trained, md = built
     assert [c.id for c in trained][:3] == ["train.bigraph-2x2x2.bigraph.hdrm.resnet50-s100",
                                            "train.bigraph-4x4x2.bigraph.hdrm.resnet50-s100",
-                                           "train.bigraph-4x4x4.bigraph.hdrm.resnet50-s100"]
+                                           "train.bigraph-4x4x4.bigraph.hdrm.resnet50-s200"]
     text = section(md, "## Training iteration: scaling efficiency")
     assert "compute-only time / iteration time" in text and "near-linear scaling" in text
     # these cells replayed at the full latencies: the section says latency weighs more
-    assert "latency weighs `scale` times more" in text and "`resnet50-s100` at scale 100" in text
+    assert "latency weighs `scale` times more" in text
+    assert "`resnet50-s100` at scale 100, `resnet50-s200` at scale 200" in text
     assert "divided by the scale as well" not in text
     for name in ("training-efficiency.png", "training-gantt.png"):
         path = os.path.join(out, "plots", name)
@@ -179,12 +182,14 @@ def test_training_cells_get_their_section_table_and_plot(built):
             med = statistics.median(effs)
             assert f"{med:.2f}" != f"{statistics.mean(effs):.2f}"
             iteration = statistics.median(COMPUTE_ONLY_S / e for e in effs)
-            row = (f"| {kind} {routing} {algo} resnet50-s100 | {hosts} | {med:.2f} ({min(effs):.2f}.."
+            row = (f"| {kind} {routing} {algo} resnet50 | {hosts} | {SCALE[hosts]} | {med:.2f} ({min(effs):.2f}.."
                    f"{max(effs):.2f}) | {model:.2f} | {iteration:.3f} ({COMPUTE_ONLY_S / model:.3f}) | "
                    f"{COMPUTE_ONLY_S:.3f} | {iteration / (COMPUTE_ONLY_S / model):.2f} |")
             assert row in text, row
     fams = report.training_families(report.load_rows(out)[1])
-    point = fams[report.TrainingKey("leafspine", "ecmp", "ring", "resnet50-s100")][32]
+    assert set(fams) == {report.TrainingKey("bigraph", "bigraph", "hdrm", "resnet50"),
+                         report.TrainingKey("leafspine", "ecmp", "ring", "resnet50")}
+    point = fams[report.TrainingKey("leafspine", "ecmp", "ring", "resnet50")][32]
     assert point.efficiency == pytest.approx(0.53 * 0.99)
     assert point.efficiency_range == pytest.approx((0.53 * 0.90, 0.53 * 1.0))
 
@@ -196,13 +201,14 @@ def test_the_training_answer_compares_the_reference_with_the_other_family_at_eac
     assert [a["hosts"] for a in found] == [8, 16, 32]
     for a in found:
         ref, other = MODEL_EFF[("bigraph", "hdrm")][a["hosts"]], MODEL_EFF[("ecmp", "ring")][a["hosts"]]
-        assert a["text"].startswith(f"At {a['hosts']} hosts a `resnet50-s100` iteration on BiGraph + hdrm keeps "
+        assert a["text"].startswith(f"At {a['hosts']} hosts a `resnet50` iteration (scale {SCALE[a['hosts']]}) "
+                                    "on BiGraph + hdrm keeps "
                                     f"{ref * 0.99:.2f} of the compute-only speed (model {ref:.2f}) against "
                                     f"{other * 0.99:.2f} (model {other:.2f}) for leaf-spine + ECMP + ring")
         assert a["measured"] == pytest.approx(ref / other) and a["model"] == pytest.approx(ref / other)
         lo, hi = a["interval"]
         assert lo <= a["measured"] <= hi and a["trusted"] is True and "Caution" not in a["text"]
-        assert a["comparison"] == (f"bigraph bigraph hdrm resnet50-s100 / leafspine ecmp ring resnet50-s100: "
+        assert a["comparison"] == (f"bigraph bigraph hdrm resnet50 / leafspine ecmp ring resnet50: "
                                    f"scaling efficiency at {a['hosts']} hosts")
         assert len(a["cells"]) == 2 and all(c.startswith("train.") for c in a["cells"])
         assert a["text"] in md
@@ -229,7 +235,7 @@ def test_training_rows_stay_out_of_every_busbw_comparison(built):
     assert busbw and not any("resnet50" in c for a in busbw for c in a["cells"])
     # the every-cell table keeps them, with their efficiency instead of busbw
     every = section(md, "## Every cell: measured against the model")
-    assert "| `train.leafspine-8x4x4.ecmp-s0.ring.resnet50-s100` | ok | eff. 0.52 | eff. 0.53 |" in every
+    assert "| `train.leafspine-8x4x4.ecmp-s0.ring.resnet50-s200` | ok | eff. 0.52 | eff. 0.53 |" in every
 
 
 def test_cells_csv_names_the_collective_and_the_workload(built):
@@ -238,7 +244,8 @@ def test_cells_csv_names_the_collective_and_the_workload(built):
         got = {r["id"]: r for r in csv.DictReader(fh)}
     for c in trained:
         row = got[c.id]
-        assert (row["collective"], row["workload"], row["size"]) == ("allreduce", "resnet50-s100", "0")
+        slug = f"resnet50-s{SCALE[c.hosts]}"
+        assert (row["collective"], row["workload"], row["size"]) == ("allreduce", slug, "0") and c.id.endswith(slug)
         assert float(row["scaling_efficiency"]) == pytest.approx(statistics.median(rep_efficiencies(c)))
         assert float(row["predicted_scaling_efficiency"]) == MODEL_EFF[(c.routing, c.algorithm)][c.hosts]
         assert float(row["compute_only_s"]) == COMPUTE_ONLY_S
@@ -314,7 +321,7 @@ def test_the_congestion_timeline_shows_compute_of_its_cells(tmp_path):
 def test_cells_whose_latencies_shrink_with_the_scale_say_what_stays_unscaled(tmp_path):
     out, _ = make_results(tmp_path, latency_scaled=True)
     text = section(open(report.write_report(out)).read(), "## Training iteration: scaling efficiency")
-    assert "latencies divided by the scale as well (alpha 8 µs becomes 0.08 µs)" in text
+    assert "latencies divided by the scale as well (alpha 8 µs becomes 0.04 µs, 0.08 µs)" in text
     assert "flagged `latency_floor`" in text and "frame's store-and-forward weighs `scale` times more" in text
     assert "latency weighs `scale` times more" not in text
 
