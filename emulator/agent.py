@@ -353,7 +353,7 @@ class Agent:
                                     daemon=True) for key in self.send_keys]
         workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[key], run), daemon=True)
                     for key in self.recv_keys]
-        if self.schedule.compute_ops:
+        if any(op.kind == COMPUTE for op in self.program.ops):
             workers.append(threading.Thread(target=self._compute_worker, args=(run,), daemon=True))
         for w in workers:
             w.start()
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     control.send(Msg.HELLO, rank=args.rank)
     agent = None
     try:
-        schedule = sformat.load(args.schedule)
+        schedule = sformat.load(args.schedule, only_rank=args.rank)  # validated whole by the replay
         topo = topology.load(args.topology)
         timing = load_latency_plan(args.latency, args.rank)
         agent = Agent(schedule, topo, args.rank, latency=timing.latency, compute_dilation=timing.compute_dilation)

@@ -19,11 +19,12 @@ GIL while adding, so every addition and copy takes one lock here.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
 
-from emulator.schedule.collectives import ALL, NOBODY
+from emulator.schedule.collectives import ALL, NOBODY, Shape
 from emulator.schedule.format import COMPUTE, DTYPE_BYTES, REDUCE, Op, Schedule
 
 BUFFER_NAMES = ("data", "output", "scratch")
@@ -34,10 +35,15 @@ def input_values_at(rank: int, elements: np.ndarray) -> np.ndarray:
     return (((rank * 131 + elements.astype(np.int64) * 7) % 61) + 1).astype(np.float32)
 
 
+@functools.cache
+def _sum_table(p: int) -> np.ndarray:
+    """Per residue ``c`` of ``element * 7 mod 61``: the sum over ranks 0..p-1 of their input there."""
+    return np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
+
+
 def expected_sum_at(p: int, elements: np.ndarray) -> np.ndarray:
     """The sum over ranks 0..p-1 of :func:`input_values_at`, computed without p passes."""
-    table = np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
-    return table[(elements.astype(np.int64) * 7) % 61]
+    return _sum_table(p)[(elements.astype(np.int64) * 7) % 61]
 
 
 def input_values(rank: int, n: int) -> np.ndarray:
@@ -72,27 +78,38 @@ class RankBuffers:
         self._lock = threading.Lock()
 
     def _fill(self, schedule: Schedule, rank: int) -> None:
-        """Inputs and expected results of every segment, chunk by chunk (vectorised per chunk's elements)."""
+        """Inputs and expected results of every segment, a segment at a time (one numpy pass per owner)."""
         e, p = self.elems_per_chunk, schedule.p
         offsets = np.arange(e, dtype=np.int64)
         for shape in schedule.shapes:
-            for c in range(shape.chunks):
-                piece = shape.input_piece(rank, c)
-                if piece.owner != NOBODY:
-                    lo = (shape.data_offset + c) * e
-                    self.inputs[lo:lo + e] = input_values_at(piece.owner, piece.label * e + offsets)
-            for c in range(shape.result_chunks):
-                want = shape.result_piece(rank, c)
-                if want is None:
-                    continue
-                buf, index = shape.result_location(c)
-                values, mask = self.expected.setdefault(buf, (np.zeros_like(self.arrays[buf]),
-                                                              np.zeros(self.arrays[buf].size, dtype=bool)))
-                elements = want.label * e + offsets
-                lo = index * e
-                values[lo:lo + e] = (expected_sum_at(p, elements) if want.owner == ALL
-                                     else input_values_at(want.owner, elements))
-                mask[lo:lo + e] = True
+            pieces = [shape.input_piece(rank, c) for c in range(shape.chunks)]
+            chunks = np.array([shape.data_offset + c for c, pc in enumerate(pieces) if pc.owner != NOBODY],
+                              dtype=np.int64)
+            if chunks.size:
+                labels = np.array([pc.label for pc in pieces if pc.owner != NOBODY], dtype=np.int64)
+                where = (chunks[:, None] * e + offsets).ravel()
+                self.inputs[where] = input_values_at(rank, (labels[:, None] * e + offsets).ravel())
+            self._expect(shape, rank, p, offsets)
+
+    def _expect(self, shape: Shape, rank: int, p: int, offsets: np.ndarray) -> None:
+        """The result ``shape`` leaves in this rank's buffers, and the mask of where it is checked."""
+        e = self.elems_per_chunk
+        by_owner: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
+        for c in range(shape.result_chunks):
+            want = shape.result_piece(rank, c)
+            if want is None:
+                continue
+            buf, index = shape.result_location(c)
+            places, labels = by_owner.setdefault((buf, want.owner), ([], []))
+            places.append(index)
+            labels.append(want.label)
+        for (buf, owner), (places, labels) in by_owner.items():
+            values, mask = self.expected.setdefault(buf, (np.zeros_like(self.arrays[buf]),
+                                                          np.zeros(self.arrays[buf].size, dtype=bool)))
+            where = (np.array(places, dtype=np.int64)[:, None] * e + offsets).ravel()
+            elements = (np.array(labels, dtype=np.int64)[:, None] * e + offsets).ravel()
+            values[where] = expected_sum_at(p, elements) if owner == ALL else input_values_at(owner, elements)
+            mask[where] = True
 
     def view(self, buffer: str, chunk: int, nchunks: int) -> np.ndarray:
         """Chunks ``chunk .. chunk + nchunks - 1`` of ``buffer`` (a view: writing it writes the buffer)."""

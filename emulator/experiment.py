@@ -366,7 +366,10 @@ def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int
     rprofile = _fabric(where, run, f"{rp}.", enclosing) if "fabric" in run or "link_mbps" in run else None
     topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
-    collective = _choices(where, f"{rp}.collective", run.get("collective", "allreduce"), generators.GENERATED)[0]
+    collective = run.get("collective", "allreduce")
+    if collective not in generators.GENERATED:
+        raise FieldError(where, f"{rp}.collective", f"one of {', '.join(generators.GENERATED)} (one per run)",
+                         collective)
     workload = _workload(where, rp, run)
     if workload is not None and collective != "allreduce":
         raise FieldError(where, f"{rp}.collective", f"allreduce for a {workload.model} iteration (DDP allreduces "

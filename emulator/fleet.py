@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from emulator.control import ControlError, ControlServer, Msg
+from emulator.schedule import format as sformat
+from emulator.schedule.format import Schedule
 
 #: How long agents have to connect to their peers and say ``ready``.
 READY_TIMEOUT_S = 60.0
@@ -89,8 +91,20 @@ class AgentFiles:
 
     def argv(self, rank: int, control: str) -> list[str]:
         """The agent's command line (:func:`emulator.agent.main`)."""
-        return ["--schedule", self.schedule, "--topology", self.topology, "--rank", str(rank), "--control", control,
-                "--log", os.path.join(self.logs, f"rank-{rank}.log"), "--latency", self.latency]
+        return ["--schedule", self.schedule_of(rank), "--topology", self.topology, "--rank", str(rank),
+                "--control", control, "--log", os.path.join(self.logs, f"rank-{rank}.log"), "--latency",
+                self.latency]
+
+    def write_schedule(self, schedule: Schedule) -> None:
+        """The whole schedule (for the record) and every rank's view of it (what its agent reads)."""
+        sformat.save(schedule, self.schedule)
+        for prog in schedule.ranks:
+            sformat.save(sformat.rank_view(schedule, prog.rank), self.schedule_of(prog.rank))
+
+    def schedule_of(self, rank: int) -> str:
+        """Rank ``rank``'s view of the schedule (its own operations only: :func:`emulator.schedule.format.rank_view`),
+        which its agent reads instead of the whole schedule."""
+        return os.path.join(self.logs, f"rank-{rank}.schedule.json")
 
     def stderr(self, rank: int) -> str:
         return os.path.join(self.logs, f"rank-{rank}.stderr")

@@ -26,7 +26,8 @@ survives a failure or Ctrl-C. Files in the output directory:
 * ``links.jsonl`` -- the controller's port counters over time, tc qdisc
   statistics of every link interface and TCP retransmissions per host, per
   repetition;
-* ``agents/rank-R.log`` -- each agent's own log.
+* ``agents/rank-R.log`` -- each agent's own log; ``agents/rank-R.schedule.json``
+  the rank's view of the schedule its agent reads (its own operations only).
 
 What one repetition measured is computed by the pure functions of
 :mod:`emulator.metrics` (their names are importable from here too).
@@ -330,7 +331,7 @@ class ReplaySession:
         """The output folder with the agents' files, empty logs, and a ``running`` results.json."""
         schedule, topo = plan.schedule, self.topo
         os.makedirs(plan.files.logs, exist_ok=True)
-        sformat.save(schedule, plan.files.schedule)
+        plan.files.write_schedule(schedule)
         write_json_atomic(plan.path("topology.json"), topo.to_json())
         write_json_atomic(plan.files.latency, latency_plan(plan.paths, self.compute_dilation))
         for name in ("timeline.jsonl", "links.jsonl"):

@@ -50,13 +50,21 @@ def _check_out(out: str | None) -> None:
                         f"experiment), got {out!r}")
 
 
+def _predicting(cells: int) -> None:
+    """Say what the next seconds (minutes, for 64-host training iterations) go to: every cell's proof and model."""
+    print(f"proving and predicting {cells} cells ...", flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
-    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibration_file.load_calibration(p.emulated_mtu)))
-    total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
-    networks = len(xp.groups([pc.cell for pc in prepared]))
+    cells = xp.expand(exp)
+    networks = len(xp.groups(cells))
     if args.check:
+        _predicting(len(cells))
+        prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(
+            p, calibration_file.load_calibration(p.emulated_mtu)))
+        total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
         for pc in prepared:
             eff = pc.report.scaling_efficiency
             what = (f"scaling efficiency {eff:.3f}" if eff is not None
@@ -81,6 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     system.require_root()
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
     calibrations = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
+    _predicting(len(cells))
     prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
     try:
         os.makedirs(out, exist_ok=True)

@@ -47,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help=f"--model: samples per accelerator (default {training.DEFAULT_BATCH})")
     gen.add_argument("--scale", type=number("a number >= 1", lambda x: 1 <= x <= 1e6), default=1.0, metavar="S",
                      help="--model: divide every gradient and compute time by S, to keep emulated runs short "
-                     "(per-message latency is not divided: it then weighs S times more)")
+                     "(check and replay divide the fabric's latencies by S as well)")
     gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
                      "(default: hdrm for --algo hdrm, else identity)")
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random placement")

@@ -120,7 +120,8 @@ class Composer:
               placement: str | None = None) -> Schedule:
         """The composed schedule, validated."""
         kinds = {seg.collective for seg in self.segments}
-        collective = kinds.pop() if len(kinds) == 1 else MIXED
+        # compute alone carries no data: point-to-point's "nothing to check"
+        collective = P2P if not kinds else kinds.pop() if len(kinds) == 1 else MIXED
         dtype = self.dtype
         schedule = Schedule(
             algorithm=algorithm, size=max(self.data_chunks, 1) * self.chunk_bytes, chunks=max(self.data_chunks, 1),

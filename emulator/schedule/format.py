@@ -358,13 +358,19 @@ def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: s
                              f"unknown key {key}")
 
 
-def from_dict(data: object, where: str = "schedule") -> Schedule:
+def from_dict(data: object, where: str = "schedule", only_rank: int | None = None) -> Schedule:
     """Parse and validate a schedule mapping (as loaded from YAML or JSON).
 
     Checks every field's type and range, chunk ranges against the buffers,
     byte counts, peers, unique ids, dependencies (earlier ops of the same rank,
     step never decreasing along them) and distinct hosts. Raises
     :class:`FieldError` naming the first bad field.
+
+    ``only_rank``: parse that rank's operations only and leave every other
+    rank's empty (its host is still read): *a rank's view*, what one agent
+    needs of a schedule that was validated whole before (a 64-rank training
+    iteration has ~90,000 operations; every agent parsing all of them made 64
+    agents take minutes to start).
     """
     if not isinstance(data, Mapping):
         raise FieldError(where, "schedule", "a mapping (YAML or JSON object)", type(data).__name__)
@@ -438,6 +444,8 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
         raw_ops = raw.get("ops")
         if not isinstance(raw_ops, list):
             raise FieldError(where, f"{path}.ops", "a list of operations", raw_ops)
+        if only_rank is not None and r != only_rank:
+            raw_ops = []
         ops: list[Op] = []
         steps_by_id: dict[int, int] = {}
         for i, rop in enumerate(raw_ops):
@@ -671,12 +679,13 @@ def parse_text(text: str, where: str, fmt: str = "yaml") -> object:
         raise UserError(f"{where}: not valid {kind} ({describe_parse_error(exc)})") from None
 
 
-def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
-    return from_dict(parse_text(text, where, fmt), where)
+def loads(text: str, where: str = "schedule", fmt: str = "yaml", only_rank: int | None = None) -> Schedule:
+    return from_dict(parse_text(text, where, fmt), where, only_rank)
 
 
-def load(path: str) -> Schedule:
-    """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``)."""
+def load(path: str, only_rank: int | None = None) -> Schedule:
+    """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``); ``only_rank``: that
+    rank's view (:func:`from_dict`)."""
     where = f"schedule {path!r}"
     try:
         with open(path, encoding="utf-8") as fh:
@@ -685,12 +694,17 @@ def load(path: str) -> Schedule:
         raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise UserError(f"{where}: not a text file") from None
-    return loads(text, where, format_of(path))
+    return loads(text, where, format_of(path), only_rank)
 
 
 # ---------------------------------------------------------------------------
 # Building helpers (used by the generators and importers)
 # ---------------------------------------------------------------------------
+
+def rank_view(schedule: Schedule, rank: int) -> Schedule:
+    """The schedule as one rank's agent needs it: every field, but only ``rank``'s operations."""
+    return with_ops(schedule, [r.ops if r.rank == rank else () for r in schedule.ranks])
+
 
 def with_ops(schedule: Schedule, ops_by_rank: Iterable[Iterable[Op]]) -> Schedule:
     ranks = tuple(RankProgram(r.rank, r.host, tuple(ops)) for r, ops in zip(schedule.ranks, ops_by_rank, strict=True))

@@ -30,6 +30,9 @@ of :mod:`emulator.agent` (which follows the execution model of
 7. A ``compute`` operation takes its ``seconds`` times ``compute_dilation``
    (the fabric profile's dilation ``D``: a replay sleeps ``D·seconds``; 1
    for the real system's time) and then completes like a local operation.
+   A rank has one compute stream, as an accelerator runs one kernel at a
+   time: its compute operations run one after another in the order they
+   became ready, as the agents run them.
 
 Connections: the transfers of one sender, receiver and *lane* form one
 connection (rules 3 and 5 hold per connection); different lanes between the
@@ -144,6 +147,7 @@ class _Simulation:
         self.active: dict[int, float] = {}  # transfer -> bytes left
         self.rates: dict[int, float] = {}
         self.op_end: dict[tuple[int, int], float] = {}
+        self.compute_free: dict[int, float] = {}  # per rank: when its compute stream is free
 
     def push(self, when: float, kind: str, rank: int, op_id: int) -> None:
         self.seq += 1
@@ -153,8 +157,10 @@ class _Simulation:
         """Operations the rank's dispatcher released: local ones run, communication is queued."""
         for r in ready:
             op = r.op
-            if op.kind == COMPUTE:
-                self.push(r.at + self.compute_dilation * op.seconds, "done", rank, op.id)
+            if op.kind == COMPUTE:  # one compute stream per rank, in release order (as the agents run it)
+                start = max(r.at, self.compute_free.get(rank, 0.0))
+                self.compute_free[rank] = start + self.compute_dilation * op.seconds
+                self.push(self.compute_free[rank], "done", rank, op.id)
             elif not op.is_comm:
                 self.push(r.at + self.gamma * op.bytes, "done", rank, op.id)
             elif op.kind == SEND:

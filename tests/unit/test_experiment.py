@@ -386,6 +386,10 @@ def test_a_probe_that_crashes_counts_as_failed():
                          trusted=False)
     untrusted = probe.judge(CellResults(status="ok", repetitions=[rep(fidelity=saturated)]), 0.5, ("h1", "h4"))
     assert not untrusted.passed and "cpu_saturated" in untrusted.reason
+    # a fabric whose latency target is below this machine's own is no unhealthy network
+    floor = Fidelity(cpu_idle=0.5, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0, flags=["latency_floor"],
+                     trusted=False)
+    assert probe.judge(CellResults(status="ok", repetitions=[rep(fidelity=floor)]), 0.5, ("h1", "h4")).passed
 
 
 def test_the_probe_crosses_the_longest_path():

@@ -17,7 +17,6 @@ from fake_agents import STEP_S, FakeLauncher
 from emulator import topology
 from emulator.control import Msg
 from emulator.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
-from emulator.schedule import format as sformat
 from emulator.schedule import generators
 
 TOPO = topology.build("star:hosts=3")
@@ -33,10 +32,9 @@ def work():
 
 def start(work, behaviours, launcher=None, on_spawn=None):
     """A fleet of ``len(behaviours)`` fake agents on :data:`RING` (rank r behaves as ``behaviours[r]``)."""
-    schedule = os.path.join(work, "schedule.json")
-    sformat.save(RING, schedule)
-    files = AgentFiles(schedule=schedule, topology=os.path.join(work, "topology.json"),
+    files = AgentFiles(schedule=os.path.join(work, "schedule.json"), topology=os.path.join(work, "topology.json"),
                        latency=os.path.join(work, "latency.json"), logs=work)
+    files.write_schedule(RING)
     hosts = {rank: 1000 + rank for rank in range(len(behaviours))}
     launcher = launcher or FakeLauncher()
     launcher.behaviours = dict(enumerate(behaviours))

@@ -78,3 +78,13 @@ def test_a_plain_collective_has_no_compute_figures():
     assert report.compute_only_s is None and report.scaling_efficiency is None
     data = report.to_json()
     assert data["compute_ops"] == 0 and data["compute_only_s"] is None and data["scaling_efficiency"] is None
+
+
+def test_independent_compute_ops_of_one_rank_share_its_one_compute_stream():
+    comp = Composer(["h1", "h2"], 4)
+    comp.compute(0, 0.5)
+    comp.compute(0, 0.25)  # independent of the first, but the accelerator runs one at a time
+    comp.compute(1, 0.5)
+    sched = comp.build("two-streams")
+    assert timing.compute_only_s(sched) == pytest.approx(0.75)
+    assert timing.compute_only_s(sched, compute_dilation=2.0) == pytest.approx(1.5)
