@@ -341,7 +341,7 @@ def _scale_sentence(rows: list[CellRow], profile: fabric.FabricProfile) -> str:
         return (f"Scale: {names}. Every gradient size and every compute time is divided by the scale, to keep "
                 "emulated runs short, and the cells replay on a fabric with the per-message and per-switch "
                 f"latencies divided by the scale as well (alpha {profile.alpha_us:g} µs becomes "
-                + ", ".join(sorted({f"{profile.alpha_us / s:g} µs" for _, s in scaled}))
+                + ", ".join(f"{profile.alpha_us / s:g} µs at scale {s:g}" for s in sorted({s for _, s in scaled}))
                 + "). Then every term of the iteration's time is 1/scale of the real iteration's except two: "
                 "the emulator's own latencies (flagged `latency_floor` where they exceed the target) and frame "
                 "serialisation: frames do not shrink, so a frame's store-and-forward weighs `scale` times more "

@@ -377,6 +377,34 @@ def from_dict(data: object, where: str = "schedule", only_rank: int | None = Non
     _reject_unknown(where, "", data, _TOP_KEYS)
     if "format" in data and data["format"] != FORMAT_NAME:
         raise FieldError(where, "format", repr(FORMAT_NAME), data["format"])
+    collective, raw_segments, root = _parse_collective(where, data)
+    bufs = _parse_buffers(where, data, collective, raw_segments)
+    for key in ("topology", "placement"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise FieldError(where, key, "a string", data[key])
+    meta = data.get("meta", {})
+    if not isinstance(meta, Mapping):
+        raise FieldError(where, "meta", "a mapping", meta)
+    raw_ranks = data.get("ranks")
+    if not isinstance(raw_ranks, list) or not raw_ranks:
+        raise FieldError(where, "ranks", "a non-empty list of ranks", raw_ranks)
+    if len(raw_ranks) > MAX_RANKS:
+        raise FieldError(where, "ranks", f"at most {MAX_RANKS} ranks", len(raw_ranks))
+    p = len(raw_ranks)
+    segments = _parse_segments(where, raw_segments, collective, p, bufs.chunks, bufs.output)
+    problem = (None if segments or collective == MIXED
+               else Shape(collective, p, bufs.chunks, bufs.output, root).problem())
+    if problem is not None:
+        raise FieldError(where, *problem)
+    ranks = _parse_ranks(where, raw_ranks, bufs, only_rank)
+    return Schedule(algorithm=bufs.algorithm, size=bufs.size, chunks=bufs.chunks, ranks=ranks,
+                    scratch_chunks=bufs.scratch, dtype=bufs.dtype, collective=collective,
+                    topology=data.get("topology"), placement=data.get("placement"), meta=dict(meta),
+                    output_chunks=bufs.output, root=root, segments=segments)
+
+
+def _parse_collective(where: str, data: Mapping[str, Any]) -> tuple[str, list[Any], int]:
+    """``version``, ``collective``, ``segments`` (still raw) and ``root``."""
     version = data.get("version", "nothing")
     if isinstance(version, bool) or version not in READ_VERSIONS:
         raise FieldError(where, "version", " or ".join(map(str, READ_VERSIONS)), version)
@@ -384,14 +412,38 @@ def from_dict(data: object, where: str = "schedule", only_rank: int | None = Non
     allowed = (*COLLECTIVES, MIXED) if version >= 2 else (ALLREDUCE,)
     if collective not in allowed:
         raise FieldError(where, "collective", "one of " + ", ".join(allowed), collective)
+    raw_segments = data.get("segments", [])
+    if not isinstance(raw_segments, list):
+        raise FieldError(where, "segments", "a list of segments", raw_segments)
+    root = int_field(where, "root", data.get("root", 0), 0)
+    if root and collective not in ROOTED:
+        raise FieldError(where, "root", f"nothing for {collective} (only {' and '.join(ROOTED)} have a root)", root)
+    return collective, raw_segments, root
+
+
+@dataclass(frozen=True)
+class _Buffers:
+    """The top-level fields every operation is checked against."""
+
+    algorithm: str
+    dtype: str
+    size: int
+    chunks: int
+    chunk_bytes: int
+    scratch: int
+    output: int
+
+    def limits(self) -> dict[str, int]:
+        return {"data": self.chunks, "output": self.output, "scratch": self.scratch}
+
+
+def _parse_buffers(where: str, data: Mapping[str, Any], collective: str, raw_segments: list[Any]) -> _Buffers:
+    """``algorithm``, ``dtype``, ``size``, ``chunks``, ``chunk_bytes``, ``scratch_chunks``, ``output_chunks``."""
     algorithm = data.get("algorithm", "custom")
     if not isinstance(algorithm, str) or not algorithm:
         raise FieldError(where, "algorithm", "a non-empty string", algorithm)
     dtype = data.get("dtype", "float32")
-    raw_segments = data.get("segments", [])
-    if not isinstance(raw_segments, list):
-        raise FieldError(where, "segments", "a list of segments", raw_segments)
-    only_p2p = collective == P2P or (collective == MIXED and raw_segments and all(
+    only_p2p = collective == P2P or (collective == MIXED and bool(raw_segments) and all(
         isinstance(seg, Mapping) and seg.get("collective") == P2P for seg in raw_segments))
     dtypes = tuple(DTYPE_BYTES) if only_p2p else ("float32",)
     if not isinstance(dtype, str) or dtype not in dtypes:
@@ -405,26 +457,14 @@ def from_dict(data: object, where: str = "schedule", only_rank: int | None = Non
         raise FieldError(where, "chunk_bytes", f"{chunk_bytes} (size / chunks)", data["chunk_bytes"])
     scratch = int_field(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
     output = int_field(where, "output_chunks", data.get("output_chunks", 0), 0, MAX_CHUNKS)
-    root = int_field(where, "root", data.get("root", 0), 0)
-    if root and collective not in ROOTED:
-        raise FieldError(where, "root", f"nothing for {collective} (only {' and '.join(ROOTED)} have a root)", root)
-    for key in ("topology", "placement"):
-        if data.get(key) is not None and not isinstance(data[key], str):
-            raise FieldError(where, key, "a string", data[key])
-    meta = data.get("meta", {})
-    if not isinstance(meta, Mapping):
-        raise FieldError(where, "meta", "a mapping", meta)
-    raw_ranks = data.get("ranks")
-    if not isinstance(raw_ranks, list) or not raw_ranks:
-        raise FieldError(where, "ranks", "a non-empty list of ranks", raw_ranks)
-    if len(raw_ranks) > MAX_RANKS:
-        raise FieldError(where, "ranks", f"at most {MAX_RANKS} ranks", len(raw_ranks))
+    return _Buffers(algorithm, dtype, size, chunks, chunk_bytes, scratch, output)
+
+
+def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers,
+                 only_rank: int | None) -> tuple[RankProgram, ...]:
+    """Every rank's host and operations (only ``only_rank``'s operations when it is given)."""
     p = len(raw_ranks)
-    segments = _parse_segments(where, raw_segments, collective, p, chunks, output)
-    problem = None if segments or collective == MIXED else Shape(collective, p, chunks, output, root).problem()
-    if problem is not None:
-        raise FieldError(where, *problem)
-    bufsize = {"data": chunks, "output": output, "scratch": scratch}
+    limits = bufs.limits()
     ranks: list[RankProgram] = []
     seen_hosts: dict[str, int] = {}
     for r, raw in enumerate(raw_ranks):
@@ -449,14 +489,11 @@ def from_dict(data: object, where: str = "schedule", only_rank: int | None = Non
         ops: list[Op] = []
         steps_by_id: dict[int, int] = {}
         for i, rop in enumerate(raw_ops):
-            op = _parse_op(where, f"{path}.ops[{i}]", rop, r, p, bufsize, chunk_bytes, steps_by_id)
+            op = _parse_op(where, f"{path}.ops[{i}]", rop, r, p, limits, bufs.chunk_bytes, steps_by_id)
             steps_by_id[op.id] = op.step
             ops.append(op)
         ranks.append(RankProgram(r, host, tuple(ops)))
-    return Schedule(algorithm=algorithm, size=size, chunks=chunks, ranks=tuple(ranks), scratch_chunks=scratch,
-                    dtype=dtype, collective=collective, topology=data.get("topology"),
-                    placement=data.get("placement"), meta=dict(meta), output_chunks=output, root=root,
-                    segments=segments)
+    return tuple(ranks)
 
 
 def _parse_segments(where: str, raw: list[Any], collective: str, p: int, chunks: int,

@@ -30,8 +30,13 @@ pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 RING4 = ET.parse(os.path.join(DATA, "msccl_ring4.xml")).getroot()
+#: Real multi-channel files (tests/data/msccl/SOURCES.md): msccl-tools' 2-channel ring reduce_scatter and its
+#: 2-instance allpairs allgather.
+MULTI_CHANNEL = tuple(ET.parse(os.path.join(DATA, "msccl", name)).getroot() for name in (
+    "reduce_scatter_ring_4gpus_2channels.xml", "allgather_allpairs_4gpus_2instances.xml"))
 ATTRS = ("id", "s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep", "send",
-         "recv", "chan", "ngpus", "nchunksperloop", "coll", "i_chunks", "o_chunks", "s_chunks", "name", "inplace")
+         "recv", "chan", "ngpus", "nchunksperloop", "coll", "i_chunks", "o_chunks", "s_chunks", "name", "inplace",
+         "nchannels", "proto", "outofplace")
 
 attr_values = st.one_of(
     st.sampled_from(["-2", "-1", "0", "1", "2", "3", "4", "5", "7", "8", "64", "1000", "65537", "2147483648",
@@ -84,6 +89,14 @@ def _imported_ok(sched: fmt.Schedule | None) -> None:
 def test_msccl_mutated_samples(data, size):
     root = ET.fromstring(ET.tostring(mutate_xml(data, RING4)))  # what a file of it would read back as
     _imported_ok(user_error_or(msccl.from_xml, root, "MSCCL file 'fuzz.xml'", size))
+
+
+@FUZZ
+@given(data=st.data(), which=st.integers(0, len(MULTI_CHANNEL) - 1), instances=st.sampled_from([1, 2, 3, 40]))
+def test_msccl_mutated_multi_channel_files(data, which, instances):
+    """Channels, threadblocks sharing a connection, instances: one line of error or a loadable schedule."""
+    root = ET.fromstring(ET.tostring(mutate_xml(data, MULTI_CHANNEL[which])))
+    _imported_ok(user_error_or(msccl.from_xml, root, "MSCCL file 'fuzz.xml'", None, instances=instances))
 
 
 xml_fragments = st.sampled_from([

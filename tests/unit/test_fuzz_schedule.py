@@ -17,11 +17,12 @@ import tempfile
 import pytest
 import yaml
 from fuzz_support import FUZZ, WEIRD, check_cli, cli_fixture, mutate, snapshot, user_error_or
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator import topology
 from emulator.schedule import format as fmt
+from emulator.schedule import training
 from emulator.schedule.check import check
 from emulator.schedule.generators import generate
 
@@ -127,3 +128,18 @@ def test_schedule_gen_cli(algo, spec, size, options, out):
                             "-o", path], root, before)
         if status == 0:
             assert fmt.load(path).algorithm == algo
+
+
+@settings(FUZZ, max_examples=150)
+@given(model=st.sampled_from(["resnet50", "resnet", "", "RESNET50", "vgg16", "resnet50 "]),
+       algo=st.sampled_from(["ring", "hd", "hdrm", "dbtree", "direct", "bogus", ""]),
+       batch=st.one_of(st.none(), st.sampled_from([-1, 0, 1, 8, 1 << 17]), st.booleans()),
+       scale=st.one_of(st.sampled_from([1000.0, 1e6, 0.5, 0, -3, float("nan"), float("inf"), True]),
+                       st.floats(min_value=2000, max_value=1e7)),
+       hosts=st.sampled_from([2, 3, 4]))
+def test_training_iteration_inputs(model, algo, batch, scale, hosts):
+    """The model table's inputs (name, batch, scale, algorithm, rank count): one line of error or a valid schedule."""
+    topo = topology.build(f"star:hosts={hosts}")
+    sched = user_error_or(training.gen, model, algo, topo, batch=batch, scale=scale)
+    if sched is not None:
+        assert fmt.validate(sched) == sched and sched.compute_ops > 0

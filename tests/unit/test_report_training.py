@@ -321,7 +321,7 @@ def test_the_congestion_timeline_shows_compute_of_its_cells(tmp_path):
 def test_cells_whose_latencies_shrink_with_the_scale_say_what_stays_unscaled(tmp_path):
     out, _ = make_results(tmp_path, latency_scaled=True)
     text = section(open(report.write_report(out)).read(), "## Training iteration: scaling efficiency")
-    assert "latencies divided by the scale as well (alpha 8 µs becomes 0.04 µs, 0.08 µs)" in text
+    assert "latencies divided by the scale as well (alpha 8 µs becomes 0.08 µs at scale 100, 0.04 µs at scale 200)" in text
     assert "flagged `latency_floor`" in text and "frame's store-and-forward weighs `scale` times more" in text
     assert "latency weighs `scale` times more" not in text
 
