@@ -11,6 +11,7 @@ from emulator.errors import UserError
 from emulator.faults import fault_line
 from emulator.metrics import nccl_table
 from emulator.replay import ReplayConfig, ReplayFailed, prepare, replay
+from emulator.schedule import training
 from emulator.system import interrupt_on_sigterm, require_root
 
 
@@ -55,6 +56,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
     print(f"# {prep.profile.describe()}")
+    scale = training.workload_scale(schedule)
+    if scale != 1:
+        print(f"# a training iteration at scale {scale:g}: the fabric's latencies are divided by {scale:g} as its "
+              "gradients and compute are, so the replay stands for the full iteration (docs/schedule-format.md)")
     try:
         results = replay(cfg, prep=prep)
     except ReplayFailed as exc:
@@ -64,6 +69,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for f in results.faults:
         print(fault_line(f))
     summary = results.summary()  # a finished replay has repeat >= 1 measured repetitions
+    if summary is not None and summary.scaling_efficiency is not None:
+        print(f"# iteration median {summary.iteration_s:.3f} s, compute alone {summary.compute_only_s:.3f} s: "
+              f"scaling efficiency {summary.scaling_efficiency:.3f} (model {report.scaling_efficiency or 0:.3f})")
     median = f"{summary.busbw_mbps:.2f}" if summary is not None else "(none)"
     print(f"# busbw median {median} Mbit/s on {results.link_mbps:g} Mbit/s links; results in {args.out}")
     return 0

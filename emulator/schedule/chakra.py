@@ -12,10 +12,10 @@ What each node becomes (attributes as ASTRA-sim's feeder reads them; any
 integer kind is accepted for an integer attribute)
     ``COMP_NODE``
         A ``compute`` operation of ``duration_micros`` (real time; a replay
-        dilates it). At most an hour. Compute nodes run as their
-        dependencies allow: ASTRA-sim's one-kernel-at-a-time GPU is not
-        modelled (the PyTorch converter already chains the kernels of a
-        stream by data dependencies).
+        dilates it). At most an hour. Compute nodes are ready as their
+        dependencies allow, and a rank's one compute stream (the agents' and
+        the timing model's) runs them one at a time in the order they become
+        ready, as ASTRA-sim's GPU runs one kernel at a time.
     ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``
         One message (:meth:`Composer.message`, a ``p2p`` segment). A send's
         peer is ``comm_dst``, a receive's ``comm_src`` (the other end
