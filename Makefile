@@ -84,7 +84,7 @@ lint: venv
 	$(BIN)/lint-imports --no-logo --no-cache
 
 unit: venv
-	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest -q -n auto tests/unit $(PYTEST_ARGS)
 
 integration: setup
 	$(BIN)/emu clean
