@@ -67,3 +67,37 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
     assert summary["wall_s"] > 0 and summary["answers"]
     q2 = [a for a in summary["answers"] if a["question"] == "Q2"]
     assert q2 and all(a["measured"] > 0 and a["interval"][0] <= a["interval"][1] and a["model"] > 0 for a in q2)
+
+
+TRAINING = """
+name: training-tiny
+repeat: 1
+warmup: 0
+series:
+  - name: t
+    runs:
+      - {topology: "bigraph:upper=2,lower=2,hosts_per_switch=2", routing: bigraph, algorithms: [hdrm],
+         model: resnet50, batch: 32, scale: 50}
+"""
+
+
+def test_a_resnet50_iteration_runs_from_an_experiment_file_and_reports_its_efficiency(tmp_path):
+    """One DDP iteration (8 ranks, scale 50: 2.7 s of emulated compute) with ``emu run``: iteration time, compute-only
+    time and scaling efficiency in results.json, within 15 % of the model, and the report's training section."""
+    path = tmp_path / "training.yaml"
+    path.write_text(TRAINING)
+    exp = xp.load(str(path))
+    out = str(tmp_path / "out")
+    summary = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO()).run()
+    assert summary.status == "complete", summary.failed
+    (cid,) = summary.ran
+    res = RunFolder(out).results_of(cid)
+    assert res is not None and all(r.correct for r in res.repetitions)
+    data = res.to_json()
+    assert data["compute_only_s"] == pytest.approx(res.prediction["compute_only_s"])
+    assert 0 < data["scaling_efficiency_median"] <= 1
+    assert data["iteration_s_median"] == pytest.approx(data["compute_only_s"] / data["scaling_efficiency_median"])
+    ratio = data["iteration_s_median"] / res.prediction["iteration_time_s"]
+    assert 0.85 < ratio < 1.15, ratio
+    md = open(report.write_report(out)).read()
+    assert "## Training iteration: scaling efficiency" in md
