@@ -30,8 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from emulator.errors import FieldError
 from emulator.schedule.collectives import MIXED, P2P
-from emulator.schedule.format import RECV, SEND, Op, RankProgram, Schedule, Segment, compute_op, validate
+from emulator.schedule.format import MAX_STEPS, RECV, SEND, Op, RankProgram, Schedule, Segment, compute_op, validate
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,10 @@ class Composer:
 
     def build(self, algorithm: str, meta: Mapping[str, Any] | None = None, topology: str | None = None,
               placement: str | None = None) -> Schedule:
-        """The composed schedule, validated."""
+        """The composed schedule, validated (:class:`FieldError` when it has more steps than the format allows)."""
+        if self.step > MAX_STEPS:
+            raise FieldError(f"schedule {algorithm!r}", "steps", f"at most {MAX_STEPS} (one per collective step and "
+                             "per message of what is composed)", self.step)
         kinds = {seg.collective for seg in self.segments}
         # compute alone carries no data: point-to-point's "nothing to check"
         collective = P2P if not kinds else kinds.pop() if len(kinds) == 1 else MIXED

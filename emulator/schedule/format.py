@@ -56,6 +56,8 @@ HOST_RE = re.compile(r"^h[1-9][0-9]*$")
 
 MAX_RANKS = 1024
 MAX_CHUNKS = 1 << 18
+#: Step numbers: the models keep one record per step (an op at step 2**31 once made them allocate 24 GiB).
+MAX_STEPS = 1 << 17
 #: Connections between one pair of ranks (each is a TCP connection in a replay).
 MAX_LANES = 64
 #: The longest compute operation, in seconds of the real system (a replay dilates it).
@@ -577,7 +579,7 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     if nbytes != nchunks * chunk_bytes or isinstance(nbytes, bool):
         raise FieldError(where, f"{path}.bytes", f"{nchunks * chunk_bytes} (nchunks x chunk_bytes "
                          f"{chunk_bytes})", nbytes)
-    step = int_field(where, f"{path}.step", raw.get("step", "nothing"))
+    step = int_field(where, f"{path}.step", raw.get("step", "nothing"), 0, MAX_STEPS - 1)
     src = raw.get("src")
     src_chunk = raw.get("src_chunk")
     if kind in LOCAL_KINDS:
@@ -629,7 +631,7 @@ def _parse_compute(where: str, path: str, raw: Mapping[str, Any], op_id: int,
     if (isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds)
             or not 0 <= seconds <= MAX_COMPUTE_S):
         raise FieldError(where, f"{path}.seconds", f"a duration of 0 to {MAX_COMPUTE_S:g} seconds", seconds)
-    step = int_field(where, f"{path}.step", raw.get("step", "nothing"))
+    step = int_field(where, f"{path}.step", raw.get("step", "nothing"), 0, MAX_STEPS - 1)
     deps = _parse_deps(where, path, raw, step, steps_by_id)
     return Op(id=op_id, kind=COMPUTE, chunk=0, nchunks=0, bytes=0, step=step, deps=deps, seconds=float(seconds))
 

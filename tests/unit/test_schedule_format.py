@@ -96,6 +96,7 @@ BAD = [
     (["ranks", 0, "ops", 1, "bytes"], 9, "ranks[0].ops[1].bytes"),
     (["ranks", 0, "ops", 1, "step"], -1, "ranks[0].ops[1].step"),
     (["ranks", 0, "ops", 1, "step"], 1.5, "ranks[0].ops[1].step"),
+    (["ranks", 0, "ops", 1, "step"], 2**31, "ranks[0].ops[1].step"),  # the models keep a record per step
     (["ranks", 0, "ops", 1, "deps"], [5], "ranks[0].ops[1].deps[0]"),
     (["ranks", 0, "ops", 1, "deps"], [1], "ranks[0].ops[1].deps[0]"),
     (["ranks", 0, "ops", 1, "id"], 0, "ranks[0].ops[1].id"),
