@@ -260,6 +260,7 @@ class Agent:
         self.program = schedule.ranks[rank]
         self.buffers = RankBuffers(schedule, rank)
         self.compute_dilation = compute_dilation
+        self.computes = any(op.kind == COMPUTE for op in self.program.ops)
         self.send_keys = sorted({ConnKey(op.partner, op.lane) for op in self.program.ops if op.kind == SEND})
         self.recv_keys = sorted({ConnKey(op.partner, op.lane) for op in self.program.ops
                                  if op.kind in (RECV, RECV_REDUCE)})
@@ -353,7 +354,7 @@ class Agent:
                                     daemon=True) for key in self.send_keys]
         workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[key], run), daemon=True)
                     for key in self.recv_keys]
-        if any(op.kind == COMPUTE for op in self.program.ops):
+        if self.computes:
             workers.append(threading.Thread(target=self._compute_worker, args=(run,), daemon=True))
         for w in workers:
             w.start()
@@ -510,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     control.send(Msg.HELLO, rank=args.rank)
     agent = None
     try:
-        schedule = sformat.load(args.schedule, only_rank=args.rank)  # validated whole by the replay
+        schedule = sformat.load(args.schedule)  # this rank's view, of a schedule the replay validated whole
         topo = topology.load(args.topology)
         timing = load_latency_plan(args.latency, args.rank)
         agent = Agent(schedule, topo, args.rank, latency=timing.latency, compute_dilation=timing.compute_dilation)

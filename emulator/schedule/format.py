@@ -262,11 +262,6 @@ class Schedule:
         return tuple(out)
 
     @property
-    def labels(self) -> int:
-        """How many global chunk labels the segments use together."""
-        return sum(shape.labels for shape in self.shapes)
-
-    @property
     def collective_bytes(self) -> int:
         """nccl-tests' size of the collective: the larger of its input and output, in bytes."""
         return max(self.chunks, self.output_chunks) * self.chunk_bytes
@@ -360,19 +355,13 @@ def _reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: s
                              f"unknown key {key}")
 
 
-def from_dict(data: object, where: str = "schedule", only_rank: int | None = None) -> Schedule:
+def from_dict(data: object, where: str = "schedule") -> Schedule:
     """Parse and validate a schedule mapping (as loaded from YAML or JSON).
 
     Checks every field's type and range, chunk ranges against the buffers,
     byte counts, peers, unique ids, dependencies (earlier ops of the same rank,
     step never decreasing along them) and distinct hosts. Raises
     :class:`FieldError` naming the first bad field.
-
-    ``only_rank``: parse that rank's operations only and leave every other
-    rank's empty (its host is still read): *a rank's view*, what one agent
-    needs of a schedule that was validated whole before (a 64-rank training
-    iteration has ~90,000 operations; every agent parsing all of them made 64
-    agents take minutes to start).
     """
     if not isinstance(data, Mapping):
         raise FieldError(where, "schedule", "a mapping (YAML or JSON object)", type(data).__name__)
@@ -398,7 +387,7 @@ def from_dict(data: object, where: str = "schedule", only_rank: int | None = Non
                else Shape(collective, p, bufs.chunks, bufs.output, root).problem())
     if problem is not None:
         raise FieldError(where, *problem)
-    ranks = _parse_ranks(where, raw_ranks, bufs, only_rank)
+    ranks = _parse_ranks(where, raw_ranks, bufs)
     return Schedule(algorithm=bufs.algorithm, size=bufs.size, chunks=bufs.chunks, ranks=ranks,
                     scratch_chunks=bufs.scratch, dtype=bufs.dtype, collective=collective,
                     topology=data.get("topology"), placement=data.get("placement"), meta=dict(meta),
@@ -462,9 +451,8 @@ def _parse_buffers(where: str, data: Mapping[str, Any], collective: str, raw_seg
     return _Buffers(algorithm, dtype, size, chunks, chunk_bytes, scratch, output)
 
 
-def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers,
-                 only_rank: int | None) -> tuple[RankProgram, ...]:
-    """Every rank's host and operations (only ``only_rank``'s operations when it is given)."""
+def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers) -> tuple[RankProgram, ...]:
+    """Every rank's host and operations."""
     p = len(raw_ranks)
     limits = bufs.limits()
     ranks: list[RankProgram] = []
@@ -486,8 +474,6 @@ def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers,
         raw_ops = raw.get("ops")
         if not isinstance(raw_ops, list):
             raise FieldError(where, f"{path}.ops", "a list of operations", raw_ops)
-        if only_rank is not None and r != only_rank:
-            raw_ops = []
         ops: list[Op] = []
         steps_by_id: dict[int, int] = {}
         for i, rop in enumerate(raw_ops):
@@ -718,13 +704,12 @@ def parse_text(text: str, where: str, fmt: str = "yaml") -> object:
         raise UserError(f"{where}: not valid {kind} ({describe_parse_error(exc)})") from None
 
 
-def loads(text: str, where: str = "schedule", fmt: str = "yaml", only_rank: int | None = None) -> Schedule:
-    return from_dict(parse_text(text, where, fmt), where, only_rank)
+def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
+    return from_dict(parse_text(text, where, fmt), where)
 
 
-def load(path: str, only_rank: int | None = None) -> Schedule:
-    """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``); ``only_rank``: that
-    rank's view (:func:`from_dict`)."""
+def load(path: str) -> Schedule:
+    """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``)."""
     where = f"schedule {path!r}"
     try:
         with open(path, encoding="utf-8") as fh:
@@ -733,7 +718,7 @@ def load(path: str, only_rank: int | None = None) -> Schedule:
         raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise UserError(f"{where}: not a text file") from None
-    return loads(text, where, format_of(path), only_rank)
+    return loads(text, where, format_of(path))
 
 
 # ---------------------------------------------------------------------------
@@ -741,7 +726,11 @@ def load(path: str, only_rank: int | None = None) -> Schedule:
 # ---------------------------------------------------------------------------
 
 def rank_view(schedule: Schedule, rank: int) -> Schedule:
-    """The schedule as one rank's agent needs it: every field, but only ``rank``'s operations."""
+    """The schedule as one rank's agent needs it: every field, but only ``rank``'s operations.
+
+    A 64-rank training iteration has ~90,000 operations; 64 agents each parsing all of them took minutes to
+    start, so the replay writes each agent its view (:meth:`emulator.fleet.AgentFiles.write_schedule`).
+    """
     return with_ops(schedule, [r.ops if r.rank == rank else () for r in schedule.ranks])
 
 
