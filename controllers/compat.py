@@ -12,7 +12,7 @@ try:
     from os_ken.controller import ofp_event
     from os_ken.controller.handler import CONFIG_DISPATCHER, DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls
     from os_ken.lib import hub
-    from os_ken.lib.packet import arp, ethernet, packet
+    from os_ken.lib.packet import arp, ethernet, ipv4, packet, tcp
     from os_ken.ofproto import ether, ofproto_v1_3
 
     FRAMEWORK = "os-ken"
@@ -26,10 +26,10 @@ except ImportError:  # pragma: no cover - only where Ryu runs (Python < 3.10)
         set_ev_cls,
     )
     from ryu.lib import hub  # type: ignore[no-redef]
-    from ryu.lib.packet import arp, ethernet, packet  # type: ignore[no-redef]
+    from ryu.lib.packet import arp, ethernet, ipv4, packet, tcp  # type: ignore[no-redef]
     from ryu.ofproto import ether, ofproto_v1_3  # type: ignore[no-redef]
 
     FRAMEWORK = "ryu"
 
 __all__ = ["BaseApp", "CONFIG_DISPATCHER", "DEAD_DISPATCHER", "FRAMEWORK", "MAIN_DISPATCHER", "arp", "ether",
-           "ethernet", "hub", "ofp_event", "ofproto_v1_3", "packet", "set_ev_cls"]
+           "ethernet", "hub", "ipv4", "ofp_event", "ofproto_v1_3", "packet", "set_ev_cls", "tcp"]

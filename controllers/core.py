@@ -4,8 +4,22 @@
 answers every question the app has: which entries a switch gets when it
 connects (:meth:`~ControllerCore.connect`), which entries change when a port
 goes down or up (:meth:`~ControllerCore.port_state`, returning an
-:class:`Update`), which host pairs are cut off, and what a port-statistics
-reply means as per-link JSON records (:meth:`~ControllerCore.stats_records`).
+:class:`Update`), which host pairs are cut off, where a TCP packet that
+reached it through a miss entry goes and which entries its connection gets
+(:meth:`~ControllerCore.tcp_packet_in`, returning :class:`Learned`), and what
+a port-statistics reply means as per-link JSON records
+(:meth:`~ControllerCore.stats_records`).
+
+Under ``ecmp`` the switches get the reactive table
+(``routing.flow_table(..., reactive=True)``): TCP packets of a connection
+not yet learned reach the controller at the first choice point of their
+path; the core answers with the 5-tuple entries of both directions
+(:func:`emulator.routing.learned_entries`, each direction hashed on its own)
+so that every TCP connection takes exactly its :func:`emulator.routing.route`.
+Learned entries are not part of the desired table: on a reroute the app
+deletes them all by :data:`emulator.routing.LEARNED_COOKIE` and the core
+forgets them (:attr:`Update.clear_learned`); packets then re-learn along the
+new paths.
 The app (:mod:`controllers.eflops_controller`) only translates datapath ids,
 sends messages and writes files.
 
@@ -28,7 +42,7 @@ from dataclasses import dataclass, field
 
 from emulator import routing, topology
 from emulator.errors import FieldError
-from emulator.routing import FlowEntry
+from emulator.routing import Flow, FlowEntry
 from emulator.topology import Topology, node_sort_key
 
 DEFAULT_LISTEN = ("127.0.0.1", 6653)
@@ -117,9 +131,24 @@ class Update:
     failed_links: list[tuple[str, str]] = field(default_factory=list)
     newly_cut: list[tuple[str, str]] = field(default_factory=list)
     restored: list[tuple[str, str]] = field(default_factory=list)
+    #: Connected switches whose learned entries (cookie ``LEARNED_COOKIE``) must go, before the adds.
+    clear_learned: list[str] = field(default_factory=list)
 
     def size(self) -> int:
         return sum(map(len, self.adds.values())) + sum(map(len, self.deletes.values()))
+
+
+@dataclass
+class Learned:
+    """What a TCP packet-in decides: entries to add per switch (in sending order) and where the packet goes."""
+
+    #: Switch -> learned entries of both directions of the connection; the forward direction's
+    #: switches come first, the one farthest downstream first.
+    entries: dict[str, list[FlowEntry]]
+    #: The port the packet leaves the switch it came from by (a packet-out).
+    out_port: int
+    #: True the first time this connection is learned since the last reroute.
+    new: bool = False
 
 
 #: Port-statistics fields the app passes in (OpenFlow 1.3 ``ofp_port_stats``).
@@ -149,13 +178,19 @@ class ControllerCore:
         self.installed: dict[str, dict[tuple, FlowEntry]] = {}
         self.confirmed: set[str] = set()
         self.reroutes = 0
+        self.host_by_ip = {h.ip: h.name for h in topo.hosts}
+        self.learner = routing.Learner(topo, policy, seed=seed, failed=self.failed)
+        #: Connections learned since the last reroute (each as its lower-sorted direction's 5-tuple).
+        self.learned: set[tuple[str, str, int, int]] = set()
+        self.learned_total = 0
 
     # ----------------------------------------------------------- switches
     def switch_name(self, dpid: int) -> str | None:
         return self.by_dpid.get(dpid)
 
     def _compute(self) -> dict[str, dict[tuple, FlowEntry]]:
-        table = routing.flow_table(self.topo, self.policy, seed=self.seed, failed=self.failed, lanes=self.lanes)
+        table = routing.flow_table(self.topo, self.policy, seed=self.seed, failed=self.failed, lanes=self.lanes,
+                                   reactive=True)
         return {sw: {e.key(): e for e in entries} for sw, entries in table.items()}
 
     def connect(self, switch: str) -> list[FlowEntry]:
@@ -202,6 +237,10 @@ class ControllerCore:
                         newly_cut=sorted(cut - self.cut, key=_pair_key),
                         restored=sorted(self.cut - cut, key=_pair_key))
         self.cut = cut
+        self.learner = routing.Learner(self.topo, self.policy, seed=self.seed, failed=failed)
+        if self.policy == "ecmp":
+            update.clear_learned = sorted(self.installed, key=node_sort_key)
+        self.learned.clear()
         for sw, have in self.installed.items():
             want = self.desired[sw]
             adds = [e for k, e in want.items() if have.get(k) != e]
@@ -213,6 +252,39 @@ class ControllerCore:
             self.installed[sw] = dict(want)
         self.reroutes += 1
         return update
+
+    # ---------------------------------------------------------- packet-in
+    def tcp_packet_in(self, switch: str, src_ip: str, dst_ip: str, sport: int, dport: int) -> Learned | None:
+        """A TCP packet ``src_ip:sport -> dst_ip:dport`` missed at ``switch``: what to install and send.
+
+        The learned entries of the connection in both directions (the forward
+        5-tuple and the reversed one, each hashed on its own) for every switch
+        concerned, leaving out entries the desired table already holds (agent
+        flows), and the port the packet leaves ``switch`` by. None (drop the
+        packet): an address that is no host, a pair cut off by failed links,
+        or a policy that learns nothing. Idempotent: the same packet-in again
+        (a race with the flow-mods, an expired entry) gives the same answer.
+        """
+        src, dst = self.host_by_ip.get(src_ip), self.host_by_ip.get(dst_ip)
+        if self.policy != "ecmp" or src is None or dst is None or src == dst:
+            return None
+        forward = Flow(src, dst, routing.IPPROTO_TCP, sport, dport)
+        backward = Flow(dst, src, routing.IPPROTO_TCP, dport, sport)
+        out_port = self.learner.out_port(switch, forward)
+        if out_port is None:
+            return None
+        entries: dict[str, list[FlowEntry]] = {}
+        for flow, downstream_first in ((forward, True), (backward, False)):
+            learned = self.learner.entries(flow)
+            for entry in reversed(learned) if downstream_first else learned:
+                if entry.key() not in self.desired.get(entry.switch, {}):
+                    entries.setdefault(entry.switch, []).append(entry)
+        key = min((src, dst, sport, dport), (dst, src, dport, sport))
+        new = key not in self.learned
+        if new:
+            self.learned.add(key)
+            self.learned_total += 1
+        return Learned(entries, out_port, new)
 
     # -------------------------------------------------------------- stats
     def stats_records(self, switch: str, counters: Iterable[Mapping[str, int]], now: float) -> list[dict]:
@@ -254,7 +326,8 @@ class ControllerCore:
                 "installed": sorted(self.confirmed, key=node_sort_key),
                 "failed_links": [list(_link_name(x)) for x in sorted(self.failed, key=sorted)],
                 "cut_pairs": [list(p) for p in sorted(self.cut, key=_pair_key)],
-                "reroutes": self.reroutes, **extra}
+                "reroutes": self.reroutes, "learned_connections": len(self.learned),
+                "learned_total": self.learned_total, **extra}
 
 
 def _pair_key(p: tuple[str, str]) -> tuple:

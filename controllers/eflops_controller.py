@@ -2,13 +2,26 @@
 
 Proactive and loop-safe: when a switch connects (or reconnects) the app wipes
 its table and installs every entry :func:`emulator.routing.flow_table` gives
-it, for all host pairs, then confirms with a barrier. ARP never floods: the
-entries forward ARP by target address, and an ARP request that reaches the
-controller is answered from the topology model. Table misses drop (OpenFlow
-1.3 default), so no broadcast circulates in BiGraph or fat-tree loops.
+it (``reactive=True``), for all host pairs, then confirms with a barrier. ARP
+never floods: the entries forward ARP by target address, and an ARP request
+that reaches the controller is answered from the topology model. Table misses
+drop (OpenFlow 1.3 default), so no broadcast circulates in BiGraph or
+fat-tree loops.
+
+Reactive for TCP under ``ecmp`` only: at every ECMP choice point an entry
+sends TCP packets of connections not yet learned here. The app asks the core
+(:meth:`~controllers.core.ControllerCore.tcp_packet_in`), sends the learned
+5-tuple entries of both directions to every switch concerned (downstream
+ones first; idle timeout and cookie :data:`emulator.routing.LEARNED_COOKIE`)
+and sends the packet on with a packet-out through the computed port, so
+every TCP connection takes its :func:`emulator.routing.route`. A packet that
+misses at a downstream switch before its flow-mod arrived is handled the
+same way. ARP requests and these TCP packets are all that come here.
 
 On a port-status change the core recomputes routes around the failed links
-and the app sends only the difference; pairs left without a path are logged.
+and the app sends only the difference, after deleting every learned entry
+(by cookie; connections re-learn along the new paths); pairs left without a
+path are logged.
 Port statistics are polled every ``stats_interval`` seconds and appended as
 JSON lines (one per link direction) to ``stats_file``. With ``ecmp`` the app
 logs which agent flows share a link.
@@ -36,7 +49,7 @@ except ImportError:  # loaded by file path (ryu-manager controllers/eflops_contr
 
 from controllers.core import ControllerCore, Settings, Update
 from emulator.files import write_json_atomic
-from emulator.routing import ETH_TYPE_ARP, FlowEntry
+from emulator.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry
 
 LOG = logging.getLogger("eflops.controller")
 
@@ -90,10 +103,21 @@ class EflopsController(compat.BaseApp):
         if command == ofp.OFPFC_DELETE_STRICT:
             return parser.OFPFlowMod(dp, command=command, priority=entry.priority, match=match,
                                      out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY)
-        actions = [parser.OFPActionOutput(entry.out_port)]
+        if entry.out_port == CONTROLLER_PORT:
+            actions = [parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)]
+        else:
+            actions = [parser.OFPActionOutput(entry.out_port)]
         inst = [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
         return parser.OFPFlowMod(dp, command=ofp.OFPFC_ADD, priority=entry.priority, match=match,
-                                 instructions=inst)
+                                 instructions=inst, idle_timeout=entry.idle_timeout, cookie=entry.cookie)
+
+    @staticmethod
+    def _delete_learned(dp):
+        """Delete every learned entry of ``dp`` (by their cookie)."""
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        return parser.OFPFlowMod(dp, command=ofp.OFPFC_DELETE, table_id=ofp.OFPTT_ALL, cookie=LEARNED_COOKIE,
+                                 cookie_mask=0xFFFF_FFFF_FFFF_FFFF, out_port=ofp.OFPP_ANY,
+                                 out_group=ofp.OFPG_ANY, match=parser.OFPMatch())
 
     def _barrier(self, switch: str, dp) -> None:
         msg = dp.ofproto_parser.OFPBarrierRequest(dp)
@@ -181,10 +205,12 @@ class EflopsController(compat.BaseApp):
         if update is None:
             return
         t0 = time.monotonic() if t0 is None else t0
-        for switch in set(update.adds) | set(update.deletes):
+        for switch in set(update.adds) | set(update.deletes) | set(update.clear_learned):
             dp = self.datapaths.get(switch)
             if dp is None:
                 continue
+            if switch in update.clear_learned:
+                dp.send_msg(self._delete_learned(dp))
             for entry in update.adds.get(switch, []):
                 dp.send_msg(self._flow_mod(dp, entry, dp.ofproto.OFPFC_ADD))
             for entry in update.deletes.get(switch, []):
@@ -203,12 +229,21 @@ class EflopsController(compat.BaseApp):
 
     @compat.set_ev_cls(compat.ofp_event.EventOFPPacketIn, compat.MAIN_DISPATCHER)
     def packet_in(self, ev):
-        """Answer an ARP request from the topology model (nothing else comes here)."""
+        """An ARP request (answered from the topology model) or a TCP packet of a connection to learn."""
         msg = ev.msg
-        dp = msg.datapath
         pkt = compat.packet.Packet(msg.data)
         req = pkt.get_protocol(compat.arp.arp)
-        if req is None or req.opcode != compat.arp.ARP_REQUEST:
+        if req is not None:
+            self._answer_arp(msg, req)
+            return
+        ip = pkt.get_protocol(compat.ipv4.ipv4)
+        seg = pkt.get_protocol(compat.tcp.tcp)
+        if ip is not None and seg is not None:
+            self._learn_tcp(msg, ip, seg)
+
+    def _answer_arp(self, msg, req) -> None:
+        dp = msg.datapath
+        if req.opcode != compat.arp.ARP_REQUEST:
             return
         target = next((h for h in self.topo.hosts if h.ip == req.dst_ip), None)
         if target is None:
@@ -223,6 +258,31 @@ class EflopsController(compat.BaseApp):
         in_port = msg.match["in_port"]
         dp.send_msg(parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=ofp.OFPP_CONTROLLER,
                                         actions=[parser.OFPActionOutput(in_port)], data=reply.data))
+
+    def _learn_tcp(self, msg, ip, seg) -> None:
+        """Install the connection's learned entries (downstream first), then send the packet on."""
+        dp = msg.datapath
+        switch = self.core.switch_name(dp.id)
+        if switch is None:
+            return
+        learned = self.core.tcp_packet_in(switch, ip.src, ip.dst, seg.src_port, seg.dst_port)
+        if learned is None:
+            LOG.debug("%s: TCP %s:%d -> %s:%d dropped (no path)", switch, ip.src, seg.src_port, ip.dst,
+                      seg.dst_port)
+            return
+        for sw, entries in learned.entries.items():
+            target = self.datapaths.get(sw)
+            if target is None:
+                continue
+            for entry in entries:
+                target.send_msg(self._flow_mod(target, entry, target.ofproto.OFPFC_ADD))
+        ofp, parser = dp.ofproto, dp.ofproto_parser
+        dp.send_msg(parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=msg.match["in_port"],
+                                        actions=[parser.OFPActionOutput(learned.out_port)], data=msg.data))
+        if learned.new:
+            LOG.debug("%s: learned TCP %s:%d -> %s:%d (%d entries on %d switches)", switch, ip.src, seg.src_port,
+                      ip.dst, seg.dst_port, sum(map(len, learned.entries.values())), len(learned.entries))
+            self._write_state()
 
     # -------------------------------------------------------------- stats
     def _poll_stats(self) -> None:

@@ -5,7 +5,9 @@ static installer in :mod:`emulator.network` both turn :func:`flow_table` into
 OpenFlow messages, and the schedule checker calls :func:`route` to predict
 which links every transfer uses. Whatever :func:`flow_table` installs forwards
 every packet exactly along :func:`route` (checked by the unit tests with a fake
-flow table).
+flow table): under ``ecmp`` its reactive table together with the
+:func:`learned_entries` the controller adds on a miss; the static table
+leaves TCP flows other than the agents' on their pair's path (see below).
 
 How a path is built
     A host enters the fabric at its *slot*: its own switch, or with servers
@@ -62,27 +64,54 @@ Policies (see :data:`POLICIES`):
   ``"<seed>|<switch>|<src ip>|<dst ip>|<proto>|<sport>|<dport>"`` (the
   switch name is in the key so that consecutive switches do not polarise).
   Stable across processes and reproducible for a given ``--ecmp-seed``.
-  Proactively installable flows hash their full 5-tuple: every agent
-  connection (:func:`agent_flow`) in both directions. Any other traffic of a
-  host pair (ping, iperf3, ...) hashes only ``<src ip>|<dst ip>`` (the
-  fields with ``proto``, ``sport`` and ``dport`` empty) and so takes the
-  pair's one fallback path. :func:`route` predicts both.
+  Every TCP flow with both ports nonzero hashes its full 5-tuple (each
+  direction of a connection on its own, as a real fabric does): agent
+  connections (:func:`agent_flow`), MPI, iperf3, any client. Everything else
+  of a host pair (ICMP, UDP, ARP, ``Flow(src, dst, 0)``) hashes only
+  ``<src ip>|<dst ip>`` (the fields with ``proto``, ``sport`` and ``dport``
+  empty) and so takes the pair's one fallback path. :func:`route` predicts
+  both: ``route(topo, "ecmp", Flow(src, dst, 6, sport, dport), seed=s)`` is
+  the path of any TCP connection under the controller started with seed
+  ``s``.
 
 Entries (see :func:`flow_table`)
     ``PRIORITY_ARP`` forwards ARP by target address along the destination's
     path, so ARP never floods; ``PRIORITY_DEST`` matches the IPv4
     destination; ``PRIORITY_PAIR`` matches source and destination where a
     pair's path leaves the destination's default; ``PRIORITY_FLOW`` matches
-    the whole 5-tuple where an agent connection leaves its pair's path. Pairs
-    cut off by failed links get no entries. A PCIe switch holds ARP and
-    destination entries for its own accelerators only, and per accelerator
-    one ``PRIORITY_UPLINK`` entry matching nothing but its ``in_port``: every
-    other packet from that accelerator (any protocol, ARP included) goes out
-    of its pinned NIC. Packets arriving from a NIC for anything but the
-    server's own accelerators match nothing and are dropped.
+    the whole 5-tuple of an agent connection where it leaves its pair's
+    path. Pairs cut off by failed links get no entries. A PCIe switch holds
+    ARP and destination entries for its own accelerators only, and per
+    accelerator one ``PRIORITY_UPLINK`` entry matching nothing but its
+    ``in_port``: every other packet from that accelerator (any protocol, ARP
+    included) goes out of its pinned NIC. Packets arriving from a NIC for
+    anything but the server's own accelerators match nothing and are
+    dropped.
+
+Reactive entries (``ecmp`` under the controller: ``flow_table(...,
+reactive=True)``)
+    Connections other than the agents' have 5-tuples nobody knows in
+    advance, so the controller learns them. A *choice point* is a (fabric
+    switch, destination) where the switch has more than one candidate
+    towards the destination's slot switch. At every choice point one
+    ``PRIORITY_TCP_MISS`` entry (between ``PRIORITY_FLOW`` and
+    ``PRIORITY_PAIR``) sends IPv4 TCP packets to that destination to the
+    controller (``out_port`` :data:`CONTROLLER_PORT`), and the agents' exact
+    entries are installed at every choice point of their paths (not only
+    where they leave the pair's path), so agent packets never miss. On a
+    miss the controller installs :func:`learned_entries` of both directions
+    of the connection (``PRIORITY_FLOW``, 5-tuple match, at every choice
+    point of each direction's path, idle timeout :data:`LEARNED_IDLE_TIMEOUT`,
+    cookie :data:`LEARNED_COOKIE`) and sends the packet on by
+    :meth:`Learner.out_port`. ICMP, UDP and ARP never miss: they keep the
+    pair path. The static installer (:mod:`emulator.network` without a
+    controller) uses the proactive table, ``reactive=False``: there every
+    TCP flow but the agents' takes the pair's fallback path, which
+    :func:`route` does not predict for flows with both ports nonzero.
 
 Agent flows have fixed 5-tuples (:func:`agent_flow`), so a hash-based policy
-predicts exactly the path the emulated TCP connection takes.
+predicts exactly the path the emulated TCP connection takes; any other TCP
+connection's path is predicted from its 5-tuple once its ports are known.
 """
 
 from __future__ import annotations
@@ -122,9 +151,17 @@ ETH_TYPE_ARP = 0x0806
 #: Priorities of installed entries (higher wins).
 PRIORITY_ARP = 300
 PRIORITY_FLOW = 200
+PRIORITY_TCP_MISS = 175
 PRIORITY_PAIR = 150
 PRIORITY_DEST = 100
 PRIORITY_UPLINK = 50
+
+#: ``out_port`` of an entry that sends the packet to the controller (OpenFlow's ``OFPP_CONTROLLER``).
+CONTROLLER_PORT = 0xFFFFFFFD
+#: Seconds without a packet after which a switch drops a learned connection's entry (the next packet re-learns it).
+LEARNED_IDLE_TIMEOUT = 120
+#: The cookie of every learned entry: a reroute deletes them all by it.
+LEARNED_COOKIE = 0xEF10_0000_0000_0001
 
 
 class NoPath(UserError):
@@ -163,10 +200,11 @@ def agent_lane(topo: Topology, src: str, dst: str, sport: int) -> int | None:
 
 
 def exact_flows(topo: Topology, src: str, dst: str, lanes: int = 1) -> list[Flow]:
-    """The flows from ``src`` to ``dst`` that ``ecmp`` hashes by their full 5-tuple.
+    """The agent flows from ``src`` to ``dst`` whose 5-tuple entries ``ecmp`` installs proactively.
 
     Per lane below ``lanes``: the agent connection ``src`` opens to ``dst``,
-    and the return direction of the one ``dst`` opens to ``src``.
+    and the return direction of the one ``dst`` opens to ``src``. (``ecmp``
+    hashes every TCP flow by its 5-tuple; these are the ones known in advance.)
     """
     out = []
     for lane in range(lanes):
@@ -177,12 +215,19 @@ def exact_flows(topo: Topology, src: str, dst: str, lanes: int = 1) -> list[Flow
 
 @dataclass(frozen=True)
 class FlowEntry:
-    """One OpenFlow 1.3 entry: ``match`` uses os-ken OXM field names."""
+    """One OpenFlow 1.3 entry: ``match`` uses os-ken OXM field names.
+
+    ``out_port`` :data:`CONTROLLER_PORT` sends the packet to the controller;
+    ``idle_timeout`` (seconds, 0: none) and ``cookie`` are set on learned
+    entries only.
+    """
 
     switch: str
     priority: int
     match: tuple[tuple[str, object], ...]
     out_port: int
+    idle_timeout: int = 0
+    cookie: int = 0
 
     def match_dict(self) -> dict[str, object]:
         return dict(self.match)
@@ -191,10 +236,13 @@ class FlowEntry:
         """The entry in ``ovs-ofctl add-flow`` syntax."""
         names = {"eth_type": "dl_type", "ipv4_src": "nw_src", "ipv4_dst": "nw_dst", "ip_proto": "nw_proto",
                  "tcp_src": "tp_src", "tcp_dst": "tp_dst", "arp_tpa": "arp_tpa", "in_port": "in_port"}
-        parts = [f"priority={self.priority}"]
+        parts = [f"cookie={hex(self.cookie)}"] if self.cookie else []
+        parts += [f"idle_timeout={self.idle_timeout}"] if self.idle_timeout else []
+        parts.append(f"priority={self.priority}")
         for key, value in self.match:
             parts.append(f"{names[key]}={hex(int(value)) if key == 'eth_type' else value}")  # type: ignore[call-overload]
-        return ",".join(parts) + f",actions=output:{self.out_port}"
+        action = "controller" if self.out_port == CONTROLLER_PORT else f"output:{self.out_port}"
+        return ",".join(parts) + f",actions={action}"
 
     def key(self) -> tuple[str, int, tuple[tuple[str, object], ...]]:
         """What identifies the entry in its switch: switch, priority and match."""
@@ -321,12 +369,41 @@ class _Router(_Reach):
         return self.dest_choice(node, cands, flow.dst)
 
     def is_exact(self, flow: Flow) -> bool:
-        """True for the flows of :func:`exact_flows` (checked without building them)."""
-        if self.policy != "ecmp" or flow.proto != IPPROTO_TCP:
-            return False
-        if flow.dport == AGENT_LISTEN_PORT:
-            return agent_lane(self.topo, flow.src, flow.dst, flow.sport) is not None
-        return flow.sport == AGENT_LISTEN_PORT and agent_lane(self.topo, flow.dst, flow.src, flow.dport) is not None
+        """True when ``ecmp`` hashes ``flow``'s whole 5-tuple: TCP with both ports nonzero."""
+        return self.policy == "ecmp" and flow.proto == IPPROTO_TCP and flow.sport != 0 and flow.dport != 0
+
+    def is_choice(self, switch: str, dst: str) -> bool:
+        """True at a choice point: fabric ``switch`` has several candidates towards ``dst``'s slot switch."""
+        access = self.access(dst)
+        return (access is not None and self.topo.is_fabric_switch(switch)
+                and len(self.candidates(switch, access[-1])) > 1)
+
+    def flow_next(self, switch: str, flow: Flow) -> str | None:
+        """The node a packet of ``flow`` at ``switch`` goes to next (None: no way on).
+
+        On ``flow``'s path that is the next node of :meth:`walk`; off it (a
+        packet in flight across a reroute) the switch's own choice for the flow.
+        """
+        if not self.reachable(flow.src, flow.dst):
+            return None
+        if switch == self.topo.host(flow.dst).switch:
+            return flow.dst
+        access = self.access(flow.dst)
+        if access is None or not self.topo.is_fabric_switch(switch):
+            return None
+        if switch == access[-1]:
+            return access[-2]
+        cands = self.candidates(switch, access[-1])
+        return self.choice(switch, cands, flow, self.is_exact(flow)) if cands else None
+
+    def learned(self, flow: Flow) -> list[FlowEntry]:
+        """The learned 5-tuple entries of ``flow`` (see :func:`learned_entries`)."""
+        if not self.is_exact(flow) or flow.src == flow.dst or not self.reachable(flow.src, flow.dst):
+            return []
+        match = _ip_match(self.topo, flow, True)
+        return [FlowEntry(here, PRIORITY_FLOW, match, hop_port(self.topo, here, nxt, flow.src, flow.dst),
+                          LEARNED_IDLE_TIMEOUT, LEARNED_COOKIE)
+                for here, nxt in self.fabric_hops(self.walk(flow)) if self.is_choice(here, flow.dst)]
 
     def walk(self, flow: Flow) -> list[str]:
         """The node path of ``flow``; raises :class:`NoPath`."""
@@ -374,6 +451,40 @@ def routes(topo: Topology, policy: str, flows: Iterable[Flow], *, seed: int = 0,
     computed once instead of once per flow (what makes routing thousands of flows fast)."""
     router = _Router(topo, policy, seed, failed)
     return [router.walk(flow) for flow in flows]
+
+
+class Learner:
+    """What the controller learns about TCP connections under one policy and one set of failed links.
+
+    One router for every question, so fabric distances are computed once per
+    reroute, not once per packet-in.
+    """
+
+    def __init__(self, topo: Topology, policy: str, *, seed: int = 0, failed: Iterable[frozenset[str]] = ()):
+        self.topo = topo
+        self._router = _Router(topo, policy, seed, failed)
+
+    def entries(self, flow: Flow) -> list[FlowEntry]:
+        """:func:`learned_entries` of ``flow``."""
+        return self._router.learned(flow)
+
+    def out_port(self, switch: str, flow: Flow) -> int | None:
+        """The port a packet of ``flow`` leaves ``switch`` by (None: drop, e.g. the pair is cut off)."""
+        nxt = self._router.flow_next(switch, flow)
+        return None if nxt is None else hop_port(self.topo, switch, nxt, flow.src, flow.dst)
+
+
+def learned_entries(topo: Topology, policy: str, flow: Flow, *, seed: int = 0,
+                    failed: Iterable[frozenset[str]] = ()) -> list[FlowEntry]:
+    """The entries that make one direction of a TCP connection take its :func:`route`.
+
+    One ``PRIORITY_FLOW`` entry matching ``flow``'s 5-tuple at every choice
+    point of its path (where the switch has several candidates), in path
+    order, with :data:`LEARNED_IDLE_TIMEOUT` and :data:`LEARNED_COOKIE`.
+    Empty unless ``policy`` hashes ``flow`` exactly (``ecmp``, TCP, both
+    ports nonzero) and the pair has a path.
+    """
+    return Learner(topo, policy, seed=seed, failed=failed).entries(flow)
 
 
 def path_links(path: list[str]) -> list[tuple[str, str]]:
@@ -466,8 +577,8 @@ def _ip_match(topo: Topology, flow: Flow, exact: bool) -> tuple[tuple[str, objec
     return (("eth_type", ETH_TYPE_IP), ("ip_proto", flow.proto), ("ipv4_src", src), ("ipv4_dst", dst), *ports)
 
 
-def flow_table(topo: Topology, policy: str, *, seed: int = 0,
-               failed: Iterable[frozenset[str]] = (), lanes: int = 1) -> dict[str, list[FlowEntry]]:
+def flow_table(topo: Topology, policy: str, *, seed: int = 0, failed: Iterable[frozenset[str]] = (),
+               lanes: int = 1, reactive: bool = False) -> dict[str, list[FlowEntry]]:
     """Every switch's entries for all host pairs under ``policy`` (see the module docstring).
 
     Per (switch, destination): an ARP entry and an IPv4-destination entry
@@ -477,8 +588,15 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
     path: a 5-tuple entry (``ecmp``). With servers, per accelerator an ``in_port`` entry on its PCIe
     switch towards its pinned NIC. Pairs cut off by ``failed`` links get no
     entry. Entries are in a deterministic order.
+
+    ``reactive`` (``ecmp`` only, for a controller that learns connections):
+    per choice point a ``PRIORITY_TCP_MISS`` entry sending TCP to the
+    destination to the controller, and the agent connections' 5-tuple
+    entries at every choice point of their paths. Without it (the static
+    installer) TCP flows other than the agents' take their pair's path.
     """
     router = _Router(topo, policy, seed, failed)
+    reactive = reactive and policy == "ecmp"
     table: dict[str, list[FlowEntry]] = {s.name: [] for s in topo.switches}
     if topo.has_servers:
         for h in topo.hosts:
@@ -499,6 +617,10 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
                                             (("eth_type", ETH_TYPE_ARP), ("arp_tpa", dst_host.ip)), port))
             table[sw.name].append(FlowEntry(sw.name, PRIORITY_DEST,
                                             (("eth_type", ETH_TYPE_IP), ("ipv4_dst", dst_host.ip)), port))
+            if reactive and router.is_choice(sw.name, dst):
+                table[sw.name].append(FlowEntry(sw.name, PRIORITY_TCP_MISS,
+                                                (("eth_type", ETH_TYPE_IP), ("ip_proto", IPPROTO_TCP),
+                                                 ("ipv4_dst", dst_host.ip)), CONTROLLER_PORT))
         if policy not in ("bigraph", "ecmp"):
             continue
         for src_host in topo.hosts:
@@ -516,7 +638,7 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0,
                 continue
             for flow in exact_flows(topo, src, dst, lanes):
                 for here, nxt in router.fabric_hops(router.walk(flow)):
-                    if nxt != pair_next.get(here, default[here]):
+                    if nxt != pair_next.get(here, default[here]) or (reactive and router.is_choice(here, dst)):
                         table[here].append(FlowEntry(here, PRIORITY_FLOW, _ip_match(topo, flow, True),
                                                      hop_port(topo, here, nxt, src, dst)))
     return table

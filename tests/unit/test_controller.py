@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from test_routing import FakeFlowTable
+from test_routing import FakeFlowTable, reverse
 
 from controllers.core import ControllerCore, Settings, parse_listen
 from emulator import routing, topology
@@ -35,6 +35,9 @@ class FakeSwitches:
             self.tables[sw.name] = {e.key(): e for e in self.core.connect(sw.name)}
 
     def apply(self, update) -> None:
+        for sw in update.clear_learned:  # OFPFC_DELETE by cookie, before the adds
+            for key in [k for k, e in self.tables[sw].items() if e.cookie == routing.LEARNED_COOKIE]:
+                del self.tables[sw][key]
         for sw, entries in update.adds.items():
             for e in entries:
                 self.tables[sw][e.key()] = e
@@ -42,8 +45,23 @@ class FakeSwitches:
             for e in entries:
                 del self.tables[sw][e.key()]
 
+    def packet_in(self, switch: str, pkt: dict[str, object]) -> int | None:
+        """What the app does with a TCP packet-in: the core's entries to every switch, the packet on."""
+        learned = self.core.tcp_packet_in(switch, str(pkt["ipv4_src"]), str(pkt["ipv4_dst"]),
+                                          int(pkt["tcp_src"]), int(pkt["tcp_dst"]))  # type: ignore[call-overload]
+        if learned is None:
+            return None
+        for sw, entries in learned.entries.items():
+            for e in entries:
+                self.tables[sw][e.key()] = e
+        return learned.out_port
+
+    def learned(self) -> list[routing.FlowEntry]:
+        return [e for t in self.tables.values() for e in t.values() if e.cookie == routing.LEARNED_COOKIE]
+
     def fake(self) -> FakeFlowTable:
-        return FakeFlowTable(self.core.topo, {sw: list(t.values()) for sw, t in self.tables.items()})
+        """A fake switch fabric over these very tables (learned entries show in both)."""
+        return FakeFlowTable(self.core.topo, self.tables, self.packet_in)
 
 
 @pytest.mark.parametrize("spec,policy", [(FATTREE, "ecmp"), (BIGRAPH, "bigraph"), (FATTREE, "dmodk")])
@@ -67,7 +85,68 @@ def test_port_down_reroutes_exactly_like_route(spec, policy):
     assert core.port_state(b, topo.port_to(b, a), up=False) is None
     assert core.port_state(a, topo.port_to(a, b), up=True) is None  # still down at b
     sw.apply(core.port_state(b, topo.port_to(b, a), up=True))
-    assert sw.tables == {s: {e.key(): e for e in es} for s, es in routing.flow_table(topo, policy, seed=4).items()}
+    assert sw.tables == {s: {e.key(): e for e in es}
+                         for s, es in routing.flow_table(topo, policy, seed=4, reactive=True).items()}
+
+
+def test_every_tcp_connection_is_learned_along_route_and_relearned_after_a_reroute():
+    topo = topology.load(FATTREE)
+    core = ControllerCore(topo, "ecmp", seed=4, lanes=2)
+    sw = FakeSwitches(core)
+    sw.connect_all()
+    fake = sw.fake()
+    pairs = list(topology.all_host_pairs(topo))[::5]
+    conns = [Flow(s, d, routing.IPPROTO_TCP, 40000 + i, 5201) for i, (s, d) in enumerate(pairs)]
+    agents = [f for s, d in pairs for f in routing.exact_flows(topo, s, d, lanes=2)]
+    for f in agents:  # proactive: never at the controller
+        assert fake.trace(f) == routing.route(topo, "ecmp", f, seed=4)
+    assert fake.packet_ins == [] and core.status()["learned_connections"] == 0
+    for f in conns:
+        assert fake.trace(f) == routing.route(topo, "ecmp", f, seed=4)
+        assert fake.trace(reverse(f)) == routing.route(topo, "ecmp", reverse(f), seed=4)
+    crossing = [f for f in conns if topo.switch_hops(f.src, f.dst) > 1]  # a choice point on the way
+    assert len(fake.packet_ins) == core.status()["learned_connections"] == core.learned_total == len(crossing)
+    assert len(sw.learned()) == sum(len(routing.learned_entries(topo, "ecmp", g, seed=4))
+                                    for f in crossing for g in (f, reverse(f)))
+    # A packet-in again (a race with the flow-mods, a downstream switch, an expired entry): the same answer.
+    f = crossing[0]
+    path = routing.route(topo, "ecmp", f, seed=4)
+    first = core.tcp_packet_in(path[1], topo.host(f.src).ip, topo.host(f.dst).ip, f.sport, f.dport)
+    again = core.tcp_packet_in(path[2], topo.host(f.src).ip, topo.host(f.dst).ip, f.sport, f.dport)
+    assert first is not None and again is not None and not first.new and not again.new
+    assert again.entries == first.entries and again.out_port == topo.port_to(path[2], path[3])
+    # The farthest downstream switch of the forward direction gets its entries first.
+    assert list(first.entries)[0] == routing.learned_entries(topo, "ecmp", f, seed=4)[-1].switch
+    # A reroute deletes every learned entry and the core forgets them; packets re-learn the new paths.
+    a, b = routing.switch_links_of(path)[0]
+    update = core.port_state(a, topo.port_to(a, b), up=False)
+    assert update is not None and update.clear_learned == sorted(sw.tables, key=topology.node_sort_key)
+    assert core.status()["learned_connections"] == 0
+    sw.apply(update)
+    assert sw.learned() == []
+    dead = [frozenset((a, b))]
+    for g in conns:
+        assert fake.trace(g) == routing.route(topo, "ecmp", g, seed=4, failed=dead)
+    # (Fewer choices are left around the dead link: connections without one are not learned.)
+    relearned = [g for g in conns if any(routing.learned_entries(topo, "ecmp", x, seed=4, failed=dead)
+                                         for x in (g, reverse(g)))]
+    assert 0 < len(relearned) < len(crossing) and sw.learned()
+    assert core.status()["learned_connections"] == len(relearned)
+    assert core.learned_total == len(crossing) + len(relearned)
+
+
+def test_tcp_packet_in_that_learns_nothing():
+    topo = topology.load(FATTREE)
+    core = ControllerCore(topo, "ecmp", seed=1)
+    h1, h16 = topo.host("h1").ip, topo.host("h16").ip
+    assert core.tcp_packet_in("s1", "10.9.9.9", h16, 40000, 80) is None  # no host has that address
+    assert core.tcp_packet_in("s1", h1, "192.168.0.1", 40000, 80) is None
+    assert core.tcp_packet_in("s1", h1, h1, 40000, 80) is None
+    assert ControllerCore(topo, "dmodk").tcp_packet_in("s1", h1, h16, 40000, 80) is None  # no miss entries there
+    core.port_state("s1", topo.host("h1").switch_port, up=False)  # h1 cut off
+    assert core.tcp_packet_in("s1", h1, h16, 40000, 80) is None
+    assert core.tcp_packet_in("s1", h16, h1, 80, 40000) is None
+    assert core.status()["learned_connections"] == 0
 
 
 def test_cut_off_pairs_are_reported_and_restored():
@@ -103,7 +182,7 @@ def test_reconnect_gets_the_current_table():
     assert update.adds == {} and update.deletes == {}  # nothing is sent to a switch that is not connected
     again = core.connect("s1")
     # On reconnect: exactly the table routing computes around the dead link, and none of it out of that port.
-    rerouted = routing.flow_table(topo, "ecmp", seed=2, failed=[frozenset(("s1", "s9"))])["s1"]
+    rerouted = routing.flow_table(topo, "ecmp", seed=2, failed=[frozenset(("s1", "s9"))], reactive=True)["s1"]
     assert again == rerouted and again != first
     assert port in {e.out_port for e in first} and port not in {e.out_port for e in again}
     assert core.status()["connected"] == ["s1"] and core.status()["installed"] == []  # until its barrier reply

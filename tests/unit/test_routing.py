@@ -7,8 +7,11 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from emulator import routing, topology
 from emulator.errors import UserError
@@ -34,11 +37,31 @@ SERVER_CASES = [(SERVERS_NA, "bigraph"), (SERVERS_NA, "ecmp"), (SERVERS_NA, "sho
 
 
 class FakeFlowTable:
-    """Forwards a packet through flow entries the way an OpenFlow 1.3 switch would."""
+    """Forwards a packet through flow entries the way an OpenFlow 1.3 switch would.
 
-    def __init__(self, topo: topology.Topology, table: dict[str, list[FlowEntry]]):
+    ``table`` per switch: a list of entries, or a dict by :meth:`FlowEntry.key`
+    (then shared, not copied, so a caller's later changes show). An entry to
+    :data:`routing.CONTROLLER_PORT` is a packet-in: ``controller(switch,
+    packet)`` answers the port the packet leaves by (None: drop) and may add
+    entries with :meth:`add`; every packet-in is recorded in ``packet_ins``.
+    """
+
+    def __init__(self, topo: topology.Topology, table: Mapping[str, Iterable[FlowEntry] | dict[tuple, FlowEntry]],
+                 controller: Callable[[str, dict[str, object]], int | None] | None = None):
         self.topo = topo
-        self.table = table
+        self.table = {sw: es if isinstance(es, dict) else {e.key(): e for e in es} for sw, es in table.items()}
+        self.controller = controller
+        self.packet_ins: list[tuple[str, dict[str, object]]] = []
+
+    def add(self, entry: FlowEntry) -> None:
+        """An OFPFC_ADD: replaces the entry with the same priority and match."""
+        self.table.setdefault(entry.switch, {})[entry.key()] = entry
+
+    def delete_cookie(self, cookie: int) -> None:
+        """An OFPFC_DELETE by cookie on every switch."""
+        for entries in self.table.values():
+            for key in [k for k, e in entries.items() if e.cookie == cookie]:
+                del entries[key]
 
     def packet(self, flow: Flow, eth_type: int = routing.ETH_TYPE_IP) -> dict[str, object]:
         src, dst = self.topo.host(flow.src), self.topo.host(flow.dst)
@@ -53,7 +76,7 @@ class FakeFlowTable:
     def lookup(self, switch: str, pkt: dict[str, object], in_port: int) -> FlowEntry | None:
         fields = dict(pkt, in_port=in_port)
         best = None
-        for entry in self.table.get(switch, []):
+        for entry in self.table.get(switch, {}).values():
             if all(fields.get(k) == v for k, v in entry.match):
                 if best is not None and best.priority == entry.priority:
                     raise AssertionError(f"{switch}: overlapping entries {best} and {entry}")
@@ -78,11 +101,15 @@ class FakeFlowTable:
         node, in_port = host.switch, host.switch_port
         while True:
             entry = self.lookup(node, pkt, in_port)
-            if entry is None:
+            port = None if entry is None else entry.out_port
+            if port == routing.CONTROLLER_PORT:
+                self.packet_ins.append((node, pkt))
+                port = None if self.controller is None else self.controller(node, pkt)
+            if port is None:
                 return path + ["DROP"], hops
-            link = self.topo.link_at(node, entry.out_port)
-            assert link is not None, f"{node} port {entry.out_port} has no link"
-            hops.append((node, entry.out_port))
+            link = self.topo.link_at(node, port)
+            assert link is not None, f"{node} port {port} has no link"
+            hops.append((node, port))
             nxt = link.other(node)
             path.append(nxt)
             if self.topo.is_host(nxt):
@@ -92,9 +119,44 @@ class FakeFlowTable:
             assert len(path) < 20, f"loop: {path}"
 
 
+def learning_fake(topo: topology.Topology, policy: str, *, seed: int = 0, failed: Iterable[frozenset[str]] = (),
+                  table: dict[str, list[FlowEntry]] | None = None) -> FakeFlowTable:
+    """The reactive table (or a copy of ``table``) and, on a TCP packet-in, what the controller app does
+    (with routing alone): add the learned entries of both directions, send the packet on by
+    :meth:`routing.Learner.out_port`."""
+    learner = routing.Learner(topo, policy, seed=seed, failed=failed)
+    by_ip = {h.ip: h.name for h in topo.hosts}
+
+    def packet_in(switch: str, pkt: dict[str, object]) -> int | None:
+        src, dst = by_ip[str(pkt["ipv4_src"])], by_ip[str(pkt["ipv4_dst"])]
+        sport, dport = int(pkt["tcp_src"]), int(pkt["tcp_dst"])  # type: ignore[call-overload]
+        for flow in (Flow(src, dst, routing.IPPROTO_TCP, sport, dport), Flow(dst, src, routing.IPPROTO_TCP, dport, sport)):
+            for entry in learner.entries(flow):
+                fake.add(entry)
+        return learner.out_port(switch, Flow(src, dst, routing.IPPROTO_TCP, sport, dport))
+
+    if table is None:
+        table = routing.flow_table(topo, policy, seed=seed, failed=failed, reactive=True)
+    fake = FakeFlowTable(topo, table, packet_in)
+    return fake
+
+
+def reverse(flow: Flow) -> Flow:
+    return Flow(flow.dst, flow.src, flow.proto, flow.dport, flow.sport)
+
+
 def _flows(topo: topology.Topology, src: str, dst: str) -> list[Flow]:
     return [Flow(src, dst, routing.IPPROTO_ICMP), Flow(src, dst, routing.IPPROTO_TCP, 45678, 5201),
             *routing.exact_flows(topo, src, dst)]
+
+
+def _static_route(topo: topology.Topology, policy: str, flow: Flow, **kw) -> list[str]:
+    """Where the proactive table (no controller) sends ``flow``: under ``ecmp`` a TCP flow
+    other than the agents' takes its pair's path, not its :func:`routing.route`."""
+    agent = flow in routing.exact_flows(topo, flow.src, flow.dst)
+    if policy == "ecmp" and flow.proto == routing.IPPROTO_TCP and not agent:
+        flow = Flow(flow.src, flow.dst, 0)
+    return routing.route(topo, policy, flow, **kw)
 
 
 @pytest.mark.parametrize("spec,policy", CASES + SERVER_CASES)
@@ -103,11 +165,115 @@ def test_flow_table_forwards_every_packet_along_route(spec, policy):
     fake = FakeFlowTable(topo, routing.flow_table(topo, policy, seed=3))
     for src, dst in topology.all_host_pairs(topo):
         for flow in _flows(topo, src, dst):
-            path = routing.route(topo, policy, flow, seed=3)
+            path = _static_route(topo, policy, flow, seed=3)
             # Ports too: a server's parallel NIC links to one switch are told apart.
             assert fake.trace_hops(flow) == (path, routing.directed_links(topo, path)), (flow, policy)
             assert len(path) - 2 == topo.switch_hops(src, dst)  # shortest paths only
         assert fake.trace(Flow(src, dst), routing.ETH_TYPE_ARP)[-1] == dst
+    assert not fake.packet_ins
+
+
+@pytest.mark.parametrize("spec,policy", CASES + SERVER_CASES)
+def test_reactive_table_and_learned_entries_forward_every_packet_along_route(spec, policy):
+    topo = topology.load(spec)
+    fake = learning_fake(topo, policy, seed=3)
+    if policy != "ecmp":
+        assert routing.flow_table(topo, policy, seed=3, reactive=True) == routing.flow_table(topo, policy, seed=3)
+    for src, dst in topology.all_host_pairs(topo):
+        agents = routing.exact_flows(topo, src, dst)
+        for flow in _flows(topo, src, dst):
+            misses = len(fake.packet_ins)
+            path = routing.route(topo, policy, flow, seed=3)
+            assert fake.trace_hops(flow) == (path, routing.directed_links(topo, path)), (flow, policy)
+            if flow in agents or flow.proto != routing.IPPROTO_TCP:
+                assert len(fake.packet_ins) == misses, f"{flow} reached the controller"  # agents, ICMP never miss
+            # The reverse direction was learned with the forward one: no further packet-in.
+            misses = len(fake.packet_ins)
+            back = routing.route(topo, policy, reverse(flow), seed=3)
+            assert fake.trace_hops(reverse(flow)) == (back, routing.directed_links(topo, back))
+            assert len(fake.packet_ins) == misses
+            # ... and a second packet of the connection is switched without the controller.
+            assert fake.trace(flow) == path and len(fake.packet_ins) == misses
+        assert fake.trace(Flow(src, dst), routing.ETH_TYPE_ARP)[-1] == dst
+        assert routing.route(topo, policy, Flow(src, dst, routing.IPPROTO_ICMP), seed=3) == \
+            routing.route(topo, policy, Flow(src, dst, 0), seed=3)  # ICMP: the pair path
+    # The other TCP flow (port 45678) was learned wherever a path has a choice (ecmp off a star).
+    learned = [e for es in fake.table.values() for e in es.values() if e.cookie == routing.LEARNED_COOKIE]
+    assert bool(fake.packet_ins) == bool(learned)
+    assert bool(learned) == (policy == "ecmp" and topo.kind != "star") or (spec, policy) in SERVER_CASES
+
+
+_TABLES: dict[tuple[str, int], dict[str, list[FlowEntry]]] = {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=st.sampled_from([LEAFSPINE, FATTREE, BIGRAPH, SERVERS_FAT, SERVERS_NA]), seed=st.sampled_from([0, 1, 9]),
+       src=st.integers(0, 63), dst=st.integers(0, 63), sport=st.integers(1, 65535), dport=st.integers(1, 65535))
+def test_any_tcp_connection_is_forwarded_along_route(spec, seed, src, dst, sport, dport):
+    topo = topology.load(spec)
+    a, b = topo.hosts[src % len(topo.hosts)].name, topo.hosts[dst % len(topo.hosts)].name
+    if a == b:
+        return
+    if (spec, seed) not in _TABLES:
+        _TABLES[(spec, seed)] = routing.flow_table(topo, "ecmp", seed=seed, reactive=True)
+    fake = learning_fake(topo, "ecmp", seed=seed, table=_TABLES[(spec, seed)])
+    flow = Flow(a, b, routing.IPPROTO_TCP, sport, dport)
+    for f in (flow, reverse(flow), flow):
+        path = routing.route(topo, "ecmp", f, seed=seed)
+        assert fake.trace_hops(f) == (path, routing.directed_links(topo, path))
+    # One packet-in (the first packet to reach a choice point) learns both directions; none with no choice.
+    learned = [e for es in fake.table.values() for e in es.values() if e.cookie == routing.LEARNED_COOKIE]
+    assert len(fake.packet_ins) == (1 if learned else 0)
+    assert all(e.priority == routing.PRIORITY_FLOW and e.idle_timeout == routing.LEARNED_IDLE_TIMEOUT
+               for e in learned)
+    assert {e.switch for e in learned} <= {here for here, _ in routing.path_links(routing.route(
+        topo, "ecmp", flow, seed=seed)) + routing.path_links(routing.route(topo, "ecmp", reverse(flow), seed=seed))}
+
+
+def test_connections_of_one_pair_spread_over_the_spines():
+    topo = topology.load(LEAFSPINE)
+    src, dst = "h1", "h16"
+    spines: dict[str, list[int]] = {}
+    for sport in range(40000, 40064):
+        spines.setdefault(routing.route(topo, "ecmp", Flow(src, dst, 6, sport, 5201), seed=5)[2], []).append(sport)
+    assert set(spines) == {"s5", "s6"}  # some source ports hash onto each spine
+    fake = learning_fake(topo, "ecmp", seed=5)
+    measured = {spine: {fake.trace(Flow(src, dst, 6, ports[0], 5201))[2]} for spine, ports in spines.items()}
+    assert measured == {spine: {spine} for spine in spines}
+    # Non-TCP of the pair keeps one path whatever its "ports".
+    assert len({fake.trace(Flow(src, dst, routing.IPPROTO_ICMP, p, 0))[2] for p in range(40000, 40064)}) == 1
+
+
+def test_seed_decides_every_tcp_path():
+    topo = topology.load(FATTREE)
+    flows = [Flow(s, d, 6, 33000 + i, 5000 + i % 7) for i, (s, d) in
+             enumerate(itertools.islice(topology.all_host_pairs(topo), 0, 240, 3))]
+    one = [routing.route(topo, "ecmp", f, seed=1) for f in flows]
+    assert one == [routing.route(topo, "ecmp", f, seed=1) for f in flows]
+    fake = learning_fake(topo, "ecmp", seed=1)
+    assert one == [fake.trace(f) for f in flows]
+    two = [routing.route(topo, "ecmp", f, seed=2) for f in flows]
+    assert sum(a != b for a, b in zip(one, two, strict=True)) > len(flows) // 4
+    fake = learning_fake(topo, "ecmp", seed=2)
+    assert two == [fake.trace(f) for f in flows]
+
+
+def test_learned_entries_sit_at_choice_points_only():
+    topo = topology.load(FATTREE)
+    flow = Flow("h1", "h16", 6, 40000, 5201)  # pod 0 to pod 3: choices at the edge and the aggregation switch
+    path = routing.route(topo, "ecmp", flow, seed=1)
+    entries = routing.learned_entries(topo, "ecmp", flow, seed=1)
+    assert [e.switch for e in entries] == path[1:3]
+    assert all(e.match_dict() == {"eth_type": routing.ETH_TYPE_IP, "ip_proto": 6, "ipv4_src": "10.0.0.1",
+                                  "ipv4_dst": "10.0.0.16", "tcp_src": 40000, "tcp_dst": 5201} for e in entries)
+    assert [e.out_port for e in entries] == [topo.port_to(a, b) for a, b in routing.path_links(path)[1:3]]
+    # Nothing to learn: same edge switch, non-TCP, port 0, another policy, a cut-off pair.
+    assert routing.learned_entries(topo, "ecmp", Flow("h1", "h2", 6, 40000, 5201), seed=1) == []
+    assert routing.learned_entries(topo, "ecmp", Flow("h1", "h16", routing.IPPROTO_ICMP), seed=1) == []
+    assert routing.learned_entries(topo, "ecmp", Flow("h1", "h16", 6, 0, 5201), seed=1) == []
+    assert routing.learned_entries(topo, "dmodk", flow) == []
+    assert routing.learned_entries(topo, "ecmp", flow, seed=1, failed=[frozenset(("h1", "s1"))]) == []
+    assert routing.Learner(topo, "ecmp", seed=1, failed=[frozenset(("h1", "s1"))]).out_port("s1", flow) is None
 
 
 @pytest.mark.parametrize("spec,policy", [(SERVERS_NA, "ecmp"), (SERVERS_N1, "dmodk"), (SERVERS_FAT, "shortest"),
@@ -228,11 +394,16 @@ def test_ecmp_hash_stable_across_processes():
                                       for f in routing.all_agent_flows(topo)][:40])
 
 
-def test_ecmp_other_traffic_takes_pair_path():
+def test_ecmp_hashes_tcp_by_5_tuple_and_the_rest_by_pair():
     topo = topology.load(LEAFSPINE)
+    differ = 0
     for src, dst in itertools.islice(topology.all_host_pairs(topo), 0, 240, 7):
-        icmp = routing.route(topo, "ecmp", Flow(src, dst, routing.IPPROTO_ICMP), seed=5)
-        assert routing.route(topo, "ecmp", Flow(src, dst, routing.IPPROTO_TCP, 40000, 5201), seed=5) == icmp
+        pair = routing.route(topo, "ecmp", Flow(src, dst, 0), seed=5)
+        assert routing.route(topo, "ecmp", Flow(src, dst, routing.IPPROTO_ICMP), seed=5) == pair
+        assert routing.route(topo, "ecmp", Flow(src, dst, 17, 40000, 5201), seed=5) == pair  # UDP
+        assert routing.route(topo, "ecmp", Flow(src, dst, 6, 0, 5201), seed=5) == pair  # no source port
+        differ += routing.route(topo, "ecmp", Flow(src, dst, 6, 40000, 5201), seed=5) != pair
+    assert differ > 0
 
 
 @pytest.mark.parametrize("spec,policy", [(BIGRAPH, "bigraph"), (FATTREE, "ecmp"), (FATTREE, "dmodk"),
@@ -245,9 +416,11 @@ def test_failed_link_is_avoided(spec, policy):
     after = routing.route(topo, policy, flow, failed=[link])
     assert link not in {frozenset(x) for x in routing.path_links(after)}
     fake = FakeFlowTable(topo, routing.flow_table(topo, policy, failed=[link]))
+    learning = learning_fake(topo, policy, failed=[link])
     for src, dst in topology.all_host_pairs(topo):
         for f in _flows(topo, src, dst):
-            assert fake.trace(f) == routing.route(topo, policy, f, failed=[link])
+            assert fake.trace(f) == _static_route(topo, policy, f, failed=[link])
+            assert learning.trace(f) == routing.route(topo, policy, f, failed=[link])
     assert routing.cut_pairs(topo, [link]) == []
 
 
@@ -288,6 +461,14 @@ def test_ofctl_strings():
     flow = texts[routing.PRIORITY_FLOW]
     assert "nw_proto=6" in flow and "tp_src=" in flow and "tp_dst=" in flow and ",actions=output:" in flow
     assert len({e.key() for e in entries}) == len(entries)
+    assert routing.PRIORITY_TCP_MISS not in texts  # the static installer never sends packets to a controller
+    reactive = [e for es in routing.flow_table(topo, "ecmp", seed=1, reactive=True).values() for e in es]
+    miss = next(e for e in reactive if e.priority == routing.PRIORITY_TCP_MISS)
+    assert miss.ofctl().startswith("priority=175,dl_type=0x800,nw_proto=6,nw_dst=10.0.0.")
+    assert miss.ofctl().endswith(",actions=controller")
+    assert routing.PRIORITY_FLOW > routing.PRIORITY_TCP_MISS > routing.PRIORITY_PAIR
+    (learned, *_) = routing.learned_entries(topo, "ecmp", Flow("h1", "h16", 6, 40000, 5201), seed=1)
+    assert learned.ofctl().startswith(f"cookie={hex(routing.LEARNED_COOKIE)},idle_timeout=120,priority=200,")
 
 
 def test_link_sharing_lists_colliding_flows():
