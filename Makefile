@@ -9,7 +9,7 @@ SHELL := /bin/bash
 SYSTEM_PYTHON ?= /usr/bin/python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps \
+DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps openmpi-bin python3-mpi4py \
 	python3-venv python3-dev gcc
 VENV_STAMP := $(VENV)/.installed
 TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2

@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "emulator.commands.controller",
     "emulator.commands.schedule",
     "emulator.commands.replay",
+    "emulator.commands.mpirun",
     "emulator.commands.experiment",
     "emulator.commands.calibrate",
     "emulator.commands.analyze",

@@ -35,7 +35,7 @@ from emulator.calibration_file import Calibration
 from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.latency import Intrinsic, LatencyModel
-from emulator.naming import host_intf, switch_intf
+from emulator.naming import SWITCH_INTERFACE_RE, host_intf, switch_intf
 from emulator.results import Fidelity
 from emulator.system import cpu_times, has_netem, run
 from emulator.topology import Topology
@@ -230,6 +230,16 @@ def flag_text(fid: Fidelity | None) -> str:
     """The serious flags of a repetition as the console shows them after its line (empty when none)."""
     serious = [f for f in (fid.flags if fid is not None else []) if f != "uncalibrated"]
     return f"  [fidelity: {', '.join(serious)}]" if serious else ""
+
+
+def switch_egress_bytes(before: Snapshot, after: Snapshot) -> int:
+    """Bytes the switch ports sent between two snapshots: every byte once per switch it crossed, measured.
+
+    The datapath's offered load when nothing predicts the traffic (an MPI
+    program); a schedule's is :func:`datapath_bytes`.
+    """
+    return sum(now.bytes - before.qdisc.get(dev, QdiscCounters()).bytes for dev, now in after.qdisc.items()
+               if SWITCH_INTERFACE_RE.match(dev))
 
 
 def datapath_bytes(transfers: Sequence[Any]) -> int:

@@ -17,6 +17,8 @@ NAME_PREFIX = "ef"
 BRIDGE_RE = re.compile(rf"^{NAME_PREFIX}s\d+$")
 #: Our link ends in the root namespace (switch ports) and in hosts.
 INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
+#: A switch port (root namespace): what it sends, a switch forwarded.
+SWITCH_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}s\d+-eth\d+$")
 #: A host's one interface (how a host shell's namespace is recognised as ours).
 HOST_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}h\d+-eth0$")
 

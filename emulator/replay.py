@@ -180,13 +180,15 @@ class ReplaySession:
     (:func:`emulator.fidelity.latency_model`); the network's MTU is the
     profile's (``mtu`` without a profile), and where the model puts switch
     latency on the links (netem), every switch port delays its packets.
-    Without a profile the agents add no latency.
+    Without a profile the agents add no latency. With ``agents=False`` no
+    agent launcher starts: the session is a controller and a network for
+    programs of one's own (``emu mpirun``).
     """
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
                  latency: LatencyModel | None = None, mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5,
                  work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None,
-                 lanes: int = 1):
+                 lanes: int = 1, agents: bool = True):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
@@ -199,6 +201,7 @@ class ReplaySession:
         self.echo = echo
         self.work_dir = work_dir
         self.network_options = network_options or {}
+        self.agents = agents  # False: no agent launcher (emu mpirun runs its own programs in the hosts)
         self.ctl: Any = None
         self.en: Any = None
         self.launcher: AgentLauncher | None = None
@@ -239,6 +242,8 @@ class ReplaySession:
                                       switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
             self.en.start()
             self.ctl.wait_installed()
+            if not self.agents:
+                return
             self.launcher = AgentLauncher(dict(os.environ, PYTHONPATH=PROJECT_ROOT), PROJECT_ROOT,
                                           os.path.join(self.work_dir, "launcher.stderr")).start()
             assert self.launcher.proc is not None
@@ -258,7 +263,8 @@ class ReplaySession:
         if ctl is not None:
             ctl.stop()
 
-    def _stats_offset(self) -> int:
+    def stats_offset(self) -> int:
+        """Where the controller's port-counter file ends now (see :meth:`copy_port_stats`)."""
         try:
             return os.path.getsize(self.stats_file)
         except OSError:
@@ -278,7 +284,7 @@ class ReplaySession:
         """
         plan = self._plan(schedule, out, repeat, warmup, timeout_s, report, fault_plan)
         results = self._begin(plan, config)
-        stats_offset = self._stats_offset()
+        stats_offset = self.stats_offset()
         fleet: Fleet | None = None
         actions: FaultActions | None = None
         captures: list[Any] = []
@@ -305,7 +311,7 @@ class ReplaySession:
                 fleet.close()
             if actions is not None:
                 actions.restore()
-            self._copy_port_stats(stats_offset, plan.path("links.jsonl"))
+            self.copy_port_stats(stats_offset, plan.path("links.jsonl"))
             results.save(plan.results_path)
 
     def _plan(self, schedule: Schedule, out: str, repeat: int, warmup: int, timeout_s: float | None,
@@ -416,7 +422,7 @@ class ReplaySession:
             append_jsonl(plan.path("timeline.jsonl"), rec)
         return measured
 
-    def _copy_port_stats(self, offset: int, dest: str) -> None:
+    def copy_port_stats(self, offset: int, dest: str) -> None:
         """The controller's port counters written since ``offset``, into this run's links.jsonl."""
         try:
             with open(self.stats_file, encoding="utf-8") as fh:

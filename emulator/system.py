@@ -127,13 +127,16 @@ def require_tools(names: Sequence[str], which: Callable[[str], str | None] | Non
 
 
 def cpu_times() -> tuple[float, float]:
-    """(idle, total) CPU seconds summed over all CPUs since boot; idle counts I/O wait too.
+    """(idle, total) CPU seconds summed over all CPUs since boot; idle counts I/O wait, and the time of niced
+    processes (niceness > 0: everything else runs first, so it is time the emulation could have had;
+    ``emu mpirun`` runs Open MPI's busy-polling ranks so).
 
     Only differences of two readings mean anything: their ratio is the idle
     share of the time in between.
     """
     times = psutil.cpu_times()
-    return times.idle + getattr(times, "iowait", 0.0), float(sum(times))
+    spare = times.idle + getattr(times, "iowait", 0.0) + getattr(times, "nice", 0.0)
+    return spare, float(sum(times))
 
 
 def load_average() -> list[float]:

@@ -1,0 +1,248 @@
+"""``emu mpirun``: an Open MPI program over the emulated fabric, measured like a replay.
+
+:func:`prepare` checks every input before anything starts (:mod:`emulator.mpi`
+owns the checks and the command line). :func:`run` brings up the controller
+and the network as a replay does (:class:`emulator.replay.ReplaySession`
+without agents), writes the launch agent and the hostfile into the run's
+folder, runs ``mpirun`` inside rank 0's host, echoes its output, and tears
+everything down (every process left in the hosts' namespaces is killed with
+the network). Files in the folder:
+
+* ``results.json`` -- :class:`emulator.mpi.MpiResults`, rewritten atomically
+  when the run starts and when it ends (however it ends);
+* ``mpirun.log`` -- mpirun's own output (every rank's lines, and Open MPI's
+  messages); ``ranks/rank-R.stdout`` and ``ranks/rank-R.stderr`` -- each
+  rank's output alone;
+* ``hostfile``, ``launch-agent`` (and ``launch-agent.log``: every launch) --
+  how Open MPI reached the hosts;
+* ``links.jsonl`` -- the controller's port counters over the run, and tc's
+  counters of every link interface and TCP retransmissions per host;
+* ``bench.json`` -- the bundled benchmark's rows, when it ran;
+* ``session/`` -- the controller's log and the topology.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from emulator import calibration_file, fabric, fidelity, mpi_bench, routing, topology
+from emulator.calibration_file import Calibration
+from emulator.errors import FieldError, UserError
+from emulator.files import append_jsonl
+from emulator.latency import LatencyModel
+from emulator.mpi import (
+    BENCH_JSON,
+    WHERE,
+    MpiResults,
+    MpiRunConfig,
+    RankPlace,
+    hostfile_text,
+    launch_agent_script,
+    mca_settings,
+    mpirun_command,
+    parse_mca,
+    program_argv,
+    rank_hosts,
+    resolve_program,
+)
+from emulator.replay import ReplaySession
+from emulator.system import require_tools
+
+#: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
+STOP_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` checked, before anything starts."""
+
+    cfg: MpiRunConfig
+    topo: topology.Topology
+    profile: fabric.FabricProfile
+    latency: LatencyModel
+    hosts: list[str]  # per rank
+    argv: list[str]  # what every rank runs
+    mca: tuple[tuple[str, str], ...]
+    calibration: Calibration | None
+
+    @property
+    def out(self) -> str:
+        return os.path.abspath(self.cfg.out)
+
+
+def own_bin() -> str:
+    """This emulator's scripts (the venv's bin): where the bundled programs are."""
+    return os.path.dirname(sys.executable)
+
+
+def prepare(cfg: MpiRunConfig) -> Prepared:
+    """Every check that can fail on bad input; raises :class:`UserError` (one line) before anything starts."""
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise FieldError(WHERE, "seed", "an integer >= 0", cfg.seed)
+    if isinstance(cfg.nice, bool) or not isinstance(cfg.nice, int) or not 0 <= cfg.nice <= 19:
+        raise FieldError(WHERE, "nice", "an integer in 0..19", cfg.nice)
+    if not cfg.timeout_s > 0:
+        raise FieldError(WHERE, "timeout", "seconds > 0", cfg.timeout_s)
+    mca = parse_mca(cfg.mca)
+    resolved = resolve_program(cfg.program[0] if cfg.program else "", own_bin=own_bin())
+    profile = fabric.parse(cfg.fabric, where=f"{WHERE}: fabric")
+    topo = topology.load(cfg.topology, profile.emulated_link_mbps)
+    routing.check_policy(topo, cfg.routing)
+    hosts = rank_hosts(topo, cfg.placement, cfg.np, cfg.seed)
+    if len(hosts) < 2:
+        raise FieldError(WHERE, "np", "at least 2 ranks", len(hosts))
+    if os.path.exists(os.path.join(cfg.out, "results.json")):
+        raise FieldError(WHERE, "out", "a new or empty directory", f"{cfg.out} (it holds results.json)")
+    require_tools(["mpirun", "mnexec"])
+    calibration = calibration_file.load_calibration(profile.emulated_mtu)
+    model = fidelity.latency_model(profile, calibration)
+    out = os.path.abspath(cfg.out)
+    return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration)
+
+
+def run(prep: Prepared, echo: Callable[[str], None] = print) -> MpiResults:
+    """Bring up, run the program once, tear down; return (and write) the results.
+
+    Raises :class:`KeyboardInterrupt` after recording an interrupted run; a
+    program that fails is a result (``status`` failed, its ``exit_status``).
+    """
+    cfg, topo, out = prep.cfg, prep.topo, prep.out
+    os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
+    results = MpiResults(config=cfg.to_json(), ranks=[RankPlace(r, h, topo.host(h).ip)
+                                                      for r, h in enumerate(prep.hosts)],
+                         command=[], link_mbps=topo.host_bw, fabric=prep.profile.to_json())
+    results_path = os.path.join(out, "results.json")
+    results.save(results_path)
+    with ReplaySession(topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
+                       work_dir=os.path.join(out, "session"), echo=echo, agents=False) as session:
+        results.datapath, results.bringup_s = session.en.datapath, session.bringup_s
+        command = _write_launch_files(prep, session)
+        results.command = command
+        results.save(results_path)
+        offset = session.stats_offset()
+        before = fidelity.snapshot(session.en, topo)
+        t0 = time.monotonic()
+        try:
+            results.exit_status, timed_out = _run_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
+            results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
+            if timed_out:
+                results.error = f"the program ran past --timeout {cfg.timeout_s:g} s and was stopped"
+        except KeyboardInterrupt:
+            results.status, results.error = "interrupted", "interrupted"
+            raise
+        except OSError as exc:
+            results.status, results.error = "failed", f"mpirun could not start: {exc}"
+        finally:
+            results.wall_s = time.monotonic() - t0
+            after = fidelity.snapshot(session.en, topo)
+            results.fidelity = fidelity.assess(before, after, results.wall_s,
+                                               fidelity.switch_egress_bytes(before, after), prep.calibration)
+            for rec in fidelity.link_records(before, after, 0):
+                append_jsonl(os.path.join(out, "links.jsonl"), rec)
+            session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
+            collect_rank_output(os.path.join(out, "ranks"))
+            results.bench = _bench_rows(out)
+            results.learned_connections = session.ctl.status().get("learned_total")
+            results.save(results_path)
+    return results
+
+
+def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
+    """The launch agent and the hostfile in the run's folder; the mpirun command line that uses them."""
+    out, topo = prep.out, prep.topo
+    agent = os.path.join(out, "launch-agent")
+    pids = [(h.ip, session.en.host(h.name).pid) for h in topo.hosts]
+    with open(agent, "w", encoding="ascii") as fh:
+        fh.write(launch_agent_script(pids, os.path.join(out, "launch-agent.log")))
+    os.chmod(agent, 0o700)  # root runs it; nobody else needs to
+    hostfile = os.path.join(out, "hostfile")
+    with open(hostfile, "w", encoding="ascii") as fh:
+        fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
+    mca = mca_settings(prep.mca, agent)
+    return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice)
+
+
+def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
+                echo: Callable[[str], None]) -> tuple[int, bool]:
+    """Run ``command`` inside ``host``; echo and log its output. Returns (exit status, whether it timed out)."""
+    # Python ranks write through to mpirun, so their lines show as they come
+    env = dict(os.environ, PATH=f"{own_bin()}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    pid = session.en.host(host).pid
+    timed_out = threading.Event()
+    with open(os.path.join(out, "mpirun.log"), "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(["mnexec", "-a", str(pid), *command], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out, env=env, text=True,
+                                errors="replace", start_new_session=True)
+        session.en.state.record_process("mpirun", proc.pid)
+
+        def stop() -> None:
+            timed_out.set()
+            _stop_group(proc)
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                echo(line.rstrip("\n"))
+            status = proc.wait()
+        except BaseException:
+            _stop_group(proc)
+            raise
+        finally:
+            timer.cancel()
+    return status, timed_out.is_set()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM mpirun's process group (it takes its ranks down), SIGKILL after :data:`STOP_GRACE_S`."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def collect_rank_output(ranks_dir: str) -> list[int]:
+    """Open MPI's ``<dir>/<job>/rank.R/{stdout,stderr}`` as ``<dir>/rank-R.stdout`` and ``.stderr``; the ranks."""
+    found = []
+    for rank_dir in sorted(glob.glob(os.path.join(ranks_dir, "*", "rank.*"))):
+        rank = rank_dir.rsplit(".", 1)[1]
+        if not rank.isdigit():
+            continue
+        for stream in ("stdout", "stderr"):
+            src = os.path.join(rank_dir, stream)
+            if os.path.exists(src):
+                os.replace(src, os.path.join(ranks_dir, f"rank-{rank}.{stream}"))
+        found.append(int(rank))
+    for job_dir in glob.glob(os.path.join(ranks_dir, "*", "")):
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return sorted(found)
+
+
+def _bench_rows(out: str) -> list[dict]:
+    path = os.path.join(out, BENCH_JSON)
+    if not os.path.exists(path):
+        return []
+    try:
+        return [row.to_json() for row in mpi_bench.load_rows(path)]
+    except (UserError, ValueError, KeyError, TypeError):
+        return []

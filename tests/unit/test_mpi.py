@@ -1,0 +1,264 @@
+"""``emu mpirun``'s pure part (emulator.mpi) and its refusals of bad input, before anything starts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from emulator import topology
+from emulator.cli import main
+from emulator.errors import FieldError, UserError
+from emulator.mpi import (
+    BENCH_JSON,
+    DEFAULT_NICE,
+    RESERVED_MCA,
+    MpiResults,
+    RankPlace,
+    hostfile_text,
+    launch_agent_script,
+    load_results,
+    mca_settings,
+    mpirun_command,
+    parse_mca,
+    program_argv,
+    rank_hosts,
+    resolve_program,
+)
+from emulator.results import Fidelity
+from emulator.schedule import generators
+
+BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
+LEAFSPINE = "leafspine:leaves=2,spines=2,hosts_per_leaf=4"
+
+
+# ------------------------------------------------------------------ --mca
+def test_mca_pairs_are_kept_in_order_and_a_repeated_key_takes_the_last_value():
+    assert parse_mca([["btl", "tcp,self"], ["coll_tuned_use_dynamic_rules", "1"], ["btl", "^openib"]]) == (
+        ("btl", "^openib"), ("coll_tuned_use_dynamic_rules", "1"))
+
+
+@pytest.mark.parametrize("pair", [["Btl", "tcp"], ["btl tcp", "x"], ["btl-tcp", "x"], ["", "x"], ["1btl", "x"]])
+def test_a_malformed_mca_name_is_refused_naming_the_field(pair):
+    with pytest.raises(FieldError) as err:
+        parse_mca([pair])
+    assert err.value.field == "mca" and err.value.given == pair[0]
+
+
+@pytest.mark.parametrize("value", ["", "a\nb"])
+def test_an_empty_or_multi_line_mca_value_is_refused(value):
+    with pytest.raises(FieldError, match="non-empty one-line value for btl"):
+        parse_mca([["btl", value]])
+
+
+@pytest.mark.parametrize("key", RESERVED_MCA)
+def test_the_parameters_emu_mpirun_sets_itself_are_refused(key):
+    with pytest.raises(FieldError, match="does not set itself"):
+        parse_mca([[key, "x"]])
+
+
+def test_mca_settings_put_the_launch_agent_and_subnet_first_and_let_the_user_replace_the_defaults():
+    own = mca_settings((), "/run/agent")
+    assert own[0] == ("plm_rsh_agent", "/run/agent")
+    assert ("oob_tcp_if_include", "10.0.0.0/8") in own and ("btl_tcp_if_include", "10.0.0.0/8") in own
+    assert ("btl", "tcp,self") in own
+    user = mca_settings((("btl", "tcp,self,vader"),), "/run/agent")
+    assert [kv for kv in user if kv[0] == "btl"] == [("btl", "tcp,self,vader")]
+
+
+# -------------------------------------------------------------- placement
+def test_identity_and_np_take_the_first_hosts():
+    topo = topology.load(LEAFSPINE)
+    assert rank_hosts(topo, "identity", None) == [h.name for h in topo.hosts]
+    assert rank_hosts(topo, "identity", 3) == ["h1", "h2", "h3"]
+
+
+def test_hdrm_places_ranks_as_for_schedules():
+    topo = topology.load(BIGRAPH)
+    assert rank_hosts(topo, "hdrm", None) == generators.hdrm_placement(topo)
+
+
+def test_random_placement_follows_the_seed():
+    topo = topology.load(LEAFSPINE)
+    assert rank_hosts(topo, "random", None, seed=3) == rank_hosts(topo, "random", None, seed=3)
+    assert sorted(rank_hosts(topo, "random", None, seed=3), key=lambda n: int(n[1:])) == [h.name for h in topo.hosts]
+
+
+@given(st.integers(min_value=-3, max_value=40))
+def test_np_must_fit_the_hosts(np):
+    topo = topology.load(LEAFSPINE)
+    if 1 <= np <= 8:
+        assert len(rank_hosts(topo, "identity", np)) == np
+    else:
+        with pytest.raises(FieldError) as err:
+            rank_hosts(topo, "identity", np)
+        assert err.value.field == "np" and "1..8" in err.value.expected
+
+
+def test_hdrm_on_a_topology_without_it_names_mpirun_and_the_field():
+    with pytest.raises(FieldError) as err:
+        rank_hosts(topology.load(LEAFSPINE), "hdrm", None)
+    assert str(err.value).startswith("mpirun: field 'placement'")
+
+
+def test_a_placement_file_lists_hosts_in_rank_order(tmp_path):
+    path = tmp_path / "place.txt"
+    path.write_text("# rank order\nh3\n\nh1  # rank 1\nh2\n")
+    topo = topology.load(LEAFSPINE)
+    assert rank_hosts(topo, str(path), None) == ["h3", "h1", "h2"]
+    assert rank_hosts(topo, str(path), 2) == ["h3", "h1"]
+
+
+@pytest.mark.parametrize("text, np, what", [
+    ("h1\nh99\n", None, "host names"),
+    ("h1\nh2\nh1\n", None, "at most once"),
+    ("h1\nh2\n", 4, "at least 4 hosts"),
+    ("# nothing\n", None, "at least 1 hosts"),
+])
+def test_a_bad_placement_file_is_refused_naming_the_field(tmp_path, text, np, what):
+    path = tmp_path / "place.txt"
+    path.write_text(text)
+    with pytest.raises(FieldError) as err:
+        rank_hosts(topology.load(LEAFSPINE), str(path), np)
+    assert err.value.field == "placement" and what in err.value.expected
+
+
+def test_an_unknown_placement_name_is_refused():
+    with pytest.raises(FieldError, match="identity, random, hdrm or a file"):
+        rank_hosts(topology.load(LEAFSPINE), "/no/such/file", None)
+
+
+# ----------------------------------------------------------------- program
+def _script(path, body="#!/bin/sh\nexit 0\n", mode=0o755):
+    path.write_text(body)
+    path.chmod(mode)
+    return str(path)
+
+
+def test_a_program_is_found_in_the_emulators_bin_first_then_on_path(tmp_path):
+    own = tmp_path / "bin"
+    own.mkdir()
+    mine = _script(own / "tool")
+    assert resolve_program("tool", which=lambda n: "/usr/bin/tool", own_bin=str(own)) == mine
+    assert resolve_program("other", which=lambda n: f"/usr/bin/{n}", own_bin=str(own)) == "/usr/bin/other"
+
+
+def test_an_unknown_or_not_executable_program_is_refused(tmp_path):
+    with pytest.raises(FieldError) as err:
+        resolve_program("no-such-program-anywhere", which=lambda n: None)
+    assert err.value.field == "program"
+    plain = _script(tmp_path / "plain", mode=0o644)
+    with pytest.raises(FieldError, match="an executable file"):
+        resolve_program(plain)
+    with pytest.raises(FieldError, match="a program after --"):
+        resolve_program("")
+
+
+def test_the_bundled_benchmark_writes_its_rows_into_the_run_folder_unless_told_otherwise():
+    argv = program_argv(("emu-allreduce-bench", "--algo", "ring"), "/venv/bin/emu-allreduce-bench", "/out")
+    assert argv == ["/venv/bin/emu-allreduce-bench", "--algo", "ring", "--json", os.path.join("/out", BENCH_JSON)]
+    given_json = program_argv(("emu-allreduce-bench", "--json", "x.json"), "/venv/bin/emu-allreduce-bench", "/out")
+    assert given_json.count("--json") == 1
+    assert program_argv(("python3", "prog.py"), "/usr/bin/python3", "/out") == ["/usr/bin/python3", "prog.py"]
+
+
+# ------------------------------------------------------ launch and command
+def test_the_hostfile_has_one_slot_per_rank_in_rank_order():
+    assert hostfile_text(["10.0.0.3", "10.0.0.1"]) == "10.0.0.3 slots=1\n10.0.0.1 slots=1\n"
+
+
+@pytest.fixture
+def fake_mnexec(tmp_path, monkeypatch):
+    """An ``mnexec`` on PATH that prints what it was asked to run instead of entering a namespace."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    _script(bindir / "mnexec", '#!/bin/sh\necho "mnexec $*"\n')
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return bindir
+
+
+def test_the_launch_agent_enters_the_named_hosts_namespace(tmp_path, fake_mnexec):
+    agent = _script(tmp_path / "agent", launch_agent_script([("10.0.0.1", 101), ("10.0.0.2", 202)],
+                                                            str(tmp_path / "agent.log")))
+    res = subprocess.run([agent, "10.0.0.2", "orted", "-mca", "ess", '"env"'], capture_output=True, text=True,
+                         check=False)
+    assert res.returncode == 0
+    assert res.stdout.strip() == 'mnexec -a 202 /bin/sh -c orted -mca ess "env"'
+    assert "10.0.0.2 orted" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_launch_agent_refuses_a_host_of_another_network_as_ssh_would(tmp_path, fake_mnexec):
+    agent = _script(tmp_path / "agent", launch_agent_script([("10.0.0.1", 101)], str(tmp_path / "agent.log")))
+    res = subprocess.run([agent, "192.0.2.9", "orted"], capture_output=True, text=True, check=False)
+    assert res.returncode == 255 and "not a host of this network" in res.stderr
+
+
+def test_the_mpirun_command_unbinds_nices_and_exports_the_path():
+    cmd = mpirun_command(8, "/out/hostfile", [("btl", "tcp,self")], ["/bin/prog", "-x"], "/out/ranks")
+    assert cmd[:3] == ["nice", "-n", str(DEFAULT_NICE)]
+    assert cmd[3] == "mpirun" and "--allow-run-as-root" in cmd
+    joined = " ".join(cmd)
+    assert "-np 8 --hostfile /out/hostfile --bind-to none --output-filename /out/ranks" in joined
+    assert "--mca btl tcp,self" in joined and "-x PATH" in joined
+    assert cmd[-2:] == ["/bin/prog", "-x"]
+
+
+# ----------------------------------------------------------------- results
+def test_results_round_trip_and_are_told_apart_from_a_replays(tmp_path):
+    res = MpiResults(config={"out": "/o"}, ranks=[RankPlace(0, "h1", "10.0.0.1")], command=["mpirun"],
+                     link_mbps=20.0, status="ok", exit_status=0, wall_s=3.5,
+                     fidelity=Fidelity(cpu_idle=0.01, datapath_load_mbps=100.0, datapath_capacity_mbps=1500.0,
+                                       flags=["cpu_saturated"], trusted=False),
+                     bench=[{"size": 1024, "busbw_mbps": 9.0}])
+    path = str(tmp_path / "results.json")
+    res.save(path)
+    back = load_results(path)
+    assert back.to_json() == res.to_json() and not back.trusted
+    (tmp_path / "replay.json").write_text('{"config": {}}')
+    with pytest.raises(UserError, match="not the results of emu mpirun"):
+        load_results(str(tmp_path / "replay.json"))
+
+
+# ------------------------------------------------- the command's refusals
+@pytest.mark.parametrize("args, field", [
+    (["--np", "99", "--", "emu-allreduce-bench"], "np"),
+    (["--", "no-such-mpi-program-xyz"], "program"),
+    (["--mca", "Bad-Key", "1", "--", "emu-allreduce-bench"], "mca"),
+    (["--mca", "plm_rsh_agent", "ssh", "--", "emu-allreduce-bench"], "mca"),
+    (["--placement", "nowhere", "--", "emu-allreduce-bench"], "placement"),
+    ([], "program"),
+])
+def test_bad_input_is_one_line_and_status_2_and_nothing_is_written(tmp_path, capsys, args, field):
+    out = tmp_path / "run"
+    status = main(["mpirun", "--topology", LEAFSPINE, "--routing", "ecmp", "--out", str(out), *args])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1 and f"field '{field}'" in err
+    assert not out.exists()
+
+
+def test_a_bad_placement_file_is_refused_by_the_command(tmp_path, capsys):
+    place = tmp_path / "place.txt"
+    place.write_text("h1\nh42\n")
+    status = main(["mpirun", "--topology", LEAFSPINE, "--routing", "ecmp", "--out", str(tmp_path / "run"),
+                   "--placement", str(place), "--", "emu-allreduce-bench"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "'h42'" in err
+
+
+def test_an_mca_without_its_value_is_one_line(tmp_path, capsys):
+    status = main(["mpirun", "--topology", LEAFSPINE, "--routing", "ecmp", "--out", str(tmp_path / "run"),
+                   "--mca", "btl"])
+    err = capsys.readouterr().err
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "field 'mca'" in err
+
+
+def test_the_bundled_benchmark_is_installed_as_a_script_beside_emu():
+    found = shutil.which("emu-allreduce-bench", path=os.path.dirname(sys.executable))
+    assert found is not None and os.stat(found).st_mode & stat.S_IXUSR
