@@ -67,7 +67,7 @@ def test_mca_settings_put_the_launch_agent_and_subnet_first_and_let_the_user_rep
     own = mca_settings((), "/run/agent")
     assert own[0] == ("plm_rsh_agent", "/run/agent")
     assert ("oob_tcp_if_include", "10.0.0.0/8") in own and ("btl_tcp_if_include", "10.0.0.0/8") in own
-    assert ("btl", "tcp,self") in own
+    assert ("btl", "tcp,self") in own and ("btl_tcp_progress_thread", "1") in own
     user = mca_settings((("btl", "tcp,self,vader"),), "/run/agent")
     assert [kv for kv in user if kv[0] == "btl"] == [("btl", "tcp,self,vader")]
 
