@@ -24,7 +24,15 @@ Sections, in order:
    beats ring), measured and predicted (target: within a factor
    :data:`TARGET_CROSSOVER_FACTOR`; the predicted one from the model alone
    over sizes 16 KiB-256 MiB, :func:`crossover`).
-3. **bring-up** of 32 hosts (:data:`BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
+3. **Open MPI beside the agents** (:func:`run_mpi_pairs`): on
+   :data:`MPI_TOPOLOGY` with the hdrm placement and bigraph routing, at
+   :data:`MPI_SIZE`, each pair of :data:`MPI_PAIRS` -- Open MPI's allreduce
+   algorithm run by ``emu mpirun`` with the bundled ``emu-allreduce-bench``,
+   and our agents' replay of the matching schedule -- on the same link rate,
+   both without the profile's latencies (Open MPI's messages cannot get
+   them): MPI busbw / agents' busbw (target >= :data:`TARGET_MPI`), with both
+   runs' fidelity.
+4. **bring-up** of 32 hosts (:data:`BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
    start and stop against plain Mininet (:func:`plain_mininet_bringup`: the
    same hosts, switches and ``TCLink`` links, ``OVSSwitch`` on the same
    datapath, no controller, none of our host set-up), alternated.
@@ -49,10 +57,14 @@ from typing import Any
 
 from emulator import fabric, fidelity, topology
 from emulator.calibrate import ensure_calibration, machine_info, measure_agents_vs_iperf
+from emulator.calibration_file import Calibration
 from emulator.cleanup import remove_our_bridges
 from emulator.errors import UserError
 from emulator.files import write_json_atomic
 from emulator.latency import LatencyModel
+from emulator.mpi import MpiRunConfig
+from emulator.mpirun import prepare as prepare_mpirun
+from emulator.mpirun import run as run_mpirun
 from emulator.naming import bridge_name, host_intf, switch_intf
 from emulator.network import EmulatedNetwork
 from emulator.network_lock import NetworkLock
@@ -70,6 +82,12 @@ TARGET_WITHIN_SHARE = 0.90
 TARGET_WORST = 0.25
 TARGET_CROSSOVER_FACTOR = 2.0
 BRINGUP_TOPOLOGY = "bigraph:upper=4,lower=4,hosts_per_switch=4"
+TARGET_MPI = 0.90
+MPI_TOPOLOGY = "bigraph:upper=2,lower=2,hosts_per_switch=2"
+MPI_PLACEMENT = "hdrm"
+MPI_SIZE = 4 << 20
+#: (Open MPI's allreduce algorithm, our agents' algorithm doing the same): rabenseifner is halving-doubling.
+MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -271,6 +289,7 @@ def format_report(data: dict[str, Any]) -> str:
     for c in data.get("crossovers", []):
         lines.append(f"{'crossover ' + c['label']:<52} {_size_text(c['measured']):>9} "
                      f"{'x2 of ' + _size_text(c['predicted']):>14}  {verdict(c.get('agree'))}")
+    lines += mpi_report_lines(data.get("mpi") or [], bw)
     b = data.get("bringup") or {}
     if b.get("ours_up_s") is not None and b.get("plain_up_s") is not None:
         label = f"bring-up {b.get('hosts', '?')} hosts: ours / plain Mininet"
@@ -303,6 +322,26 @@ def format_report(data: dict[str, Any]) -> str:
     lines.append(f"# dp load: offered switch-hop Mbit/s (calibrated capacity {f'{cap:.0f}' if cap else 'unknown'})")
     lines.append(f"# total {data.get('duration_s', 0):.0f} s; results in {data.get('path')}")
     return "\n".join(lines)
+
+
+def mpi_report_lines(rows: list[dict[str, Any]], bw: float) -> list[str]:
+    """The ratio lines of the Open MPI pairs."""
+    out = []
+    for r in rows:
+        label = (f"MPI {r['mpi_algorithm']} / agents {r['agents_algorithm']} busbw, BiGraph 2/2/2 hdrm, "
+                 f"{format_size(r.get('size') or 0)}")
+        if r.get("ratio") is None:
+            why = r.get("mpi_error") or r.get("agents_error") or "not measured"
+            out.append(f"{label:<52} {'error':>9} {'>= 0.90':>14}  MISS   ({why})")
+            continue
+        flags = sorted({*r.get("mpi_flags", []), *r.get("agents_flags", [])} - {"uncalibrated"})
+        idle = r.get("mpi_cpu_idle")
+        out.append(f"{label:<52} {r['ratio']:>9.3f} {'>= 0.90':>14}  {verdict(r['pass'])}   "
+                   f"({r['mpi_busbw_mbps']:.2f} vs {r['agents_busbw_mbps']:.2f} of {bw:g} Mbit/s"
+                   f"{'' if r.get('mpi_correct') else ', MPI data WRONG'}"
+                   f"{f', MPI CPU idle {idle:.0%}' if idle is not None else ''}"
+                   f"{'; ' + ' '.join(flags) if flags else ''})")
+    return out
 
 
 def _size_text(c: dict[str, Any] | None) -> str:
@@ -444,6 +483,61 @@ def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath:
     return rows
 
 
+def without_latency(profile: fabric.FabricProfile) -> fabric.FabricProfile:
+    """``profile`` with no per-message or per-switch latency: what an Open MPI run's messages get."""
+    keys = {key: getattr(profile, key) for key in fabric.KEYS}
+    return fabric.parse({**keys, "alpha_us": 0.0, "switch_latency_us": 0.0})
+
+
+def mpi_pair_row(mpi_algo: str, agents_algo: str, mpi: dict[str, Any], agents: dict[str, Any]) -> dict[str, Any]:
+    """One pair's row from emu mpirun's and the replay's results documents."""
+    rows = mpi.get("bench") or []
+    mpi_bw = rows[-1]["busbw_mbps"] if rows and mpi.get("status") == "ok" else None
+    agents_bw = agents.get("busbw_mbps_median") if agents.get("status") == "ok" else None
+    reps = agents.get("repetitions") or []
+    agents_flags = sorted({f for r in reps for f in ((r.get("fidelity") or {}).get("flags") or [])})
+    ratio = mpi_bw / agents_bw if mpi_bw and agents_bw else None
+    return {"mpi_algorithm": mpi_algo, "agents_algorithm": agents_algo, "size": MPI_SIZE,
+            "mpi_busbw_mbps": mpi_bw, "agents_busbw_mbps": agents_bw, "ratio": ratio,
+            "pass": ratio >= TARGET_MPI if ratio is not None else None,
+            "mpi_status": mpi.get("status"), "mpi_error": mpi.get("error"), "agents_status": agents.get("status"),
+            "agents_error": agents.get("error"),
+            "mpi_correct": bool(rows) and all(r.get("wrong") == 0 for r in rows),
+            "mpi_cpu_idle": (mpi.get("fidelity") or {}).get("cpu_idle"),
+            "mpi_flags": (mpi.get("fidelity") or {}).get("flags") or [], "agents_flags": agents_flags}
+
+
+def run_mpi_pairs(bw: float, profile: fabric.FabricProfile, out: str, datapath: str,
+                  calibration: Calibration, echo: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every pair of :data:`MPI_PAIRS`: the agents' replays in one session, then one emu mpirun per algorithm."""
+    bare = without_latency(profile)
+    topo = topology.build(with_bw(MPI_TOPOLOGY, bw))
+    agents: dict[str, dict[str, Any]] = {}
+    echo(f"  agents on {topo.spec} ({MPI_PLACEMENT} placement), {format_size(MPI_SIZE)}:")
+    with ReplaySession(topo, "bigraph", datapath=datapath, latency=fidelity.latency_model(bare, calibration),
+                       work_dir=os.path.join(out, "agents", "session"), echo=lambda s: echo("    " + s)) as session:
+        for _, algo in MPI_PAIRS:
+            schedule = generators.generate(algo, topo, MPI_SIZE, placement=MPI_PLACEMENT)
+            echo(f"   {algo}:")
+            try:
+                agents[algo] = session.run(schedule, os.path.join(out, "agents", algo), repeat=2, warmup=1).to_json()
+            except ReplayFailed as exc:
+                agents[algo] = {"status": "failed", "error": str(exc)}
+    rows = []
+    for mpi_algo, agents_algo in MPI_PAIRS:
+        echo(f"  Open MPI {mpi_algo}:")
+        cfg = MpiRunConfig(topology=topo.spec, routing="bigraph", placement=MPI_PLACEMENT, fabric=bare.spec(),
+                           datapath=datapath, out=os.path.join(out, f"mpi-{mpi_algo}"),
+                           program=("emu-allreduce-bench", "--algo", mpi_algo, "--sizes", str(MPI_SIZE),
+                                    "--iters", "3", "--warmup", "1"))
+        try:
+            mpi = run_mpirun(prepare_mpirun(cfg), echo=lambda s: echo("    " + s)).to_json()
+        except UserError as exc:
+            mpi = {"status": "failed", "error": str(exc)}
+        rows.append(mpi_pair_row(mpi_algo, agents_algo, mpi, agents[agents_algo]))
+    return rows
+
+
 def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[Size, ...] = DEFAULT_SIZES,
           bringup_rounds: int = 2, datapath: str = "auto", out_dir: str | None = None,
           cases: tuple[Case, ...] = DEFAULT_CASES, crossovers: tuple[Crossover, ...] = CROSSOVERS,
@@ -467,7 +561,7 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
         "targets": {"agent_over_iperf3": TARGET_AGENT, "hdrm_busbw_over_link": TARGET_HDRM,
                     "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
                     "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
-                    "crossover_factor": TARGET_CROSSOVER_FACTOR},
+                    "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI},
         "replays": [], "path": path, "runs_dir": runs,
     }
 
@@ -506,6 +600,14 @@ def bench(fabric_spec: str | None = None, bw: float | None = None, sizes: tuple[
         predicted = model_crossover(c, link_mbps, latency, mtu)
         data["crossovers"].append({"label": c.label, "measured": measured, "predicted": predicted,
                                    "agree": crossovers_agree(measured, predicted) if measured else None})
+    save()
+    echo("Open MPI beside the agents:")
+    try:
+        data["mpi"] = run_mpi_pairs(link_mbps, profile, os.path.join(runs, "mpi"), datapath, calibration, echo)
+    except Exception as exc:
+        data["mpi"] = [{"mpi_algorithm": m, "agents_algorithm": a, "size": MPI_SIZE, "ratio": None, "pass": None,
+                        "mpi_error": f"{type(exc).__name__}: {exc}"} for m, a in MPI_PAIRS]
+        echo(f"  failed: {exc}")
     save()
     echo("bring-up:")
     try:

@@ -91,6 +91,31 @@ def test_bringup_summary_medians_and_ratio():
     assert s["total_ratio"] == pytest.approx(7.0 / 3.0)
 
 
+def mpi_results(busbw: float, wrong: int = 0) -> dict:
+    return {"kind": "mpirun", "status": "ok", "bench": [{"size": 4 << 20, "busbw_mbps": busbw, "wrong": wrong}],
+            "fidelity": {"cpu_idle": 0.2, "flags": ["cpu_saturated"]}}
+
+
+def agents_results(busbw: float) -> dict:
+    return {"status": "ok", "busbw_mbps_median": busbw,
+            "repetitions": [{"fidelity": {"flags": ["uncalibrated"]}}, {"fidelity": {"flags": ["latency_floor"]}}]}
+
+
+def test_an_mpi_pair_row_compares_busbw_and_keeps_both_runs_flags():
+    row = bench.mpi_pair_row("rabenseifner", "hd", mpi_results(5.0), agents_results(5.8))
+    assert row["ratio"] == pytest.approx(5.0 / 5.8) and row["pass"] is False and row["mpi_correct"]
+    assert row["agents_flags"] == ["latency_floor", "uncalibrated"] and row["mpi_flags"] == ["cpu_saturated"]
+    assert bench.mpi_pair_row("ring", "ring", mpi_results(5.6), agents_results(5.8))["pass"] is True
+    assert not bench.mpi_pair_row("ring", "ring", mpi_results(5.6, wrong=3), agents_results(5.8))["mpi_correct"]
+    failed = bench.mpi_pair_row("ring", "ring", mpi_results(5.6), {"status": "failed", "error": "rank 2 hung"})
+    assert failed["ratio"] is None and failed["agents_error"] == "rank 2 hung"
+
+
+def test_the_mpi_comparison_runs_without_latency():
+    bare = bench.without_latency(bench.bench_profile(None, 6.0))
+    assert bare.alpha_s == 0 and bare.switch_latency_s == 0 and bare.emulated_link_mbps == pytest.approx(6.0)
+
+
 def test_report_prints_every_ratio_with_verdicts():
     case = bench.DEFAULT_CASES[0]
     rows = [bench.replay_row(case, "hdrm", results(1.05, 5.7), 6.0, 16 << 20),
@@ -104,8 +129,14 @@ def test_report_prints_every_ratio_with_verdicts():
             "crossovers": [{"label": "hd / ring", "measured": crossing, "predicted": crossing, "agree": True}],
             "bringup": bench.bringup_summary([{"up_s": 4.0, "down_s": 2.0, "total_s": 6.0}],
                                              [{"up_s": 2.0, "down_s": 1.0, "total_s": 3.0}]) | {"hosts": 32},
-            "calibration_capacity_mbps": 400.0, "duration_s": 300, "path": "results/x.json"}
+            "calibration_capacity_mbps": 400.0, "duration_s": 300, "path": "results/x.json",
+            "mpi": [bench.mpi_pair_row("ring", "ring", mpi_results(5.4), agents_results(5.8)),
+                    bench.mpi_pair_row("rabenseifner", "hd", {"status": "failed", "error": "mpirun could not start"},
+                                       agents_results(5.8))]}
     text = bench.format_report(data)
+    assert "MPI ring / agents ring busbw, BiGraph 2/2/2 hdrm, 4MiB" in text and "0.931" in text
+    assert "5.40 vs 5.80 of 6 Mbit/s, MPI CPU idle 20%; cpu_saturated" in text
+    assert "MPI rabenseifner / agents hd" in text and "(mpirun could not start)" in text
     assert "agent / iperf3" in text and "0.960" in text and "MISS" in text
     assert "hdrm busbw / link rate" in text and "16MiB" in text and "0.950" in text and "PASS" in text
     assert "1 of 3" in text and "failed: rank 1 hung" in text
