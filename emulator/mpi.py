@@ -53,7 +53,7 @@ RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", 
                 "orte_output_filename")
 #: Set unless the user gives their own value: TCP between hosts and loopback within a rank (one rank per host);
 #: the TCP transport's progress thread, which waits in the kernel where the main thread's progress loop spins
-#: (measured: 8 ranks left the 2 cores 84 % idle instead of 1 %, at the same busbw; docs/fidelity.md).
+#: (the cores stay idle at the same busbw: docs/fidelity.md, "Open MPI over the fabric").
 DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"))
 _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 

@@ -65,7 +65,17 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
               "the fabric's bandwidth only (docs/fidelity.md)")
     results = run(prep)
     print(_closing_line(results))
-    return results.exit_status if results.exit_status is not None else 1
+    return exit_code(results)
+
+
+def exit_code(results: MpiResults) -> int:
+    """The program's exit status; 124 when it ran past --timeout (as timeout(1)), 128+N when signal N ended it."""
+    if results.status == "timeout":
+        return 124
+    status = results.exit_status
+    if status is None:
+        return 1
+    return 128 - status if status < 0 else status
 
 
 def _closing_line(results: MpiResults) -> str:

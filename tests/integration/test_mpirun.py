@@ -81,3 +81,13 @@ def test_a_rank_that_fails_makes_mpirun_exit_with_its_status(tmp_path):
     assert res.returncode == 3, res.stdout[-2000:] + res.stderr[-2000:]
     results = load_results(str(out / "results.json"))
     assert results.status == "failed" and results.exit_status == 3
+
+
+def test_a_program_past_its_timeout_is_stopped_and_recorded(tmp_path):
+    out = tmp_path / "run"
+    res = emu_mpirun(out, "star:hosts=2", "shortest", "--timeout", "8", "--", "python3", "-c",
+                     "import time; time.sleep(120)")
+    assert res.returncode == 124, res.stdout[-2000:] + res.stderr[-2000:]
+    results = load_results(str(out / "results.json"))
+    assert results.status == "timeout" and "--timeout 8" in (results.error or "")
+    assert results.wall_s is not None and results.wall_s < 60

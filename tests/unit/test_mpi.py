@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from emulator import topology
 from emulator.cli import main
+from emulator.commands.mpirun import exit_code
 from emulator.errors import FieldError, UserError
 from emulator.mpi import (
     BENCH_JSON,
@@ -262,3 +263,10 @@ def test_an_mca_without_its_value_is_one_line(tmp_path, capsys):
 def test_the_bundled_benchmark_is_installed_as_a_script_beside_emu():
     found = shutil.which("emu-allreduce-bench", path=os.path.dirname(sys.executable))
     assert found is not None and os.stat(found).st_mode & stat.S_IXUSR
+
+
+@pytest.mark.parametrize("status, exit_status, code", [("ok", 0, 0), ("failed", 3, 3), ("failed", -9, 137),
+                                                       ("timeout", -15, 124), ("failed", None, 1)])
+def test_the_command_exits_with_the_programs_status(status, exit_status, code):
+    res = MpiResults(config={}, ranks=[], command=[], link_mbps=1.0, status=status, exit_status=exit_status)
+    assert exit_code(res) == code
