@@ -14,9 +14,14 @@ without root. It owns
   size, each with a stable, readable id such as
   ``compare.leafspine-4x4x4.ecmp-s1.hd.512KiB`` (the id names the cell's
   directory, so a cell keeps its id across runs of the same file);
+* MPI runs (``mpi:`` instead of ``algorithms``, :class:`MpiProgram`): an Open
+  MPI program as the cell's workload, checked with :mod:`emulator.mpi`'s
+  functions; one cell per topology x routing x ECMP seed x placement, e.g.
+  ``mpi.bigraph-2x2x2.bigraph.mpi-emu-allreduce-bench-ring-hdrm.np8``;
 * :func:`prepare`: each cell's schedule and the model's prediction (the same
   ``schedule check`` the replay runs), which is what ``emu run --check``
-  validates without starting anything;
+  validates without starting anything (an MPI cell has neither: the model
+  predicts schedules only);
 * :func:`groups`: cells ordered so a network comes up once per (topology,
   routing, seed, fabric).
 
@@ -26,21 +31,26 @@ the live loop in :mod:`emulator.runner`, the report in :mod:`emulator.report`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import io
 import json
 import os
 import re
+import shlex
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import yaml
 
-from emulator import fabric, faults, routing, topology
+from emulator import fabric, faults, mpi, mpi_bench, routing, topology
 from emulator.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.fabric import FabricProfile
 from emulator.latency import LatencyModel
+from emulator.mpi import MpiRunConfig
 from emulator.schedule import generators, training
 from emulator.schedule.check import CheckReport, predict
 from emulator.schedule.format import PARSE_ERRORS, Schedule, describe_parse_error, format_size, parse_size
@@ -58,7 +68,14 @@ TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "e
              "reference", "series")
 SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
 RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps",
-            "collective", "model", "batch", "scale")
+            "collective", "model", "batch", "scale", "mpi")
+MPI_KEYS = ("program", "np", "mca", "nice", "timeout_s")
+#: Keys of a run that an MPI run cannot have: its program is its workload (and has its own sizes).
+MPI_EXCLUDES = ("algorithms", "collective", "model", "batch", "scale", "faults", "sizes")
+#: Until measured, the wall seconds an MPI cell is expected to take (no model predicts it): Open MPI's start-up
+#: and a short benchmark.
+MPI_ESTIMATE_S = 20.0
+MAX_MPI_TIMEOUT_S = 7 * 86400.0
 REFERENCE_KEYS = ("algorithm", "routing")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 
@@ -77,6 +94,7 @@ class Run:
     fabric: fabric.FabricProfile | None = None  # the run's own fabric (dilation), else the series'
     collective: str = "allreduce"
     workload: Workload | None = None  # a training iteration instead of one collective per size
+    mpi: MpiProgram | None = None  # an MPI program instead of algorithms (then ``algorithms`` is empty)
 
 
 @dataclass(frozen=True)
@@ -93,6 +111,58 @@ class Workload:
         batch = f"-b{self.batch}" if self.batch is not None else ""
         scale = f"-s{self.scale:g}" if self.scale != 1 else ""
         return f"{self.model}{batch}{scale}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class MpiProgram:
+    """A run's MPI program (``mpi:``): what ``emu mpirun`` would run, one rank per host (:mod:`emulator.mpirun`).
+
+    ``program`` is the command as given (its first word is resolved when the cell runs, as ``emu mpirun``
+    does); ``np`` None means every host of the topology.
+    """
+
+    program: tuple[str, ...]
+    np: int | None = None
+    mca: tuple[tuple[str, str], ...] = ()
+    nice: int = mpi.DEFAULT_NICE
+    timeout_s: float = mpi.DEFAULT_TIMEOUT_S
+
+    @property
+    def name(self) -> str:
+        """The program's file name: ``emu-allreduce-bench``."""
+        return os.path.basename(self.program[0])
+
+    @property
+    def bench_algorithm(self) -> str | None:
+        """The bundled benchmark's ``--algo`` (aliases resolved), or None for any other program."""
+        if self.name != mpi.BENCH_PROGRAM:
+            return None
+        return mpi_bench.parse_args(list(self.program[1:])).algo
+
+    @property
+    def slug(self) -> str:
+        """How cell ids name it, where an algorithm would go: ``mpi-emu-allreduce-bench-ring``, ``mpi-my_app-py``.
+
+        Only letters, digits, ``-`` and ``_`` (a cell id is a directory name, its parts split at dots).
+        """
+        algo = self.bench_algorithm
+        words = [self.name] + ([algo] if algo else [])
+        return "mpi-" + "-".join(_UNSAFE.sub("-", w).strip("-") or "program" for w in words)
+
+    def ranks(self, hosts: int) -> int:
+        """How many ranks run on a topology of ``hosts`` hosts."""
+        return self.np if self.np is not None else hosts
+
+    def command(self) -> str:
+        """The program and its arguments as one shell-quoted line."""
+        return shlex.join(self.program)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"program": list(self.program), "np": self.np, "mca": [list(kv) for kv in self.mca],
+                "nice": self.nice, "timeout_s": self.timeout_s}
 
 
 @dataclass(frozen=True)
@@ -127,6 +197,11 @@ class Experiment:
             raw_ser["fabric"] = ser.fabric.spec() if ser.fabric is not None else None
             for run, raw_run in zip(ser.runs, raw_ser["runs"], strict=True):
                 raw_run["fabric"] = run.fabric.spec() if run.fabric is not None else None
+                # only MPI runs have the key: the documents (and fingerprints) of every other run stay as they were
+                if run.mpi is None:
+                    del raw_run["mpi"]
+                else:
+                    raw_run["mpi"] = run.mpi.to_json()
         return data
 
     def profile_of(self, series: Series, run: Run) -> FabricProfile:
@@ -143,7 +218,8 @@ class Experiment:
 
 @dataclass(frozen=True)
 class Cell:
-    """One replay: a schedule on a network, ``warmup + repeat`` repetitions."""
+    """One replay: a schedule on a network, ``warmup + repeat`` repetitions; or, with ``mpi``, one run of an MPI
+    program on the network (then ``algorithm`` is the program's slug, ``size`` 0, and there is no schedule)."""
 
     id: str
     series: str
@@ -163,17 +239,41 @@ class Cell:
     fabric: str = ""  # the fabric profile's canonical spec
     collective: str = "allreduce"
     workload: Workload | None = None
+    mpi: MpiProgram | None = None
 
     @property
     def group(self) -> tuple[str, str, int, str]:
         """Cells of one group share one network (and controller): topology, routing, seed and fabric profile."""
         return (self.topology, self.routing, self.seed, self.fabric)
 
+    @property
+    def ranks(self) -> int:
+        """How many ranks take part: every host, or an MPI program's ``np``."""
+        return self.mpi.ranks(self.hosts) if self.mpi is not None else self.hosts
+
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "faults": list(self.faults)}  # as it reads back from results.json
+        """As it reads back from results.json; only an MPI cell has the ``mpi`` key (every other cell's document
+        is what it was before MPI cells existed, so their results folders resume as before)."""
+        data = {**asdict(self), "faults": list(self.faults)}
+        if self.mpi is None:
+            del data["mpi"]
+        else:
+            data["mpi"] = self.mpi.to_json()
+        return data
+
+    def mpi_config(self, out: str) -> MpiRunConfig:
+        """What ``emu mpirun`` would be given for this MPI cell, its results going to ``out``."""
+        if self.mpi is None:
+            raise ValueError(f"cell {self.id} replays a schedule, it runs no MPI program")
+        m = self.mpi
+        return MpiRunConfig(topology=self.topology, routing=self.routing, out=out, program=m.program, seed=self.seed,
+                            placement=self.placement, np=m.np, mca=m.mca, fabric=self.fabric, timeout_s=m.timeout_s,
+                            nice=m.nice)
 
     def schedule(self, topo: Topology) -> Schedule:
         """The cell's schedule: its collective at its size, or its workload's training iteration."""
+        if self.mpi is not None:
+            raise ValueError(f"cell {self.id} runs an MPI program: it has no schedule")
         if self.workload is not None:
             w = self.workload
             return training.gen(w.model, self.algorithm, topo, batch=w.batch, scale=w.scale,
@@ -360,12 +460,19 @@ def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int
     """One entry of a series' ``runs`` at field ``rp``; ``enclosing``: the series' fabric, else the experiment's."""
     run = _mapping(where, rp, raw)
     _reject_unknown(where, f"{rp}.", run, RUN_KEYS)
-    for key in ("topology", "routing", "algorithms"):
+    if "mpi" in run:
+        for key in MPI_EXCLUDES:
+            if key in run:
+                raise FieldError(where, f"{rp}.{key}", "nothing beside mpi: an MPI run's program is its workload "
+                                 "(with its own sizes)", run[key])
+    for key in ("topology", "routing") if "mpi" in run else ("topology", "routing", "algorithms"):
         if key not in run:
             raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
     rprofile = _fabric(where, run, f"{rp}.", enclosing) if "fabric" in run or "link_mbps" in run else None
     topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
+    if "mpi" in run:
+        return _mpi_run(where, rp, run, topo, policies, rprofile)
     collective = run.get("collective", "allreduce")
     if collective not in generators.GENERATED:
         raise FieldError(where, f"{rp}.collective", f"one of {', '.join(generators.GENERATED)} (one per run)",
@@ -389,6 +496,117 @@ def _run(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int
                sizes=_sizes(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
                faults=_faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else (),
                fabric=rprofile, collective=collective, workload=workload)
+
+
+def _mpi_run(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology, policies: tuple[str, ...],
+             rprofile: FabricProfile | None) -> Run:
+    """An MPI run (``mpi:`` instead of ``algorithms``): its placements fit the program's ranks."""
+    placements = (_choices(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+                  if "placements" in run else ("identity",))
+    program = _mpi(where, f"{rp}.mpi", run["mpi"], topo)
+    for i, placement in enumerate(placements):
+        try:
+            hosts = mpi.rank_hosts(topo, placement, program.np)
+        except FieldError as exc:
+            name = f"{rp}.placements[{i}]" if exc.field == "placement" else f"{rp}.mpi.{exc.field}"
+            raise FieldError(where, name, exc.expected, exc.given) from None
+        if len(hosts) < 2:
+            raise FieldError(where, f"{rp}.mpi.np", "at least 2 ranks", len(hosts))
+    return Run(topology=topo.spec, routing=policies, algorithms=(), placements=placements,
+               seeds=_seeds(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
+               fabric=rprofile, mpi=program)
+
+
+def _own_bin() -> str:
+    """This emulator's scripts (the venv's bin), where the bundled MPI programs are; as
+    :func:`emulator.mpirun.own_bin` (a live module this one does not import) finds them."""
+    return os.path.dirname(sys.executable)
+
+
+def _mpi(where: str, mp: str, value: object, topo: topology.Topology) -> MpiProgram:
+    """The ``mpi`` mapping at field ``mp``, checked with :mod:`emulator.mpi`'s functions as ``emu mpirun``
+    checks its command line (the program is found, the bundled benchmark's arguments parse)."""
+    raw = _mapping(where, mp, value)
+    _reject_unknown(where, f"{mp}.", raw, MPI_KEYS)
+    if "program" not in raw:
+        raise FieldError(where, f"{mp}.program", "a program and its arguments, e.g. [emu-allreduce-bench, --algo, "
+                         "ring, --sizes, 1MiB]", MISSING)
+    program = _program(where, f"{mp}.program", raw["program"])
+    np = int_field(where, f"{mp}.np", raw["np"], 2) if raw.get("np") is not None else None
+    if np is not None:
+        try:
+            mpi.rank_hosts(topo, "identity", np)
+        except FieldError as exc:
+            raise FieldError(where, f"{mp}.{exc.field}", exc.expected, exc.given) from None
+    mca = _mca(where, f"{mp}.mca", raw["mca"]) if "mca" in raw else ()
+    nice = int_field(where, f"{mp}.nice", raw["nice"], 0, 19) if "nice" in raw else mpi.DEFAULT_NICE
+    timeout = raw.get("timeout_s", mpi.DEFAULT_TIMEOUT_S)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout <= MAX_MPI_TIMEOUT_S:
+        raise FieldError(where, f"{mp}.timeout_s", f"seconds > 0 (at most {MAX_MPI_TIMEOUT_S:g}) for the whole "
+                         f"program, or leave it out ({mpi.DEFAULT_TIMEOUT_S:g})", timeout)
+    return MpiProgram(program=program, np=np, mca=mca, nice=nice, timeout_s=float(timeout))
+
+
+def _program(where: str, name: str, value: object) -> tuple[str, ...]:
+    """``program``: a list of words or one string split as a shell would (no shell runs it); the first word a
+    program :func:`emulator.mpi.resolve_program` finds; the bundled benchmark's arguments as it parses them."""
+    expected = "a program and its arguments: a list of strings or one string, e.g. emu-allreduce-bench --algo ring"
+    if isinstance(value, str):
+        try:
+            words = shlex.split(value)
+        except ValueError as exc:
+            raise FieldError(where, name, f"{expected} ({exc})", value) from None
+    elif isinstance(value, list) and all(isinstance(w, str) for w in value):
+        words = list(value)
+    else:
+        raise FieldError(where, name, expected, value)
+    if not words:
+        raise FieldError(where, name, expected, value)
+    for i, word in enumerate(words):
+        if not word.isprintable() or (i == 0 and not word.strip()):
+            raise FieldError(where, name, "printable words (one line each), a program first", word)
+    try:
+        mpi.resolve_program(words[0], own_bin=_own_bin())
+    except FieldError as exc:
+        raise FieldError(where, name, exc.expected, exc.given) from None
+    if os.path.basename(words[0]) == mpi.BENCH_PROGRAM:
+        _bench_arguments(where, name, words[1:])
+    return tuple(words)
+
+
+def _bench_arguments(where: str, name: str, args: list[str]) -> None:
+    """The bundled benchmark's arguments parse (the cell's folder gets its ``--json``, so none is given)."""
+    if any(a == "-h" or (a.startswith("--h") and "--help".startswith(a.split("=", 1)[0])) for a in args):
+        raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments that run it (not --help)", "--help")
+    try:
+        # argparse prints and exits for a help option it still finds (in a cluster of short options)
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            options = mpi_bench.parse_args(args)
+    except SystemExit:
+        raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments that run it (not --help)", " ".join(args)) \
+            from None
+    except FieldError as exc:
+        raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments: --{exc.field} must be {exc.expected}",
+                         exc.given) from None
+    except UserError as exc:
+        raise UserError(f"{printable(where)}: field '{printable(name)}': {printable(exc)}") from None
+    if options.json_path is not None:
+        raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments without --json (emu run collects its rows "
+                         f"into the cell's {mpi.BENCH_JSON})", options.json_path)
+
+
+def _mca(where: str, name: str, value: object) -> tuple[tuple[str, str], ...]:
+    """``mca``: Open MPI parameters and their values, as :func:`emulator.mpi.parse_mca` checks ``--mca``."""
+    raw = _mapping(where, name, value)
+    pairs: list[tuple[str, str]] = []
+    for key, val in raw.items():
+        if not isinstance(key, str) or isinstance(val, bool) or not isinstance(val, str | int | float):
+            raise FieldError(where, f"{name}.{key}", "a parameter name and a value (a string or a number)", val)
+        try:
+            pairs.extend(mpi.parse_mca([(key, str(val))]))
+        except FieldError as exc:
+            raise FieldError(where, f"{name}.{key}", exc.expected, exc.given) from None
+    return tuple(pairs)
 
 
 def _workload(where: str, rp: str, run: Mapping[str, Any]) -> Workload | None:
@@ -497,6 +715,10 @@ def expand(exp: Experiment) -> list[Cell]:
                 seeds = (run.seeds or exp.ecmp_seeds) if policy == "ecmp" else (0,)
                 for seed in seeds:
                     rname = f"{policy}-s{seed}" if policy == "ecmp" else policy
+                    if run.mpi is not None:
+                        for placement in run.placements:
+                            cells.append(_mpi_cell(exp, ser, run, where_field, ids, slug, rname, policy, seed,
+                                                   placement, kind, hosts, profile.spec()))
                     for algo in run.algorithms:
                         placements = ("hdrm",) if algo == "hdrm" else run.placements
                         for placement in placements:
@@ -520,22 +742,54 @@ def expand(exp: Experiment) -> list[Cell]:
     return cells
 
 
+def _mpi_cell(exp: Experiment, ser: Series, run: Run, where_field: str, ids: dict[str, str], slug: str, rname: str,
+              policy: str, seed: int, placement: str, kind: str, hosts: int, profile: str) -> Cell:
+    """One cell of an MPI run: ``<series>.<topology>.<routing>.mpi-<program>[-<algo>][-<placement>].np<ranks>``."""
+    assert run.mpi is not None
+    aname = run.mpi.slug if placement == "identity" else f"{run.mpi.slug}-{placement}"
+    cid = f"{ser.name}.{slug}.{rname}.{aname}.np{run.mpi.ranks(hosts)}"
+    if cid in ids:
+        raise FieldError(exp.source, where_field, f"runs that add new cells, not one that {ids[cid]} already has "
+                         "(MPI cells are named by program, --algo, placement and ranks: put runs that differ "
+                         "otherwise in series of their own)", cid)
+    ids[cid] = where_field
+    return Cell(id=cid, series=ser.name, field=where_field, topology=run.topology, kind=kind, hosts=hosts,
+                routing=policy, seed=seed, algorithm=run.mpi.slug, placement=placement, size=0, repeat=exp.repeat,
+                warmup=exp.warmup, timeout_s=run.mpi.timeout_s, fabric=profile, mpi=run.mpi)
+
+
 @dataclass
 class PreparedCell:
-    """A cell with its topology, schedule and the model's prediction (``schedule check``)."""
+    """A cell with its topology, schedule and the model's prediction (``schedule check``).
+
+    An MPI cell has neither schedule nor prediction (None), only the latency model of its fabric (which the
+    network it runs on is built with).
+    """
 
     cell: Cell
     topo: topology.Topology
-    schedule: Schedule
-    report: CheckReport
+    schedule: Schedule | None
+    report: CheckReport | None
+    latency: LatencyModel | None = None  # default: the report's
 
     @property
-    def predicted_s(self) -> float:
-        return float(self.report.predicted_time_s)
+    def latency_model(self) -> LatencyModel:
+        """The latency model of the cell's fabric, with this machine's intrinsic latency."""
+        if self.latency is not None:
+            return self.latency
+        assert self.report is not None, "a prepared cell has a latency model or a prediction"
+        return self.report.latency
+
+    @property
+    def predicted_s(self) -> float | None:
+        """The model's seconds per repetition; None for an MPI cell."""
+        return float(self.report.predicted_time_s) if self.report is not None else None
 
     def peak_load_mbps(self) -> float:
         """The model's busiest step: switch-hop Mbit/s (bytes x switches crossed / the step's span), the unit of
-        the calibrated datapath capacity (:mod:`emulator.calibrate`)."""
+        the calibrated datapath capacity (:mod:`emulator.calibrate`); 0 for an MPI cell (no model of its load)."""
+        if self.report is None:
+            return 0.0
         spans = self.report.step_times()
         by_step: dict[int, int] = {}
         for t in self.report.costs.transfers:
@@ -576,6 +830,9 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: Latenc
         topo = topos.setdefault(cell.topology, topology.build(cell.topology))
         profile = cell_profile(cell)
         model = models.setdefault(profile, latency_of(profile))
+        if cell.mpi is not None:  # a program of its own: nothing to generate, nothing the model predicts
+            out.append(PreparedCell(cell=cell, topo=topo, schedule=None, report=None, latency=model))
+            continue
         try:
             schedule = cell.schedule(topo)
             report = predict(schedule, topo, cell.routing, seed=cell.seed, latency=model,
@@ -600,5 +857,8 @@ def groups(cells: list[Cell]) -> list[tuple[tuple[str, str, int, str], list[Cell
 
 
 def estimate_s(pc: PreparedCell, overhead_s: float) -> float:
-    """Wall seconds a cell should take if the network met the model: repetitions plus agent start-up."""
+    """Wall seconds a cell should take if the network met the model: repetitions plus agent start-up; for an
+    MPI cell (no model) :data:`MPI_ESTIMATE_S`."""
+    if pc.predicted_s is None:
+        return MPI_ESTIMATE_S + overhead_s
     return (pc.cell.warmup + pc.cell.repeat) * pc.predicted_s + overhead_s

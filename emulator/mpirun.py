@@ -6,7 +6,9 @@ and the network as a replay does (:class:`emulator.replay.ReplaySession`
 without agents), writes the launch agent and the hostfile into the run's
 folder, runs ``mpirun`` inside rank 0's host, echoes its output, and tears
 everything down (every process left in the hosts' namespaces is killed with
-the network). Files in the folder:
+the network). :func:`run_in_session` does the same on a session that is
+already up and leaves it up (``emu run``'s MPI cells, on their network's
+session). Files in the folder:
 
 * ``results.json`` -- :class:`emulator.mpi.MpiResults`, rewritten atomically
   when the run starts and when it ends (however it ends);
@@ -18,7 +20,7 @@ the network). Files in the folder:
 * ``links.jsonl`` -- the controller's port counters over the run, and tc's
   counters of every link interface and TCP retransmissions per host;
 * ``bench.json`` -- the bundled benchmark's rows, when it ran;
-* ``session/`` -- the controller's log and the topology.
+* ``session/`` -- the controller's log and the topology (:func:`run` only).
 """
 
 from __future__ import annotations
@@ -115,45 +117,78 @@ def run(prep: Prepared, echo: Callable[[str], None] = print) -> MpiResults:
     Raises :class:`KeyboardInterrupt` after recording an interrupted run; a
     program that fails is a result (``status`` failed, its ``exit_status``).
     """
-    cfg, topo, out = prep.cfg, prep.topo, prep.out
+    cfg = prep.cfg
+    results, results_path = _begin(prep, cfg.to_json())
+    with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
+                       work_dir=os.path.join(prep.out, "session"), echo=echo, agents=False) as session:
+        _run_started(prep, session, results, results_path, echo)
+    return results
+
+
+def run_in_session(prep: Prepared, session: ReplaySession, echo: Callable[[str], None] = print,
+                   config: dict | None = None) -> MpiResults:
+    """Run the program once on a session that is already up (``emu run``: an MPI cell on its network's
+    session, which may have agents and earlier cells' replays); return (and write) the results.
+
+    The session must be of the same topology (host names) as ``prep``'s; it stays up. ``config`` is added
+    to the results' ``config`` (``emu run`` adds the cell). The folder gets every file :func:`run` writes
+    but ``session/`` (the session's own folder is elsewhere), and ``learned_connections`` counts the
+    connections the controller learned during this run only. Raises :class:`KeyboardInterrupt` after
+    recording an interrupted run, as :func:`run` does.
+    """
+    results, results_path = _begin(prep, {**prep.cfg.to_json(), **(config or {})})
+    _run_started(prep, session, results, results_path, echo)
+    return results
+
+
+def _begin(prep: Prepared, config: dict) -> tuple[MpiResults, str]:
+    """The folder and its first ``results.json`` (status running), before the network is up (or used)."""
+    topo, out = prep.topo, prep.out
     os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
-    results = MpiResults(config=cfg.to_json(), ranks=[RankPlace(r, h, topo.host(h).ip)
-                                                      for r, h in enumerate(prep.hosts)],
+    results = MpiResults(config=config, ranks=[RankPlace(r, h, topo.host(h).ip) for r, h in enumerate(prep.hosts)],
                          command=[], link_mbps=topo.host_bw, fabric=prep.profile.to_json())
     results_path = os.path.join(out, "results.json")
     results.save(results_path)
-    with ReplaySession(topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
-                       work_dir=os.path.join(out, "session"), echo=echo, agents=False) as session:
-        results.datapath, results.bringup_s = session.en.datapath, session.bringup_s
-        command = _write_launch_files(prep, session)
-        results.command = command
+    return results, results_path
+
+
+def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, results_path: str,
+                 echo: Callable[[str], None]) -> None:
+    """Run mpirun once on the started ``session``; ``results`` hold everything when this returns or raises."""
+    cfg, topo, out = prep.cfg, prep.topo, prep.out
+    results.datapath, results.bringup_s = session.en.datapath, session.bringup_s
+    command = _write_launch_files(prep, session)
+    results.command = command
+    results.save(results_path)
+    learned_before = session.ctl.status().get("learned_total")
+    offset = session.stats_offset()
+    before = fidelity.snapshot(session.en, topo)
+    t0 = time.monotonic()
+    try:
+        results.exit_status, timed_out = _run_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
+        results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
+        if timed_out:
+            results.error = f"the program ran past --timeout {cfg.timeout_s:g} s and was stopped"
+    except KeyboardInterrupt:
+        results.status, results.error = "interrupted", "interrupted"
+        raise
+    except OSError as exc:
+        results.status, results.error = "failed", f"mpirun could not start: {exc}"
+    finally:
+        results.wall_s = time.monotonic() - t0
+        after = fidelity.snapshot(session.en, topo)
+        results.fidelity = fidelity.assess(before, after, results.wall_s,
+                                           fidelity.switch_egress_bytes(before, after), prep.calibration)
+        for rec in fidelity.link_records(before, after, 0):
+            append_jsonl(os.path.join(out, "links.jsonl"), rec)
+        session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
+        collect_rank_output(os.path.join(out, "ranks"))
+        results.bench = _bench_rows(out)
+        learned = session.ctl.status().get("learned_total")
+        # the controller's count is over the network's life: an earlier run on the same session learned its own
+        results.learned_connections = (learned - learned_before if isinstance(learned, int)
+                                       and isinstance(learned_before, int) else learned)
         results.save(results_path)
-        offset = session.stats_offset()
-        before = fidelity.snapshot(session.en, topo)
-        t0 = time.monotonic()
-        try:
-            results.exit_status, timed_out = _run_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
-            results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
-            if timed_out:
-                results.error = f"the program ran past --timeout {cfg.timeout_s:g} s and was stopped"
-        except KeyboardInterrupt:
-            results.status, results.error = "interrupted", "interrupted"
-            raise
-        except OSError as exc:
-            results.status, results.error = "failed", f"mpirun could not start: {exc}"
-        finally:
-            results.wall_s = time.monotonic() - t0
-            after = fidelity.snapshot(session.en, topo)
-            results.fidelity = fidelity.assess(before, after, results.wall_s,
-                                               fidelity.switch_egress_bytes(before, after), prep.calibration)
-            for rec in fidelity.link_records(before, after, 0):
-                append_jsonl(os.path.join(out, "links.jsonl"), rec)
-            session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
-            collect_rank_output(os.path.join(out, "ranks"))
-            results.bench = _bench_rows(out)
-            results.learned_connections = session.ctl.status().get("learned_total")
-            results.save(results_path)
-    return results
 
 
 def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:

@@ -4,7 +4,8 @@
 
 * ``experiment.yaml`` -- the experiment file as given;
 * ``experiment.json`` -- the validated experiment, its fingerprint and every
-  cell with the model's prediction (:meth:`RunFolder.write_plan`);
+  cell with the model's prediction (:meth:`RunFolder.write_plan`; an MPI
+  cell has null predictions and a ``prediction`` saying it has none);
 * ``run.json`` -- the run's status (``running``, ``interrupted``,
   ``incomplete`` with failed cells, or ``complete``), when it was created and
   last updated, and its wall time over every invocation (:class:`RunRecord`);
@@ -14,16 +15,20 @@
   network probes and rebuilds; what the session echoes);
 * ``cells/<cell-id>/`` -- what the replay writes for one cell (``results.json``,
   ``timeline.jsonl``, ``links.jsonl``, ``schedule.json``, ``topology.json``,
-  agent logs);
+  agent logs); for an MPI cell what ``emu mpirun`` writes (``results.json``
+  of kind ``mpirun``, :class:`emulator.mpi.MpiResults`; ``mpirun.log``,
+  ``ranks/``, the launch files, ``links.jsonl``, ``bench.json``);
 * ``sessions/<network>/`` -- one network's controller logs and port counters,
   its probes (``probe-<attempt>/``) and their verdicts (``probe.json``).
 
 A cell is finished when its ``results.json`` says ``ok`` and holds exactly
 this cell's configuration (:meth:`RunFolder.cell_finished`): a cell whose
 definition changed in the file, one that failed or was interrupted, and one
-whose results are missing or unreadable are run again. ``results.json`` is
-read through :func:`emulator.results.load`, so folders written before the
-schema version existed (schema 1) resume as before.
+whose results are missing or unreadable are run again. A replay cell's
+``results.json`` is read as :func:`emulator.results.load` reads it, so
+folders written before the schema version existed (schema 1) resume as
+before; an MPI cell's as :class:`emulator.mpi.MpiResults` (its program
+exited 0: status ``ok``), and neither kind counts for a cell of the other.
 
 The module-level functions pick the folder of a run under a results root:
 :func:`new_out_dir` names a new one, :func:`find_unfinished` finds the newest
@@ -44,12 +49,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator import experiment as xp
-from emulator import results
 from emulator.files import read_json_object, write_atomic, write_json_atomic
-from emulator.results import CellResults, ProbeVerdict
+from emulator.mpi import MpiResults
+from emulator.results import CellResults, ProbeVerdict, SchemaError
 
 #: The name of the symlink under a results root that points at the folder in use.
 LATEST = "latest"
+#: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.mpi.MpiResults.to_json`).
+MPI_KIND = "mpirun"
+#: What the plan says of an MPI cell's prediction.
+NO_PREDICTION = "none: an MPI program (the timing model predicts schedules only)"
 
 
 def _now() -> str:
@@ -149,8 +158,26 @@ class RunFolder:
         return os.path.join(self.cell_dir(cell), "results.json")
 
     def results_of(self, cell: xp.Cell | str) -> CellResults | None:
-        """The cell's ``results.json``; None when it is missing, unreadable or not a results document."""
-        return results.load(self.results_path(cell))
+        """The replay's ``results.json`` of the cell; None when it is missing, unreadable, not a results
+        document, or the results of an MPI program (kind ``mpirun``: :meth:`mpi_results_of` reads those)."""
+        data = read_json_object(self.results_path(cell))
+        if data is None or data.get("kind") == MPI_KIND:
+            return None
+        try:
+            return CellResults.from_json(data)
+        except SchemaError:  # a newer schema or not a results document: as emulator.results.load reads it
+            return None
+
+    def mpi_results_of(self, cell: xp.Cell | str) -> MpiResults | None:
+        """An MPI cell's ``results.json`` (kind ``mpirun``); None when it is missing, unreadable or of another
+        kind."""
+        data = read_json_object(self.results_path(cell))
+        if data is None or data.get("kind") != MPI_KIND:
+            return None
+        try:
+            return MpiResults.from_json(data)
+        except (AttributeError, KeyError, TypeError, ValueError):  # a damaged document: the cell runs again
+            return None
 
     def finished_results(self, cell: xp.Cell) -> CellResults | None:
         """The cell's results if they are finished (status ``ok``) and of exactly this cell, else None."""
@@ -159,8 +186,17 @@ class RunFolder:
             return None
         return res
 
+    def finished_mpi_results(self, cell: xp.Cell) -> MpiResults | None:
+        """An MPI cell's results if its program exited 0 (status ``ok``) and they are of exactly this cell."""
+        res = self.mpi_results_of(cell)
+        if res is None or res.status != "ok" or res.config.get("cell") != cell.to_json():
+            return None
+        return res
+
     def cell_finished(self, cell: xp.Cell) -> bool:
         """True if the cell's directory holds a finished result of exactly this cell (the resume rule)."""
+        if cell.mpi is not None:
+            return self.finished_mpi_results(cell) is not None
         return self.finished_results(cell) is not None
 
     def empty_cell_dir(self, cell: xp.Cell) -> str:
@@ -169,6 +205,13 @@ class RunFolder:
 
     def save_results(self, cell: xp.Cell, res: CellResults) -> None:
         res.save(self.results_path(cell))
+
+    def save_mpi_results(self, cell: xp.Cell, res: MpiResults, probe: ProbeVerdict | None = None) -> None:
+        """An MPI cell's results, with its network's probe (``probe``, as a replay cell's results have it)."""
+        data = res.to_json()
+        if probe is not None:
+            data["probe"] = probe.to_json()
+        write_json_atomic(self.results_path(cell), data)
 
     # ------------------------------------------------------------- networks
     def session_dir(self, spec: str, policy: str, seed: int, link_mbps: float) -> str:
@@ -194,6 +237,11 @@ class RunFolder:
             write_atomic(self._file("experiment.yaml"), source_text)
         cells = []
         for pc in prepared:
+            if pc.report is None:  # an MPI program: no schedule, so nothing the model predicts
+                cells.append({**pc.cell.to_json(), "predicted_time_s": None, "predicted_busbw_mbps": None,
+                              "alpha_beta_time_s": None, "max_flows_per_link": 0,
+                              "predicted_scaling_efficiency": None, "prediction": NO_PREDICTION})
+                continue
             pred = pc.report.to_json()
             cells.append({**pc.cell.to_json(), "predicted_time_s": pred["predicted_time_s"],
                           "predicted_busbw_mbps": pred["busbw_mbps"],

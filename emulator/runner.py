@@ -17,14 +17,20 @@ which cells are finished). It
 4. records every cell's outcome in ``state.json`` as it goes, and the run's
    status in ``run.json`` at the end.
 
+An MPI cell (:attr:`emulator.experiment.Cell.mpi`) runs its program on its
+network's session like any other cell, after the probe and between the
+replays (:func:`run_mpi_cell`: :func:`emulator.mpirun.run_in_session` into
+the cell's directory); a program that exits non-zero, times out or cannot
+start is a failed cell.
+
 A failed cell, and a network that does not come up (every cell of it fails),
 are recorded and the loop goes on. Ctrl-C (KeyboardInterrupt) ends the loop
 after tearing the network down, with everything finished so far kept; the
 same command resumes. Console lines are :class:`emulator.progress.Progress`'s.
 
 The session factory (:class:`emulator.replay.ReplaySession` in ``emu run``),
-the clock and the stream are parameters, so the loop is unit-tested with a
-fake session, without root.
+the MPI cell runner, the clock and the stream are parameters, so the loop is
+unit-tested with a fake session, without root.
 """
 
 from __future__ import annotations
@@ -37,14 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
 from emulator import experiment as xp
-from emulator import faults, probe
+from emulator import faults, mpirun, probe
 from emulator.faults import Fault
 from emulator.latency import LatencyModel
-from emulator.progress import TEARDOWN_S, Eta, Progress
-from emulator.results import CellResults, ProbeVerdict
+from emulator.mpi import MpiResults
+from emulator.progress import QUIET_FLAGS, TEARDOWN_S, Eta, Progress
+from emulator.replay import ReplaySession
+from emulator.results import CellResults, Fidelity, ProbeVerdict
 from emulator.run_folder import CellState, RunFolder
 from emulator.schedule.check import CheckReport, predict
-from emulator.schedule.format import Schedule
+from emulator.schedule.format import Schedule, format_size
 from emulator.topology import DEFAULT_MTU, Topology
 
 
@@ -68,6 +76,35 @@ class SessionFactory(Protocol):
 
     def __call__(self, topo: Topology, policy: str, *, seed: int, latency: LatencyModel, work_dir: str,
                  echo: Callable[[str], None]) -> Session: ...
+
+
+class MpiCellRunner(Protocol):
+    """Runs an MPI cell's program on a started session into ``out`` (an empty directory) and returns its results
+    (also written to ``out/results.json``, with ``config`` added to theirs); :func:`run_mpi_cell` in ``emu run``."""
+
+    def __call__(self, session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
+                 echo: Callable[[str], None]) -> MpiResults: ...
+
+
+def run_mpi_cell(session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
+                 echo: Callable[[str], None]) -> MpiResults:
+    """An MPI cell on its network's :class:`~emulator.replay.ReplaySession`: checked as ``emu mpirun`` checks its
+    input (:func:`emulator.mpirun.prepare`), then run in the session, which stays up."""
+    if not isinstance(session, ReplaySession):
+        raise TypeError(f"an MPI cell runs on a ReplaySession, not a {type(session).__name__}")
+    prep = mpirun.prepare(cell.mpi_config(out))
+    return mpirun.run_in_session(prep, session, echo, config=config)
+
+
+def mpi_line(res: MpiResults) -> str:
+    """The tail of a finished MPI cell's progress line: wall time, the benchmark's largest size, its flags."""
+    text = f"MPI program exited {res.exit_status} after {res.wall_s or 0.0:.1f} s"
+    rows = [r for r in res.bench if isinstance(r.get("size"), int)]
+    if rows:
+        top = max(rows, key=lambda r: r["size"])
+        text += f", busbw {float(top.get('busbw_mbps') or 0.0):.2f} Mbit/s at {format_size(top['size'])} (no model)"
+    flags = [f for f in (res.fidelity.flags if res.fidelity else []) if f not in QUIET_FLAGS]
+    return text + (f" [fidelity: {', '.join(flags)}]" if flags else "")
 
 
 @dataclass
@@ -104,15 +141,16 @@ class Network:
 
 @dataclass(frozen=True)
 class CellOutcome:
-    """One cell's end: ``results`` when it finished ok, else the ``error`` it failed with."""
+    """One cell's end: ``results`` (an MPI cell: ``mpi``) when it finished ok, else the ``error`` it failed with."""
 
     cell: xp.Cell
     results: CellResults | None = None
     error: str | None = None
+    mpi: MpiResults | None = None
 
     @property
     def ok(self) -> bool:
-        return self.results is not None
+        return self.results is not None or self.mpi is not None
 
 
 class Runner:
@@ -126,12 +164,13 @@ class Runner:
     def __init__(self, exp: xp.Experiment, out: str, *, session_factory: SessionFactory,
                  source_text: str | None = None, stream: TextIO | None = None,
                  after_cell: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 prepared: list[xp.PreparedCell] | None = None):
+                 prepared: list[xp.PreparedCell] | None = None, mpi_runner: MpiCellRunner = run_mpi_cell):
         self.exp = exp
         self.out = out
         self.folder = RunFolder(out)
         self.source_text = source_text
         self.session_factory = session_factory
+        self.mpi_runner = mpi_runner
         self.stream = stream or sys.stdout
         self.after_cell = after_cell
         self.clock = clock
@@ -190,6 +229,10 @@ class Runner:
         if outcome.results is not None:
             summary.ran.append(cid)
             progress.cell_ok(cid, outcome.results)
+        elif outcome.mpi is not None:
+            summary.ran.append(cid)
+            # Progress.cell_ok's line is a replay's (busbw against the model); the head (bar, count, ETA) is the same
+            progress.say(progress._head(cid) + mpi_line(outcome.mpi))
         else:
             summary.failed[cid] = outcome.error or "failed"
             progress.cell_failed(cid, outcome.error)
@@ -228,9 +271,14 @@ class Runner:
                 self._fail_all(net, f"network rebuild after a failed probe failed: {exc}", progress, summary)
                 return
             for cell in net.cells:
-                outcome = self._run_cell(session, cell, progress.eta)
-                if outcome.results is not None:
-                    self._note_probe(cell, outcome.results, verdict)
+                if cell.mpi is not None:
+                    outcome = self._run_mpi_cell(session, cell)
+                    if outcome.mpi is not None:
+                        self._note_mpi_probe(cell, outcome.mpi, verdict)
+                else:
+                    outcome = self._run_cell(session, cell, progress.eta)
+                    if outcome.results is not None:
+                        self._note_probe(cell, outcome.results, verdict)
                 self._cell_done(outcome, progress, summary)
         finally:
             session.stop()
@@ -239,7 +287,7 @@ class Runner:
         """A started session of the network, with the latency model ``pc``'s prediction used."""
         session = None
         try:
-            session = self.session_factory(pc.topo, net.policy, seed=net.seed, latency=pc.report.latency,
+            session = self.session_factory(pc.topo, net.policy, seed=net.seed, latency=pc.latency_model,
                                            work_dir=work, echo=self.folder.log)
             session.start()
         except BaseException:
@@ -259,7 +307,7 @@ class Runner:
         attempt's verdict goes to the session directory's ``probe.json``.
         """
         sched = probe.schedule(pc.topo)
-        latency = pc.report.latency
+        latency = pc.latency_model
         report = predict(sched, pc.topo, net.policy, seed=net.seed, latency=latency,
                          mtu=latency.profile.emulated_mtu if latency.profile else DEFAULT_MTU, where="network probe")
         verdicts: list[ProbeVerdict] = []
@@ -299,10 +347,54 @@ class Runner:
             res.flag_all(probe.FLAG)
         self.folder.save_results(cell, res)
 
+    def _note_mpi_probe(self, cell: xp.Cell, res: MpiResults, verdict: ProbeVerdict) -> None:
+        """As :meth:`_note_probe`, for an MPI cell's results."""
+        if not verdict.passed:
+            if res.fidelity is None:
+                res.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
+            res.fidelity.flag(probe.FLAG)
+        self.folder.save_mpi_results(cell, res, verdict)
+
     # ----------------------------------------------------------------- cells
+    def _run_mpi_cell(self, session: Session, cell: xp.Cell) -> CellOutcome:
+        """Run one MPI cell's program on the session into its (emptied) directory; recorded as :meth:`_run_cell`
+        records a replay (the program's exit status decides: 0 is ok, anything else a failed cell)."""
+        where = self.folder.empty_cell_dir(cell)
+        self._record(cell, "running", 0.0, None)
+        c0 = self.clock()
+        try:
+            self.mpi_runner(session, cell, where, config={"cell": cell.to_json(), "experiment": self.exp.name},
+                            echo=self.folder.log)
+        except KeyboardInterrupt:  # results.json already says interrupted
+            self._record(cell, "interrupted", self.clock() - c0, "interrupted")
+            raise
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            self._record(cell, "failed", self.clock() - c0, error)
+            return CellOutcome(cell, error=error)
+        wall = self.clock() - c0
+        finished = self.folder.finished_mpi_results(cell)  # what the program's run wrote, not what it returned
+        if finished is not None:
+            self._record(cell, "ok", wall, None)
+            return CellOutcome(cell, mpi=finished)
+        res = self.folder.mpi_results_of(cell)
+        if res is None:
+            error = "no results.json of kind mpirun"
+        elif res.error:
+            error = res.error
+        elif res.exit_status is not None and res.exit_status < 0:  # subprocess's way of saying a signal ended it
+            error = f"the program was ended by signal {-res.exit_status}"
+        elif res.exit_status is not None:
+            error = f"the program exited with status {res.exit_status}"
+        else:
+            error = f"status {res.status!r}"
+        self._record(cell, "failed", wall, error)
+        return CellOutcome(cell, error=error)
+
     def _run_cell(self, session: Session, cell: xp.Cell, eta: Eta) -> CellOutcome:
         """Run one cell on the session into its (emptied) directory; the outcome is recorded in ``state.json``."""
         pc = self.by_id[cell.id]
+        assert pc.schedule is not None and pc.report is not None, "a replay cell has a schedule and a prediction"
         where = self.folder.empty_cell_dir(cell)
         self._record(cell, "running", 0.0, None)
         c0 = self.clock()

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from emulator import calibration_file, fidelity, replay, run_folder, runner, system
+from emulator import calibration_file, fidelity, mpi, replay, run_folder, runner, system
 from emulator import experiment as xp
 from emulator.calibrate import ensure_calibration
 from emulator.errors import UserError
@@ -66,6 +66,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             p, calibration_file.load_calibration(p.emulated_mtu)))
         total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
         for pc in prepared:
+            if pc.report is None:
+                _print_mpi_cell(pc)
+                continue
             eff = pc.report.scaling_efficiency
             what = (f"scaling efficiency {eff:.3f}" if eff is not None
                     else f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s")
@@ -73,8 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
         _print_loads(prepared)
         est = total_pred + networks * DEFAULT_BRINGUP_S
+        n_mpi = sum(pc.report is None for pc in prepared)
+        guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
         print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
-              f"about {format_duration(est)} if the network met the model")
+              f"about {format_duration(est)} if the network met the model{guess}")
         _print_fabrics(exp)
         return 0
     if args.out:
@@ -87,6 +92,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
         out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
     system.require_root()
+    if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
+        system.require_tools([mpi.MPIRUN, "mnexec"])
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
     calibrations = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     _predicting(len(cells))
@@ -119,12 +126,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if summary.failed else 0
 
 
+def _print_mpi_cell(pc: xp.PreparedCell) -> None:
+    """An MPI cell in ``--check``'s list: what it runs, and that the model has nothing to say about it."""
+    cell = pc.cell
+    assert cell.mpi is not None
+    print(f"{cell.id}: runs the MPI program `{cell.mpi.command()}` on {cell.ranks} ranks ({cell.placement} "
+          "placement); no model prediction (the timing model predicts schedules only)")
+
+
 def _print_loads(prepared: list[xp.PreparedCell]) -> None:
     """Per network, the model's busiest step against this machine's calibrated datapath capacity."""
     by_group: dict[tuple[str, str, int, str], list[xp.PreparedCell]] = {}
     for pc in prepared:
         by_group.setdefault(pc.cell.group, []).append(pc)
-    for (spec, policy, seed, _), pcs in by_group.items():
+    for (spec, policy, seed, _), all_pcs in by_group.items():
+        pcs = [pc for pc in all_pcs if pc.report is not None]
+        if not pcs:
+            print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): "
+                  f"{len(all_pcs[0].topo.hosts)} hosts, MPI programs only (no model of their load)")
+            continue
         busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
         calibration = calibration_file.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
         capacity = calibration.datapath_capacity_mbps if calibration is not None else None

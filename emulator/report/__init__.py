@@ -34,6 +34,11 @@ instead of a size) never enter a busbw comparison
   it against hosts and a Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
   (:mod:`emulator.paper_scale`), when the reference ran at several host counts;
+* "MPI programs" (MPI cells only, :class:`~emulator.report.aggregate.MpiRow`):
+  per cell the program, ranks, placement, exit status, wall time and the
+  bundled benchmark's busbw at its largest size (no model: they enter no
+  other section's table, plot or answer, but count in the overview and in
+  the fidelity and failure lists);
 * every cell: measured against predicted, faults, fidelity flags, failures.
 
 A collective other than allreduce is named wherever a family is (``leafspine-4x4x4
@@ -60,7 +65,7 @@ Modules, each importing only those before it:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from emulator import fabric, paper_scale
 from emulator.files import write_atomic, write_json_atomic
@@ -72,6 +77,7 @@ from emulator.report.aggregate import (
     CellRow,
     Compute,
     LinkStepMatrix,
+    MpiRow,
     Plan,
     Reference,
     ScalingKey,
@@ -83,6 +89,7 @@ from emulator.report.aggregate import (
     TrainingPoint,
     busbw_rows,
     link_step_matrix,
+    load_mpi_rows,
     load_rows,
     pick_heatmap_cells,
     read_computes,
@@ -98,9 +105,10 @@ from emulator.report.aggregate import (
 from emulator.report.doc import Doc
 from emulator.run_folder import RunFolder
 
-__all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "Plan",
-           "Reference", "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable", "Timeline",
-           "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load_rows",
+__all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "MpiRow",
+           "Plan", "Reference", "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable",
+           "Timeline", "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load_mpi_rows",
+           "load_rows",
            "pick_heatmap_cells", "read_computes", "read_transfers", "scaling_families", "server_speedup_tables",
            "speedup_interval", "speedup_tables", "training_families", "training_rows", "write_csv",
            "write_report"]
@@ -108,17 +116,20 @@ __all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Do
 
 @dataclass(frozen=True)
 class Report:
-    """A built report: the experiment, its rows, the answers (measured and projected) and the document."""
+    """A built report: the experiment, its rows (replay cells; MPI cells apart), the answers (measured and
+    projected) and the document."""
 
     plan: Plan
     rows: list[CellRow]
     answers: list[answers.Answer]
     doc: Doc
+    mpi_rows: list[MpiRow] = field(default_factory=list)
 
 
 def build(out: str) -> Report:
     """Compute everything, draw the plots into ``out/plots/``; return the report (nothing else is written)."""
-    plan, rows = load_rows(out)
+    plan, rows = load_rows(out)  # replay cells only: every table, plot and answer of the model
+    mpi_rows = load_mpi_rows(out)  # MPI cells: their own section
     ref = plan.reference
     plot_dir = os.path.join(out, "plots")
     os.makedirs(plot_dir, exist_ok=True)
@@ -135,20 +146,24 @@ def build(out: str) -> Report:
     doc = Doc()
     sections.title(doc, plan)
     sections.answers_section(doc, found, plan.repeat)
-    sections.overview(doc, plan, rows)
-    if collective or not rows:  # an experiment of training iterations only has no busbw to show
+    sections.overview(doc, plan, rows, mpi_rows)
+    # an experiment of training iterations or MPI programs only has no busbw to show
+    empty = not rows and not mpi_rows
+    if collective or empty:
         sections.speedups(doc, tables, ref)
         sections.servers(doc, server_tables)
         sections.busbw_vs_size(doc, collective, plot_dir)
         sections.congestion(doc, *pick_heatmap_cells(collective, ref), plot_dir)
         sections.scaling(doc, scaling_families(collective), plot_dir)
     sections.training(doc, training_families(rows), rows, profile, plot_dir)
-    if collective or not rows:
+    if collective or empty:
         sections.projection(doc, projected, error, profile)
-    sections.every_cell(doc, rows, plot_dir)
+    sections.mpi_programs(doc, mpi_rows)
+    if rows or empty:
+        sections.every_cell(doc, rows, plot_dir)
     sections.faults(doc, rows)
-    sections.fidelity(doc, rows)
-    return Report(plan=plan, rows=rows, answers=found, doc=doc)
+    sections.fidelity(doc, rows, mpi_rows)
+    return Report(plan=plan, rows=rows, answers=found, doc=doc, mpi_rows=mpi_rows)
 
 
 def write_report(out: str) -> str:
@@ -157,7 +172,7 @@ def write_report(out: str) -> str:
     Returns report.md's path. ``summary.json``'s ``wall_s`` is ``run.json``'s (null when it has none).
     """
     report = build(out)
-    write_csv(os.path.join(out, "cells.csv"), report.rows)
+    write_csv(os.path.join(out, "cells.csv"), report.rows, report.mpi_rows)
     run = RunFolder(out).read_run()
     write_json_atomic(os.path.join(out, "summary.json"),
                       answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers))

@@ -3,10 +3,13 @@
 Pure apart from reading the folder: nothing here draws or writes prose. It owns
 
 * :class:`Plan` (what the report needs of ``experiment.json``) and
-  :class:`CellRow` (one planned cell: its plan, its state in ``state.json``
-  and its ``results.json`` read through :func:`emulator.results.load`), from
-  :func:`load_rows`, and ``cells.csv`` (:func:`write_csv`, columns
-  :data:`CSV_FIELDS`);
+  :class:`CellRow` (one planned replay cell: its plan, its state in
+  ``state.json`` and its ``results.json`` as :func:`emulator.results.load`
+  reads it), from :func:`load_rows`; :class:`MpiRow` (one planned MPI cell,
+  its ``results.json`` an :class:`emulator.mpi.MpiResults`), from
+  :func:`load_mpi_rows`, never a :class:`CellRow`, so no busbw comparison,
+  training family or answer below sees it; and ``cells.csv``
+  (:func:`write_csv`, columns :data:`CSV_FIELDS`, both kinds of rows);
 * which rows busbw describes (:func:`busbw_rows`: one collective at a size)
   and which are training iterations (:func:`training_rows`); every busbw
   comparison below takes the former only;
@@ -36,14 +39,17 @@ from __future__ import annotations
 import csv
 import io
 import os
+import shlex
 import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from emulator import results, routing, stats, topology
+from emulator import fabric, results, routing, stats, topology
+from emulator.errors import UserError
 from emulator.experiment import Workload
 from emulator.files import read_json, read_jsonl, write_atomic
+from emulator.mpi import MpiResults
 from emulator.results import FaultRecord
 from emulator.run_folder import CellState, RunFolder
 from emulator.schedule import cost
@@ -54,7 +60,7 @@ CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "c
               "predicted_time_s", "predicted_busbw_mbps", "alpha_beta_time_s", "measured_over_predicted",
               "iteration_s", "compute_only_s", "scaling_efficiency", "predicted_scaling_efficiency",
               "max_flows_per_link", "trusted", "flags", "qdisc_drops", "tcp_retransmits", "repetitions", "wall_s",
-              "error")
+              "error", "program", "ranks", "exit_status")
 LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput
 RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
 DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
@@ -159,6 +165,17 @@ class CellRow:
         return bool(self.workload)
 
     @property
+    def ranks(self) -> int:
+        """A replay's ranks: one per host."""
+        return self.hosts
+
+    def csv(self) -> dict[str, Any]:
+        """The row of ``cells.csv``: the columns of :data:`CSV_FIELDS` (``program`` and ``exit_status`` are an
+        MPI cell's, empty here)."""
+        return {name: " ".join(self.flags) if name == "flags" else
+                "" if name in ("program", "exit_status") else getattr(self, name) for name in CSV_FIELDS}
+
+    @property
     def algorithm_label(self) -> str:
         """``hd``, or ``hd-packed`` for a placement other than the algorithm's own."""
         return self.algorithm if self.placement in ("identity", "hdrm") else f"{self.algorithm}-{self.placement}"
@@ -178,18 +195,139 @@ class CellRow:
         return f"{self.topology_slug} {policy} {self.op_label}"
 
 
-def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
-    """The experiment and one row per cell (planned cells that never ran have status ``not run``).
+@dataclass(frozen=True)
+class MpiRow:
+    """One planned MPI cell as the report sees it: the program's run, never a busbw or model comparison.
 
-    Raises FileNotFoundError when ``out`` has no ``experiment.json``.
+    ``busbw_mbps`` is the bundled benchmark's at its largest size (``busbw_size``), None when the program is
+    another one or wrote no rows; ``efficiency`` that busbw over the link's TCP goodput (as
+    :attr:`CellRow.capacity_mbps`). Measured fields are None unless the cell's results exist; ``status`` as
+    for :class:`CellRow` (``ok``: the program exited 0).
     """
+
+    id: str
+    series: str
+    topology: str
+    topology_slug: str
+    kind: str
+    hosts: int
+    routing: str
+    seed: int
+    placement: str
+    algorithm: str  # the program's slug in the cell id (``mpi-emu-allreduce-bench-ring``)
+    program: str  # the command line as given
+    ranks: int
+    status: str  # ok, failed, timeout, interrupted, not run
+    exit_status: int | None
+    time_s: float | None  # mpirun's wall time, Open MPI's start-up included
+    wall_s: float | None  # the cell's, from state.json
+    bench: list[dict[str, Any]]
+    busbw_mbps: float | None
+    busbw_size: int | None
+    link_mbps: float
+    capacity_mbps: float  # link goodput: link_mbps x the TCP goodput at the fabric's MTU
+    trusted: bool | None
+    flags: list[str]
+    qdisc_drops: int
+    tcp_retransmits: int
+    cpu_idle: float | None
+    error: str | None
+    learned_connections: int | None
+    datapath: str | None
+    dir: str
+
+    @property
+    def efficiency(self) -> float | None:
+        return ratio(self.busbw_mbps, self.capacity_mbps)
+
+    def csv(self) -> dict[str, Any]:
+        """The row of ``cells.csv``: the columns that apply (``size`` and ``busbw_mbps`` are the benchmark's
+        largest size and its busbw; ``time_s`` is mpirun's wall time), the model's and the replays' empty."""
+        own = {"id": self.id, "series": self.series, "topology": self.topology, "kind": self.kind,
+               "hosts": self.hosts, "routing": self.routing, "seed": self.seed, "algorithm": self.algorithm,
+               "placement": self.placement, "size": self.busbw_size if self.busbw_size is not None else "",
+               "status": self.status, "outcome": self.status, "busbw_mbps": self.busbw_mbps,
+               "time_s": self.time_s, "trusted": self.trusted, "flags": " ".join(self.flags),
+               "qdisc_drops": self.qdisc_drops, "tcp_retransmits": self.tcp_retransmits, "wall_s": self.wall_s,
+               "error": self.error, "program": self.program, "ranks": self.ranks, "exit_status": self.exit_status}
+        return {name: own.get(name, "") for name in CSV_FIELDS}
+
+
+def _plan_cells(out: str) -> tuple[Plan, list[Mapping[str, Any]]]:
     plan = read_json(os.path.join(out, "experiment.json"))
     if not isinstance(plan, dict):
         raise FileNotFoundError(f"{out}: no experiment.json (not a results folder of `emu run`)")
-    header = Plan.from_json(plan["experiment"])
+    return Plan.from_json(plan["experiment"]), plan["cells"]
+
+
+def _is_mpi(cell: Mapping[str, Any]) -> bool:
+    """A plan entry of an MPI cell (its ``mpi`` key: :meth:`emulator.experiment.Cell.to_json`)."""
+    return cell.get("mpi") is not None
+
+
+def load_rows(out: str) -> tuple[Plan, list[CellRow]]:
+    """The experiment and one row per replay cell (planned cells that never ran have status ``not run``);
+    MPI cells are :func:`load_mpi_rows`'.
+
+    Raises FileNotFoundError when ``out`` has no ``experiment.json``.
+    """
+    header, cells = _plan_cells(out)
     folder = RunFolder(out)
     states = folder.read_states()
-    return header, [_row(folder, cell, states.get(cell["id"]), header) for cell in plan["cells"]]
+    return header, [_row(folder, cell, states.get(cell["id"]), header) for cell in cells if not _is_mpi(cell)]
+
+
+def load_mpi_rows(out: str) -> list[MpiRow]:
+    """One row per MPI cell of the plan, in its order (none for an experiment without them)."""
+    header, cells = _plan_cells(out)
+    folder = RunFolder(out)
+    states = folder.read_states()
+    return [_mpi_row(folder, cell, states.get(cell["id"]), header) for cell in cells if _is_mpi(cell)]
+
+
+def _goodput(spec: str | None) -> float:
+    """TCP payload per wire byte at the MTU of a fabric spec (the default fabric's without one)."""
+    try:
+        profile = fabric.parse(spec) if spec else fabric.default()
+    except UserError:
+        profile = fabric.default()
+    return topology.tcp_goodput_factor(profile.emulated_mtu)
+
+
+def _mpi_row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan: Plan) -> MpiRow:
+    """One MPI cell's row from its plan entry, its state and its results (any of the last two may be missing)."""
+    res: MpiResults | None = folder.mpi_results_of(cell["id"])
+    own = res is not None and (res.config.get("cell") or {}).get("id") == cell["id"]
+    if not own:
+        res = None
+    finished = res is not None and res.status == "ok"
+    status = "ok" if finished else ((st.status if st else None) or (res.status if res else None) or "not run")
+    if status == "running":
+        status = "interrupted"
+    program = cell["mpi"].get("program") or []
+    rows = [r for r in (res.bench if res else []) if isinstance(r, Mapping) and isinstance(r.get("size"), int)]
+    top = max(rows, key=lambda r: r["size"]) if rows else None
+    busbw = top.get("busbw_mbps") if top else None
+    link_mbps = (res.link_mbps if res else None) or plan.link_mbps
+    fid = res.fidelity if res else None
+    np = cell["mpi"].get("np")
+    return MpiRow(
+        id=cell["id"], series=cell["series"], topology=cell["topology"], topology_slug=cell["id"].split(".")[1],
+        kind=cell["kind"], hosts=cell["hosts"], routing=cell["routing"], seed=cell["seed"],
+        placement=cell["placement"], algorithm=cell["algorithm"],
+        program=shlex.join(str(w) for w in program),
+        ranks=len(res.ranks) if res and res.ranks else (np if isinstance(np, int) else cell["hosts"]),
+        status=status, exit_status=res.exit_status if res else None, time_s=res.wall_s if res else None,
+        wall_s=st.wall_s if st else None, bench=rows,
+        busbw_mbps=float(busbw) if isinstance(busbw, int | float) else None,
+        busbw_size=top["size"] if top else None, link_mbps=link_mbps,
+        capacity_mbps=link_mbps * _goodput(cell.get("fabric") or plan.fabric),
+        trusted=res.trusted if res and fid else None, flags=sorted(fid.flags) if fid else [],
+        qdisc_drops=fid.qdisc_drops if fid else 0, tcp_retransmits=fid.tcp_retransmits if fid else 0,
+        cpu_idle=fid.cpu_idle if fid else None,
+        error=None if finished else ((st.error if st else None) or (res.error if res else None)),
+        learned_connections=res.learned_connections if res else None, datapath=(res.datapath or None) if res else None,
+        dir=folder.cell_dir(cell["id"]))
 
 
 def _row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, plan: Plan) -> CellRow:
@@ -254,13 +392,16 @@ def _server_design(params: Mapping[str, Any]) -> str | None:
     return "shared NIC" if n == 1 else "NIC per accelerator" if n == a else f"{n} NICs for {a}"
 
 
-def write_csv(path: str, rows: list[CellRow]) -> None:
-    """``cells.csv``: one line per row, the columns of :data:`CSV_FIELDS`, flags separated by spaces."""
+def write_csv(path: str, rows: list[CellRow], mpi_rows: Iterable[MpiRow] = ()) -> None:
+    """``cells.csv``: one line per row, the columns of :data:`CSV_FIELDS`, flags separated by spaces; the
+    replay cells' rows first, then the MPI cells' (:meth:`MpiRow.csv`: the columns that apply)."""
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
     w.writeheader()
     for row in rows:
-        w.writerow({name: " ".join(row.flags) if name == "flags" else getattr(row, name) for name in CSV_FIELDS})
+        w.writerow(row.csv())
+    for mrow in mpi_rows:
+        w.writerow(mrow.csv())
     write_atomic(path, buf.getvalue())
 
 

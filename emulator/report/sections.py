@@ -23,6 +23,7 @@ from emulator.report.aggregate import (
     BaselineEntry,
     CellRow,
     LinkStepMatrix,
+    MpiRow,
     Plan,
     Reference,
     ScalingKey,
@@ -108,18 +109,19 @@ def fabric_sentence(spec: str | None, link_mbps: float) -> str:
             f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
 
 
-def overview(doc: Doc, plan: Plan, rows: list[CellRow]) -> None:
-    """How many cells finished, the links and datapath, what busbw and the model are, the fabric; a caution
-    when the model's contention-free cells ran much slower than predicted."""
-    n_ok = sum(r.status == "ok" for r in rows)
-    failed = sum(r.status not in ("ok", "not run") for r in rows)
-    not_run = sum(r.status == "not run" for r in rows)
-    datapaths = sorted({r.datapath for r in rows if r.datapath})
+def overview(doc: Doc, plan: Plan, rows: list[CellRow], mpi_rows: Sequence[MpiRow] = ()) -> None:
+    """How many cells finished (MPI cells included), the links and datapath, what busbw and the model are, the
+    fabric; a caution when the model's contention-free cells ran much slower than predicted."""
+    statuses = [r.status for r in rows] + [r.status for r in mpi_rows]
+    n_ok = sum(st == "ok" for st in statuses)
+    failed = sum(st not in ("ok", "not run") for st in statuses)
+    not_run = sum(st == "not run" for st in statuses)
+    datapaths = sorted({d for d in [*(r.datapath for r in rows), *(r.datapath for r in mpi_rows)] if d})
     others = sorted({r.collective for r in rows if r.collective != "allreduce"})
     trained = sorted({r.workload for r in rows if r.is_training})
     doc.ul([
-        f"**{n_ok} of {len(rows)} cells finished**, {failed} failed or interrupted, {not_run} not run"
-        + ("" if n_ok == len(rows) else " (run `emu run` again to finish them)") + ".",
+        f"**{n_ok} of {len(statuses)} cells finished**, {failed} failed or interrupted, {not_run} not run"
+        + ("" if n_ok == len(statuses) else " (run `emu run` again to finish them)") + ".",
         f"Links: {plan.link_mbps:g} Mbit/s (host and switch links unless a topology sets its own); Open vSwitch "
         f"datapath: {', '.join(datapaths) or 'unknown'}; repetitions per cell: {plan.warmup} warm-up + "
         f"{plan.repeat} measured; ECMP seeds: {', '.join(map(str, plan.ecmp_seeds))}.",
@@ -133,6 +135,9 @@ def overview(doc: Doc, plan: Plan, rows: list[CellRow]) -> None:
         *([f"Training iterations ({', '.join(f'`{w}`' for w in trained)}): "
            f"{sum(r.is_training for r in rows)} cells, compared by scaling efficiency (compute-only / iteration "
            "time) in \"Training iteration: scaling efficiency\", never by busbw."] if trained else []),
+        *([f"MPI programs: {len(mpi_rows)} cells ran an Open MPI program instead of a schedule; they have no "
+           "model prediction and are in \"MPI programs\" only, never in a busbw comparison, a table of the "
+           "model or an answer."] if mpi_rows else []),
         fabric_sentence(plan.fabric, plan.link_mbps),
     ])
     clean_ratios = [r.measured_over_predicted for r in rows
@@ -438,6 +443,68 @@ def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, pr
           f"the emulator measured it: {error}. Efficiency = busbw / link goodput.")
 
 
+# ---------------------------------------------------------- MPI programs
+def _mpi_verdict(r: MpiRow) -> str:
+    """``trusted``, ``not trusted: over_capacity``, ``–`` (not measured); other flags in brackets."""
+    if r.trusted is None:
+        return "–"
+    if r.trusted:
+        return "trusted" + (f" ({', '.join(r.flags)})" if r.flags else "")
+    return "not trusted: " + (", ".join(r.flags) or "a fidelity flag")
+
+
+def _exit_text(r: MpiRow) -> str:
+    """``0``, ``3``, ``signal 9``, ``signal 15 (timeout)``; the status when the program has none (``not run``)."""
+    if r.exit_status is None:
+        return r.status if r.status != "ok" else "–"
+    text = f"signal {-r.exit_status}" if r.exit_status < 0 else str(r.exit_status)
+    return text + ("" if r.status in ("ok", "failed") else f" ({r.status})")
+
+
+def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
+    """The "MPI programs" section (nothing without MPI cells): per cell the program, its ranks and placement,
+    exit status, wall time, the bundled benchmark's busbw at its largest size and over the link's goodput,
+    whether it is trusted; then every benchmark row."""
+    if not rows:
+        return
+    doc.h(2, "MPI programs")
+    doc.table(["cell", "program", "ranks", "placement", "exit status", "wall s", "busbw (largest size)",
+               "busbw / link goodput", "trusted or flags"],
+              [[f"`{r.id}`", f"`{r.program}`", str(r.ranks), r.placement, _exit_text(r), _fmt(r.time_s, 1),
+                f"{_fmt(r.busbw_mbps)} at {format_size(r.busbw_size)}" if r.busbw_size is not None else "–",
+                _fmt(r.efficiency), _mpi_verdict(r)] for r in rows])
+    doc.p("Each of these cells ran an Open MPI program the way `emu mpirun` does: one rank per host (the "
+          "placement's first ranks), `mpirun` in rank 0's host, TCP over the emulated links, every rank at "
+          "niceness 19 unless the file says otherwise, on its network after the network's probe and beside that "
+          "network's replay cells. The timing model predicts schedules only, so these cells have no model "
+          "number and enter no speedup, busbw plot, scaling, training table or answer above. busbw: the "
+          "bundled `emu-allreduce-bench`'s (nccl-tests' definition, Mbit/s) at its largest size; busbw / link "
+          "goodput as everywhere in this report. Open MPI's algorithms are its own, not the agents' schedules "
+          "of the same name, and the fabric's per-message latency is not dilated for MPI (only the agents add "
+          "it): MPI numbers stand for the fabric's bandwidth, and latency-bound sizes run too fast (README, "
+          "\"Open MPI programs\"). Wall s is mpirun's, Open MPI's start-up included; a program that exits "
+          "non-zero is a failed cell. Trusted: fidelity over the program's run (CPU idle, the datapath's load "
+          "against its calibrated capacity). Each cell's folder has `mpirun.log` and every rank's output in "
+          "`ranks/`.")
+    bench = [(r, b) for r in rows for b in r.bench]
+    if bench:
+        doc.table(["cell", "size", "time per iteration s", "algbw Mbit/s", "busbw Mbit/s", "busbw / link goodput",
+                   "wrong elements"],
+                  [[f"`{r.id}`", format_size(b["size"]), _fmt(_number(b.get("time_s")), 4),
+                    _fmt(_number(b.get("algbw_mbps"))), _fmt(_number(b.get("busbw_mbps"))),
+                    _fmt(_ratio(_number(b.get("busbw_mbps")), r.capacity_mbps)),
+                    "unchecked" if b.get("wrong") is None else str(b["wrong"])]
+                   for r, b in bench])
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
 # ------------------------------------------------------------ every cell
 def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
     """Every cell measured against the model: a scatter plot and a table, with its fidelity counters."""
@@ -493,20 +560,22 @@ def faults(doc: Doc, rows: list[CellRow]) -> None:
           "correct data despite a fault is `degraded`; a fault that stops a rank fails the cell.")
 
 
-def fidelity(doc: Doc, rows: list[CellRow]) -> None:
-    """How many cells carry each fidelity flag, the untrusted cells, the failed ones and those not run yet."""
+def fidelity(doc: Doc, rows: list[CellRow], mpi_rows: Sequence[MpiRow] = ()) -> None:
+    """How many cells carry each fidelity flag, the untrusted cells, the failed ones and those not run yet
+    (MPI cells included)."""
     doc.h(2, "Fidelity flags and failures")
+    every: list[CellRow | MpiRow] = [*rows, *mpi_rows]
     flag_counts: dict[str, int] = {}
-    for r in rows:
+    for r in every:
         for f in r.flags:
             flag_counts[f] = flag_counts.get(f, 0) + 1
     doc.ul([f"`{f}`: {n} cells" for f, n in sorted(flag_counts.items())] or ["no fidelity flag in any cell"])
-    untrusted = [r for r in rows if r.trusted is False]
+    untrusted = [r for r in every if r.trusted is False]
     if untrusted:
         doc.p("Not trusted: " + ", ".join(f"`{r.id}`" for r in untrusted) + ".")
-    failed = [r for r in rows if r.status not in ("ok", "not run")]
+    failed = [r for r in every if r.status not in ("ok", "not run")]
     doc.ul([f"`{r.id}`: {r.status}: {r.error or 'no error recorded'}" for r in failed] or ["no failed cells"])
-    not_run = sum(r.status == "not run" for r in rows)
+    not_run = sum(r.status == "not run" for r in every)
     if not_run:
         doc.p(f"Not run yet: {not_run} cells.")
     doc.p("Every cell's numbers are in `cells.csv`; raw results in `cells/<cell>/` (results.json, timeline.jsonl, "

@@ -1,7 +1,7 @@
 """Fuzzing experiment files and ``emu run`` / ``emu run --check`` / ``emu report``.
 
-Random YAML and structured corruptions of ``experiments/tiny.yaml`` and of a
-richer file using every key: :func:`emulator.experiment.load` /
+Random YAML and structured corruptions of ``experiments/tiny.yaml``, of a
+richer file using every key, of training iterations and of MPI runs: :func:`emulator.experiment.load` /
 ``from_dict`` / ``prepare`` (what ``--check`` validates) return, or raise a
 one-line :class:`UserError`. Through the CLI, with every process-starting
 edge replaced by a raiser (:func:`fuzz_support.forbid_starting`): bad input
@@ -62,8 +62,20 @@ series:
       - {topology: "star:hosts=4", routing: shortest, algorithms: [direct, ring], collective: allgather,
          sizes: [1KiB]}
 """)
-BASES = (TINY, RICH, TRAINING)
-KEYS = tuple(sorted(set(xp.TOP_KEYS + xp.SERIES_KEYS + xp.RUN_KEYS + xp.REFERENCE_KEYS + ("kind", "hosts"))))
+MPI = yaml.safe_load("""
+name: mpi
+series:
+  - name: m
+    runs:
+      - {topology: "bigraph:upper=2,lower=2,hosts_per_switch=1", routing: [bigraph, ecmp], placements: [hdrm, random],
+         seeds: [1], mpi: {program: [emu-allreduce-bench, --algo, ring, --sizes, "64KiB,1MiB"], np: 4,
+                           mca: {btl_tcp_links: 2}, nice: 10, timeout_s: 60}}
+      - {topology: "star:hosts=4", routing: shortest, mpi: {program: "python3 -c pass"}}
+      - {topology: "star:hosts=4", routing: shortest, algorithms: [ring], sizes: [1KiB]}
+""")
+BASES = (TINY, RICH, TRAINING, MPI)
+KEYS = tuple(sorted(set(xp.TOP_KEYS + xp.SERIES_KEYS + xp.RUN_KEYS + xp.REFERENCE_KEYS + xp.MPI_KEYS
+                        + ("kind", "hosts"))))
 #: ``prepare`` generates and predicts every cell (~5 ms each): only for grids this small.
 PREPARE_CELLS = 4
 
