@@ -217,8 +217,9 @@ class MpiRow:
     algorithm: str  # the program's slug in the cell id (``mpi-emu-allreduce-bench-ring``)
     program: str  # the command line as given
     ranks: int
-    status: str  # ok, failed, timeout, interrupted, not run
+    status: str  # ok, failed, interrupted, not run (as state.json says, else the results)
     exit_status: int | None
+    run_status: str | None  # the results' own: ok, failed, timeout, interrupted, running; None without results
     time_s: float | None  # mpirun's wall time, Open MPI's start-up included
     wall_s: float | None  # the cell's, from state.json
     bench: list[dict[str, Any]]
@@ -242,11 +243,12 @@ class MpiRow:
 
     def csv(self) -> dict[str, Any]:
         """The row of ``cells.csv``: the columns that apply (``size`` and ``busbw_mbps`` are the benchmark's
-        largest size and its busbw; ``time_s`` is mpirun's wall time), the model's and the replays' empty."""
+        largest size and its busbw; ``time_s`` is mpirun's wall time; ``outcome`` the results' status, e.g.
+        ``timeout``), the model's and the replays' empty."""
         own = {"id": self.id, "series": self.series, "topology": self.topology, "kind": self.kind,
                "hosts": self.hosts, "routing": self.routing, "seed": self.seed, "algorithm": self.algorithm,
                "placement": self.placement, "size": self.busbw_size if self.busbw_size is not None else "",
-               "status": self.status, "outcome": self.status, "busbw_mbps": self.busbw_mbps,
+               "status": self.status, "outcome": self.run_status or self.status, "busbw_mbps": self.busbw_mbps,
                "time_s": self.time_s, "trusted": self.trusted, "flags": " ".join(self.flags),
                "qdisc_drops": self.qdisc_drops, "tcp_retransmits": self.tcp_retransmits, "wall_s": self.wall_s,
                "error": self.error, "program": self.program, "ranks": self.ranks, "exit_status": self.exit_status}
@@ -317,7 +319,8 @@ def _mpi_row(folder: RunFolder, cell: Mapping[str, Any], st: CellState | None, p
         placement=cell["placement"], algorithm=cell["algorithm"],
         program=shlex.join(str(w) for w in program),
         ranks=len(res.ranks) if res and res.ranks else (np if isinstance(np, int) else cell["hosts"]),
-        status=status, exit_status=res.exit_status if res else None, time_s=res.wall_s if res else None,
+        status=status, exit_status=res.exit_status if res else None, run_status=res.status if res else None,
+        time_s=res.wall_s if res else None,
         wall_s=st.wall_s if st else None, bench=rows,
         busbw_mbps=float(busbw) if isinstance(busbw, int | float) else None,
         busbw_size=top["size"] if top else None, link_mbps=link_mbps,

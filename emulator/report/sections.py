@@ -456,9 +456,10 @@ def _mpi_verdict(r: MpiRow) -> str:
 def _exit_text(r: MpiRow) -> str:
     """``0``, ``3``, ``signal 9``, ``signal 15 (timeout)``; the status when the program has none (``not run``)."""
     if r.exit_status is None:
-        return r.status if r.status != "ok" else "–"
+        return (r.run_status if r.run_status not in (None, "ok", "running") else r.status) if r.status != "ok" \
+            else "–"
     text = f"signal {-r.exit_status}" if r.exit_status < 0 else str(r.exit_status)
-    return text + ("" if r.status in ("ok", "failed") else f" ({r.status})")
+    return text + (f" ({r.run_status})" if r.run_status in ("timeout", "interrupted") else "")
 
 
 def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:

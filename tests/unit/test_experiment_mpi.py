@@ -200,7 +200,7 @@ def test_check_says_an_mpi_cell_runs_its_program_and_has_no_prediction(tmp_path,
     assert "no model prediction" in line
     assert f"{IDS[0]}: predicted " in out
     assert "MPI programs only (no model of their load)" in out  # the leaf-spine networks
-    assert "5 cells on 3 networks" in out and "MPI cells: 20 s each" in out
+    assert "5 cells on 3 networks" in out and f"MPI cells: {xp.MPI_ESTIMATE_S:g} s each" in out
     assert not (tmp_path / "results").exists()
 
 
@@ -223,13 +223,13 @@ class FakeMpi:
     writes (``results.json`` of kind mpirun, running then final), on the fake session, which must be up.
 
     ``exit``: cell id -> the program's exit status (default 0); ``interrupt``: cells Ctrl-C hits mid-run;
-    ``crash``: cells whose run raises (mpirun's prepare failing, say); ``wrong``: cells whose benchmark rows say
-    wrong data.
+    ``crash``: cells whose run raises (mpirun's prepare failing, say); ``timeout``: cells stopped at their
+    timeout.
     """
 
-    def __init__(self, exit=None, interrupt=(), crash=(), flags=("uncalibrated",)):
+    def __init__(self, exit=None, interrupt=(), crash=(), timeout=(), flags=("uncalibrated",)):
         self.exit = dict(exit or {})
-        self.interrupt, self.crash = set(interrupt), set(crash)
+        self.interrupt, self.crash, self.timeout = set(interrupt), set(crash), set(timeout)
         self.flags = list(flags)
         self.calls: list[tuple[str, object]] = []
 
@@ -257,6 +257,9 @@ class FakeMpi:
             raise KeyboardInterrupt
         res.exit_status = self.exit.get(cell.id, 0)
         res.status = "ok" if res.exit_status == 0 else "failed"
+        if cell.id in self.timeout:
+            res.exit_status, res.status = 1, "timeout"
+            res.error = f"the program ran past --timeout {cell.mpi.timeout_s:g} s and was stopped"
         if cell.mpi.bench_algorithm is not None:
             sizes = mpi_bench.parse_args(list(cell.mpi.program[1:])).sizes
             res.bench = [{"size": s, "count": s // 4, "time_s": s * 8 / 15e6, "algbw_mbps": 8.0 + i,
@@ -329,6 +332,18 @@ def test_a_program_ended_by_a_signal_says_so(tmp_path):
     md = open(report.write_report(str(tmp_path))).read()
     line = next(ln for ln in _section(md, "MPI programs").splitlines() if ln.startswith(f"| `{IDS[2]}`"))
     assert "| signal 9 |" in line
+
+
+def test_a_program_stopped_at_its_timeout_fails_its_cell_and_the_report_says_so(tmp_path):
+    exp = parse(MIXED)
+    s = _runner(exp, tmp_path, FakeMpi(timeout={IDS[3]})).run()
+    assert s.failed == {IDS[3]: "the program ran past --timeout 60 s and was stopped"}
+    md = open(report.write_report(str(tmp_path))).read()
+    line = next(ln for ln in _section(md, "MPI programs").splitlines() if ln.startswith(f"| `{IDS[3]}`"))
+    assert "| 1 (timeout) |" in line
+    with open(tmp_path / "cells.csv") as fh:
+        row = next(r for r in csv.DictReader(fh) if r["id"] == IDS[3])
+    assert (row["status"], row["outcome"], row["exit_status"]) == ("failed", "timeout", "1")
 
 
 def test_ctrl_c_in_an_mpi_cell_leaves_it_interrupted_and_a_resume_runs_it_again(tmp_path):
