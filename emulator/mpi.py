@@ -210,9 +210,11 @@ def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv:
                    nice: int = DEFAULT_NICE, export: Sequence[str] = ("PATH", "PYTHONUNBUFFERED")) -> list[str]:
     """The ``mpirun`` command line (it runs inside rank 0's host, at niceness ``nice``: every process it starts
     inherits it); each rank's output goes to ``output_dir`` (Open MPI's ``<dir>/1/rank.R/stdout``; the MCA
-    parameter alone does not do it in 4.1)."""
+    parameter alone does not do it in 4.1). The orteds stay attached to their launch agents instead of
+    daemonizing: they remain in mpirun's process tree, where a replay session's subreaper (the agent
+    launcher's) would otherwise adopt them."""
     cmd = ["nice", "-n", str(nice), MPIRUN, "--allow-run-as-root", "-np", str(np), "--hostfile", hostfile, "--bind-to", "none",
-           "--output-filename", output_dir]
+           "--leave-session-attached", "--output-filename", output_dir]
     for key, value in mca:
         cmd += ["--mca", key, value]
     for name in export:
