@@ -205,7 +205,7 @@ def test_the_mpirun_command_unbinds_nices_and_exports_the_path():
     assert cmd[:3] == ["nice", "-n", str(DEFAULT_NICE)]
     assert cmd[3] == "mpirun" and "--allow-run-as-root" in cmd
     joined = " ".join(cmd)
-    assert "-np 8 --hostfile /out/hostfile --bind-to none --output-filename /out/ranks" in joined
+    assert "-np 8 --hostfile /out/hostfile --bind-to none --leave-session-attached --output-filename /out/ranks" in joined
     assert "--mca btl tcp,self" in joined and "-x PATH" in joined
     assert cmd[-2:] == ["/bin/prog", "-x"]
 
