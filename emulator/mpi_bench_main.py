@@ -21,6 +21,7 @@ import ctypes
 import os
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -32,6 +33,9 @@ from emulator import mpi_bench as bench
 from emulator.errors import UserError, printable
 from emulator.files import write_json_atomic
 
+#: How long a rank other than 0 waits before exiting on a bad argument (rank 0 says why; its line was lost
+#: when mpirun aborted the job on another rank's exit first).
+USAGE_EXIT_DELAY_S = 1.0
 #: Bytes per value read through MPI_T: the variables read here are ints, the room is against surprises.
 _CVAR_ROOM = 256
 
@@ -44,7 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.check_json_path(opts.json_path)
     except UserError as exc:
         if first:  # one line, not one per rank
-            print(exc, file=sys.stderr)
+            print(exc, file=sys.stderr, flush=True)
+        else:
+            # mpirun ends the job when the first rank exits non-zero: give rank 0's line time to reach it
+            time.sleep(USAGE_EXIT_DELAY_S)
         return bench.EXIT_USAGE
     os.environ.update(bench.algorithm_environment(opts.algo))
     try:
