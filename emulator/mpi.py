@@ -182,6 +182,19 @@ def program_argv(program: Sequence[str], resolved: str, out: str) -> list[str]:
     return argv
 
 
+#: How many times ``emu mpirun`` starts Open MPI when its daemons fail to start (no rank ran): Debian's 4.1
+#: orted sometimes aborts in hwloc at start-up here (docs/fidelity.md), and a second start works.
+START_ATTEMPTS = 3
+#: What mpirun prints when a daemon died before any rank started.
+DAEMON_START_FAILURES = ("ORTE was unable to reliably start one or more daemons",
+                         "An ORTE daemon has unexpectedly failed after launch")
+
+
+def daemon_start_failed(log_text: str, ranks_started: bool) -> bool:
+    """Whether a failed mpirun never started the program: its daemons died first (safe to start again)."""
+    return not ranks_started and any(marker in log_text for marker in DAEMON_START_FAILURES)
+
+
 def hostfile_text(ips: Sequence[str]) -> str:
     """Open MPI's hostfile: one line per rank in rank order, one slot each (rank r on line r)."""
     return "".join(f"{ip} slots=1\n" for ip in ips)

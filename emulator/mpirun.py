@@ -43,10 +43,12 @@ from emulator.files import append_jsonl
 from emulator.latency import LatencyModel
 from emulator.mpi import (
     BENCH_JSON,
+    START_ATTEMPTS,
     WHERE,
     MpiResults,
     MpiRunConfig,
     RankPlace,
+    daemon_start_failed,
     hostfile_text,
     launch_agent_script,
     mca_settings,
@@ -165,7 +167,7 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
     before = fidelity.snapshot(session.en, topo)
     t0 = time.monotonic()
     try:
-        results.exit_status, timed_out = _run_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
+        results.exit_status, timed_out = _start_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
         results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
         if timed_out:
             results.error = f"the program ran past --timeout {cfg.timeout_s:g} s and was stopped"
@@ -206,6 +208,28 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice)
 
 
+def _start_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
+                  echo: Callable[[str], None]) -> tuple[int, bool]:
+    """:func:`_run_mpirun`, started again (up to :data:`START_ATTEMPTS` times) while Open MPI's daemons die
+    before any rank ran; each attempt's output is in mpirun.log."""
+    log_path = os.path.join(out, "mpirun.log")
+    open(log_path, "w").close()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        offset = os.path.getsize(log_path)
+        status, timed_out = _run_mpirun(session, host, command, out, timeout_s, echo)
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            fh.seek(offset)
+            text = fh.read()
+        started = bool(glob.glob(os.path.join(out, "ranks", "*", "rank.*")))
+        if status == 0 or timed_out or attempt == START_ATTEMPTS or not daemon_start_failed(text, started):
+            return status, timed_out
+        echo(f"# Open MPI's daemons failed to start (no rank ran): starting again, attempt {attempt + 1} of "
+             f"{START_ATTEMPTS}")
+        shutil.rmtree(os.path.join(out, "ranks"), ignore_errors=True)
+        os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
+    raise AssertionError("not reached")
+
+
 def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
                 echo: Callable[[str], None]) -> tuple[int, bool]:
     """Run ``command`` inside ``host``; echo and log its output. Returns (exit status, whether it timed out)."""
@@ -213,7 +237,7 @@ def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str,
     env = dict(os.environ, PATH=f"{own_bin()}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
     pid = session.en.host(host).pid
     timed_out = threading.Event()
-    with open(os.path.join(out, "mpirun.log"), "w", encoding="utf-8") as log:
+    with open(os.path.join(out, "mpirun.log"), "a", encoding="utf-8") as log:
         proc = subprocess.Popen(["mnexec", "-a", str(pid), *command], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out, env=env, text=True,
                                 errors="replace", start_new_session=True)

@@ -22,6 +22,7 @@ from emulator.mpi import (
     RESERVED_MCA,
     MpiResults,
     RankPlace,
+    daemon_start_failed,
     hostfile_text,
     launch_agent_script,
     load_results,
@@ -270,3 +271,11 @@ def test_the_bundled_benchmark_is_installed_as_a_script_beside_emu():
 def test_the_command_exits_with_the_programs_status(status, exit_status, code):
     res = MpiResults(config={}, ranks=[], command=[], link_mbps=1.0, status=status, exit_status=exit_status)
     assert exit_code(res) == code
+
+
+def test_only_a_start_up_whose_daemons_died_before_any_rank_is_started_again():
+    died = "orted: topology.c:593: hwloc__tma_dup_infos: Assertion failed.\nORTE was unable to reliably start one " \
+           "or more daemons.\n"
+    assert daemon_start_failed(died, ranks_started=False)
+    assert not daemon_start_failed(died, ranks_started=True)
+    assert not daemon_start_failed("rank 1 exited with status 3\n", ranks_started=False)
