@@ -300,12 +300,30 @@ class EmulatedNetwork:
                 net.stop()
             except Exception as exc:  # keep tearing down what remains
                 log.warning("mininet stop: %s", exc)
+            self._end_controller_shells(net)
         if self.state is not None:
             kill_recorded(self.state)
             remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
             self.state.remove()
             self.state = None
         self._release_lock()
+
+    @staticmethod
+    def _end_controller_shells(net: Any) -> None:
+        """End the shell of every Mininet controller node, which ``Mininet.stop`` leaves running.
+
+        A ``RemoteController`` is a Mininet node with a bash shell on a pty in
+        the root namespace, and its ``stop`` does nothing: every network left
+        one bash and two descriptors in the process that built it (the soak
+        test counted one more per bring-up), and a zombie under a subreaper
+        once that process exited. ``Node.terminate`` hangs the shell up,
+        closes its pty and reaps it.
+        """
+        for node in getattr(net, "controllers", []):
+            try:
+                node.terminate()
+            except Exception as exc:  # keep tearing down what remains
+                log.warning("mininet controller %s: %s", getattr(node, "name", "?"), exc)
 
     # -------------------------------------------------------------- accessors
     def host(self, name: str) -> Any:

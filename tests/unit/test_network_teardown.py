@@ -1,0 +1,34 @@
+"""Tearing a network down ends every shell Mininet started, the controller node's too (no root needed)."""
+
+from __future__ import annotations
+
+from emulator import topology
+from emulator.network import EmulatedNetwork
+
+
+class FakeNode:
+    def __init__(self, name: str, fails: bool = False):
+        self.name, self.fails, self.terminated = name, fails, False
+
+    def terminate(self) -> None:
+        self.terminated = True
+        if self.fails:
+            raise OSError("pty already closed")
+
+
+class FakeMininet:
+    def __init__(self, controllers: list[FakeNode]):
+        self.controllers = controllers
+        self.stopped = False
+
+    def stop(self) -> None:  # Mininet.stop calls RemoteController.stop, which does nothing
+        self.stopped = True
+
+
+def test_stop_terminates_every_controller_node_shell_even_when_one_fails():
+    en = EmulatedNetwork(topology.build("star:hosts=2"))
+    nodes = [FakeNode("c0", fails=True), FakeNode("c1")]
+    en.net = FakeMininet(nodes)
+    en.stop()
+    assert all(n.terminated for n in nodes) and en.net is None
+    en.stop()  # twice is safe
