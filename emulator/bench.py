@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from emulator import fabric, fidelity, topology
+from emulator import admission, fabric, fidelity, topology
 from emulator.calibrate import ensure_calibration, machine_info, measure_agents_vs_iperf
 from emulator.calibration_file import Calibration
 from emulator.cleanup import remove_our_bridges
@@ -71,7 +71,7 @@ from emulator.network_lock import NetworkLock
 from emulator.replay import ReplayFailed, ReplaySession
 from emulator.runstate import RunState, kill_recorded, proc_netns
 from emulator.schedule import generators
-from emulator.schedule.check import check
+from emulator.schedule.check import check, predict
 from emulator.schedule.format import format_size
 from emulator.system import choose_datapath, load_average, run
 
@@ -460,6 +460,51 @@ def measured_crossover(c: Crossover, rows: list[dict[str, Any]]) -> dict[str, An
     return crossover(sizes, [x[n] for n in sizes], [ring[n] for n in sizes])
 
 
+def case_runs(case: Case, sizes: tuple[Size, ...]) -> list[tuple[Size, str]]:
+    """Every (size, algorithm) ``case`` replays, smallest size first."""
+    runs = [(size, algo) for size in sizes for algo in case.algorithms]
+    runs += [(size, algo) for size in case.extra for algo in case.extra_algorithms]
+    return sorted(runs, key=lambda r: r[0].bytes)
+
+
+#: Sections no model predicts, as measured here (docs/fidelity.md): agents vs iperf3 (six 4 s runs, two networks),
+#: and one Open MPI run of the bundled benchmark with its network.
+AGENTS_VS_IPERF_S = 60.0
+MPI_RUN_S = 60.0
+
+
+def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], latency: LatencyModel,
+                      capacity_mbps: float | None, cases: tuple[Case, ...] = DEFAULT_CASES, bringup_rounds: int = 2,
+                      bringup_topology: str = BRINGUP_TOPOLOGY) -> admission.Request:
+    """The whole bench as admission sees it: its largest replay's memory, every section's time, every replay's
+    load (each replay is predicted, as ``schedule check`` would)."""
+    link_mbps, mtu = profile.emulated_link_mbps, profile.emulated_mtu
+    memory: list[admission.MemoryEstimate] = []
+    loads: list[admission.Load] = []
+    time_s = AGENTS_VS_IPERF_S
+    for case in cases:
+        topo = topology.build(with_bw(case.topology, link_mbps))
+        time_s += admission.bringup_estimate_s(topo)
+        for size, algo in case_runs(case, sizes):
+            schedule = generators.generate(algo, topo, size.bytes)
+            report = predict(schedule, topo, case.routing, seed=case.seed, latency=latency, mtu=mtu)
+            memory.append(admission.replay_memory(schedule, topo))
+            loads.append(admission.Load(report.peak_load_mbps(), capacity_mbps,
+                                        f"{algo} {format_size(size.bytes)} on {case.label}", topo.host_bw, profile))
+            time_s += admission.replay_time_s(report, size.warmup + size.repeat)
+    mpi_topo = topology.build(with_bw(MPI_TOPOLOGY, link_mbps))
+    memory.append(admission.mpi_memory(len(mpi_topo.hosts), 3 * MPI_SIZE, mpi_topo))
+    time_s += (len(MPI_PAIRS) + 1) * admission.bringup_estimate_s(mpi_topo) + len(MPI_PAIRS) * MPI_RUN_S
+    for _, algo in MPI_PAIRS:
+        schedule = generators.generate(algo, mpi_topo, MPI_SIZE, placement=MPI_PLACEMENT)
+        time_s += admission.replay_time_s(predict(schedule, mpi_topo, "bigraph", latency=latency, mtu=mtu), 3)
+    time_s += 2 * bringup_rounds * admission.bringup_estimate_s(topology.build(bringup_topology))
+    return admission.Request("bench", admission.largest(memory), time_s,
+                             f"{len(loads)} replays at the model's times, bring-ups, agents vs iperf3 and "
+                             f"{len(MPI_PAIRS)} Open MPI runs at {AGENTS_VS_IPERF_S:g} s and {MPI_RUN_S:g} s",
+                             tuple(loads))
+
+
 def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath: str, latency: LatencyModel,
              echo: Callable[[str], None]) -> list[dict[str, Any]]:
     """Replay every algorithm of ``case`` at every size in one session; a failed replay becomes a failed row."""
@@ -469,9 +514,7 @@ def run_case(case: Case, bw: float, sizes: tuple[Size, ...], out: str, datapath:
     echo(f"  {case.label}:")
     with ReplaySession(topo, case.routing, seed=case.seed, datapath=datapath, latency=latency,
                        work_dir=os.path.join(out, slug, "session"), echo=lambda s: echo("    " + s)) as session:
-        runs = [(size, algo) for size in sizes for algo in case.algorithms]
-        runs += [(size, algo) for size in case.extra for algo in case.extra_algorithms]
-        for size, algo in sorted(runs, key=lambda r: r[0].bytes):
+        for size, algo in case_runs(case, sizes):
             schedule = generators.generate(algo, topo, size.bytes)
             echo(f"   {algo} {format_size(size.bytes)}:")
             try:

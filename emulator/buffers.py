@@ -25,7 +25,7 @@ import threading
 import numpy as np
 
 from emulator.schedule.collectives import ALL, NOBODY, Shape
-from emulator.schedule.format import COMPUTE, DTYPE_BYTES, REDUCE, Op, Schedule
+from emulator.schedule.format import COMPUTE, DTYPE_BYTES, RECV_REDUCE, REDUCE, Op, Schedule
 
 BUFFER_NAMES = ("data", "output", "scratch")
 
@@ -154,6 +154,30 @@ class RankBuffers:
                 return (f"{bad.size} of {int(mask.sum())} elements wrong; element {first}{where} "
                         f"(chunk {first // self.elems_per_chunk}) is {got[first]:g}, expected {expected[first]:g}")
         return None
+
+
+def rank_bytes(schedule: Schedule, rank: int) -> int:
+    """An upper bound on the bytes :class:`RankBuffers` and its receive workers' :class:`Staging` hold for ``rank``.
+
+    The three buffers, the saved inputs (the size of ``data``), for float32 the
+    expected results and their masks of ``data`` and ``output`` (both counted,
+    whichever the collective leaves its result in), and per receiving
+    connection a staging area as large as its largest ``recv_reduce``. What the
+    admission check (:mod:`emulator.admission`) sizes an agent by.
+    """
+    chunk = schedule.chunk_bytes
+    arrays = {buf: max(schedule.buffer_chunks(buf), 1) * chunk for buf in BUFFER_NAMES}
+    total = sum(arrays.values()) + arrays["data"]
+    if schedule.dtype == "float32":
+        element_bytes = DTYPE_BYTES["float32"]
+        for buf in ("data", "output"):
+            total += arrays[buf] + arrays[buf] // element_bytes  # expected values and their bool mask
+    staging: dict[tuple[int, int], int] = {}
+    for op in schedule.ranks[rank].ops:
+        if op.kind == RECV_REDUCE:
+            key = (op.partner, op.lane)
+            staging[key] = max(staging.get(key, 0), op.nchunks * chunk)
+    return total + sum(staging.values())
 
 
 class Staging:

@@ -62,3 +62,24 @@ def positive(unit: str, *, finite: bool = False) -> Callable[[str], float]:
     if finite:
         return number(f"finite {unit} > 0", lambda x: 0 < x < math.inf)
     return number(f"{unit} > 0", lambda x: x > 0)
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0)."""
+    expected = "a duration > 0 such as 1800, 90s, 30m or 2h"
+    body = text.strip().lower()
+    factor = 1.0
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if body.endswith(unit):
+            body, factor = body[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    try:
+        value = float(body) * factor
+    except ValueError:
+        raise _refuse(expected, text) from None
+    if not 0 < value < math.inf:
+        raise _refuse(expected, text)
+    return value

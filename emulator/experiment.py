@@ -788,13 +788,7 @@ class PreparedCell:
     def peak_load_mbps(self) -> float:
         """The model's busiest step: switch-hop Mbit/s (bytes x switches crossed / the step's span), the unit of
         the calibrated datapath capacity (:mod:`emulator.calibrate`); 0 for an MPI cell (no model of its load)."""
-        if self.report is None:
-            return 0.0
-        spans = self.report.step_times()
-        by_step: dict[int, int] = {}
-        for t in self.report.costs.transfers:
-            by_step[t.step] = by_step.get(t.step, 0) + t.bytes * (len(t.path) - 2)
-        return max((b * 8 / spans[s] / 1e6 for s, b in by_step.items() if spans.get(s)), default=0.0)
+        return self.report.peak_load_mbps() if self.report is not None else 0.0
 
 
 def cell_profile(cell: Cell) -> fabric.FabricProfile:

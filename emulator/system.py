@@ -139,6 +139,52 @@ def cpu_times() -> tuple[float, float]:
     return spare, float(sum(times))
 
 
+def cgroup_memory_headroom(proc_cgroup: str, root: str = "/sys/fs/cgroup") -> int | None:
+    """Bytes this process's memory cgroup still allows (limit less usage), or None when it sets no limit.
+
+    ``proc_cgroup`` is the text of ``/proc/self/cgroup``; cgroup v2
+    (``memory.max``, ``memory.current``) and v1 (``memory.limit_in_bytes``,
+    ``memory.usage_in_bytes``) are both read. A container's limit can be far
+    below what ``/proc/meminfo`` shows.
+    """
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            files = (os.path.join(root, path.lstrip("/"), "memory.max"),
+                     os.path.join(root, path.lstrip("/"), "memory.current"))
+        elif "memory" in controllers.split(","):
+            base = os.path.join(root, "memory", path.lstrip("/"))
+            files = (os.path.join(base, "memory.limit_in_bytes"), os.path.join(base, "memory.usage_in_bytes"))
+        else:
+            continue
+        try:
+            with open(files[0], encoding="ascii") as fh:
+                limit_text = fh.read().strip()
+            with open(files[1], encoding="ascii") as fh:
+                usage = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit_text == "max" or not limit_text.isdigit() or int(limit_text) >= 1 << 60:
+            continue
+        return max(0, int(limit_text) - usage)
+    return None
+
+
+def memory_available() -> tuple[int, int]:
+    """(bytes available now, total bytes): the kernel's MemAvailable, within this process's cgroup limit."""
+    vm = psutil.virtual_memory()
+    try:
+        with open("/proc/self/cgroup", encoding="ascii") as fh:
+            headroom = cgroup_memory_headroom(fh.read())
+    except OSError:
+        headroom = None
+    available = vm.available if headroom is None else min(vm.available, headroom)
+    return int(available), int(vm.total)
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15 minute load averages to two decimals, as ``/proc/loadavg`` shows them ([] where unknown)."""
     try:

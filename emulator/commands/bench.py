@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from emulator import fabric
+from emulator import calibration_file, fabric, fidelity
 from emulator.bench import DEFAULT_SIZES, Size
 from emulator.cli_types import int_at_least
+from emulator.commands import admit
 from emulator.errors import UserError
 from emulator.schedule.format import parse_size
 from emulator.system import interrupt_on_sigterm, require_root
@@ -28,6 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="bring-ups of each kind (default 2)")
     p.add_argument("--out", default=None, metavar="DIR", help="results directory (default: results/)")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    admit.add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
 
@@ -44,10 +46,14 @@ def _sizes(text: str | None, repeat: int) -> tuple[Size, ...]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from emulator.bench import bench, bench_profile, format_report
+    from emulator.bench import admission_request, bench, bench_profile, format_report
 
     sizes = _sizes(args.sizes, args.repeat)
-    bench_profile(args.fabric, args.bw)  # validates --fabric and --bw
+    profile = bench_profile(args.fabric, args.bw)  # validates --fabric and --bw
+    calibration = calibration_file.load_calibration(profile.emulated_mtu)
+    capacity = calibration.datapath_capacity_mbps if calibration is not None else None
+    admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration), capacity,
+                                  bringup_rounds=args.bringup_rounds), args)
     require_root()
     interrupt_on_sigterm()
     data = bench(args.fabric, args.bw, sizes=sizes, bringup_rounds=args.bringup_rounds, datapath=args.datapath,

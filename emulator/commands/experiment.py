@@ -16,11 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from emulator import calibration_file, fidelity, mpi, replay, run_folder, runner, system
+from emulator import admission, calibration_file, fidelity, mpi, replay, run_folder, runner, system
 from emulator import experiment as xp
 from emulator.calibrate import ensure_calibration
+from emulator.calibration_file import Calibration
+from emulator.commands import admit
 from emulator.errors import UserError
-from emulator.progress import DEFAULT_BRINGUP_S, DEFAULT_CELL_OVERHEAD_S, format_duration
+from emulator.progress import format_duration
 from emulator.system import interrupt_on_sigterm
 
 RESULTS_ROOT = "results"
@@ -33,6 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"this experiment in {RESULTS_ROOT}/, else {RESULTS_ROOT}/<name>-<timestamp>)")
     p.add_argument("--check", action="store_true", help="validate the file and every cell, start nothing")
     p.add_argument("--new", action="store_true", help="start a new results folder even if one is unfinished")
+    admit.add_arguments(p)
     p.set_defaults(func=cmd_run)
 
     r = subparsers.add_parser("report", help="(re)write the report of a results folder")
@@ -55,16 +58,30 @@ def _predicting(cells: int) -> None:
     print(f"proving and predicting {cells} cells ...", flush=True)
 
 
+def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]) -> list[xp.PreparedCell]:
+    """Every cell proven and predicted with this machine's calibration at its MTU (None: no intrinsic latency)."""
+    _predicting(len(xp.expand(exp)))
+    return xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
+
+
+def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell],
+           out: str | None) -> tuple[admission.Request, admission.Verdict]:
+    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine."""
+    folder = run_folder.RunFolder(out) if out is not None else None
+    todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
+    request = admission.experiment_request(todo, admit.capacity)
+    return request, admit.check(request, args, echo=lambda line: None)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
     cells = xp.expand(exp)
     networks = len(xp.groups(cells))
+    existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     if args.check:
-        _predicting(len(cells))
-        prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(
-            p, calibration_file.load_calibration(p.emulated_mtu)))
-        total_pred = sum(xp.estimate_s(pc, DEFAULT_CELL_OVERHEAD_S) for pc in prepared)
+        prepared = _prepare(exp, existing)
+        request, verdict = _admit(args, prepared, args.out)
         for pc in prepared:
             if pc.report is None:
                 _print_mpi_cell(pc)
@@ -75,12 +92,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, {what}, "
                   f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
         _print_loads(prepared)
-        est = total_pred + networks * DEFAULT_BRINGUP_S
+        est = request.time_s or 0.0
         n_mpi = sum(pc.report is None for pc in prepared)
         guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
         print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
               f"about {format_duration(est)} if the network met the model{guess}")
         _print_fabrics(exp)
+        for line in verdict.lines:
+            print(f"# {line}")
         return 0
     if args.out:
         out = args.out
@@ -91,13 +110,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
         out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
+    prepared = _prepare(exp, existing)
+    _, verdict = _admit(args, prepared, out)  # memory and time before anything starts; the load where calibrated
     system.require_root()
     if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
         system.require_tools([mpi.MPIRUN, "mnexec"])
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
-    calibrations = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
-    _predicting(len(cells))
-    prepared = xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
+    calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
+    if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
+        prepared = _prepare(exp, calibrations)
+        _, verdict = _admit(args, prepared, out)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
@@ -110,6 +132,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
     _print_fabrics(exp)
+    for line in verdict.lines:
+        print(f"# {line}")
     summary = runner.Runner(exp, out, session_factory=replay.ReplaySession, source_text=text,
                             prepared=prepared).run()
     try:

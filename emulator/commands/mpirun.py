@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from emulator import fabric
+from emulator import admission, fabric
 from emulator.cli_types import int_at_least, positive
+from emulator.commands import admit
 from emulator.fidelity import flag_text
 from emulator.mpi import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig
 from emulator.mpirun import prepare, run
@@ -41,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "not starve the datapath; 0 to measure what it costs)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="what every rank runs, e.g. -- emu-allreduce-bench --algo ring --sizes 1MiB")
+    admit.add_arguments(p, load=False)
     p.set_defaults(func=cmd_mpirun)
 
 
@@ -53,11 +55,15 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
                        mca=tuple((k, v) for k, v in args.mca), fabric=args.fabric, datapath=args.datapath,
                        timeout_s=args.timeout, nice=args.nice)
     prep = prepare(cfg)
+    verdict = admit.check(admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout), args,
+                          echo=lambda line: None)
     require_root()
     interrupt_on_sigterm()
     print(f"mpirun {' '.join(program)}: {len(prep.hosts)} ranks on {prep.topo.spec} ({args.routing} routing, "
           f"placement {args.placement})")
     print(f"# {prep.profile.describe()}")
+    for line in verdict.lines:
+        print(f"# {line}")
     if prep.profile.switch_latency_s > 0 or prep.profile.alpha_s > 0:
         on_links = prep.latency.netem
         print(f"# Open MPI's messages get none of the profile's per-message alpha"

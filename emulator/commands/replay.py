@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from emulator import fabric
+from emulator import admission, fabric
 from emulator.cli_types import int_at_least, positive
+from emulator.commands import admit
 from emulator.errors import UserError
 from emulator.faults import fault_line
 from emulator.metrics import nccl_table
@@ -37,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
                         "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
                         "(see emulator/faults.py)")
+    admit.add_arguments(p)
     p.set_defaults(func=cmd_replay)
 
 
@@ -51,11 +53,16 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
-    require_root()
-    interrupt_on_sigterm()
+    request = admission.replay_request("replay", schedule, topo, report, args.warmup + args.repeat, prep.profile,
+                                       admit.capacity(prep.profile.emulated_mtu))
+    verdict = admit.check(request, args, echo=lambda line: None)
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
     print(f"# {prep.profile.describe()}")
+    for line in verdict.lines:
+        print(f"# {line}")
+    require_root()
+    interrupt_on_sigterm()
     scale = training.workload_scale(schedule)
     if scale != 1:
         print(f"# a training iteration at scale {scale:g}: the fabric's latencies are divided by {scale:g} as its "

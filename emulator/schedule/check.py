@@ -87,6 +87,15 @@ class CheckReport:
             return {st.step: st.maxmin_s for st in self.costs.steps}
         return {step: b - a for step, (a, b) in self.timing.step_spans().items()}
 
+    def peak_load_mbps(self) -> float:
+        """The busiest step's load on the switch datapath: switch-hop Mbit/s (bytes x switches crossed / the
+        step's span), the unit of the calibrated datapath capacity (:mod:`emulator.calibrate`)."""
+        spans = self.step_times()
+        by_step: dict[int, int] = {}
+        for t in self.costs.transfers:
+            by_step[t.step] = by_step.get(t.step, 0) + t.bytes * (len(t.path) - 2)
+        return max((b * 8 / spans[s] / 1e6 for s, b in by_step.items() if spans.get(s)), default=0.0)
+
     def latency_floors(self) -> list[int]:
         """Path lengths (switches) of this schedule where the machine cannot reach the profile's latency."""
         return self.latency.floors(self.costs.switch_counts)
