@@ -24,7 +24,11 @@ the cell's directory); a program that exits non-zero, times out or cannot
 start is a failed cell.
 
 A failed cell, and a network that does not come up (every cell of it fails),
-are recorded and the loop goes on. Ctrl-C (KeyboardInterrupt) ends the loop
+are recorded and the loop goes on. A failed cell may have broken its network
+(Open vSwitch restarted under it with its controller gone): before the next
+cell of that network the probe runs again, and a network that fails it is
+rebuilt as after a failed first probe (``run.log`` says "after the failed
+cell"; the attempts go to ``sessions/<network>/after-<cell id>/``). Ctrl-C (KeyboardInterrupt) ends the loop
 after tearing the network down, with everything finished so far kept; the
 same command resumes. Console lines are :class:`emulator.progress.Progress`'s.
 
@@ -36,6 +40,7 @@ unit-tested with a fake session, without root.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -270,7 +275,7 @@ class Runner:
                 self.folder.log(f"rebuild of {net.describe()} failed: {exc}")
                 self._fail_all(net, f"network rebuild after a failed probe failed: {exc}", progress, summary)
                 return
-            for cell in net.cells:
+            for n, cell in enumerate(net.cells):
                 if cell.mpi is not None:
                     outcome = self._run_mpi_cell(session, cell)
                     if outcome.mpi is not None:
@@ -280,6 +285,18 @@ class Runner:
                     if outcome.results is not None:
                         self._note_probe(cell, outcome.results, verdict)
                 self._cell_done(outcome, progress, summary)
+                rest = net.cells[n + 1:]
+                if outcome.ok or not rest:
+                    continue
+                try:
+                    session, verdict = self._probe_network(session, first, net, work, progress, after=cell)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # the rebuild did not come up: the cells left fail
+                    self.folder.log(f"rebuild of {net.describe()} after the failed cell {cell.id} failed: {exc}")
+                    self._fail_all(Network(net.spec, net.policy, net.seed, rest),
+                                   f"network rebuild after the failed cell {cell.id} failed: {exc}", progress, summary)
+                    return
         finally:
             session.stop()
 
@@ -300,12 +317,21 @@ class Runner:
         return session
 
     def _probe_network(self, session: Session, pc: xp.PreparedCell, net: Network, work: str,
-                       progress: Progress) -> tuple[Session, ProbeVerdict]:
+                       progress: Progress, after: xp.Cell | None = None) -> tuple[Session, ProbeVerdict]:
         """Probe the network; rebuild it (up to :data:`probe.REBUILDS` times) while it fails.
 
         Returns the session to run the cells on and the last verdict; every
         attempt's verdict goes to the session directory's ``probe.json``.
+
+        ``after``: the cell that just failed. A failed cell may have left its
+        network broken (Open vSwitch restarted under it with its controller
+        gone: no flow entries, and nothing to put them back), and every cell
+        after it would then fail too; so the network is probed again, and
+        rebuilt if the probe fails, before the next cell. Its attempts go to
+        ``after-<cell id>/`` in the session directory and ``run.log`` says so.
         """
+        where = work if after is None else os.path.join(work, f"after-{after.id}")
+        when = "" if after is None else f" after the failed cell {after.id}"
         sched = probe.schedule(pc.topo)
         latency = pc.latency_model
         report = predict(sched, pc.topo, net.policy, seed=net.seed, latency=latency,
@@ -313,19 +339,19 @@ class Runner:
         verdicts: list[ProbeVerdict] = []
         for attempt in range(probe.REBUILDS + 1):
             if attempt:
-                self.folder.log(f"rebuilding {net.describe()}: {verdicts[-1].reason}")
+                self.folder.log(f"rebuilding {net.describe()}{when}: {verdicts[-1].reason}")
                 progress.rebuilding(verdicts[-1].reason)
                 session.stop()
                 session = self._bring_up(pc, net, work)
-            verdict = self._run_probe(session, sched, report, RunFolder.empty_probe_dir(work, attempt))
+            verdict = self._run_probe(session, sched, report, RunFolder.empty_probe_dir(where, attempt))
             verdicts.append(verdict)
             ratio = f" ({verdict.ratio:.2f}x the model)" if verdict.passed and verdict.ratio else ""
-            self.folder.log(f"probe of {net.describe()}, attempt {attempt + 1}: {verdict.reason}{ratio}")
+            self.folder.log(f"probe of {net.describe()}{when}, attempt {attempt + 1}: {verdict.reason}{ratio}")
             if verdict.passed:
                 break
         else:
             progress.probe_failed_again(verdicts[-1].reason, probe.FLAG)
-        RunFolder.write_probes(work, verdicts)
+        RunFolder.write_probes(where, verdicts)
         return session, verdicts[-1]
 
     @staticmethod

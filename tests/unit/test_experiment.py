@@ -530,3 +530,68 @@ def test_a_session_that_returns_without_an_ok_result_fails_the_cell_with_its_err
     assert s.ran == [ids[0], ids[3]] and s.status == "incomplete"
     state = json.loads((tmp_path / "state.json").read_text())["cells"]
     assert state[ids[1]]["status"] == "failed" and state[ids[1]]["error"] == "rank 2 computed wrong data"
+
+
+# ------------------------------------------------- after a failed cell
+def test_after_a_failed_cell_the_network_is_probed_again_and_rebuilt_when_it_fails(tmp_path):
+    """A failed cell may leave its network broken: the probe runs again before the next cell; failing, the network
+    is rebuilt and the next cell runs on the new one (trusted: the rebuilt network passed)."""
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.started.clear()
+    FakeSession.runs.clear()
+    FakeSession.probes.clear()
+    s = _runner(exp, tmp_path, flags=(), fail={ids[0]}, probe_slowdowns=[1.0, 1.6, 1.0, 1.0]).run()
+    assert sorted(s.failed) == [ids[0]] and s.ran == ids[1:]
+    assert len(FakeSession.probes) == 4 and len(FakeSession.started) == 3  # first network twice, then the second
+    log = (tmp_path / "run.log").read_text()
+    assert f"probe of bigraph:upper=2,lower=2,hosts_per_switch=1,bw=20 (bigraph, seed 0) after the failed cell " \
+           f"{ids[0]}, attempt 1: the probe took 1.60x its prediction" in log
+    assert f"rebuilding bigraph:upper=2,lower=2,hosts_per_switch=1,bw=20 (bigraph, seed 0) after the failed cell " \
+           f"{ids[0]}" in log
+    assert log.index(f"failed {ids[0]}") < log.index("rebuilding") < log.index(f"ran {ids[1]}")
+    after = json.loads((tmp_path / "sessions" / "bigraph-2x2x1.bigraph-s0" / f"after-{ids[0]}" /
+                        "probe.json").read_text())
+    assert [a["passed"] for a in after["attempts"]] == [False, True]
+    first = json.loads((tmp_path / "sessions" / "bigraph-2x2x1.bigraph-s0" / "probe.json").read_text())
+    assert [a["passed"] for a in first["attempts"]] == [True]  # the network's first probe is kept
+    res = json.loads((tmp_path / "cells" / ids[1] / "results.json").read_text())
+    assert res["probe"]["passed"] and res["trusted"]
+
+
+def test_after_a_failed_cell_a_network_that_passes_its_probe_is_kept(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.started.clear()
+    FakeSession.probes.clear()
+    s = _runner(exp, tmp_path, flags=(), fail={ids[0]}).run()
+    assert sorted(s.failed) == [ids[0]] and s.ran == ids[1:]
+    assert len(FakeSession.probes) == 3 and len(FakeSession.started) == 2
+    assert "rebuilding" not in (tmp_path / "run.log").read_text()
+
+
+def test_a_failed_last_cell_of_a_network_costs_no_probe(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.probes.clear()
+    s = _runner(exp, tmp_path, flags=(), fail={ids[1], ids[3]}).run()
+    assert sorted(s.failed) == sorted([ids[1], ids[3]])
+    assert len(FakeSession.probes) == 2
+
+
+def test_a_rebuild_after_a_failed_cell_that_does_not_come_up_fails_the_cells_left(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    make = factory(flags=(), fail={ids[0]}, probe_slowdowns=[1.0, 1.6])
+    starts = []
+
+    def flaky(topo, policy, **kw):
+        session = make(topo, policy, **kw)
+        starts.append(topo.spec)
+        if len(starts) == 2:  # the rebuild after the failed cell
+            session.start = lambda: (_ for _ in ()).throw(RuntimeError("ovs-vsctl: timed out"))
+        return session
+
+    s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
+    assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
+    assert s.failed[ids[1]] == f"network rebuild after the failed cell {ids[0]} failed: ovs-vsctl: timed out"
