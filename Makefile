@@ -16,7 +16,7 @@ TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2
 POLICY ?= bigraph
 PYTEST_ARGS ?=
 
-.PHONY: help setup debian-packages openvswitch venv test unit integration lint controller experiment bench clean
+.PHONY: help setup debian-packages openvswitch venv test unit integration lint controller experiment bench soak clean
 
 help:
 	@echo "make test         set up, then lint + unit tests + integration tests (root)"
@@ -24,6 +24,7 @@ help:
 	@echo "make setup        Debian packages, Open vSwitch, .venv (idempotent)"
 	@echo "make controller TOPO=<spec> POLICY=<policy>   run the SDN controller in the foreground"
 	@echo "make bench        fidelity and performance ratios, measured side by side"
+	@echo "make soak         set up, then the soak and crash-consistency tests at full length (root; about 30 min)"
 	@echo "make clean        remove bridges, links and processes this project left behind"
 
 setup: debian-packages openvswitch venv
@@ -100,6 +101,16 @@ experiment: setup
 
 bench: setup
 	$(BIN)/emu bench
+
+# The long versions of two integration files (`make test` runs them short: 3 rounds, 2 crash trials):
+# 50 bring-ups per soak variant, 20 random SIGKILLs of `emu run`, and the runner's rebuild after a broken network.
+# Every census and trial goes to results/soak/*.jsonl.
+SOAK_ROUNDS ?= 50
+CRASH_TRIALS ?= 20
+soak: setup
+	$(BIN)/emu clean
+	EF_SOAK_ROUNDS=$(SOAK_ROUNDS) EF_CRASH_TRIALS=$(CRASH_TRIALS) EF_SOAK_LONG=1 $(BIN)/pytest -q -s -m integration \
+		tests/integration/test_soak.py tests/integration/test_crash_consistency.py $(PYTEST_ARGS)
 
 clean:
 	@if [ -x $(BIN)/emu ]; then $(BIN)/emu clean; fi

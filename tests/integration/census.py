@@ -37,7 +37,8 @@ from typing import Any
 
 import psutil
 
-from emulator.naming import BRIDGE_RE, INTERFACE_RE
+from emulator.naming import BRIDGE_RE as BRIDGE_RE
+from emulator.naming import INTERFACE_RE
 from emulator.network_lock import NetworkLock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
