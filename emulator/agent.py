@@ -56,6 +56,7 @@ in virtual time from when the operations became ready
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import queue
 import sys
@@ -67,8 +68,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator import routing, topology
-from emulator.buffers import RankBuffers, Staging, bytes_view, expected_sum, input_values
+from emulator import confinement, routing, topology
+from emulator.buffers import RankBuffers, Staging, bytes_view, expected_sum, input_values, rank_bytes
 from emulator.control import AgentChannel, Msg
 from emulator.files import read_json
 from emulator.latency import ZERO, PathLatency
@@ -212,7 +213,9 @@ class _Sender:
         except BaseException as exc:
             failed = self.channel.delivery.oldest or op
             if failed is not None:
-                error = AgentError(f"send {failed.describe()} to {self.channel.key.describe()}: {exc}")
+                error = AgentError(f"send {failed.describe()} to {self.channel.key.describe()}: "
+                                   f"{describe_exception(exc)}")
+                error.__cause__ = exc  # an allocation refused stays recognisable (confinement.is_out_of_memory)
                 self.run.events.put(Failed(failed.id, error))
 
     def _delivered(self, delivered: Delivered) -> None:
@@ -417,7 +420,9 @@ class Agent:
                 self._receive(channel, op, run.rep, staging)
                 run.events.put(Completed(op.id, ready.at, time.monotonic()))
             except BaseException as exc:
-                run.events.put(Failed(op.id, AgentError(f"{op.describe()}: {exc}")))
+                error = AgentError(f"{op.describe()}: {describe_exception(exc)}")
+                error.__cause__ = exc
+                run.events.put(Failed(op.id, error))
                 return
 
     def _receive(self, channel: RecvChannel, op: Op, rep: int, staging: Staging) -> None:
@@ -498,7 +503,9 @@ def _serve(control: AgentChannel, agent: Agent) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The agent process (see the module docstring): 0 after ``quit``, 1 after reporting an ``error``."""
+    """The agent process (see the module docstring): 0 after ``quit``, 1 after reporting an ``error``,
+    :data:`emulator.confinement.OUT_OF_MEMORY_STATUS` after running out of its memory limit (one line in its log
+    and its stderr, and an ``error`` with ``out_of_memory``)."""
     args = _arguments(argv)
     # A worker woken by its socket waits for the GIL up to the switch interval
     # (5 ms by default) while another thread computes, and every message
@@ -518,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         _serve(control, agent)
         return 0
     except BaseException as exc:
+        if confinement.is_out_of_memory(exc):
+            return _out_of_memory(control, args.rank, args.schedule, exc)
         log.error("failed: %s\n%s", exc, traceback.format_exc())
         try:
             control.send(Msg.ERROR, rank=args.rank, message=str(exc))
@@ -527,6 +536,27 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if agent is not None:
             agent.close()
+
+
+def _out_of_memory(control: AgentChannel, rank: int, schedule_path: str, exc: BaseException) -> int:
+    """One line in the log and on stderr, an ``error`` that says so, and :data:`confinement.OUT_OF_MEMORY_STATUS`."""
+    exc.__traceback__ = None  # let the frames (and the buffers they hold) go
+    try:
+        buffers: int | None = rank_bytes(sformat.load(schedule_path), rank)
+    except Exception:
+        buffers = None
+    limit = confinement.data_limit()
+    line = confinement.agent_out_of_memory_line(rank, limit, buffers)
+    with contextlib.suppress(Exception):  # still short of memory, or the session is gone: the status says it
+        log.error("%s: %s", line, describe_exception(exc))
+        print(line, file=sys.stderr, flush=True)
+        control.send(Msg.ERROR, rank=rank, message=line, out_of_memory=True, memory_limit=limit)
+    return confinement.OUT_OF_MEMORY_STATUS
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``MemoryError: Unable to allocate ...`` (the exception's type even when its text is empty)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 if __name__ == "__main__":

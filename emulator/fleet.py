@@ -17,6 +17,12 @@ session's launcher (anything with :meth:`Spawner.spawn`, normally
 * :meth:`Fleet.close` reaps every agent (killing those that do not exit
   within a grace period), closes the socket and removes its file.
 
+Every agent runs under its memory limit (``memory_limits``, rank -> bytes of
+``RLIMIT_DATA``, passed to the spawner); an agent that runs out of it
+(:mod:`emulator.confinement`: its ``error`` says ``out_of_memory``, or it
+exits with :data:`~emulator.confinement.OUT_OF_MEMORY_STATUS`) fails the
+run with a message naming the rank and the limit.
+
 The fleet knows nothing of networks: what it needs from them (a host's
 namespace pid, recording a spawned process) comes in as parameters, so it is
 tested with fake agents that speak the protocol over a real Unix socket.
@@ -32,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from emulator import confinement
 from emulator.control import ControlError, ControlServer, Msg
 from emulator.schedule import format as sformat
 from emulator.schedule.format import Schedule
@@ -65,7 +72,10 @@ class Process(Protocol):
 
 
 class Spawner(Protocol):
-    def spawn(self, netns_pid: int, argv: Sequence[str], output: str) -> Process: ...
+    """Starts one agent in a host's namespaces under ``RLIMIT_DATA`` ``memory_limit`` bytes (None: none)."""
+
+    def spawn(self, netns_pid: int, argv: Sequence[str], output: str,
+              memory_limit: int | None = None) -> Process: ...
 
 
 class Control(Protocol):
@@ -131,24 +141,28 @@ class Fleet:
     """The agents of one run (``agents``: rank -> process) and the control socket they are connected to."""
 
     def __init__(self, control: Control, agents: Mapping[int, Process] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, memory_limits: Mapping[int, int] | None = None):
         self.control = control
         self.agents: dict[int, Process] = dict(agents or {})
         self.clock = clock
+        self.memory_limits: dict[int, int] = dict(memory_limits or {})  # rank -> RLIMIT_DATA bytes
 
     @classmethod
     def start(cls, socket_path: str, hosts: Mapping[int, int], spawner: Spawner, files: AgentFiles,
-              on_spawn: Callable[[int, Process], None] = lambda rank, proc: None) -> Fleet:
-        """Listen on ``socket_path`` and spawn one agent per rank of ``hosts`` (rank -> its host's namespace pid).
+              on_spawn: Callable[[int, Process], None] = lambda rank, proc: None,
+              memory_limits: Mapping[int, int] | None = None) -> Fleet:
+        """Listen on ``socket_path`` and spawn one agent per rank of ``hosts`` (rank -> its host's namespace pid),
+        each under its ``memory_limits`` entry (bytes of ``RLIMIT_DATA``; a rank without one: no limit).
 
         ``on_spawn(rank, process)`` runs after each spawn (to record the
         process). When a spawn fails, the agents spawned so far are reaped
         and the socket closed before the error propagates.
         """
-        fleet = cls(ControlServer(socket_path, len(hosts)))
+        fleet = cls(ControlServer(socket_path, len(hosts)), memory_limits=memory_limits)
         try:
             for rank, netns_pid in hosts.items():
-                proc = spawner.spawn(netns_pid, files.argv(rank, socket_path), files.stderr(rank))
+                proc = spawner.spawn(netns_pid, files.argv(rank, socket_path), files.stderr(rank),
+                                     fleet.memory_limits.get(rank))
                 fleet.agents[rank] = proc
                 on_spawn(rank, proc)
         except BaseException:
@@ -180,7 +194,7 @@ class Fleet:
                 self._take(msg, kind, got, on_step)
             for rank, proc in self.agents.items():
                 if rank in want and rank not in got and proc.poll() is not None:
-                    raise ReplayFailed(f"rank {rank}: agent exited with status {proc.returncode} before '{kind}'")
+                    raise ReplayFailed(self._exited(rank, proc.returncode, kind))
             if self.clock() > deadline:
                 missing = sorted(want - set(got))
                 raise ReplayFailed(f"rank {missing[0]} (of {len(missing)} missing: {missing[:8]}) did not report "
@@ -191,14 +205,27 @@ class Fleet:
               on_step: Callable[[int], None] | None) -> None:
         rank = int(msg.get("rank", -1))
         if msg["type"] == Msg.ERROR:
+            if msg.get("out_of_memory"):
+                raise ReplayFailed(confinement.agent_ran_out(rank, self.memory_limits.get(rank), kind))
             raise ReplayFailed(f"rank {rank} failed: {msg.get('message')}")
         if msg["type"] == Msg.CLOSED and rank not in got:
             proc = self.agents.get(rank)
-            raise ReplayFailed(f"rank {rank}: agent exited (status {proc.poll() if proc else None}) before '{kind}'")
+            status = proc.poll() if proc else None
+            if status is None and proc is not None:  # the connection closes a moment before the process ends
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    status = proc.wait(POLL_S)
+            raise ReplayFailed(self._exited(rank, status, kind, "agent exited (status {status})"))
         if msg["type"] == kind:
             got[rank] = msg
         elif msg["type"] == Msg.STEP and on_step is not None:
             on_step(int(msg["step"]))
+
+    def _exited(self, rank: int, status: int | None, kind: Msg,
+                template: str = "agent exited with status {status}") -> str:
+        """Why ``rank`` is gone before ``kind``: its memory limit (by its exit status), or its exit status."""
+        if status == confinement.OUT_OF_MEMORY_STATUS:
+            return confinement.agent_ran_out(rank, self.memory_limits.get(rank), kind)
+        return f"rank {rank}: {template.format(status=status)} before '{kind}'"
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
         """Every agent has its peer connections up."""

@@ -16,9 +16,15 @@ twice, so every agent is re-parented to the session's process, which waits
 for it as for any child: :class:`AgentProcess` has the ``pid``, ``poll``,
 ``wait``, ``kill`` and ``returncode`` of a :class:`subprocess.Popen`.
 
+Confinement: a request's ``memory_limit`` (bytes, or null for none) is the
+agent's ``RLIMIT_DATA``, set in the forked agent before
+:func:`emulator.agent.main` runs (:mod:`emulator.confinement`); an agent that
+runs out exits with :data:`emulator.confinement.OUT_OF_MEMORY_STATUS`.
+
 Protocol: one JSON line per request on the launcher's stdin
-(``{"netns_pid", "argv", "output", "cwd"}``), one JSON line per answer on its
-stdout (``{"pid": N}`` or ``{"error": "..."}``); end of input ends it.
+(``{"netns_pid", "argv", "output", "cwd", "memory_limit"}``), one JSON line
+per answer on its stdout (``{"pid": N}`` or ``{"error": "..."}``); end of
+input ends it.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import traceback
 from collections.abc import Sequence
 from typing import IO, Any
 
-from emulator import agent
+from emulator import agent, confinement
 from emulator.waiting import wait_until
 
 CLONE_NEWNET = 0x40000000
@@ -76,7 +82,8 @@ def become_subreaper() -> None:
 
 # ------------------------------------------------------------- launcher side
 def _run_agent(request: dict[str, Any]) -> None:
-    """In the forked agent process: namespaces, output, working directory, then the agent. Never returns."""
+    """In the forked agent process: namespaces, output, working directory, memory limit, then the agent. Never
+    returns."""
     status = 1
     try:
         os.setsid()
@@ -90,11 +97,19 @@ def _run_agent(request: dict[str, Any]) -> None:
         os.close(out)
         os.close(null)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if request.get("memory_limit") is not None:
+            confinement.limit_data(int(request["memory_limit"]))
         status = agent.main(list(request["argv"]))
     except SystemExit as exc:  # argparse
         status = exc.code if isinstance(exc.code, int) else 1
-    except BaseException:
-        traceback.print_exc()
+    except BaseException as exc:
+        if confinement.is_out_of_memory(exc):  # before the agent's own handling (its arguments, its log)
+            exc.__traceback__ = None
+            status = confinement.OUT_OF_MEMORY_STATUS
+            print(f"agent: out of memory before it started (memory limit "
+                  f"{confinement.describe_limit(confinement.data_limit())}, RLIMIT_DATA)", file=sys.stderr)
+        else:
+            traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -195,14 +210,16 @@ class AgentLauncher:
                                          stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.cwd, env=self.env)
         return self
 
-    def spawn(self, netns_pid: int, argv: Sequence[str], output: str) -> AgentProcess:
-        """Start ``python -m emulator.agent ARGV`` in ``netns_pid``'s namespaces; paths in ``argv`` must be
-        absolute (the agent runs in the launcher's working directory, not this process's)."""
+    def spawn(self, netns_pid: int, argv: Sequence[str], output: str,
+              memory_limit: int | None = None) -> AgentProcess:
+        """Start ``python -m emulator.agent ARGV`` in ``netns_pid``'s namespaces, under ``RLIMIT_DATA``
+        ``memory_limit`` bytes (None: no limit); paths in ``argv`` must be absolute (the agent runs in the
+        launcher's working directory, not this process's)."""
         proc = self.proc
         if proc is None or proc.stdin is None or proc.stdout is None:
             raise LauncherError("the agent launcher is not running")
         request = {"netns_pid": netns_pid, "argv": list(argv), "output": os.path.abspath(output),
-                   "cwd": os.path.abspath(self.cwd)}
+                   "cwd": os.path.abspath(self.cwd), "memory_limit": memory_limit}
         try:
             proc.stdin.write(json.dumps(request) + "\n")
             proc.stdin.flush()

@@ -9,7 +9,9 @@ of the plan in theirs (:mod:`emulator.fault_actions`). After every
 repetition it rewrites ``results.json`` atomically, so whatever was measured
 survives a failure or Ctrl-C. Files in the output directory:
 
-* ``results.json`` -- :class:`emulator.results.CellResults`: configuration,
+* ``results.json`` -- :class:`emulator.results.CellResults`: configuration
+  (with ``agent_memory_limit_bytes``, the largest memory limit an agent ran
+  under, and ``agent_memory_limits_bytes`` per rank),
   the fabric profile (``fabric``) and the latency model (``latency``),
   ``link_mbps``, the prediction of ``schedule check``, ``repetitions``
   (``time_s``, ``algbw_mbps``, ``busbw_mbps``, per-step times, ``correct``,
@@ -31,6 +33,12 @@ survives a failure or Ctrl-C. Files in the output directory:
 
 What one repetition measured is computed by the pure functions of
 :mod:`emulator.metrics` (their names are importable from here too).
+
+Every agent runs under a memory limit (``RLIMIT_DATA``,
+:mod:`emulator.confinement`) sized from the admission estimate of its buffers
+(:func:`emulator.admission.agent_limit_bytes`; ``agent_memory_limit`` of
+:class:`ReplaySession` replaces it): a runaway fails the run naming its rank
+and its limit, and never reaches the kernel's out-of-memory killer.
 """
 
 from __future__ import annotations
@@ -40,11 +48,11 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from emulator import calibration_file, fabric, faults, fidelity, routing, topology
+from emulator import admission, calibration_file, fabric, faults, fidelity, routing, topology
 from emulator.agent import latency_plan
 from emulator.calibration_file import Calibration
 from emulator.controller_process import ControllerProcess
@@ -154,6 +162,7 @@ class RunPlan:
     paths: dict[tuple[int, int], PathLatency]  # per (sending, receiving) rank
     files: AgentFiles
     calibration: Calibration | None
+    memory_limits: dict[int, int] = field(default_factory=dict)  # rank -> its agent's RLIMIT_DATA bytes
 
     @property
     def results_path(self) -> str:
@@ -182,13 +191,17 @@ class ReplaySession:
     latency on the links (netem), every switch port delays its packets.
     Without a profile the agents add no latency. With ``agents=False`` no
     agent launcher starts: the session is a controller and a network for
-    programs of one's own (``emu mpirun``).
+    programs of one's own (``emu mpirun``). ``agent_memory_limit(schedule,
+    rank)`` is the ``RLIMIT_DATA`` bytes of each rank's agent (default: the
+    admission estimate, :func:`emulator.admission.agent_limit_bytes`; None:
+    no limit).
     """
 
     def __init__(self, topo: topology.Topology, policy: str, *, seed: int = 0, datapath: str = "auto",
                  latency: LatencyModel | None = None, mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5,
                  work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None,
-                 lanes: int = 1, agents: bool = True):
+                 lanes: int = 1, agents: bool = True,
+                 agent_memory_limit: Callable[[Schedule, int], int | None] = admission.agent_limit_bytes):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
@@ -202,6 +215,7 @@ class ReplaySession:
         self.work_dir = work_dir
         self.network_options = network_options or {}
         self.agents = agents  # False: no agent launcher (emu mpirun runs its own programs in the hosts)
+        self.agent_memory_limit = agent_memory_limit
         self.ctl: Any = None
         self.en: Any = None
         self.launcher: AgentLauncher | None = None
@@ -331,7 +345,13 @@ class ReplaySession:
         return RunPlan(schedule=schedule, out=out, repeat=repeat, warmup=warmup, report=report,
                        fault_plan=tuple(fault_plan), timeout_s=timeout_s or default_timeout(report.predicted_time_s),
                        planned=planned, paths=send_paths(self.topo, planned, self.latency, self.mtu), files=files,
-                       calibration=calibration_file.load_calibration(self.mtu))
+                       calibration=calibration_file.load_calibration(self.mtu),
+                       memory_limits=self.memory_limits(schedule))
+
+    def memory_limits(self, schedule: Schedule) -> dict[int, int]:
+        """Every rank's agent's ``RLIMIT_DATA`` bytes (ranks without one run without a limit)."""
+        limits = {prog.rank: self.agent_memory_limit(schedule, prog.rank) for prog in schedule.ranks}
+        return {rank: limit for rank, limit in limits.items() if limit is not None}
 
     def _begin(self, plan: RunPlan, config: dict[str, Any] | None) -> CellResults:
         """The output folder with the agents' files, empty logs, and a ``running`` results.json."""
@@ -346,7 +366,9 @@ class ReplaySession:
             config={**(config or {}), "algorithm": schedule.algorithm, "collective": schedule.collective,
                     "ranks": schedule.p, "size": schedule.size,
                     "topology": topo.spec, "routing": self.policy, "seed": self.seed, "repeat": plan.repeat,
-                    "warmup": plan.warmup, "mtu": self.mtu},
+                    "warmup": plan.warmup, "mtu": self.mtu,
+                    "agent_memory_limit_bytes": max(plan.memory_limits.values(), default=None),
+                    "agent_memory_limits_bytes": {str(r): v for r, v in sorted(plan.memory_limits.items())}},
             fabric=self.latency.profile.to_json() if self.latency.profile is not None else None,
             latency=self.latency.to_json(), prediction=plan.report.to_json(), link_mbps=topo.host_bw,
             switch_link_mbps=topo.switch_bw, datapath=self.en.datapath, bringup_s=self.en.bringup_s)
@@ -360,7 +382,8 @@ class ReplaySession:
         en = self.en
         hosts = {prog.rank: en.host(prog.host).pid for prog in plan.schedule.ranks}
         fleet = Fleet.start(os.path.join(en.state.path, "control.sock"), hosts, self.launcher, plan.files,
-                            on_spawn=lambda rank, proc: en.state.record_process("agent", proc.pid, rank=rank))
+                            on_spawn=lambda rank, proc: en.state.record_process("agent", proc.pid, rank=rank),
+                            memory_limits=plan.memory_limits)
         try:
             fleet.wait_ready()
         except BaseException:

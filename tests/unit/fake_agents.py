@@ -11,7 +11,13 @@ every send carries its details. What a rank does is its *behaviour*
 
 * ``ok`` -- as above; ``wrong`` -- the same, but its data is wrong;
 * ``hang`` -- never answers a ``go``; ``exit`` -- exits with status 3 on a ``go``;
-* ``error`` -- answers a ``go`` with an ``error`` message (``boom``).
+* ``error`` -- answers a ``go`` with an ``error`` message (``boom``);
+* ``oom`` -- before ``ready``, reports running out of its memory limit as a real agent does (an ``error``
+  with ``out_of_memory``, then exit status :data:`emulator.confinement.OUT_OF_MEMORY_STATUS`);
+  ``oom_exit`` -- only exits with that status, before ``ready``.
+
+The launcher records the memory limit of every spawn (``memory_limits``, in spawn order); the fake agents
+run without it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ STEP_S = 0.01
 
 FAKE_AGENT = r"""
 import json, os, sys, time
+from emulator.confinement import OUT_OF_MEMORY_STATUS
 from emulator.control import AgentChannel, Msg
 from emulator.schedule import format as sformat
 
@@ -36,6 +43,10 @@ behaviour = json.loads(os.environ["EF_FAKE_AGENTS"]).get(str(rank), "ok")
 program = sformat.load(args["--schedule"]).ranks[rank]
 channel = AgentChannel(args["--control"])
 channel.send(Msg.HELLO, rank=rank)
+if behaviour == "oom":
+    channel.send(Msg.ERROR, rank=rank, message="agent: out of memory", out_of_memory=True, memory_limit=1)
+if behaviour in ("oom", "oom_exit"):
+    sys.exit(OUT_OF_MEMORY_STATUS)
 channel.send(Msg.READY, rank=rank)
 while True:
     msg = channel.receive()
@@ -68,8 +79,10 @@ class FakeLauncher:
         self.behaviours = behaviours or {}
         self.fail_at = fail_at
         self.spawned: list[tuple[int, list[str], subprocess.Popen]] = []
+        self.memory_limits: list[int | None] = []
 
-    def spawn(self, netns_pid: int, argv: list[str], output: str) -> subprocess.Popen:
+    def spawn(self, netns_pid: int, argv: list[str], output: str, memory_limit: int | None = None) -> subprocess.Popen:
+        self.memory_limits.append(memory_limit)
         if self.fail_at is not None and len(self.spawned) == self.fail_at:
             raise RuntimeError("the agent launcher is gone")
         env = dict(os.environ, PYTHONPATH=ROOT, EF_FAKE_STEP_S=str(STEP_S),

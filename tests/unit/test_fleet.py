@@ -119,3 +119,28 @@ def test_kill_ends_one_rank_and_the_barrier_names_it(work):
         with pytest.raises(ReplayFailed, match=r"rank 1: agent exited"):
             fleet.wait_done(timeout=20)
         assert launcher.spawned[0][2].poll() is None  # rank 0 untouched until close
+
+
+@pytest.mark.parametrize("behaviour", ["oom", "oom_exit"])
+def test_an_agent_out_of_its_memory_limit_fails_the_run_naming_its_rank_and_limit(work, behaviour):
+    launcher = FakeLauncher()
+    files = AgentFiles(schedule=os.path.join(work, "schedule.json"), topology=os.path.join(work, "topology.json"),
+                       latency=os.path.join(work, "latency.json"), logs=work)
+    files.write_schedule(RING)
+    launcher.behaviours = {0: "ok", 1: behaviour, 2: "ok"}
+    limits = {0: 300 << 20, 1: 1288490189, 2: 300 << 20}  # rank 1: 1.2 GiB
+    with Fleet.start(os.path.join(work, "control.sock"), {r: 1000 + r for r in range(3)}, launcher, files,
+                     memory_limits=limits) as fleet:
+        with pytest.raises(ReplayFailed) as failed:
+            fleet.wait_ready(timeout=20)
+    assert launcher.memory_limits == [limits[0], limits[1], limits[2]]  # each rank's own, in spawn order
+    assert str(failed.value) == ("rank 1: agent ran out of its memory limit (1.2 GiB, from the admission estimate) "
+                                 "before 'ready'")
+
+
+def test_agents_without_a_limit_are_spawned_without_one(work):
+    launcher = FakeLauncher()
+    with start(work, ["ok", "ok", "ok"], launcher) as fleet:
+        fleet.wait_ready(timeout=20)
+        fleet.quit()
+    assert launcher.memory_limits == [None, None, None]

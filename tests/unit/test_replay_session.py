@@ -18,7 +18,7 @@ import time
 import pytest
 from fake_agents import FakeLauncher
 
-from emulator import fidelity, results, topology
+from emulator import admission, fidelity, results, topology
 from emulator.files import read_jsonl, write_json_atomic
 from emulator.latency import LatencyModel
 from emulator.replay import ReplayFailed, ReplaySession
@@ -63,9 +63,9 @@ def work(monkeypatch):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def session_on(work, behaviours=None):
+def session_on(work, behaviours=None, **options):
     lines: list[str] = []
-    session = ReplaySession(TOPO, "shortest", latency=LatencyModel(), echo=lines.append)
+    session = ReplaySession(TOPO, "shortest", latency=LatencyModel(), echo=lines.append, **options)
     session.en = FakeNetwork(work)
     session.launcher = FakeLauncher(behaviours)
     session.topo_path = os.path.join(work, "topology.json")
@@ -154,3 +154,36 @@ def test_a_session_that_is_not_started_says_so(work):
     session.launcher = None
     with pytest.raises(RuntimeError, match="not started"):
         session.run(RING, os.path.join(work, "out"), repeat=1, warmup=0)
+
+
+def test_every_agent_runs_under_its_admission_limit_and_results_record_it(work):
+    session, _ = session_on(work)
+    out = os.path.join(work, "out")
+    session.run(RING, out, repeat=1, warmup=0)
+    want = [admission.agent_limit_bytes(RING, r) for r in range(3)]
+    assert session.launcher.memory_limits == want and all(limit > 256 << 20 for limit in want)
+    config = json.loads(open(os.path.join(out, "results.json")).read())["config"]
+    assert config["agent_memory_limit_bytes"] == max(want)
+    assert config["agent_memory_limits_bytes"] == {str(r): want[r] for r in range(3)}
+
+
+def test_an_agent_out_of_its_limit_fails_the_run_naming_rank_and_limit_in_results(work):
+    session, _ = session_on(work, {2: "oom"}, agent_memory_limit=lambda schedule, rank: (rank + 1) << 30)
+    out = os.path.join(work, "out")
+    with pytest.raises(ReplayFailed) as failed:
+        session.run(RING, out, repeat=1, warmup=0)
+    assert session.launcher.memory_limits == [1 << 30, 2 << 30, 3 << 30]
+    message = "rank 2: agent ran out of its memory limit (3.0 GiB, from the admission estimate) before 'ready'"
+    assert str(failed.value) == message
+    saved = results.load(os.path.join(out, "results.json"))
+    assert saved is not None and saved.status == "failed" and saved.error == message
+    assert saved.config["agent_memory_limit_bytes"] == 3 << 30
+
+
+def test_no_limit_is_recorded_as_none(work):
+    session, _ = session_on(work, agent_memory_limit=lambda schedule, rank: None)
+    out = os.path.join(work, "out")
+    session.run(RING, out, repeat=1, warmup=0)
+    assert session.launcher.memory_limits == [None, None, None]
+    config = json.loads(open(os.path.join(out, "results.json")).read())["config"]
+    assert config["agent_memory_limit_bytes"] is None and config["agent_memory_limits_bytes"] == {}
