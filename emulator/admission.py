@@ -66,6 +66,9 @@ AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
 RESERVE_FRACTION = 0.10
 RESERVE_MIN_BYTES = 1 * GiB
 DEFAULT_MAX_TIME_S = 30 * 60.0
+#: Ranks per core this machine has run trusted: 64 agents on 2 cores stayed within 1.0-1.46x of the model
+#: (docs/fidelity.md); a 128-rank ring on them ran cpu_saturated at 2.2x, and a 128-host fat-tree at 5.3x.
+MAX_RANKS_PER_CORE = 32
 #: Bring-up of a network: fixed cost plus per switch port (32 hosts, 96 ports: 4-8 s; fat-tree k=8, 768 ports:
 #: 61 s; docs/fidelity.md).
 BRINGUP_FIXED_S = 3.0
@@ -194,6 +197,7 @@ class Machine:
 
     available_bytes: int
     total_bytes: int
+    cores: int | None = None  # None: not checked
 
     @property
     def usable_bytes(self) -> int:
@@ -304,10 +308,26 @@ def capacity_lines(req: Request, policy: Policy) -> tuple[list[str], list[str]]:
             "or pass --allow-untrusted"], warnings
 
 
+def cpu_lines(req: Request, machine: Machine, policy: Policy) -> tuple[list[str], list[str]]:
+    """A refusal (a warning with ``--allow-untrusted``) for more ranks than this machine's cores have run
+    trusted."""
+    if machine.cores is None or req.memory.ranks <= machine.cores * MAX_RANKS_PER_CORE:
+        return [], []
+    most = machine.cores * MAX_RANKS_PER_CORE
+    text = (f"{req.memory.ranks} {req.memory.what} on {machine.cores} cores, where at most {most} ran trusted "
+            f"({MAX_RANKS_PER_CORE} per core, docs/fidelity.md): their rounds would be paced by the CPU, not the "
+            "fabric")
+    if policy.allow_untrusted:
+        return [], [f"{req.command}: {text}; running anyway (--allow-untrusted): expect cpu_saturated"]
+    return [f"{req.command}: field 'ranks': expected at most {most} ranks on this machine, got {req.memory.ranks}: "
+            f"{text}; use fewer hosts, or pass --allow-untrusted"], []
+
+
 def verdict(req: Request, machine: Machine, policy: Policy) -> Verdict:
     refusals = [r for r in (memory_refusal(req, machine), time_refusal(req, policy)) if r is not None]
     over, warnings = capacity_lines(req, policy)
-    return Verdict(tuple(refusals + over), tuple(warnings))
+    busy, cpu_warnings = cpu_lines(req, machine, policy)
+    return Verdict(tuple(refusals + over + busy), tuple(warnings + cpu_warnings))
 
 
 def fits_line(req: Request, machine: Machine, policy: Policy) -> str:

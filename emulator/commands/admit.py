@@ -9,21 +9,20 @@ refuses a run that does not fit before anything starts.
 from __future__ import annotations
 
 import argparse
+import os
 
 from emulator import admission, calibration_file, system
 from emulator.cli_types import duration
 
 
-def add_arguments(p: argparse.ArgumentParser, *, load: bool = True) -> None:
-    """``--max-time``, and ``--allow-untrusted`` where a model predicts the run's load (``load``)."""
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--max-time`` and ``--allow-untrusted``."""
     p.add_argument("--max-time", type=duration, default=admission.DEFAULT_MAX_TIME_S, metavar="DURATION",
                    help="refuse a run predicted to take longer, e.g. 2h, 90m, 600s (default 30m)")
-    if not load:
-        p.set_defaults(allow_untrusted=False)
-        return
     p.add_argument("--allow-untrusted", action="store_true",
-                   help="run even when the model's load exceeds this machine's calibrated datapath capacity "
-                        "(the results are flagged over_capacity and not trusted)")
+                   help="run even when the model's load exceeds this machine's calibrated datapath capacity, or "
+                        "there are more ranks than its cores have run trusted (the results are flagged and not "
+                        "trusted)")
 
 
 def policy(args: argparse.Namespace) -> admission.Policy:
@@ -33,7 +32,7 @@ def policy(args: argparse.Namespace) -> admission.Policy:
 def machine() -> admission.Machine:
     """This machine's memory, available now and in all."""
     available, total = system.memory_available()
-    return admission.Machine(available_bytes=available, total_bytes=total)
+    return admission.Machine(available_bytes=available, total_bytes=total, cores=os.cpu_count())
 
 
 def capacity(mtu: int) -> float | None:

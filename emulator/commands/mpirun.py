@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "not starve the datapath; 0 to measure what it costs)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="what every rank runs, e.g. -- emu-allreduce-bench --algo ring --sizes 1MiB")
-    admit.add_arguments(p, load=False)
+    admit.add_arguments(p)
     p.set_defaults(func=cmd_mpirun)
 
 

@@ -83,6 +83,14 @@ def test_a_load_beyond_the_calibrated_capacity_is_refused_with_a_rate_that_fits(
     assert "--fabric dilation=" in line
 
 
+def test_more_ranks_than_the_cores_run_trusted_are_refused(tmp_path):
+    path = tmp_path / "ring-ft8.json"
+    save(generators.generate("ring", topology.build("fattree:k=8"), 1 << 20), str(path))
+    line = refused("replay", str(path), "--topology", "fattree:k=8", "--routing", "ecmp",
+                   "--out", str(tmp_path / "out"))
+    assert f"expected at most {32 * (os.cpu_count() or 1)} ranks on this machine, got 128" in line
+
+
 def test_an_experiment_that_does_not_fit_is_refused_and_no_results_folder_is_made(tmp_path):
     exp = tmp_path / "huge.yaml"
     exp.write_text("name: huge\nrepeat: 1\nwarmup: 0\nsizes: [4GiB]\nseries:\n  - name: s\n    runs:\n"

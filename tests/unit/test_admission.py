@@ -154,6 +154,17 @@ def test_load_beyond_the_calibrated_capacity_is_refused_unless_untrusted_runs_ar
     assert v.admitted and any("over_capacity" in line for line in lines)
 
 
+def test_more_ranks_than_the_cores_ran_trusted_are_refused_unless_untrusted_runs_are_allowed():
+    two_cores = admission.Machine(20 * GiB, 24 * GiB, cores=2)
+    many = admission.Request("replay", admission.MemoryEstimate(128, MiB, 128 * MiB, 0, 0), 60.0, "x")
+    with pytest.raises(UserError, match="field 'ranks': expected at most 64 ranks on this machine, got 128"):
+        admission.admit(many, two_cores, admission.Policy())
+    v = admission.admit(many, two_cores, admission.Policy(allow_untrusted=True), echo=lambda x: None)
+    assert v.admitted and "cpu_saturated" in v.warnings[0]
+    fewer = admission.Request("replay", admission.MemoryEstimate(64, MiB, 64 * MiB, 0, 0), 60.0, "x")
+    assert admission.admit(fewer, two_cores, admission.Policy(), echo=lambda x: None).admitted
+
+
 def test_without_a_calibration_the_load_is_not_refused_but_said_to_be_unchecked():
     v = admission.admit(request(loads=[load(1e6, None)]), MACHINE, admission.Policy(), echo=lambda x: None)
     assert v.admitted and "no datapath calibration" in v.warnings[0]

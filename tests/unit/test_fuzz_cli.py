@@ -37,14 +37,15 @@ OPTIONS = ("--topology", "--routing", "--listen", "--ecmp-seed", "--stats-interv
            "--log-level", "--json", "--controller", "--datapath", "--force", "--algo", "--size", "--placement",
            "--seed", "--chunks", "-o", "--output", "--fabric", "--gamma", "--index", "--out", "--repeat", "--warmup",
            "--timeout", "--pcap", "--check", "--new", "--bw", "--quick", "--bin", "--bringup-rounds", "-h", "--",
-           "--to", "--rep", "--collective", "--root", "--model", "--batch", "--scale", "--instances", "--lanes")
+           "--to", "--rep", "--collective", "--root", "--model", "--batch", "--scale", "--instances", "--lanes",
+           "--max-time", "--allow-untrusted")
 VALUES = ("roce100", "alpha_us=-1", "dilation=1e9", "link_gbps=0,mtu=9000", "preset=ib200,mtu=40", "star:hosts=3", "star:hosts=2", "bigraph:upper=2,lower=2,hosts_per_switch=1", "fattree:k=3", "nope:x=1",
           "shortest", "ecmp", "bigraph", "dmodk", "bogus", "ring", "hdrm", "hd", "64", "96", "1KiB", "0", "-1", "3",
           "nan", "inf", "-inf", "1e9", "0.01", "99999999999999999999", "127.0.0.1:6653", "127.0.0.1:0",
           "10.255.255.1:6653", "localhost:6653", "::1", ":6653", "127.0.0.1", "user", "kernel", "auto", "DEBUG",
           "s.yaml", "e.yaml", "t.json", "missing.yaml", "x.xml", "out", "out/sub", "s1-s2", "h1-s1,s1-s2", "h9-s1",
           ".", "", "-", "--", "a b", "a\nb", "é", "resnet50", "vgg16", "allgather", "alltoall", "broadcast", "reduce",
-          "reduce_scatter", "p2p", "direct", "dbtree", "1e6", "1000000")
+          "reduce_scatter", "p2p", "direct", "dbtree", "1e6", "1000000", "30m", "1s", "2h", "8GiB")
 
 
 @st.composite
