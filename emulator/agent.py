@@ -514,6 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     logging.basicConfig(filename=args.log, level=logging.INFO,
                         format=f"%(asctime)s rank {args.rank} %(levelname)s %(message)s")
+    log.info("memory limit %s (RLIMIT_DATA)", confinement.describe_limit(confinement.data_limit()))
     control = AgentChannel(args.control)
     control.send(Msg.HELLO, rank=args.rank)
     agent = None
