@@ -59,13 +59,12 @@ SESSION_BYTES = 512 * MiB
 MPI_RANK_BASE_BYTES = 160 * MiB
 #: Threads an Open MPI rank may run (its own, Open MPI's progress and event threads), each a stack.
 MPI_RANK_THREADS = 8
-#: What an agent's memory limit allows beyond its estimate (allocator slack, the schedule's own objects, and the
-#: start-up peak: emulator.buffers.RankBuffers fills its inputs and expected results through int64 index arrays
-#: of every element, so an agent's VmData peaks at up to 3.8 x rank_bytes above the launcher's 70 MiB before it
-#: settles. Measured with RLIMIT_DATA bisected, 8 ranks on a star: allreduce ring 16 MiB 292 MiB (3.67 x), 64 MiB
-#: 950 MiB (3.64 x), 128 MiB 1830 MiB (3.64 x); broadcast dbtree 16 MiB 292 MiB (3.80 x); reduce_scatter 2.82 x,
-#: alltoall 2.03 x, allgather 1.63 x. At 1.5 the 64 MiB ring's agents ran out of their 747 MiB before 'ready'.)
-AGENT_LIMIT_SLACK = 4.0
+#: What an agent's memory limit allows beyond its estimate: allocator slack (glibc keeps freed temporaries in its
+#: heap), the schedule's own objects. Measured with RLIMIT_DATA bisected, 8 ranks on a star, 16 MiB: the agent's
+#: buffers peak at 0.92-1.14 x rank_bytes (allreduce ring and hd, broadcast dbtree, reduce_scatter, alltoall) and
+#: 1.48 x for allgather (rank_bytes 58 MiB, peak 86 MiB). Before emulator.buffers filled them in bounded batches
+#: they peaked at up to 3.8 x (whole-segment int64 index arrays) and a 64 MiB ring's agents ran out of 747 MiB.
+AGENT_LIMIT_SLACK = 1.5
 AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
 #: Left to the rest of the machine: this share of its memory, at least RESERVE_MIN_BYTES.
 RESERVE_FRACTION = 0.10

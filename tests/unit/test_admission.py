@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -271,3 +273,30 @@ def test_the_memory_estimate_is_whole_bytes():
     schedule = generators.generate("ring", topology.build(STAR), 3 * MiB)
     assert isinstance(rank_bytes(schedule, 0), int) and isinstance(admission.agent_limit_bytes(schedule, 0), int)
     assert np.int64(rank_bytes(schedule, 0)) > 0
+
+
+BUILD_UNDER_LIMIT = """
+import resource, sys
+from emulator import admission, topology
+from emulator.buffers import RankBuffers, rank_bytes
+from emulator.schedule import generators
+algo, collective, size, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+schedule = generators.generate(algo, topology.build("star:hosts=8"), size, collective=collective)
+used = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmData"))
+limit = admission.agent_limit_bytes(schedule, 0) if mode == "estimate" else used + rank_bytes(schedule, 0) // 2
+resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+try:
+    RankBuffers(schedule, 0)
+except MemoryError:
+    sys.exit(12)
+"""
+
+
+@pytest.mark.parametrize("algo, collective", [("ring", "allreduce"), ("ring", "allgather"), ("direct", "alltoall")])
+def test_an_agents_buffers_fit_under_its_limit_and_a_limit_below_them_bites(algo, collective):
+    def build(mode: str) -> int:
+        return subprocess.run([sys.executable, "-c", BUILD_UNDER_LIMIT, algo, collective, str(64 * MiB), mode],
+                              capture_output=True, timeout=120, check=False).returncode
+
+    assert build("estimate") == 0
+    assert build("half") == 12
