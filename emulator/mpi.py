@@ -40,6 +40,8 @@ from emulator.topology import Topology
 WHERE = "mpirun"
 #: Open MPI's launcher; Debian's openmpi-bin puts it on the PATH.
 MPIRUN = "mpirun"
+#: util-linux's prlimit: starts mpirun under the run's memory limit (RLIMIT_DATA, soft and hard).
+PRLIMIT = "prlimit"
 #: The bundled benchmark (:mod:`emulator.mpi_bench`): ``emu mpirun`` asks it for a JSON copy of its rows.
 BENCH_PROGRAM = "emu-allreduce-bench"
 BENCH_JSON = "bench.json"
@@ -74,12 +76,15 @@ class MpiRunConfig:
     datapath: str = "auto"
     timeout_s: float = DEFAULT_TIMEOUT_S
     nice: int = DEFAULT_NICE
+    #: RLIMIT_DATA of every process of the run (bytes); None: sized from the admission estimate
+    #: (:func:`emulator.admission.mpi_rank_limit_bytes`)
+    memory_limit_bytes: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),
                 "seed": self.seed, "placement": self.placement, "np": self.np,
                 "mca": [list(kv) for kv in self.mca], "fabric": self.fabric, "datapath": self.datapath,
-                "timeout_s": self.timeout_s, "nice": self.nice}
+                "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes}
 
 
 def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
@@ -220,13 +225,16 @@ def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str) -> str:
 
 
 def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv: Sequence[str], output_dir: str,
-                   nice: int = DEFAULT_NICE, export: Sequence[str] = ("PATH", "PYTHONUNBUFFERED")) -> list[str]:
-    """The ``mpirun`` command line (it runs inside rank 0's host, at niceness ``nice``: every process it starts
-    inherits it); each rank's output goes to ``output_dir`` (Open MPI's ``<dir>/1/rank.R/stdout``; the MCA
+                   nice: int = DEFAULT_NICE, export: Sequence[str] = ("PATH", "PYTHONUNBUFFERED"),
+                   memory_limit_bytes: int | None = None) -> list[str]:
+    """The ``mpirun`` command line (it runs inside rank 0's host, at niceness ``nice`` and under ``RLIMIT_DATA``
+    ``memory_limit_bytes`` with ``prlimit``: every process it starts, through the launch agent too, inherits
+    both); each rank's output goes to ``output_dir`` (Open MPI's ``<dir>/1/rank.R/stdout``; the MCA
     parameter alone does not do it in 4.1). The orteds stay attached to their launch agents instead of
     daemonizing: they remain in mpirun's process tree, where a replay session's subreaper (the agent
     launcher's) would otherwise adopt them."""
-    cmd = ["nice", "-n", str(nice), MPIRUN, "--allow-run-as-root", "-np", str(np), "--hostfile", hostfile, "--bind-to", "none",
+    limit = [PRLIMIT, f"--data={memory_limit_bytes}", "--"] if memory_limit_bytes is not None else []
+    cmd = [*limit, "nice", "-n", str(nice), MPIRUN, "--allow-run-as-root", "-np", str(np), "--hostfile", hostfile, "--bind-to", "none",
            "--leave-session-attached", "--output-filename", output_dir]
     for key, value in mca:
         cmd += ["--mca", key, value]
@@ -258,7 +266,10 @@ class MpiResults:
     ``bench`` the bundled benchmark's rows (:mod:`emulator.mpi_bench`), when
     it ran; ``learned_connections`` how many TCP connections the controller
     routed by their 5-tuple (``ecmp``: each as :func:`emulator.routing.route`
-    predicts it from its ports).
+    predicts it from its ports); ``memory_limit_bytes`` the ``RLIMIT_DATA``
+    every process of the run had (None: none), and ``out_of_memory`` the
+    ranks whose output says an allocation was refused (then ``error`` says
+    so in one line).
     """
 
     config: dict[str, Any]
@@ -275,6 +286,8 @@ class MpiResults:
     error: str | None = None
     bench: list[dict[str, Any]] = field(default_factory=list)
     learned_connections: int | None = None  # TCP connections the controller hashed by 5-tuple (ecmp)
+    memory_limit_bytes: int | None = None
+    out_of_memory: list[int] = field(default_factory=list)  # ranks that ran out of their memory limit
 
     @property
     def trusted(self) -> bool:
@@ -287,7 +300,8 @@ class MpiResults:
                 "exit_status": self.exit_status, "wall_s": self.wall_s,
                 "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
                 "trusted": self.trusted, "error": self.error, "bench": self.bench,
-                "learned_connections": self.learned_connections}
+                "learned_connections": self.learned_connections, "memory_limit_bytes": self.memory_limit_bytes,
+                "out_of_memory": self.out_of_memory}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MpiResults:
@@ -301,7 +315,9 @@ class MpiResults:
                    bringup_s=data.get("bringup_s"), status=str(data.get("status") or "running"),
                    exit_status=data.get("exit_status"), wall_s=data.get("wall_s"),
                    fidelity=Fidelity.from_json(fid) if fid else None, error=data.get("error"),
-                   bench=list(data.get("bench") or []), learned_connections=data.get("learned_connections"))
+                   bench=list(data.get("bench") or []), learned_connections=data.get("learned_connections"),
+                   memory_limit_bytes=data.get("memory_limit_bytes"),
+                   out_of_memory=[int(r) for r in data.get("out_of_memory") or []])
 
     def save(self, path: str) -> None:
         write_json_atomic(path, self.to_json())

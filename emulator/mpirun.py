@@ -21,6 +21,13 @@ session). Files in the folder:
   counters of every link interface and TCP retransmissions per host;
 * ``bench.json`` -- the bundled benchmark's rows, when it ran;
 * ``session/`` -- the controller's log and the topology (:func:`run` only).
+
+Every process of the run (mpirun, the launch agent's ``mnexec``, every
+``orted``, the ranks) inherits the memory limit mpirun starts under
+(``RLIMIT_DATA`` by ``prlimit``, :mod:`emulator.confinement`): the config's
+``memory_limit_bytes``, or :func:`emulator.admission.mpi_rank_limit_bytes`
+of the program's estimate. A rank whose output says an allocation was
+refused is named, with the limit, in one line (``results.error``).
 """
 
 from __future__ import annotations
@@ -33,16 +40,17 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from emulator import calibration_file, fabric, fidelity, mpi_bench, routing, topology
+from emulator import admission, calibration_file, confinement, fabric, fidelity, mpi_bench, routing, system, topology
 from emulator.calibration_file import Calibration
 from emulator.errors import FieldError, UserError
 from emulator.files import append_jsonl
 from emulator.latency import LatencyModel
 from emulator.mpi import (
     BENCH_JSON,
+    PRLIMIT,
     START_ATTEMPTS,
     WHERE,
     MpiResults,
@@ -59,7 +67,6 @@ from emulator.mpi import (
     resolve_program,
 )
 from emulator.replay import ReplaySession
-from emulator.system import require_tools
 
 #: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
 STOP_GRACE_S = 10.0
@@ -77,6 +84,7 @@ class Prepared:
     argv: list[str]  # what every rank runs
     mca: tuple[tuple[str, str], ...]
     calibration: Calibration | None
+    memory_limit_bytes: int | None = None  # RLIMIT_DATA of every process of the run
 
     @property
     def out(self) -> str:
@@ -106,11 +114,26 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
         raise FieldError(WHERE, "np", "at least 2 ranks", len(hosts))
     if os.path.exists(os.path.join(cfg.out, "results.json")):
         raise FieldError(WHERE, "out", "a new or empty directory", f"{cfg.out} (it holds results.json)")
-    require_tools(["mpirun", "mnexec"])
+    limit = cfg.memory_limit_bytes
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise FieldError(WHERE, "memory_limit_bytes", "bytes > 0, or none to size it from the admission estimate",
+                         limit)
+    system.require_tools(["mpirun", "mnexec", PRLIMIT])
     calibration = calibration_file.load_calibration(profile.emulated_mtu)
     model = fidelity.latency_model(profile, calibration)
     out = os.path.abspath(cfg.out)
-    return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration)
+    if limit is None:
+        limit = memory_limit_bytes(cfg.program, len(hosts))
+    return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
+                    limit)
+
+
+def memory_limit_bytes(program: Sequence[str], ranks: int,
+                       memory: Callable[[], tuple[int, int]] = system.memory_available) -> int:
+    """The ``RLIMIT_DATA`` of every process of a run of ``program`` on ``ranks`` ranks: the admission estimate
+    (``memory()``: this machine's available and total bytes, for a program of unknown size)."""
+    usable = admission.Machine(*memory()).usable_bytes
+    return admission.mpi_rank_limit_bytes(admission.mpi_program_bytes(program), ranks, usable)
 
 
 def run(prep: Prepared, echo: Callable[[str], None] = print) -> MpiResults:
@@ -148,7 +171,8 @@ def _begin(prep: Prepared, config: dict) -> tuple[MpiResults, str]:
     topo, out = prep.topo, prep.out
     os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
     results = MpiResults(config=config, ranks=[RankPlace(r, h, topo.host(h).ip) for r, h in enumerate(prep.hosts)],
-                         command=[], link_mbps=topo.host_bw, fabric=prep.profile.to_json())
+                         command=[], link_mbps=topo.host_bw, fabric=prep.profile.to_json(),
+                         memory_limit_bytes=prep.memory_limit_bytes)
     results_path = os.path.join(out, "results.json")
     results.save(results_path)
     return results, results_path
@@ -184,7 +208,13 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
         for rec in fidelity.link_records(before, after, 0):
             append_jsonl(os.path.join(out, "links.jsonl"), rec)
         session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
-        collect_rank_output(os.path.join(out, "ranks"))
+        ran_out = out_of_memory_ranks(os.path.join(out, "ranks"), collect_rank_output(os.path.join(out, "ranks")))
+        results.out_of_memory = sorted(ran_out)
+        line = (confinement.mpi_rank_ran_out(ran_out.items(), prep.memory_limit_bytes)
+                or _open_mpi_ran_out(os.path.join(out, "mpirun.log"), prep.memory_limit_bytes))
+        if line is not None and results.status != "ok":
+            results.error = line
+            echo(f"# {line}")
         results.bench = _bench_rows(out)
         learned = session.ctl.status().get("learned_total")
         # the controller's count is over the network's life: an earlier run on the same session learned its own
@@ -205,7 +235,8 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     with open(hostfile, "w", encoding="ascii") as fh:
         fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
     mca = mca_settings(prep.mca, agent)
-    return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice)
+    return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
+                          memory_limit_bytes=prep.memory_limit_bytes)
 
 
 def _start_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
@@ -295,6 +326,33 @@ def collect_rank_output(ranks_dir: str) -> list[int]:
     for job_dir in glob.glob(os.path.join(ranks_dir, "*", "")):
         shutil.rmtree(job_dir, ignore_errors=True)
     return sorted(found)
+
+
+def out_of_memory_ranks(ranks_dir: str, ranks: Sequence[int]) -> dict[int, str]:
+    """The ranks whose ``rank-R.stderr`` says an allocation was refused, with that line."""
+    found = {}
+    for rank in ranks:
+        try:
+            with open(os.path.join(ranks_dir, f"rank-{rank}.stderr"), encoding="utf-8", errors="replace") as fh:
+                line = confinement.memory_failure_in(fh.read())
+        except OSError:
+            continue
+        if line is not None:
+            found[rank] = line
+    return found
+
+
+def _open_mpi_ran_out(log_path: str, limit_bytes: int | None) -> str | None:
+    """When no rank's output says so but mpirun's does: Open MPI itself (mpirun, an orted) ran out."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            line = confinement.memory_failure_in(fh.read())
+    except OSError:
+        return None
+    if line is None:
+        return None
+    return (f"mpirun: Open MPI (mpirun or an orted) ran out of its memory limit {confinement.describe_limit(limit_bytes)}"
+            f" (RLIMIT_DATA, from the admission estimate): {line!r} in mpirun.log")
 
 
 def _bench_rows(out: str) -> list[dict]:

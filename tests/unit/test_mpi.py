@@ -21,6 +21,7 @@ from emulator.mpi import (
     DEFAULT_NICE,
     RESERVED_MCA,
     MpiResults,
+    MpiRunConfig,
     RankPlace,
     daemon_start_failed,
     hostfile_text,
@@ -279,3 +280,52 @@ def test_only_a_start_up_whose_daemons_died_before_any_rank_is_started_again():
     assert daemon_start_failed(died, ranks_started=False)
     assert not daemon_start_failed(died, ranks_started=True)
     assert not daemon_start_failed("rank 1 exited with status 3\n", ranks_started=False)
+
+
+# ------------------------------------------------------------- confinement
+def test_mpirun_starts_under_the_memory_limit_so_every_process_of_the_run_inherits_it():
+    cmd = mpirun_command(2, "/out/hostfile", [], ["/bin/prog"], "/out/ranks", memory_limit_bytes=600 << 20)
+    assert cmd[:3] == ["prlimit", f"--data={600 << 20}", "--"] and cmd[3:6] == ["nice", "-n", str(DEFAULT_NICE)]
+    assert mpirun_command(2, "/out/hostfile", [], ["/bin/prog"], "/out/ranks")[0] == "nice"
+
+
+def test_the_memory_limit_is_in_the_config_and_the_results(tmp_path):
+    cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("prog",),
+                       memory_limit_bytes=123 << 20)
+    assert cfg.to_json()["memory_limit_bytes"] == 123 << 20
+    assert MpiRunConfig("star:hosts=2", "shortest", "/o", ("prog",)).to_json()["memory_limit_bytes"] is None
+    res = MpiResults(config=cfg.to_json(), ranks=[], command=[], link_mbps=10.0, memory_limit_bytes=123 << 20,
+                     out_of_memory=[1])
+    path = str(tmp_path / "results.json")
+    res.save(path)
+    back = load_results(path)
+    assert back.memory_limit_bytes == 123 << 20 and back.out_of_memory == [1] and back.to_json() == res.to_json()
+
+
+def test_the_limit_is_the_admission_estimate_of_the_program():
+    from emulator import admission, mpirun
+    machine = (20 << 30, 24 << 30)
+    usable = admission.Machine(*machine).usable_bytes
+    bench = ("emu-allreduce-bench", "--algo", "ring", "--sizes", "4MiB")
+    assert mpirun.memory_limit_bytes(bench, 4, lambda: machine) == admission.mpi_rank_limit_bytes(
+        3 * (4 << 20), 4, usable)
+    # a program of unknown size: an equal share of what the machine can give
+    assert mpirun.memory_limit_bytes(("python3", "app.py"), 4, lambda: machine) == usable // 4
+
+
+@pytest.mark.parametrize("limit", [0, -5, 1.5, True, "1GiB"])
+def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
+    from emulator import mpirun
+    cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out=str(tmp_path / "o"),
+                       program=("emu-allreduce-bench",), memory_limit_bytes=limit)
+    with pytest.raises(FieldError, match="field 'memory_limit_bytes'"):
+        mpirun.prepare(cfg)
+
+
+def test_the_ranks_whose_stderr_says_they_ran_out_are_found(tmp_path):
+    from emulator import mpirun
+    (tmp_path / "rank-0.stderr").write_text("")
+    (tmp_path / "rank-1.stderr").write_text("Traceback ...\nMemoryError: Unable to allocate 16.0 GiB\n")
+    (tmp_path / "rank-2.stderr").write_text("orted: Cannot allocate memory\n")
+    assert mpirun.out_of_memory_ranks(str(tmp_path), [0, 1, 2, 3]) == {
+        1: "MemoryError: Unable to allocate 16.0 GiB", 2: "orted: Cannot allocate memory"}
