@@ -14,6 +14,13 @@ class UserError(Exception):
     exit_status = 2
 
 
+def exact_number(value: float) -> str:
+    """``value`` as ``:g`` prints it where that reads back exactly, else in full (specs must rebuild what they
+    name)."""
+    text = f"{value:g}"
+    return text if float(text) == value else repr(value)
+
+
 def printable(text: object) -> str:
     """``text`` as one printable line: line breaks and other control characters escaped as in ``repr``.
 

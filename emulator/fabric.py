@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from emulator.errors import FieldError, printable
+from emulator.errors import FieldError, exact_number, printable
 
 #: Emulated link rates outside this range (Mbit/s) cannot be shaped faithfully:
 #: Mininet's HTB ignores rates above 1000, and below 0.1 a frame takes seconds.
@@ -112,9 +112,9 @@ class FabricProfile:
     # ------------------------------------------------------------- output
     def spec(self) -> str:
         """The canonical ``key=value,...`` text, which :func:`parse` reads back to the same profile."""
-        return (f"preset={self.preset},link_gbps={_short(self.link_gbps)},mtu={self.mtu},"
-                f"switch_latency_us={_short(self.switch_latency_us)},alpha_us={_short(self.alpha_us)},"
-                f"dilation={_short(self.dilation)}")
+        return (f"preset={self.preset},link_gbps={exact_number(self.link_gbps)},mtu={self.mtu},"
+                f"switch_latency_us={exact_number(self.switch_latency_us)},alpha_us={exact_number(self.alpha_us)},"
+                f"dilation={exact_number(self.dilation)}")
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -157,12 +157,6 @@ def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabri
     keys = {key: getattr(profile, key) for key in KEYS}
     keys.update(alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
     return parse(keys, where=where)
-
-
-def _short(value: float) -> str:
-    """``value`` as ``:g`` prints it where that reads back exactly, else in full."""
-    text = f"{value:g}"
-    return text if float(text) == value else repr(value)
 
 
 def message_latency_s(profile: FabricProfile, switches: int) -> float:

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from emulator.errors import MISSING, FieldError, int_field
+from emulator.errors import MISSING, FieldError, exact_number, int_field
 
 MAX_LINK_MBPS = 1000.0
 DEFAULT_LINK_MBPS = 10.0
@@ -241,14 +241,14 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
     parts = [f"{key}={params[key]}" for key in _KIND_KEYS[kind]]
     bw = params.get("bw", DEFAULT_LINK_MBPS)
     if bw != DEFAULT_LINK_MBPS:
-        parts.append(f"bw={bw:g}")
+        parts.append(f"bw={exact_number(bw)}")
     for key in ("host_bw", "switch_bw"):
         if params.get(key, bw) != bw:
-            parts.append(f"{key}={params[key]:g}")
+            parts.append(f"{key}={exact_number(params[key])}")
     if "servers" in params:
         parts += [f"{key}={params[key]}" for key in ("servers", "accels_per_server", "nics_per_server")]
         if params["pcie_bw"] != params.get("host_bw", bw):
-            parts.append(f"pcie_bw={params['pcie_bw']:g}")
+            parts.append(f"pcie_bw={exact_number(params['pcie_bw'])}")
         if params["nic_placement"] != "packed":
             parts.append(f"nic_placement={params['nic_placement']}")
     return f"{kind}:{','.join(parts)}"
