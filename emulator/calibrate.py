@@ -56,7 +56,7 @@ from emulator.errors import UserError
 from emulator.fabric import FabricProfile
 from emulator.naming import host_intf, switch_intf
 from emulator.network import EmulatedNetwork
-from emulator.ovs_sockets import OVS_PIDFILE
+from emulator.ovs_sockets import vswitchd_pid
 from emulator.replay import ReplaySession
 from emulator.schedule import generators
 from emulator.system import cpu_times, load_average, machine_identity, run
@@ -243,15 +243,14 @@ def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
 # ------------------------------------------------------------- the live part
 def vswitchd_cpu_seconds() -> float | None:
     """User+system CPU seconds of ovs-vswitchd so far, or None when it cannot be read."""
-    for pidfile in (OVS_PIDFILE, "/run/openvswitch/ovs-vswitchd.pid"):
-        try:
-            with open(pidfile, encoding="ascii") as fh:
-                pid = int(fh.read().strip())
-            times = psutil.Process(pid).cpu_times()
-        except (OSError, ValueError, psutil.Error):
-            continue
-        return times.user + times.system
-    return None
+    pid = vswitchd_pid()
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 @dataclass

@@ -29,6 +29,19 @@ SO_SNDBUFFORCE, SO_RCVBUFFORCE = 32, 33
 SYS_PIDFD_GETFD = 438
 
 
+def vswitchd_pid(pidfiles: Sequence[str] = (OVS_PIDFILE, "/run/openvswitch/ovs-vswitchd.pid")) -> int | None:
+    """The running ovs-vswitchd's pid, from its pidfile (None when there is none)."""
+    for pidfile in pidfiles:
+        try:
+            with open(pidfile, encoding="ascii") as fh:
+                pid = int(fh.read().strip())
+        except (OSError, ValueError):
+            continue
+        if os.path.exists(f"/proc/{pid}"):
+            return pid
+    return None
+
+
 def packet_sockets(proc_net_packet: str = "/proc/net/packet") -> dict[int, tuple[int, int]]:
     """Inode -> (protocol, interface index) of every AF_PACKET socket."""
     out = {}

@@ -42,6 +42,8 @@ PROBE_TOLERANCE = 1.20
 #: How many times a network that fails its probe is rebuilt before its cells are flagged.
 REBUILDS = 1
 FLAG = "probe_failed"
+#: Flags a cell under which the network broke (its controller exited, Open vSwitch restarted) though it finished.
+DAMAGED_FLAG = "network_damaged"
 
 
 #: The verdict of one probe: :class:`emulator.results.ProbeVerdict` (``results.json`` holds it under ``probe``).

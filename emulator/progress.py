@@ -138,6 +138,9 @@ class Progress:
     def rebuilding(self, reason: str) -> None:
         self.say(f"  network failed its probe ({reason}): rebuilding it")
 
+    def damaged(self, reason: str) -> None:
+        self.say(f"  network broken ({reason}): rebuilding it")
+
     def probe_failed_again(self, reason: str, flag: str) -> None:
         self.say(f"  network failed its probe again ({reason}): its cells are flagged {flag} and not trusted")
 

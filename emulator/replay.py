@@ -66,6 +66,7 @@ from emulator.latency import LatencyModel, PathLatency
 from emulator.launcher import AgentLauncher
 from emulator.metrics import compute_records, repetition_metrics, send_lateness, send_paths, timeline_records
 from emulator.network import EmulatedNetwork
+from emulator.ovs_sockets import vswitchd_pid
 from emulator.results import CellResults, Repetition
 from emulator.schedule import check as scheck
 from emulator.schedule import cost as scost
@@ -221,6 +222,7 @@ class ReplaySession:
         self.launcher: AgentLauncher | None = None
         self.topo_path = ""
         self.stats_file = ""
+        self.vswitchd_pid: int | None = None  # the ovs-vswitchd the network was built on
 
     @property
     def compute_dilation(self) -> float:
@@ -255,6 +257,7 @@ class ReplaySession:
                                       label="replay", mtu=self.mtu,
                                       switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
             self.en.start()
+            self.vswitchd_pid = vswitchd_pid()
             self.ctl.wait_installed()
             if not self.agents:
                 return
@@ -276,6 +279,16 @@ class ReplaySession:
             en.stop()
         if ctl is not None:
             ctl.stop()
+
+    def damage(self) -> str | None:
+        """What broke under this session since it started, or None: its controller exited, or Open vSwitch was
+        restarted (the new ovs-vswitchd lost the flow entries our socket tuning and the controller's state)."""
+        if self.ctl is not None and not self.ctl.running():
+            return f"its controller exited ({self.ctl.log_tail(1) or 'no log'})"
+        now = vswitchd_pid()
+        if self.vswitchd_pid is not None and now != self.vswitchd_pid:
+            return f"Open vSwitch was restarted under it (ovs-vswitchd pid {self.vswitchd_pid} -> {now})"
+        return None
 
     def stats_offset(self) -> int:
         """Where the controller's port-counter file ends now (see :meth:`copy_port_stats`)."""

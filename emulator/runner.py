@@ -71,6 +71,8 @@ class Session(Protocol):
     @property
     def bringup_s(self) -> float | None: ...
 
+    def damage(self) -> str | None: ...
+
     def run(self, schedule: Schedule, out: str, *, repeat: int = ..., warmup: int = ...,
             timeout_s: float | None = ..., config: dict[str, Any] | None = ..., report: CheckReport | None = ...,
             fault_plan: Sequence[Fault] = ...) -> CellResults: ...
@@ -286,10 +288,15 @@ class Runner:
                         self._note_probe(cell, outcome.results, verdict)
                 self._cell_done(outcome, progress, summary)
                 rest = net.cells[n + 1:]
-                if outcome.ok or not rest:
+                damage = session.damage()
+                if damage is not None:
+                    self.folder.log(f"{net.describe()} after the cell {cell.id}: {damage}")
+                    self._flag_damaged(cell, outcome, verdict)
+                if (outcome.ok and damage is None) or not rest:
                     continue
                 try:
-                    session, verdict = self._probe_network(session, first, net, work, progress, after=cell)
+                    session, verdict = self._probe_network(session, first, net, work, progress, after=cell,
+                                                           damage=damage)
                 except KeyboardInterrupt:
                     raise
                 except Exception as exc:  # the rebuild did not come up: the cells left fail
@@ -316,8 +323,8 @@ class Runner:
             raise
         return session
 
-    def _probe_network(self, session: Session, pc: xp.PreparedCell, net: Network, work: str,
-                       progress: Progress, after: xp.Cell | None = None) -> tuple[Session, ProbeVerdict]:
+    def _probe_network(self, session: Session, pc: xp.PreparedCell, net: Network, work: str, progress: Progress,
+                       after: xp.Cell | None = None, damage: str | None = None) -> tuple[Session, ProbeVerdict]:
         """Probe the network; rebuild it (up to :data:`probe.REBUILDS` times) while it fails.
 
         Returns the session to run the cells on and the last verdict; every
@@ -329,6 +336,9 @@ class Runner:
         after it would then fail too; so the network is probed again, and
         rebuilt if the probe fails, before the next cell. Its attempts go to
         ``after-<cell id>/`` in the session directory and ``run.log`` says so.
+        ``damage``: what :meth:`Session.damage` found broken under the
+        session (its controller exited, Open vSwitch restarted); the network is
+        then rebuilt before it is probed.
         """
         where = work if after is None else os.path.join(work, f"after-{after.id}")
         when = "" if after is None else f" after the failed cell {after.id}"
@@ -338,9 +348,10 @@ class Runner:
                          mtu=latency.profile.emulated_mtu if latency.profile else DEFAULT_MTU, where="network probe")
         verdicts: list[ProbeVerdict] = []
         for attempt in range(probe.REBUILDS + 1):
-            if attempt:
-                self.folder.log(f"rebuilding {net.describe()}{when}: {verdicts[-1].reason}")
-                progress.rebuilding(verdicts[-1].reason)
+            if attempt or damage is not None:
+                reason = verdicts[-1].reason if verdicts else f"{damage}"
+                self.folder.log(f"rebuilding {net.describe()}{when}: {reason}")
+                (progress.rebuilding if verdicts else progress.damaged)(reason)
                 session.stop()
                 session = self._bring_up(pc, net, work)
             verdict = self._run_probe(session, sched, report, RunFolder.empty_probe_dir(where, attempt))
@@ -372,6 +383,18 @@ class Runner:
         if not verdict.passed:
             res.flag_all(probe.FLAG)
         self.folder.save_results(cell, res)
+
+    def _flag_damaged(self, cell: xp.Cell, outcome: CellOutcome, verdict: ProbeVerdict) -> None:
+        """A finished cell under which the network broke is flagged :data:`probe.DAMAGED_FLAG` (not trusted)."""
+        if outcome.results is not None:
+            outcome.results.flag_all(probe.DAMAGED_FLAG)
+            self.folder.save_results(cell, outcome.results)
+        elif outcome.mpi is not None:
+            res = outcome.mpi
+            if res.fidelity is None:
+                res.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
+            res.fidelity.flag(probe.DAMAGED_FLAG)
+            self.folder.save_mpi_results(cell, res, verdict)
 
     def _note_mpi_probe(self, cell: xp.Cell, res: MpiResults, verdict: ProbeVerdict) -> None:
         """As :meth:`_note_probe`, for an MPI cell's results."""

@@ -532,8 +532,10 @@ def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
           + "Fidelity flags per repetition "
           "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
           "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
-          "calibrate` never ran here (the capacity is the documented default). A cell with `over_capacity` or "
-          "`cpu_saturated` is not trusted: it measures the emulator, not the fabric.")
+          "calibrate` never ran here (the capacity is the documented default), `probe_failed` = its network "
+          "failed its probe again after a rebuild, `network_damaged` = its controller exited or Open vSwitch "
+          "was restarted while it ran. A cell with any flag but `uncalibrated` is not trusted: it measures the "
+          "emulator (or a broken network), not the fabric.")
 
 
 def faults(doc: Doc, rows: list[CellRow]) -> None:

@@ -27,7 +27,7 @@ class FakeSession:
     probes: list[str] = []
 
     def __init__(self, topo, policy, *, seed=0, latency=None, mtu=9000, work_dir=None, echo=print, fail=(), interrupt=(),
-                 slowdown=1.1, slowdown_ecmp=1.6, flags=("uncalibrated",), probe_slowdowns=None):
+                 slowdown=1.1, slowdown_ecmp=1.6, flags=("uncalibrated",), probe_slowdowns=None, damaging=()):
         self.topo, self.policy, self.seed = topo, policy, seed
         self.latency = latency
         self.probe_slowdowns = probe_slowdowns if probe_slowdowns is not None else []
@@ -35,6 +35,8 @@ class FakeSession:
         self.slowdown, self.slowdown_ecmp, self.flags = slowdown, slowdown_ecmp, list(flags)
         self.up = False
         self.bringup_s = None  # the runner then counts the wall time of start()
+        self.damaging = set(damaging)  # cells under which this session's network breaks (its controller dies)
+        self.broken: str | None = None
 
     def start(self):
         FakeSession.started.append((self.topo.spec, self.policy, self.seed))
@@ -43,6 +45,9 @@ class FakeSession:
     def stop(self):
         self.up = False
 
+    def damage(self):
+        return self.broken
+
     def run(self, schedule, out, *, repeat=3, warmup=1, timeout_s=None, pcap=None, config=None, report=None,
             fault_plan=()):
         assert self.up, "run() on a session that is not up"
@@ -50,6 +55,8 @@ class FakeSession:
             return self._probe(schedule, repeat, warmup, report)
         cell_id = (config or {})["cell"]["id"]
         FakeSession.runs.append(cell_id)
+        if cell_id in self.damaging:
+            self.broken = "its controller exited (killed)"
         sformat.save(schedule, os.path.join(out, "schedule.json"))
         write_json_atomic(os.path.join(out, "topology.json"), self.topo.to_json())
         results = CellResults(config={**config, "algorithm": schedule.algorithm, "ranks": schedule.p,

@@ -595,3 +595,25 @@ def test_a_rebuild_after_a_failed_cell_that_does_not_come_up_fails_the_cells_lef
     s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
     assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
     assert s.failed[ids[1]] == f"network rebuild after the failed cell {ids[0]} failed: ovs-vsctl: timed out"
+
+
+def test_a_network_broken_under_a_cell_that_finished_flags_it_and_is_rebuilt_before_the_next(tmp_path):
+    """The controller died (or Open vSwitch restarted) under a cell that still finished: the cell is flagged
+    network_damaged (not trusted), and the network is rebuilt before the next cell, which runs trusted."""
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    FakeSession.started.clear()
+    FakeSession.probes.clear()
+    stream = io.StringIO()
+    s = runner.Runner(exp, str(tmp_path), session_factory=factory(flags=(), damaging={ids[0]}), stream=stream).run()
+    assert s.ran == ids and not s.failed
+    assert len(FakeSession.started) == 3  # the first network, its rebuild, the second network
+    first = json.loads((tmp_path / "cells" / ids[0] / "results.json").read_text())
+    assert not first["trusted"] and "network_damaged" in first["repetitions"][0]["fidelity"]["flags"]
+    assert first["probe"]["passed"]  # the probe it ran after is kept
+    second = json.loads((tmp_path / "cells" / ids[1] / "results.json").read_text())
+    assert second["trusted"]
+    log = (tmp_path / "run.log").read_text()
+    assert f"after the cell {ids[0]}: its controller exited (killed)" in log
+    assert log.index("its controller exited") < log.index("rebuilding") < log.index(f"ran {ids[1]}")
+    assert "network broken (its controller exited (killed)): rebuilding it" in stream.getvalue()
