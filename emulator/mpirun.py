@@ -70,6 +70,9 @@ from emulator.replay import ReplaySession
 
 #: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
 STOP_GRACE_S = 10.0
+#: How long after a rank says an allocation was refused the job is stopped: a Python rank that died of
+#: MemoryError without ``-m mpi4py`` leaves the others waiting for it until --timeout.
+OUT_OF_MEMORY_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -281,18 +284,25 @@ def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str,
         timer = threading.Timer(timeout_s, stop)
         timer.daemon = True
         timer.start()
+        out_of_memory: threading.Timer | None = None
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 log.write(line)
                 log.flush()
                 echo(line.rstrip("\n"))
+                if out_of_memory is None and confinement.memory_failure_in(line):
+                    out_of_memory = threading.Timer(OUT_OF_MEMORY_GRACE_S, _stop_group, args=(proc,))
+                    out_of_memory.daemon = True
+                    out_of_memory.start()
             status = proc.wait()
         except BaseException:
             _stop_group(proc)
             raise
         finally:
             timer.cancel()
+            if out_of_memory is not None:
+                out_of_memory.cancel()
     return status, timed_out.is_set()
 
 

@@ -341,7 +341,7 @@ class Runner:
         then rebuilt before it is probed.
         """
         where = work if after is None else os.path.join(work, f"after-{after.id}")
-        when = "" if after is None else f" after the failed cell {after.id}"
+        when = "" if after is None else f" after the {'failed ' if damage is None else ''}cell {after.id}"
         sched = probe.schedule(pc.topo)
         latency = pc.latency_model
         report = predict(sched, pc.topo, net.policy, seed=net.seed, latency=latency,

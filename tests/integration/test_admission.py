@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -53,8 +54,9 @@ def test_a_replay_bigger_than_memory_is_refused_with_both_numbers(tmp_path):
     save(generators.generate("ring", topology.build("star:hosts=16"), 8 << 30), str(path))
     line = refused("replay", str(path), "--topology", "star:hosts=16", "--routing", "shortest",
                    "--out", str(tmp_path / "out"))
-    available_gib = memory_available()[0] / (1 << 30)
-    assert "field 'memory'" in line and f"{available_gib:.1f} GiB available" in line and "16 agents" in line
+    said = re.search(r"\(([0-9.]+) GiB available, less a reserve\)", line)
+    assert said is not None and "field 'memory'" in line and "16 agents" in line, line
+    assert abs(float(said.group(1)) - memory_available()[0] / (1 << 30)) < 1.0  # this machine's, as it moves
     assert "field 'max-time'" in line  # 8 GiB at 20 Mbit/s takes hours too
     assert not (tmp_path / "out").exists()
 
@@ -72,23 +74,15 @@ def test_a_replay_over_max_time_is_refused_and_a_larger_max_time_admits_it(tmp_p
     assert res.returncode == 2 and "pcap" in res.stderr and "max-time" not in res.stderr
 
 
-def test_a_load_beyond_the_calibrated_capacity_is_refused_with_a_rate_that_fits(tmp_path):
-    if calibration_file.load_calibration(9000) is None:
-        pytest.skip("this machine has no calibration at MTU 9000 (emu calibrate): the load is only warned about")
+def test_a_load_beyond_the_calibrated_capacity_and_more_ranks_than_the_cores_ran_are_refused(tmp_path):
     path = tmp_path / "hd-ft8.json"
     save(generators.generate("hd", topology.build("fattree:k=8"), 16 << 20), str(path))
     line = refused("replay", str(path), "--topology", "fattree:k=8", "--routing", "ecmp",
                    "--out", str(tmp_path / "out"))
-    assert "field 'load'" in line and "calibrated capacity" in line and "--allow-untrusted" in line
-    assert "--fabric dilation=" in line
-
-
-def test_more_ranks_than_the_cores_run_trusted_are_refused(tmp_path):
-    path = tmp_path / "ring-ft8.json"
-    save(generators.generate("ring", topology.build("fattree:k=8"), 1 << 20), str(path))
-    line = refused("replay", str(path), "--topology", "fattree:k=8", "--routing", "ecmp",
-                   "--out", str(tmp_path / "out"))
     assert f"expected at most {32 * (os.cpu_count() or 1)} ranks on this machine, got 128" in line
+    assert "--allow-untrusted" in line
+    if calibration_file.load_calibration(9000) is not None:  # uncalibrated, the load is only warned about
+        assert "field 'load'" in line and "calibrated capacity" in line and "--fabric dilation=" in line
 
 
 def test_an_experiment_that_does_not_fit_is_refused_and_no_results_folder_is_made(tmp_path):

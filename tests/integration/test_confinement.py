@@ -81,9 +81,9 @@ def test_an_agent_below_its_buffers_fails_in_seconds_naming_it_then_default_limi
 
 
 #: Every rank prints its RLIMIT_DATA (and stops without one: the allocation would really take memory); after a
-#: barrier rank 1 allocates twice its limit while rank 0 waits. Run by ``python3 -m mpi4py``, which aborts the job
-#: on an unhandled exception (plain ``python3`` would wait in MPI_Finalize for rank 0, which waits in the barrier,
-#: until --timeout).
+#: barrier rank 1 allocates twice its limit while rank 0 waits. Run by plain ``python3``: rank 1 dies of its
+#: MemoryError while rank 0 waits in the barrier, and emu mpirun stops the job when it sees the MemoryError
+#: (without that, it waited until --timeout).
 GREEDY = ("import resource, sys\n"
           "from mpi4py import MPI\n"
           "soft, hard = resource.getrlimit(resource.RLIMIT_DATA)\n"
@@ -98,10 +98,12 @@ GREEDY = ("import resource, sys\n"
 def test_an_mpi_program_beyond_its_limit_fails_naming_the_rank_and_the_limit(tmp_path):
     out = tmp_path / "run"
     kills = oom_kills()
+    t0 = time.monotonic()
     proc = subprocess.Popen([*EMU, "mpirun", "--topology", STAR, "--routing", "shortest", "--out", str(out),
-                             "--timeout", "120", "--np", "2", "--", "python3", "-m", "mpi4py", "-c", GREEDY],
+                             "--timeout", "120", "--np", "2", "--", "python3", "-c", GREEDY],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, _ = proc.communicate(timeout=240)
+    assert time.monotonic() - t0 < 60, stdout[-3000:]  # stopped on the MemoryError, not at --timeout
     res = subprocess.CompletedProcess(proc.args, proc.returncode, stdout)
     doc = json.loads((out / "results.json").read_text())
     limit = doc["memory_limit_bytes"]

@@ -99,7 +99,7 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
 def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):
     path, _, _ = write_schedule(tmp_path, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
     res = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm16"),
-                              repeat=3, warmup=0))
+                              repeat=2, warmup=0))
     summary = res.summary()
     assert res.status == "ok" and summary is not None and all(rep.correct for rep in res.repetitions)
     busbw = [rep.busbw_mbps for rep in res.repetitions]

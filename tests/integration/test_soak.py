@@ -15,7 +15,7 @@ import, ovs-vswitchd's first buffers, are not leaks): descriptors, processes,
 bridges, interfaces and namespaces exactly back, resident memory within
 :func:`~tests.integration.census.rss_allowance`. Every census goes to a
 JSON-lines file under ``results/soak/`` (its path is printed). Afterwards
-``emu clean`` finds nothing. N is ``EF_SOAK_ROUNDS`` (default 3; ``make soak``
+``emu clean`` finds nothing. N is ``EF_SOAK_ROUNDS`` (default 2; ``make soak``
 sets 50).
 """
 
@@ -45,7 +45,7 @@ SIZE = 64 * 1024
 
 
 def rounds() -> int:
-    return max(1, int(os.environ.get("EF_SOAK_ROUNDS", "3")))
+    return max(1, int(os.environ.get("EF_SOAK_ROUNDS", "2")))
 
 
 @pytest.fixture
