@@ -282,7 +282,8 @@ class ReplaySession:
 
     def damage(self) -> str | None:
         """What broke under this session since it started, or None: its controller exited, or Open vSwitch was
-        restarted (the new ovs-vswitchd lost the flow entries our socket tuning and the controller's state)."""
+        restarted (the new ovs-vswitchd has lost the flow entries, the enlarged socket buffers and the controller's
+        connection)."""
         if self.ctl is not None and not self.ctl.running():
             return f"its controller exited ({self.ctl.log_tail(1) or 'no log'})"
         now = vswitchd_pid()

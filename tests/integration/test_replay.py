@@ -57,7 +57,7 @@ def colliding_seed(schedule, topo) -> int:
 def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path):
     path, schedule, topo = write_schedule(tmp_path, "hdrm", BIGRAPH)
     good = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm"),
-                               repeat=3, warmup=1))
+                               repeat=2, warmup=1))
     good_summary = good.summary()
     assert good.status == "ok" and good_summary is not None
     assert all(rep.correct for rep in good.repetitions)
@@ -72,14 +72,14 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
     timeline = (tmp_path / "hdrm" / "timeline.jsonl").read_text().splitlines()
     sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
-    assert len(timeline) == sends * 4  # warmup + 3 repetitions
+    assert len(timeline) == sends * 3  # warmup + 2 repetitions
     links = [json.loads(line) for line in (tmp_path / "hdrm" / "links.jsonl").read_text().splitlines()]
     assert {rec["source"] for rec in links} >= {"tc", "tcp", "controller"}
 
     hd_path, hd_schedule, ls_topo = write_schedule(tmp_path, "hd", LEAFSPINE)
     seed = colliding_seed(hd_schedule, ls_topo)
     bad = replay(ReplayConfig(schedule=hd_path, topology=LEAFSPINE, routing="ecmp", seed=seed,
-                              out=str(tmp_path / "hd-ecmp"), repeat=3, warmup=1))
+                              out=str(tmp_path / "hd-ecmp"), repeat=2, warmup=1))
     bad_summary = bad.summary()
     assert bad.status == "ok" and bad_summary is not None and all(rep.correct for rep in bad.repetitions)
     flows = bad.prediction["max_flows_per_link"]
