@@ -8,22 +8,25 @@ anything is written, with the machine's memory replaced by a small one.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from fake_session import factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import admission, fabric, topology
+from emulator import admission, fabric, runner, topology
 from emulator import experiment as xp
 from emulator.admission import GiB, MiB
 from emulator.buffers import BUFFER_NAMES, RankBuffers, rank_bytes
 from emulator.cli import main
 from emulator.cli_types import duration
 from emulator.commands import admit
+from emulator.commands import experiment as cmd
 from emulator.errors import UserError
 from emulator.latency import LatencyModel
 from emulator.schedule import generators
@@ -300,3 +303,26 @@ def test_an_agents_buffers_fit_under_its_limit_and_a_limit_below_them_bites(algo
 
     assert build("estimate") == 0
     assert build("half") == 12
+
+
+def test_a_resume_is_admitted_on_the_cells_still_to_run(tmp_path, small_machine):
+    """emu run counts only the unfinished cells of its results folder: after a run that finished one cell (a fake
+    session), the request's time drops by that cell's estimate, and a finished folder asks for nothing."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "tiny.yaml")
+    exp = xp.load(path)
+    prepared = xp.prepare(exp)
+    args = argparse.Namespace(max_time=admission.DEFAULT_MAX_TIME_S, allow_untrusted=False)
+    whole, _ = cmd._admit(args, prepared, None)
+    out = tmp_path / "run"
+
+    def stop_after_first(cell_id: str, status: str) -> None:
+        raise KeyboardInterrupt
+
+    runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(),
+                  after_cell=stop_after_first, prepared=prepared).run()
+    rest, _ = cmd._admit(args, prepared, str(out))
+    assert whole.time_s is not None and rest.time_s is not None
+    assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], admission.CELL_OVERHEAD_S))
+    runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(), prepared=prepared).run()
+    done, verdict = cmd._admit(args, prepared, str(out))
+    assert done.time_s == 0 and done.memory.total_bytes == 0 and verdict.admitted
