@@ -4,12 +4,14 @@ Slurm and Kubernetes admit a job only if its request fits; this module is
 that decision for ``emu replay``, ``emu run``, ``emu mpirun`` and ``emu
 bench``. A command describes its run as a :class:`Request` -- the memory it
 needs (:class:`MemoryEstimate`), its predicted wall time, and the busiest
-load the model offers the switch datapath -- and :func:`admit` compares it
-with the :class:`Machine` (available memory, the calibrated datapath
-capacity) and the user's :class:`Policy` (``--max-time``,
-``--allow-untrusted``). A refusal is one line naming both numbers and what
-would fit (:class:`emulator.errors.UserError`, exit status 2), raised before
-anything starts or is written.
+load the model offers the switch datapath against the capacity calibrated at
+its MTU (:class:`Load`) -- and :func:`admit` compares it with the
+:class:`Machine` (available memory, cores) and the user's :class:`Policy`
+(``--max-time``, ``--allow-untrusted``). A refusal is one line naming both
+numbers and what would fit (:class:`emulator.errors.UserError`, exit status
+2), raised before anything starts or is written. More ranks than
+:data:`MAX_RANKS_PER_CORE` per core, like a load beyond the capacity, is
+refused unless untrusted runs are allowed.
 
 The same estimates size the confinement: :func:`agent_limit_bytes` is the
 memory limit (``RLIMIT_DATA``) every agent runs under, so a runaway fails its
