@@ -79,9 +79,6 @@ MAX_RANKS_PER_CORE = 32
 #: 61 s; docs/fidelity.md).
 BRINGUP_FIXED_S = 3.0
 BRINGUP_PER_PORT_S = 0.075
-#: What a cell costs beyond its repetitions: emulator.progress.DEFAULT_CELL_OVERHEAD_S's value, not imported: the
-#: live layers (replay, fleet, mpirun) size their confinement here and must not import progress (setup.cfg).
-CELL_OVERHEAD_S = 1.5
 #: Starting a session's agents and the probe of ``emu run`` (per network).
 AGENT_START_S = 1.5
 PROBE_S = 6.0
@@ -386,7 +383,7 @@ def experiment_request(todo: Sequence[xp.PreparedCell], capacity_of: Callable[[i
     loads: list[Load] = []
     cells_s = 0.0
     for pc in todo:
-        cells_s += xp.estimate_s(pc, CELL_OVERHEAD_S)
+        cells_s += xp.estimate_s(pc, xp.CELL_OVERHEAD_S)
         if pc.cell.mpi is not None:
             memory.append(mpi_memory(pc.cell.ranks, mpi_program_bytes(pc.cell.mpi.program), pc.topo))
         elif pc.schedule is not None and pc.report is not None:

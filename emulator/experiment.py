@@ -72,6 +72,8 @@ RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes",
 MPI_KEYS = ("program", "np", "mca", "nice", "timeout_s")
 #: Keys of a run that an MPI run cannot have: its program is its workload (and has its own sizes).
 MPI_EXCLUDES = ("algorithms", "collective", "model", "batch", "scale", "faults", "sizes")
+#: What a cell costs beyond its repetitions until measured: its agents' start-up (seconds; :func:`estimate_s`).
+CELL_OVERHEAD_S = 1.5
 #: The wall seconds an MPI cell is expected to take (no model predicts it): Open MPI's start-up and a short
 #: benchmark, about what experiments/mpi.yaml's cells took here (37 to 58 s).
 MPI_ESTIMATE_S = 45.0

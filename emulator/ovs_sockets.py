@@ -17,6 +17,7 @@ and no interface; a receive socket is bound to one of our interfaces
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import socket
 from collections.abc import Container, Iterator, Sequence
@@ -102,8 +103,9 @@ def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES
     Returns how many sockets were changed, per kind (``send``, ``receive``).
     Raises :class:`OSError` when the daemon or a socket cannot be reached.
     """
-    with open(OVS_PIDFILE, encoding="ascii") as fh:
-        pid = int(fh.read().strip())
+    pid = vswitchd_pid()
+    if pid is None:
+        raise OSError(errno.ESRCH, f"no running ovs-vswitchd ({OVS_PIDFILE})")
     ours = interface_indexes(interfaces)
     sockets = packet_sockets()
     libc = ctypes.CDLL(None, use_errno=True)

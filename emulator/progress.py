@@ -26,7 +26,7 @@ from emulator import experiment as xp
 from emulator.results import CellResults
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
-DEFAULT_CELL_OVERHEAD_S = 1.5
+DEFAULT_CELL_OVERHEAD_S = xp.CELL_OVERHEAD_S
 DEFAULT_BRINGUP_S = 10.0
 #: Seconds of teardown added to a network's own bring-up time (which does not include it).
 TEARDOWN_S = 4.0

@@ -40,10 +40,10 @@ import psutil
 from emulator.naming import BRIDGE_RE as BRIDGE_RE
 from emulator.naming import INTERFACE_RE
 from emulator.network_lock import NetworkLock
+from emulator.ovs_sockets import vswitchd_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EMU = os.path.join(ROOT, ".venv", "bin", "emu")
-OVS_PIDFILE = "/var/run/openvswitch/ovs-vswitchd.pid"
 #: Every process a test starts inherits this variable; its value is the test's own tag.
 TAG_VAR = "EF_TEST_TAG"
 MIB = 1 << 20
@@ -92,15 +92,6 @@ class Census:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def ovs_pid() -> int | None:
-    try:
-        with open(OVS_PIDFILE, encoding="ascii") as fh:
-            pid = int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if psutil.pid_exists(pid) else None
 
 
 def _fds(pid: int | None) -> int | None:
@@ -180,7 +171,7 @@ def take(tag: str, round_no: int, controller_pid: int | None = None) -> Census:
         with contextlib.suppress(psutil.Error):
             zombies += child.status() == psutil.STATUS_ZOMBIE
     machine, machine_zombies, tagged = _processes(tag)
-    vswitchd = ovs_pid()
+    vswitchd = vswitchd_pid()
     return Census(round=round_no, at=time.time(), test_fds=_fds(os.getpid()) or 0,
                   test_descendants=len(descendants), test_zombies=zombies, tagged_processes=tagged,
                   machine_processes=machine, machine_zombies=machine_zombies, bridges=len(bridges),

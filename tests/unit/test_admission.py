@@ -199,7 +199,7 @@ def test_an_experiment_request_counts_only_the_cells_given_and_each_networks_bri
     whole = admission.experiment_request(prepared, lambda mtu: 1500.0)
     rest = admission.experiment_request(prepared[1:], lambda mtu: 1500.0)
     assert whole.time_s is not None and rest.time_s is not None
-    assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], 1.5))
+    assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], xp.CELL_OVERHEAD_S))
     assert len(whole.loads) == len(prepared) and all(ld.capacity_mbps == 1500.0 for ld in whole.loads)
     empty = admission.experiment_request([], lambda mtu: None)
     assert empty.memory.total_bytes == 0 and empty.time_s == 0
@@ -322,7 +322,7 @@ def test_a_resume_is_admitted_on_the_cells_still_to_run(tmp_path, small_machine)
                   after_cell=stop_after_first, prepared=prepared).run()
     rest, _ = cmd._admit(args, prepared, str(out))
     assert whole.time_s is not None and rest.time_s is not None
-    assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], admission.CELL_OVERHEAD_S))
+    assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], xp.CELL_OVERHEAD_S))
     runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(), prepared=prepared).run()
     done, verdict = cmd._admit(args, prepared, str(out))
     assert done.time_s == 0 and done.memory.total_bytes == 0 and verdict.admitted

@@ -15,7 +15,7 @@ import tempfile
 
 import pytest
 
-from emulator import admission, confinement, launcher, progress, topology
+from emulator import admission, confinement, launcher, topology
 from emulator.agent import AgentError, latency_plan
 from emulator.buffers import rank_bytes
 from emulator.files import write_json_atomic
@@ -122,7 +122,3 @@ def test_an_mpi_ranks_output_that_ran_out_is_found_and_said_in_one_line():
                            "the admission estimate): 'MemoryError' in ranks/rank-0.stderr")
     assert confinement.mpi_rank_ran_out([], 578 * MiB) is None
 
-
-def test_admissions_cell_overhead_is_progress_s():
-    # admission keeps its own copy (the live layers may import admission, not progress)
-    assert admission.CELL_OVERHEAD_S == progress.DEFAULT_CELL_OVERHEAD_S
