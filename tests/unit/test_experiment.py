@@ -471,19 +471,23 @@ def test_bad_series_or_run_fabric_names_its_field(edit, field):
     assert info.value.field == field
 
 
-def test_a_rebuild_that_does_not_come_up_fails_that_networks_cells_and_the_run_goes_on(tmp_path):
-    exp = parse(TINY)
-    ids = [c.id for c in xp.expand(exp)]
-    make = factory(flags=(), probe_slowdowns=[1.6, 1.0])
-    starts = []
+def second_start_fails(make):
+    """A session factory whose second session does not come up (``ovs-vsctl: timed out``): a rebuild that fails."""
+    made = []
 
     def flaky(topo, policy, **kw):
         session = make(topo, policy, **kw)
-        starts.append(topo.spec)
-        if len(starts) == 2:  # the rebuild of the first network
+        made.append(session)
+        if len(made) == 2:
             session.start = lambda: (_ for _ in ()).throw(RuntimeError("ovs-vsctl: timed out"))
         return session
+    return flaky
 
+
+def test_a_rebuild_that_does_not_come_up_fails_that_networks_cells_and_the_run_goes_on(tmp_path):
+    exp = parse(TINY)
+    ids = [c.id for c in xp.expand(exp)]
+    flaky = second_start_fails(factory(flags=(), probe_slowdowns=[1.6, 1.0]))  # the rebuild of the first network
     s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
     assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
     assert all("rebuild after a failed probe failed: ovs-vsctl: timed out" in e for e in s.failed.values())
@@ -582,16 +586,7 @@ def test_a_failed_last_cell_of_a_network_costs_no_probe(tmp_path):
 def test_a_rebuild_after_a_failed_cell_that_does_not_come_up_fails_the_cells_left(tmp_path):
     exp = parse(TINY)
     ids = [c.id for c in xp.expand(exp)]
-    make = factory(flags=(), fail={ids[0]}, probe_slowdowns=[1.0, 1.6])
-    starts = []
-
-    def flaky(topo, policy, **kw):
-        session = make(topo, policy, **kw)
-        starts.append(topo.spec)
-        if len(starts) == 2:  # the rebuild after the failed cell
-            session.start = lambda: (_ for _ in ()).throw(RuntimeError("ovs-vsctl: timed out"))
-        return session
-
+    flaky = second_start_fails(factory(flags=(), fail={ids[0]}, probe_slowdowns=[1.0, 1.6]))  # the rebuild after it
     s = runner.Runner(exp, str(tmp_path), session_factory=flaky, stream=io.StringIO()).run()
     assert sorted(s.failed) == sorted(ids[:2]) and s.ran == ids[2:]
     assert s.failed[ids[1]] == f"network rebuild after the failed cell {ids[0]} failed: ovs-vsctl: timed out"
