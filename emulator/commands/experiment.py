@@ -64,12 +64,18 @@ def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]) ->
     return xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
 
 
-def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell],
-           out: str | None) -> tuple[admission.Request, admission.Verdict]:
-    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine."""
+def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str | None,
+           calibrations: dict[int, Calibration | None]) -> tuple[admission.Request, admission.Verdict]:
+    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine; the load is
+    held against ``calibrations`` (per MTU)."""
     folder = run_folder.RunFolder(out) if out is not None else None
     todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
-    request = admission.experiment_request(todo, admit.capacity)
+
+    def capacity(mtu: int) -> float | None:
+        calibration = calibrations.get(mtu)
+        return calibration.datapath_capacity_mbps if calibration is not None else None
+
+    request = admission.experiment_request(todo, capacity)
     return request, admit.check(request, args, echo=lambda line: None)
 
 
@@ -81,7 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     if args.check:
         prepared = _prepare(exp, existing)
-        request, verdict = _admit(args, prepared, args.out)
+        request, verdict = _admit(args, prepared, args.out, existing)
         for pc in prepared:
             if pc.report is None:
                 _print_mpi_cell(pc)
@@ -111,7 +117,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
         out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
     prepared = _prepare(exp, existing)
-    _, verdict = _admit(args, prepared, out)  # memory and time before anything starts; the load where calibrated
+    _, verdict = _admit(args, prepared, out, existing)  # memory and time before anything starts; the load where calibrated
     system.require_root()
     if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
         system.require_tools([mpi.MPIRUN, "mnexec"])
@@ -119,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
         prepared = _prepare(exp, calibrations)
-        _, verdict = _admit(args, prepared, out)
+        _, verdict = _admit(args, prepared, out, calibrations)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:

@@ -312,7 +312,7 @@ def test_a_resume_is_admitted_on_the_cells_still_to_run(tmp_path, small_machine)
     exp = xp.load(path)
     prepared = xp.prepare(exp)
     args = argparse.Namespace(max_time=admission.DEFAULT_MAX_TIME_S, allow_untrusted=False)
-    whole, _ = cmd._admit(args, prepared, None)
+    whole, _ = cmd._admit(args, prepared, None, {})
     out = tmp_path / "run"
 
     def stop_after_first(cell_id: str, status: str) -> None:
@@ -320,9 +320,9 @@ def test_a_resume_is_admitted_on_the_cells_still_to_run(tmp_path, small_machine)
 
     runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(),
                   after_cell=stop_after_first, prepared=prepared).run()
-    rest, _ = cmd._admit(args, prepared, str(out))
+    rest, _ = cmd._admit(args, prepared, str(out), {})
     assert whole.time_s is not None and rest.time_s is not None
     assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], xp.CELL_OVERHEAD_S))
     runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(), prepared=prepared).run()
-    done, verdict = cmd._admit(args, prepared, str(out))
+    done, verdict = cmd._admit(args, prepared, str(out), {})
     assert done.time_s == 0 and done.memory.total_bytes == 0 and verdict.admitted
