@@ -39,7 +39,7 @@ debian-packages:
 	fi
 
 # Works without the openvswitch kernel module: switches then use the
-# userspace datapath (chosen per run by emulator.system.choose_datapath).
+# userspace datapath (chosen per run by emulator.emulation.system.choose_datapath).
 # The glibc tunable keeps ovs-vswitchd's allocator from trimming its heap
 # around every batch of packet buffers (measured: with 32000-byte frames 91%
 # of its system calls were brk and it used a whole core; the first network

@@ -14,10 +14,10 @@ Under ``ecmp`` the switches get the reactive table
 (``routing.flow_table(..., reactive=True)``): TCP packets of a connection
 not yet learned reach the controller at the first choice point of their
 path; the core answers with the 5-tuple entries of both directions
-(:func:`emulator.routing.learned_entries`, each direction hashed on its own)
-so that every TCP connection takes exactly its :func:`emulator.routing.route`.
+(:func:`emulator.model.routing.learned_entries`, each direction hashed on its own)
+so that every TCP connection takes exactly its :func:`emulator.model.routing.route`.
 Learned entries are not part of the desired table: on a reroute the app
-deletes them all by :data:`emulator.routing.LEARNED_COOKIE` and the core
+deletes them all by :data:`emulator.model.routing.LEARNED_COOKIE` and the core
 forgets them (:attr:`Update.clear_learned`); packets then re-learn along the
 new paths.
 The app (:mod:`controllers.eflops_controller`) only translates datapath ids,
@@ -40,10 +40,10 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from emulator import routing, topology
-from emulator.errors import FieldError
-from emulator.routing import Flow, FlowEntry
-from emulator.topology import Topology, node_sort_key
+from emulator.base.errors import FieldError
+from emulator.model import routing, topology
+from emulator.model.routing import Flow, FlowEntry
+from emulator.model.topology import Topology, node_sort_key
 
 DEFAULT_LISTEN = ("127.0.0.1", 6653)
 DEFAULT_STATS_INTERVAL = 1.0

@@ -1,7 +1,7 @@
 """The OpenFlow 1.3 controller app: a thin shim over :class:`controllers.core.ControllerCore`.
 
 Proactive and loop-safe: when a switch connects (or reconnects) the app wipes
-its table and installs every entry :func:`emulator.routing.flow_table` gives
+its table and installs every entry :func:`emulator.model.routing.flow_table` gives
 it (``reactive=True``), for all host pairs, then confirms with a barrier. ARP
 never floods: the entries forward ARP by target address, and an ARP request
 that reaches the controller is answered from the topology model. Table misses
@@ -12,9 +12,9 @@ Reactive for TCP under ``ecmp`` only: at every ECMP choice point an entry
 sends TCP packets of connections not yet learned here. The app asks the core
 (:meth:`~controllers.core.ControllerCore.tcp_packet_in`), sends the learned
 5-tuple entries of both directions to every switch concerned (downstream
-ones first; idle timeout and cookie :data:`emulator.routing.LEARNED_COOKIE`)
+ones first; idle timeout and cookie :data:`emulator.model.routing.LEARNED_COOKIE`)
 and sends the packet on with a packet-out through the computed port, so
-every TCP connection takes its :func:`emulator.routing.route`. A packet that
+every TCP connection takes its :func:`emulator.model.routing.route`. A packet that
 misses at a downstream switch before its flow-mod arrived is handled the
 same way. ARP requests and these TCP packets are all that come here.
 
@@ -48,8 +48,8 @@ except ImportError:  # loaded by file path (ryu-manager controllers/eflops_contr
     from controllers import compat
 
 from controllers.core import ControllerCore, Settings, Update
-from emulator.files import write_json_atomic
-from emulator.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry
+from emulator.base.files import write_json_atomic
+from emulator.model.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry
 
 LOG = logging.getLogger("eflops.controller")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 
 from chakra.schema.protobuf import et_def_pb2 as pb
-
 from emulator.schedule.chakra import coll_node, write_trace
 
 HERE = os.path.dirname(os.path.abspath(__file__))

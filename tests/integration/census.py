@@ -5,12 +5,12 @@ process, of ovs-vswitchd, of a controller), processes (on the machine, the
 test process's descendants, zombies among them, and every process carrying
 this test's environment tag, wherever it was re-parented to), Open vSwitch
 bridges and root-namespace interfaces (all, veths, and ours by the patterns
-of :mod:`emulator.naming`), distinct network namespaces (``/proc/*/ns/net``
+of :mod:`emulator.base.naming`), distinct network namespaces (``/proc/*/ns/net``
 inodes), and the resident memory of ovs-vswitchd, the test process and a
 controller.
 
 Other people run networks on this machine too. :func:`quiet` holds the
-machine-wide network lock (:class:`emulator.network_lock.NetworkLock`) while
+machine-wide network lock (:class:`emulator.emulation.network_lock.NetworkLock`) while
 a census is taken between networks, so no one else's bridges, veths or host
 namespaces are up at that moment. Processes are attributed to a test by an
 environment variable (:data:`TAG_VAR`) that every process it starts inherits
@@ -37,10 +37,10 @@ from typing import Any
 
 import psutil
 
-from emulator.naming import BRIDGE_RE as BRIDGE_RE
-from emulator.naming import INTERFACE_RE
-from emulator.network_lock import NetworkLock
-from emulator.ovs_sockets import vswitchd_pid
+from emulator.base.naming import BRIDGE_RE as BRIDGE_RE
+from emulator.base.naming import INTERFACE_RE
+from emulator.emulation.network_lock import NetworkLock
+from emulator.emulation.ovs_sockets import vswitchd_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EMU = os.path.join(ROOT, ".venv", "bin", "emu")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from emulator.results import CellResults
+from emulator.runs.results import CellResults
 
 
 def step_time(results: CellResults, steps) -> float:

@@ -20,10 +20,11 @@ import time
 
 import pytest
 
-from emulator import calibration_file, topology
-from emulator.schedule import generators
-from emulator.schedule.format import save
-from emulator.system import memory_available
+from emulator.emulation import calibration_file
+from emulator.emulation.system import memory_available
+from emulator.model import topology
+from emulator.model.schedule import generators
+from emulator.model.schedule.format import save
 
 pytestmark = pytest.mark.integration
 

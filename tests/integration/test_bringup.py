@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from emulator import topology
-from emulator.naming import BRIDGE_RE, host_intf, switch_intf
-from emulator.network import EmulatedNetwork
-from emulator.runstate import alive, all_runs
-from emulator.system import run
-from emulator.tc import parse_htb_rates
+from emulator.base.naming import BRIDGE_RE, host_intf, switch_intf
+from emulator.emulation.network import EmulatedNetwork
+from emulator.emulation.runstate import alive, all_runs
+from emulator.emulation.system import run
+from emulator.emulation.tc_commands import parse_htb_rates
+from emulator.model import topology
 
 pytestmark = pytest.mark.integration
 

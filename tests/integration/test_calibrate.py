@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from emulator import calibration_file, routing, topology
-from emulator.schedule import format as sformat
-from emulator.schedule import generators
-from emulator.topology import DEFAULT_MTU
+from emulator.emulation import calibration_file
+from emulator.model import routing, topology
+from emulator.model.schedule import format as sformat
+from emulator.model.schedule import generators
+from emulator.model.topology import DEFAULT_MTU
 
 pytestmark = pytest.mark.integration
 

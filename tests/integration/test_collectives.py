@@ -12,10 +12,11 @@ import os
 
 import pytest
 
-from emulator import calibration_file, fabric, fidelity, topology
-from emulator.replay import ReplaySession, lanes_of
-from emulator.schedule import chakra, generators, msccl
-from emulator.schedule.format import Schedule, match_transfers
+from emulator.emulation import calibration_file, fidelity
+from emulator.emulation.replay import ReplaySession, lanes_of
+from emulator.model import fabric, topology
+from emulator.model.schedule import chakra, generators, msccl
+from emulator.model.schedule.format import Schedule, match_transfers
 
 pytestmark = pytest.mark.integration
 

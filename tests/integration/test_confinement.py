@@ -19,9 +19,11 @@ import time
 
 import pytest
 
-from emulator import admission, runstate, system, topology
-from emulator.replay import ReplayFailed, ReplaySession
-from emulator.schedule import generators
+from emulator.emulation import runstate, system
+from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.model import topology
+from emulator.model.schedule import generators
+from emulator.runs import admission
 
 from .census import clean_removals
 

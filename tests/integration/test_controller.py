@@ -5,7 +5,7 @@ controller is restarted on the same loopback port for every policy and the
 switches reconnect to it (they retry every second), get wiped and get the new
 policy's entries. Per (topology, policy): every host pair pings, and a TCP
 transfer on an agent 5-tuple raises the byte counters on exactly the
-inter-switch links :func:`emulator.routing.route` predicts. Then: ECMP
+inter-switch links :func:`emulator.model.routing.route` predicts. Then: ECMP
 placement is the same for the same seed and changes with the seed, and a
 link taken down reroutes within 1 s with 0% loss afterwards.
 """
@@ -20,12 +20,12 @@ import time
 import pytest
 
 from controllers.core import Settings
-from emulator import routing, topology
-from emulator.commands.controller import ping_all
-from emulator.controller_process import ControllerProcess, free_port
-from emulator.naming import bridge_name
-from emulator.network import EmulatedNetwork
-from emulator.system import run
+from emulator.base.naming import bridge_name
+from emulator.cli.commands.controller import ping_all
+from emulator.emulation.controller_process import ControllerProcess, free_port
+from emulator.emulation.network import EmulatedNetwork
+from emulator.emulation.system import run
+from emulator.model import routing, topology
 
 pytestmark = pytest.mark.integration
 

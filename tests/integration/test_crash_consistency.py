@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator import experiment as xp
-from emulator.files import read_json_object
-from emulator.run_folder import RunFolder
-from emulator.runstate import all_runs
+from emulator.base.files import read_json_object
+from emulator.emulation.runstate import all_runs
+from emulator.study import experiment as xp
+from emulator.study.run_folder import RunFolder
 
 from . import census
 from .census import CensusLog

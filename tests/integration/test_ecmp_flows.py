@@ -2,7 +2,7 @@
 
 On a leaf-spine with four spines, several TCP connections between ONE host
 pair on different leaves, from source ports bound inside the source host,
-each take the spine :func:`emulator.routing.route` predicts for their
+each take the spine :func:`emulator.model.routing.route` predicts for their
 5-tuple and the run's seed: the controller learns them on their first packet
 (a miss entry at the leaf, the learned entries of both directions). The
 leaves' uplink byte counters show each connection's data on its predicted
@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from emulator import routing
-from emulator.naming import bridge_name
-from emulator.system import run
+from emulator.base.naming import bridge_name
+from emulator.emulation.system import run
+from emulator.model import routing
 
 from .test_controller import Fabric, send_tcp, wait_counters
 

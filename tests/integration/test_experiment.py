@@ -8,10 +8,10 @@ import os
 
 import pytest
 
-from emulator import experiment as xp
-from emulator import report, runner
-from emulator.replay import ReplaySession
-from emulator.run_folder import RunFolder
+from emulator.emulation.replay import ReplaySession
+from emulator.study import experiment as xp
+from emulator.study import report, runner
+from emulator.study.run_folder import RunFolder
 
 pytestmark = pytest.mark.integration
 

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from emulator import experiment as xp
+from emulator.study import experiment as xp
 
 pytestmark = pytest.mark.integration
 

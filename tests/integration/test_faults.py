@@ -12,15 +12,15 @@ import time
 
 import pytest
 
-from emulator import experiment as xp
-from emulator import topology
-from emulator.naming import BRIDGE_RE
-from emulator.replay import ReplayConfig, ReplayFailed, replay
-from emulator.run_folder import RunFolder
-from emulator.runstate import all_runs
-from emulator.schedule import format as sformat
-from emulator.schedule import generators
-from emulator.system import run
+from emulator.base.naming import BRIDGE_RE
+from emulator.emulation.replay import ReplayConfig, ReplayFailed, replay
+from emulator.emulation.runstate import all_runs
+from emulator.emulation.system import run
+from emulator.model import topology
+from emulator.model.schedule import format as sformat
+from emulator.model.schedule import generators
+from emulator.study import experiment as xp
+from emulator.study.run_folder import RunFolder
 
 pytestmark = pytest.mark.integration
 

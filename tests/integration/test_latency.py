@@ -6,10 +6,11 @@ import statistics
 
 import pytest
 
-from emulator import fabric, fidelity, topology
-from emulator.replay import ReplayConfig, prepare, replay
-from emulator.schedule import format as sformat
-from emulator.schedule.generators import pair_exchange
+from emulator.emulation import fidelity
+from emulator.emulation.replay import ReplayConfig, prepare, replay
+from emulator.model import fabric, topology
+from emulator.model.schedule import format as sformat
+from emulator.model.schedule.generators import pair_exchange
 
 pytestmark = pytest.mark.integration
 

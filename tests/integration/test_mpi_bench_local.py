@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from emulator import __version__
-from emulator import mpi_bench as mb
-from emulator.files import read_json
+from emulator.base.files import read_json
+from emulator.runs import allreduce_bench as mb
 
 pytestmark = pytest.mark.integration
 

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from emulator import topology
-from emulator.mpi import load_results
-from emulator.schedule import generators
+from emulator.model import topology
+from emulator.model.schedule import generators
+from emulator.runs.mpi_plan import load_results
 
 pytestmark = pytest.mark.integration
 

@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from emulator import topology
-from emulator.naming import BRIDGE_RE
-from emulator.replay import ReplayConfig, replay
-from emulator.runstate import all_runs
-from emulator.schedule import format as sformat
-from emulator.schedule import generators
-from emulator.schedule.check import check
-from emulator.system import run
+from emulator.base.naming import BRIDGE_RE
+from emulator.emulation.replay import ReplayConfig, replay
+from emulator.emulation.runstate import all_runs
+from emulator.emulation.system import run
+from emulator.model import topology
+from emulator.model.schedule import format as sformat
+from emulator.model.schedule import generators
+from emulator.model.schedule.check import check
 
 from .measured import step_time
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import topology
-from emulator.replay import ReplayConfig, replay
-from emulator.schedule import cost, generators
-from emulator.schedule import format as sformat
+from emulator.emulation.replay import ReplayConfig, replay
+from emulator.model import topology
+from emulator.model.schedule import cost, generators
+from emulator.model.schedule import format as sformat
 
 from .measured import step_time
 

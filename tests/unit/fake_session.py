@@ -1,10 +1,10 @@
-"""A stand-in for :class:`emulator.replay.ReplaySession`: writes plausible cell results without a network.
+"""A stand-in for :class:`emulator.emulation.replay.ReplaySession`: writes plausible cell results without a network.
 
 Each repetition takes the model's per-step times, stretched by ``slowdown``
 (``slowdown_ecmp`` for ECMP routing), so the report has something to show.
 Like the real session, ``run`` writes ``results.json`` through
-:meth:`emulator.results.CellResults.save` as it goes and returns the
-:class:`~emulator.results.CellResults`; a probe (``config`` with ``probe``)
+:meth:`emulator.runs.results.CellResults.save` as it goes and returns the
+:class:`~emulator.runs.results.CellResults`; a probe (``config`` with ``probe``)
 writes nothing and returns its results only.
 """
 
@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from emulator.files import append_jsonl, write_json_atomic
-from emulator.results import CellResults, Fidelity, Repetition
-from emulator.schedule import cost
-from emulator.schedule import format as sformat
+from emulator.base.files import append_jsonl, write_json_atomic
+from emulator.model.schedule import cost
+from emulator.model.schedule import format as sformat
+from emulator.runs.results import CellResults, Fidelity, Repetition
 
 
 class FakeSession:
@@ -120,7 +120,7 @@ class FakeSession:
 
 
 def factory(**options):
-    """A session factory for :class:`emulator.runner.Runner` with these FakeSession options."""
+    """A session factory for :class:`emulator.study.runner.Runner` with these FakeSession options."""
     shared = options.pop("probe_slowdowns", None)
     probe_slowdowns = list(shared) if shared is not None else None
 

@@ -5,7 +5,7 @@
   fuzzers reach deep validation instead of failing at the first field;
 * :func:`user_error_or` -- call a parser: its result, or ``None`` after a one-line
   :class:`UserError` (anything else propagates and fails the test);
-* :func:`run_cli` / :func:`check_cli` -- ``emulator.cli.main`` with captured output,
+* :func:`run_cli` / :func:`check_cli` -- ``emulator.cli.main.main`` with captured output,
   asserting the bad-input contract (exit 2, one line, no traceback);
 * :class:`Started` and :func:`forbid_starting` -- every edge that starts a process or
   brings a network up, replaced by a function that raises :class:`Started`;
@@ -27,7 +27,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from emulator.errors import UserError
+from emulator.base.errors import UserError
 
 #: Every fuzz test: 1000 examples, no per-example deadline (a 2-core CI machine is slow).
 FUZZ = settings(max_examples=1000, deadline=None,
@@ -160,8 +160,8 @@ class Started(BaseException):  # noqa: N818 - a signal, not an error; BaseExcept
 
 
 def run_cli(argv: list[str]) -> tuple[int | None, str, str]:
-    """``emulator.cli.main(argv)`` -> ``(status, stdout, stderr)``; status ``None`` if something started."""
-    from emulator.cli import main
+    """``emulator.cli.main.main(argv)`` -> ``(status, stdout, stderr)``; status ``None`` if something started."""
+    from emulator.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     status: int | None
@@ -194,9 +194,9 @@ def fast_parser(mp: pytest.MonkeyPatch) -> None:
 
     ``main`` still parses every argv with the real parser.
     """
-    import emulator.cli
+    import emulator.cli.main
 
-    mp.setattr(emulator.cli, "build_parser", functools.cache(emulator.cli.build_parser))
+    mp.setattr(emulator.cli.main, "build_parser", functools.cache(emulator.cli.main.build_parser))
 
 
 @pytest.fixture(scope="module")
@@ -243,8 +243,8 @@ class _FakeNetwork(_FakeClass):
     def __init__(self, topo: Any, controller: Any = None, routing: str = "shortest", seed: int = 0,
                  datapath: str = "auto", **kwargs: Any):
         from controllers.core import parse_listen
-        from emulator import routing as routing_mod
-        from emulator import system
+        from emulator.emulation import system
+        from emulator.model import routing as routing_mod
 
         if controller is None:
             _must_pass("a network", lambda: routing_mod.check_policy(topo, routing))
@@ -269,7 +269,7 @@ def _fake_foreground(settings: Any, *args: Any) -> None:
 
 
 def _fake_replay(cfg: Any, *args: Any, **kwargs: Any) -> None:
-    from emulator import replay
+    from emulator.emulation import replay
 
     _must_pass("a replay", lambda: replay.prepare(cfg))
     raise Started("replay")
@@ -285,39 +285,39 @@ def forbid_starting(mp: pytest.MonkeyPatch) -> None:
     import subprocess
 
     import controllers.launcher
-    import emulator.bench
-    import emulator.calibrate
-    import emulator.cleanup
-    import emulator.commands.bench
-    import emulator.commands.calibrate
-    import emulator.commands.experiment
-    import emulator.commands.net
-    import emulator.commands.replay
-    import emulator.controller_process
-    import emulator.network
-    import emulator.replay
-    import emulator.runner
-    import emulator.system
+    import emulator.cli.commands.bench
+    import emulator.cli.commands.calibrate
+    import emulator.cli.commands.experiment
+    import emulator.cli.commands.net
+    import emulator.cli.commands.replay
+    import emulator.emulation.cleanup
+    import emulator.emulation.controller_process
+    import emulator.emulation.network
+    import emulator.emulation.replay
+    import emulator.emulation.system
+    import emulator.selfcheck.bench
+    import emulator.selfcheck.calibration
+    import emulator.study.runner
 
-    mp.setattr(emulator.network, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.replay, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.replay, "ControllerProcess", _FakeController)
-    mp.setattr(emulator.commands.net, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.controller_process, "ControllerProcess", _FakeController)
+    mp.setattr(emulator.emulation.network, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.emulation.replay, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.emulation.replay, "ControllerProcess", _FakeController)
+    mp.setattr(emulator.cli.commands.net, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.emulation.controller_process, "ControllerProcess", _FakeController)
     mp.setattr(controllers.launcher, "run_foreground", _fake_foreground)
-    mp.setattr(emulator.replay, "replay", _fake_replay)
-    mp.setattr(emulator.commands.replay, "replay", _fake_replay)
-    for module, name in ((emulator.replay, "ReplaySession"), (emulator.runner, "Runner")):
+    mp.setattr(emulator.emulation.replay, "replay", _fake_replay)
+    mp.setattr(emulator.cli.commands.replay, "replay", _fake_replay)
+    for module, name in ((emulator.emulation.replay, "ReplaySession"), (emulator.study.runner, "Runner")):
         mp.setattr(module, name, type(f"Fake{name}", (_FakeClass,), {"label": name}))
     for module, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
                          (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
-                         (emulator.system, "run"), (emulator.calibrate, "calibrate"), (emulator.bench, "bench"),
-                         (emulator.cleanup, "clean")):
+                         (emulator.emulation.system, "run"), (emulator.selfcheck.calibration, "calibrate"), (emulator.selfcheck.bench, "bench"),
+                         (emulator.emulation.cleanup, "clean")):
         mp.setattr(module, name, _fake(f"{module.__name__}.{name}"))
-    for module in (emulator.system, emulator.commands.net, emulator.commands.replay, emulator.commands.calibrate,
-                   emulator.commands.bench):
+    for module in (emulator.emulation.system, emulator.cli.commands.net, emulator.cli.commands.replay, emulator.cli.commands.calibrate,
+                   emulator.cli.commands.bench):
         if hasattr(module, "require_root"):
             mp.setattr(module, "require_root", lambda: None)
         if hasattr(module, "interrupt_on_sigterm"):
             mp.setattr(module, "interrupt_on_sigterm", lambda: None)
-    mp.setattr(emulator.commands.experiment, "interrupt_on_sigterm", lambda: None)
+    mp.setattr(emulator.cli.commands.experiment, "interrupt_on_sigterm", lambda: None)

@@ -1,6 +1,6 @@
-"""Admission (emulator.admission): the estimates of memory, time and load, and the refusals they make.
+"""Admission (emulator.runs.admission): the estimates of memory, time and load, and the refusals they make.
 
-The memory estimate of an agent is held against what :class:`emulator.buffers.RankBuffers` really allocates; the
+The memory estimate of an agent is held against what :class:`emulator.model.buffers.RankBuffers` really allocates; the
 rate a capacity refusal suggests is predicted again to check that it fits; the command line refuses before
 anything is written, with the machine's memory replaced by a small one.
 """
@@ -19,20 +19,22 @@ from fake_session import factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import admission, fabric, runner, topology
-from emulator import experiment as xp
-from emulator.admission import GiB, MiB
-from emulator.buffers import BUFFER_NAMES, RankBuffers, rank_bytes
-from emulator.cli import main
-from emulator.cli_types import duration
-from emulator.commands import admit
-from emulator.commands import experiment as cmd
-from emulator.errors import UserError
-from emulator.latency import LatencyModel
-from emulator.schedule import generators
-from emulator.schedule.check import predict
-from emulator.schedule.format import RECV_REDUCE, save
-from emulator.system import cgroup_memory_headroom
+from emulator.base.errors import UserError
+from emulator.cli.arguments import duration
+from emulator.cli.commands import admit
+from emulator.cli.commands import experiment as cmd
+from emulator.cli.main import main
+from emulator.emulation.system import cgroup_memory_headroom
+from emulator.model import fabric, topology
+from emulator.model.buffers import BUFFER_NAMES, RankBuffers, rank_bytes
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import generators
+from emulator.model.schedule.check import predict
+from emulator.model.schedule.format import RECV_REDUCE, save
+from emulator.runs import admission
+from emulator.runs.admission import GiB, MiB
+from emulator.study import experiment as xp
+from emulator.study import runner
 
 STAR = "star:hosts=8"
 ALGOS = ("ring", "hd", "dbtree")
@@ -196,12 +198,12 @@ def test_the_suggested_rate_and_dilation_do_fit_when_predicted_again():
 def test_an_experiment_request_counts_only_the_cells_given_and_each_networks_bringup():
     exp = xp.load(os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "tiny.yaml"))
     prepared = xp.prepare(exp)
-    whole = admission.experiment_request(prepared, lambda mtu: 1500.0)
-    rest = admission.experiment_request(prepared[1:], lambda mtu: 1500.0)
+    whole = xp.experiment_request(prepared, lambda mtu: 1500.0)
+    rest = xp.experiment_request(prepared[1:], lambda mtu: 1500.0)
     assert whole.time_s is not None and rest.time_s is not None
     assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], xp.CELL_OVERHEAD_S))
     assert len(whole.loads) == len(prepared) and all(ld.capacity_mbps == 1500.0 for ld in whole.loads)
-    empty = admission.experiment_request([], lambda mtu: None)
+    empty = xp.experiment_request([], lambda mtu: None)
     assert empty.memory.total_bytes == 0 and empty.time_s == 0
 
 
@@ -280,9 +282,10 @@ def test_the_memory_estimate_is_whole_bytes():
 
 BUILD_UNDER_LIMIT = """
 import resource, sys
-from emulator import admission, topology
-from emulator.buffers import RankBuffers, rank_bytes
-from emulator.schedule import generators
+from emulator.runs import admission
+from emulator.model import topology
+from emulator.model.buffers import RankBuffers, rank_bytes
+from emulator.model.schedule import generators
 algo, collective, size, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 schedule = generators.generate(algo, topology.build("star:hosts=8"), size, collective=collective)
 used = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmData"))

@@ -11,13 +11,15 @@ import time
 import numpy as np
 import pytest
 
-from emulator import agent as agent_mod
-from emulator import fabric, metrics, peer, topology
-from emulator.agent import Agent, AgentError, expected_sum, input_values
-from emulator.latency import LatencyModel, PathLatency
-from emulator.results import Repetition
-from emulator.schedule import cost, generators
-from emulator.schedule.format import match_transfers, with_ops
+from emulator.emulation import agent as agent_mod
+from emulator.emulation import peer
+from emulator.emulation.agent import Agent, AgentError, expected_sum, input_values
+from emulator.model import fabric, topology
+from emulator.model.latency import LatencyModel, PathLatency
+from emulator.model.schedule import cost, generators
+from emulator.model.schedule.format import match_transfers, with_ops
+from emulator.runs import metrics
+from emulator.runs.results import Repetition
 
 
 def test_expected_sum_matches_a_direct_sum():
@@ -335,7 +337,7 @@ def test_the_agents_latency_plan_per_pair_of_ranks_and_their_lateness():
 def test_lanes_are_connections_of_their_own_and_compute_is_dilated_work():
     """Two messages between one pair on two lanes, received in the opposite order of their sends, and a compute
     op: lane 1's message does not wait behind lane 0's (which waits for the receiver's compute)."""
-    from emulator.schedule.compose import Composer
+    from emulator.model.schedule.compose import Composer
 
     topo = topology.build("star:hosts=2")
     comp = Composer(["h1", "h2"], 4096)

@@ -11,9 +11,10 @@ from scapy.layers.l2 import Ether
 from scapy.packet import Raw
 from scapy.utils import PcapWriter
 
-from emulator import analyze, topology
-from emulator.cli import main
-from emulator.errors import UserError
+from emulator.base.errors import UserError
+from emulator.cli.main import main
+from emulator.model import topology
+from emulator.selfcheck import capture_analysis as analyze
 
 
 def seg(t: float, src: str, dst: str, sport: int, dport: int, payload: int, snap: int | None = None):

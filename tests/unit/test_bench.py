@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import bench, fabric
-from emulator.cli import main
-from emulator.errors import UserError
-from emulator.latency import LatencyModel
-from emulator.schedule import generators
-from emulator.topology import build
+from emulator.base.errors import UserError
+from emulator.cli.main import main
+from emulator.model import fabric
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import generators
+from emulator.model.topology import build
+from emulator.selfcheck import bench
 
 
 def test_the_bench_profile_and_bw():

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from emulator import calibrate as cal
-from emulator import routing, topology
-from emulator.cli import main
+from emulator.cli.main import main
+from emulator.model import routing, topology
+from emulator.selfcheck import calibration as cal
 
 
 def iperf_report(received_bps: float, sent_bps: float | None = None, bidir_bps: float | None = None,

@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from emulator.calibration_file import (
+from emulator.base.errors import FieldError
+from emulator.base.files import write_json_atomic
+from emulator.emulation.calibration_file import (
     CALIBRATION_VERSION,
     Calibration,
     Machine,
@@ -16,8 +18,6 @@ from emulator.calibration_file import (
     calibration_problem,
     load_calibration,
 )
-from emulator.errors import FieldError
-from emulator.files import write_json_atomic
 
 ME = {"kernel": "6.1.0-test", "ovs_version": "3.1.0", "nproc": 2}
 

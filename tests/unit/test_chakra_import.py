@@ -14,10 +14,10 @@ from collections import Counter
 import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 
-from emulator.errors import FieldError
-from emulator.schedule import chakra
-from emulator.schedule import format as fmt
-from emulator.schedule.executor import execute
+from emulator.base.errors import FieldError
+from emulator.model.schedule import chakra
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.executor import execute
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 REAL = os.path.join(DATA, "chakra")

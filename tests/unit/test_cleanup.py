@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from emulator import cleanup, runstate
-from emulator.system import Result
+from emulator.emulation import cleanup, runstate
+from emulator.emulation.system import Result
 
 #: ``ip -j link show`` of a namespace holding one veth pair, captured with iproute2 6.1.
 IP_LINK_JSON = (

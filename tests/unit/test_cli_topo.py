@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from emulator.cli import main
+from emulator.cli.main import main
 
 
 def test_topo_show_json(capsys):

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from emulator import cli_types
-from emulator.cli import main
+from emulator.cli import arguments as cli_types
+from emulator.cli.main import main
 
 
 def test_int_at_least_reads_what_int_reads_and_refuses_below_the_minimum():

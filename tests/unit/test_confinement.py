@@ -15,12 +15,15 @@ import tempfile
 
 import pytest
 
-from emulator import admission, confinement, launcher, topology
-from emulator.agent import AgentError, latency_plan
-from emulator.buffers import rank_bytes
-from emulator.files import write_json_atomic
-from emulator.fleet import AgentFiles, Fleet, ReplayFailed
-from emulator.schedule import generators
+from emulator.base.files import write_json_atomic
+from emulator.emulation import agent_launcher as launcher
+from emulator.emulation import confinement
+from emulator.emulation.agent import AgentError, latency_plan
+from emulator.emulation.fleet import AgentFiles, Fleet, ReplayFailed
+from emulator.model import topology
+from emulator.model.buffers import rank_bytes
+from emulator.model.schedule import generators
+from emulator.runs import admission
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MiB = 1 << 20

@@ -11,12 +11,12 @@ import pytest
 from test_routing import FakeFlowTable, reverse
 
 from controllers.core import ControllerCore, Settings, parse_listen
-from emulator import routing, topology
-from emulator.cli import main
-from emulator.commands.controller import PingResult, parse_ping_output, ping_script
-from emulator.controller_process import controller_command, listening, proc_net_address
-from emulator.errors import UserError
-from emulator.routing import Flow
+from emulator.base.errors import UserError
+from emulator.cli.commands.controller import PingResult, parse_ping_output, ping_script
+from emulator.cli.main import main
+from emulator.emulation.controller_process import controller_command, listening, proc_net_address
+from emulator.model import routing, topology
+from emulator.model.routing import Flow
 
 FATTREE = "fattree:k=4"
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.controller_process import ControllerProcess, proc_net_address
-from emulator.errors import UserError
+from emulator.base.errors import UserError
+from emulator.emulation.controller_process import ControllerProcess, proc_net_address
 
 
 def test_for_network_builds_checked_settings_on_a_free_loopback_port(tmp_path):

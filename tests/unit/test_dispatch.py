@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from emulator import topology
-from emulator.schedule.dispatch import Channel, Completed, Dispatcher, Written
-from emulator.schedule.format import Op, RankProgram, Schedule
-from emulator.schedule.generators import generate
+from emulator.model import topology
+from emulator.model.schedule.dispatch import Channel, Completed, Dispatcher, Written
+from emulator.model.schedule.format import Op, RankProgram, Schedule
+from emulator.model.schedule.generators import generate
 
 
 def _ids(ready):

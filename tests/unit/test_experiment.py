@@ -10,11 +10,13 @@ import pytest
 import yaml
 from fake_session import FakeSession, factory
 
-from emulator import cli, fabric, run_folder, runner
-from emulator import experiment as xp
-from emulator.errors import FieldError, UserError
-from emulator.results import CellResults, Fidelity, Repetition
-from emulator.run_folder import RunFolder
+from emulator.base.errors import FieldError, UserError
+from emulator.cli import main as cli
+from emulator.model import fabric
+from emulator.runs.results import CellResults, Fidelity, Repetition
+from emulator.study import experiment as xp
+from emulator.study import run_folder, runner
+from emulator.study.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -365,7 +367,7 @@ def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_p
     assert all("probe_failed" in r["fidelity"]["flags"] and not r["fidelity"]["trusted"]
                for r in bad["repetitions"])
     assert good["trusted"] and good["probe"]["passed"]
-    from emulator import report
+    from emulator.study import report
 
     _, rows = report.load_rows(str(tmp_path))
     flagged = {r.id for r in rows if "probe_failed" in r.flags}
@@ -373,7 +375,7 @@ def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_p
 
 
 def test_a_probe_that_crashes_counts_as_failed():
-    from emulator import probe
+    from emulator.study import network_probe as probe
 
     def rep(correct=True, fidelity=None):
         return Repetition(rep=0, time_s=0.5, algbw_mbps=1.0, busbw_mbps=1.0, correct=correct, fidelity=fidelity)
@@ -393,7 +395,8 @@ def test_a_probe_that_crashes_counts_as_failed():
 
 
 def test_the_probe_crosses_the_longest_path():
-    from emulator import probe, topology
+    from emulator.model import topology
+    from emulator.study import network_probe as probe
 
     topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
     a, b = probe.probe_pair(topo)

@@ -1,6 +1,6 @@
 """MPI programs as experiment cells (``mpi:``): parsing and validation with field-named errors, grid expansion and
 ids, ``--check``, the runner's loop and resume rule with a fake MPI runner on the fake session, and the report's
-"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.mpi.MpiResults` documents. No root.
+"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.runs.mpi_plan.MpiResults` documents. No root.
 """
 
 from __future__ import annotations
@@ -14,13 +14,16 @@ import pytest
 import yaml
 from fake_session import FakeSession, factory
 
-from emulator import cli, mpi_bench, report, runner, topology
-from emulator import experiment as xp
-from emulator.errors import FieldError, UserError
-from emulator.latency import LatencyModel
-from emulator.mpi import MpiResults, RankPlace, rank_hosts
-from emulator.results import CellResults, Fidelity
-from emulator.run_folder import RunFolder
+from emulator.base.errors import FieldError, UserError
+from emulator.cli import main as cli
+from emulator.model import topology
+from emulator.model.latency import LatencyModel
+from emulator.runs import allreduce_bench as mpi_bench
+from emulator.runs.mpi_plan import MpiResults, RankPlace, rank_hosts
+from emulator.runs.results import CellResults, Fidelity
+from emulator.study import experiment as xp
+from emulator.study import report, runner
+from emulator.study.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
@@ -219,7 +222,7 @@ def test_the_bundled_mpi_experiment_checks():
 
 # ------------------------------------------------------------------ running
 class FakeMpi:
-    """Stands in for :func:`emulator.runner.run_mpi_cell`: writes what :func:`emulator.mpirun.run_in_session`
+    """Stands in for :func:`emulator.study.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi_run.run_in_session`
     writes (``results.json`` of kind mpirun, running then final), on the fake session, which must be up.
 
     ``exit``: cell id -> the program's exit status (default 0); ``interrupt``: cells Ctrl-C hits mid-run;

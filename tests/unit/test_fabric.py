@@ -7,11 +7,11 @@ from fuzz_support import FUZZ, WEIRD, user_error_or
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import fabric, topology
-from emulator.cli import main
-from emulator.errors import FieldError
-from emulator.schedule import format as sformat
-from emulator.schedule.generators import generate
+from emulator.base.errors import FieldError
+from emulator.cli.main import main
+from emulator.model import fabric, topology
+from emulator.model.schedule import format as sformat
+from emulator.model.schedule.generators import generate
 
 
 def test_presets_and_the_default():

@@ -6,11 +6,12 @@ import time
 
 import pytest
 
-from emulator import faults, topology
-from emulator.fault_actions import FaultActions, fault_records, link_commands, link_key, measure_affected
-from emulator.faults import Fault, FaultEvent
-from emulator.schedule import cost, generators
-from emulator.system import Result
+from emulator.emulation.fault_injection import FaultActions, fault_records, link_commands, link_key, measure_affected
+from emulator.emulation.system import Result
+from emulator.model import topology
+from emulator.model.schedule import cost, generators
+from emulator.runs import fault_plan as faults
+from emulator.runs.fault_plan import Fault, FaultEvent
 
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
 INTERFACES = {"efs1-eth3": ("s1", "s3"), "efs3-eth3": ("s1", "s3")}

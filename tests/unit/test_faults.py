@@ -7,12 +7,13 @@ import time
 
 import pytest
 
-from emulator import faults, topology
-from emulator.control import Msg
-from emulator.errors import UserError
-from emulator.fleet import Fleet
-from emulator.replay import ReplayFailed
-from emulator.schedule import cost, generators
+from emulator.base.errors import UserError
+from emulator.emulation.agent_protocol import Msg
+from emulator.emulation.fleet import Fleet
+from emulator.emulation.replay import ReplayFailed
+from emulator.model import topology
+from emulator.model.schedule import cost, generators
+from emulator.runs import fault_plan as faults
 
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
 
@@ -178,7 +179,7 @@ def test_step_reports_reach_the_injector_while_waiting():
 
 
 def test_a_second_network_waits_for_the_lock_then_says_so_in_one_line(tmp_path, monkeypatch):
-    from emulator.network_lock import NetworkLock
+    from emulator.emulation.network_lock import NetworkLock
 
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("EF_NET_LOCK_WAIT", "0.3")

@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from emulator import fidelity, topology
-from emulator.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
-from emulator.errors import UserError
-from emulator.latency import Curve, Intrinsic
-from emulator.results import Fidelity
-from emulator.tc import parse_htb_rates
-from emulator.topology import tcp_goodput_factor
+from emulator.base.errors import UserError
+from emulator.emulation import fidelity
+from emulator.emulation.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
+from emulator.emulation.tc_commands import parse_htb_rates
+from emulator.model import topology
+from emulator.model.latency import Curve, Intrinsic
+from emulator.model.topology import tcp_goodput_factor
+from emulator.runs.results import Fidelity
 
 
 def test_parse_tc_json_keeps_root_qdiscs():
@@ -93,7 +94,7 @@ def test_a_link_new_since_the_first_snapshot_counts_from_zero():
 
 
 def test_the_latency_model_takes_the_calibrations_intrinsic_latency():
-    from emulator import fabric
+    from emulator.model import fabric
 
     profile = fabric.parse(None)
     assert not fidelity.latency_model(profile, None, netem=False).intrinsic.calibrated

@@ -1,7 +1,7 @@
 """The agent fleet against fake agents: real processes speaking the control protocol over a real Unix socket.
 
 The fake agents (``tests/unit/fake_agents.py``) connect with
-:class:`emulator.control.AgentChannel` and behave as each test says for their rank.
+:class:`emulator.emulation.agent_protocol.AgentChannel` and behave as each test says for their rank.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import time
 import pytest
 from fake_agents import STEP_S, FakeLauncher
 
-from emulator import topology
-from emulator.control import Msg
-from emulator.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
-from emulator.schedule import generators
+from emulator.emulation.agent_protocol import Msg
+from emulator.emulation.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
+from emulator.model import topology
+from emulator.model.schedule import generators
 
 TOPO = topology.build("star:hosts=3")
 RING = generators.generate("ring", TOPO, 3 * 1024)

@@ -2,7 +2,7 @@
 
 Random argument vectors for every subcommand -- a mix of its real options,
 other commands' options, valid and invalid values, existing and missing
-files -- through :func:`emulator.cli.main`, with every edge that would start
+files -- through :func:`emulator.cli.main.main`, with every edge that would start
 a process, a controller or a network replaced by a raiser
 (:func:`fuzz_support.forbid_starting`). The contract: exit status 0/1, or 2
 with exactly one line on stderr and no file created; reaching a start edge
@@ -23,9 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controllers.core import Settings, parse_listen
-from emulator import topology
-from emulator.schedule import format as fmt
-from emulator.schedule.generators import generate
+from emulator.model import topology
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.generators import generate
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

@@ -1,7 +1,7 @@
 """Fuzzing experiment files and ``emu run`` / ``emu run --check`` / ``emu report``.
 
 Random YAML and structured corruptions of ``experiments/tiny.yaml``, of a
-richer file using every key, of training iterations and of MPI runs: :func:`emulator.experiment.load` /
+richer file using every key, of training iterations and of MPI runs: :func:`emulator.study.experiment.load` /
 ``from_dict`` / ``prepare`` (what ``--check`` validates) return, or raise a
 one-line :class:`UserError`. Through the CLI, with every process-starting
 edge replaced by a raiser (:func:`fuzz_support.forbid_starting`): bad input
@@ -19,7 +19,7 @@ from fuzz_support import FUZZ, check_cli, cli_fixture, mutate, snapshot, user_er
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import experiment as xp
+from emulator.study import experiment as xp
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import faults, topology
-from emulator.errors import UserError
+from emulator.base.errors import UserError
+from emulator.model import topology
+from emulator.runs import fault_plan as faults
 
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
 RANKS, STEPS, REPEAT = 8, 6, 2

@@ -22,9 +22,9 @@ from fuzz_support import FUZZ, ODD_STRINGS, check_cli, cli_fixture, snapshot, us
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator.schedule import chakra, msccl
-from emulator.schedule import format as fmt
-from emulator.schedule.executor import execute
+from emulator.model.schedule import chakra, msccl
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.executor import execute
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

@@ -1,8 +1,8 @@
 """Fuzzing the schedule format and ``emu schedule check``: a schedule or one line of error, never a traceback.
 
 Random text and structured corruptions of valid generated schedules go
-through :func:`emulator.schedule.format.loads` / ``from_dict`` / ``validate``,
-:func:`emulator.schedule.check.check` and the CLI (``emu schedule check``,
+through :func:`emulator.model.schedule.format.loads` / ``from_dict`` / ``validate``,
+:func:`emulator.model.schedule.check.check` and the CLI (``emu schedule check``,
 ``emu schedule gen``): the result is a schedule (or a report), or a
 :class:`UserError` / exit status 2 with exactly one line naming the problem.
 """
@@ -20,11 +20,11 @@ from fuzz_support import FUZZ, WEIRD, check_cli, cli_fixture, mutate, snapshot, 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import topology
-from emulator.schedule import format as fmt
-from emulator.schedule import training
-from emulator.schedule.check import check
-from emulator.schedule.generators import generate
+from emulator.model import topology
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule import training
+from emulator.model.schedule.check import check
+from emulator.model.schedule.generators import generate
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

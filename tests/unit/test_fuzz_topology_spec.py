@@ -9,8 +9,9 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import cli, topology
-from emulator.errors import UserError
+from emulator.base.errors import UserError
+from emulator.cli import main as cli
+from emulator.model import topology
 
 KINDS = ["bigraph", "fattree", "leafspine", "star"]
 KEYS = ["upper", "lower", "hosts_per_switch", "k", "leaves", "spines", "hosts_per_leaf", "hosts", "bw", "host_bw",

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import calibration_file, fabric, fidelity
-from emulator.calibration_file import Calibration, Machine
-from emulator.latency import Curve, Intrinsic, LatencyModel, PathLatency
-from emulator.topology import last_segment_bytes
+from emulator.emulation import calibration_file, fidelity
+from emulator.emulation.calibration_file import Calibration, Machine
+from emulator.model import fabric
+from emulator.model.latency import Curve, Intrinsic, LatencyModel, PathLatency
+from emulator.model.topology import last_segment_bytes
 
 PROFILE = fabric.parse("alpha_us=8,switch_latency_us=1,dilation=10000")  # 80 ms per message, 10 ms per switch
 

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
-from emulator import calibration_file, latency_probe, topology
-from emulator.calibration_file import Calibration, LatencyCalibration
-from emulator.latency import Intrinsic
-from emulator.schedule import generators
-from emulator.schedule.executor import execute
-from emulator.schedule.format import check_hosts
+from emulator.emulation import calibration_file
+from emulator.emulation.calibration_file import Calibration, LatencyCalibration
+from emulator.model import topology
+from emulator.model.latency import Intrinsic
+from emulator.model.schedule import generators
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import check_hosts
+from emulator.selfcheck import intrinsic_latency as latency_probe
 
 
 def test_the_probe_is_a_two_rank_exchange_between_the_chosen_hosts():

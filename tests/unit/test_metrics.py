@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import fabric, fidelity, topology
-from emulator.latency import LatencyModel
-from emulator.metrics import nccl_table, repetition_metrics, send_lateness, send_paths, timeline_records
-from emulator.results import Repetition
-from emulator.schedule import check as scheck
-from emulator.schedule import cost, generators
+from emulator.emulation import fidelity
+from emulator.model import fabric, topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import check as scheck
+from emulator.model.schedule import cost, generators
+from emulator.runs.metrics import nccl_table, repetition_metrics, send_lateness, send_paths, timeline_records
+from emulator.runs.results import Repetition
 
 TOPO = topology.build("star:hosts=2")
 RING = generators.generate("ring", TOPO, 1024)  # 2 ranks, 2 steps of 512 B each way

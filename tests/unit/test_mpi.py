@@ -1,4 +1,4 @@
-"""``emu mpirun``'s pure part (emulator.mpi) and its refusals of bad input, before anything starts."""
+"""``emu mpirun``'s pure part (emulator.runs.mpi_plan) and its refusals of bad input, before anything starts."""
 
 from __future__ import annotations
 
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import topology
-from emulator.cli import main
-from emulator.commands.mpirun import exit_code
-from emulator.errors import FieldError, UserError
-from emulator.mpi import (
+from emulator.base.errors import FieldError, UserError
+from emulator.cli.commands.mpirun import exit_code
+from emulator.cli.main import main
+from emulator.model import topology
+from emulator.model.schedule import generators
+from emulator.runs.mpi_plan import (
     BENCH_JSON,
     DEFAULT_NICE,
     RESERVED_MCA,
@@ -34,8 +35,7 @@ from emulator.mpi import (
     rank_hosts,
     resolve_program,
 )
-from emulator.results import Fidelity
-from emulator.schedule import generators
+from emulator.runs.results import Fidelity
 
 BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=2,spines=2,hosts_per_leaf=4"
@@ -303,7 +303,8 @@ def test_the_memory_limit_is_in_the_config_and_the_results(tmp_path):
 
 
 def test_the_limit_is_the_admission_estimate_of_the_program():
-    from emulator import admission, mpirun
+    from emulator.emulation import mpi_run as mpirun
+    from emulator.runs import admission
     machine = (20 << 30, 24 << 30)
     usable = admission.Machine(*machine).usable_bytes
     bench = ("emu-allreduce-bench", "--algo", "ring", "--sizes", "4MiB")
@@ -315,7 +316,7 @@ def test_the_limit_is_the_admission_estimate_of_the_program():
 
 @pytest.mark.parametrize("limit", [0, -5, 1.5, True, "1GiB"])
 def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
-    from emulator import mpirun
+    from emulator.emulation import mpi_run as mpirun
     cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out=str(tmp_path / "o"),
                        program=("emu-allreduce-bench",), memory_limit_bytes=limit)
     with pytest.raises(FieldError, match="field 'memory_limit_bytes'"):
@@ -323,7 +324,7 @@ def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
 
 
 def test_the_ranks_whose_stderr_says_they_ran_out_are_found(tmp_path):
-    from emulator import mpirun
+    from emulator.emulation import mpi_run as mpirun
     (tmp_path / "rank-0.stderr").write_text("")
     (tmp_path / "rank-1.stderr").write_text("Traceback ...\nMemoryError: Unable to allocate 16.0 GiB\n")
     (tmp_path / "rank-2.stderr").write_text("orted: Cannot allocate memory\n")

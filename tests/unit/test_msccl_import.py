@@ -11,12 +11,12 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from emulator.errors import FieldError, UserError
-from emulator.schedule import msccl
-from emulator.schedule.check import check
-from emulator.schedule.executor import execute
-from emulator.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, validate
-from emulator.topology import build
+from emulator.base.errors import FieldError, UserError
+from emulator.model.schedule import msccl
+from emulator.model.schedule.check import check
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, validate
+from emulator.model.topology import build
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 REAL = os.path.join(DATA, "msccl")

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import platform
 
-from emulator import topology
-from emulator.setup_commands import host_setup_commands, static_arp_batch, static_flow_files, tcp_rto_min_ms
-from emulator.system import has_netem
-from emulator.tc import (
+from emulator.emulation.host_commands import host_setup_commands, static_arp_batch, static_flow_files, tcp_rto_min_ms
+from emulator.emulation.system import has_netem
+from emulator.emulation.tc_commands import (
     HOST_CONTROL_PACKET_BYTES,
-    SHAPER_BURST_BYTES,
     class_show_command,
     host_queue_commands,
     leaf_queue_command,
@@ -24,6 +22,8 @@ from emulator.tc import (
     switch_port_queue_commands,
     tc_batch,
 )
+from emulator.model import topology
+from emulator.model.latency import SHAPER_BURST_BYTES
 
 #: ``tc class show`` of a host NIC after bring-up's commands (20 Mbit/s), captured with iproute2 6.1
 #: (whose ``tc -j class show`` prints exactly this text too).

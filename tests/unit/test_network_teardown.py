@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from emulator import topology
-from emulator.network import EmulatedNetwork
+from emulator.emulation.network import EmulatedNetwork
+from emulator.model import topology
 
 
 class FakeNode:

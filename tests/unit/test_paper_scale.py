@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator import fabric, paper_scale, topology
-from emulator.latency import LatencyModel
-from emulator.schedule import generators
-from emulator.schedule.check import predict
+from emulator.model import fabric, paper_scale, topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import generators
+from emulator.model.schedule.check import predict
 
 
 def _predicted_s(algo: str, spec: str, policy: str, size: int, seed: int, profile: fabric.FabricProfile) -> float:

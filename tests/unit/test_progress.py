@@ -7,10 +7,10 @@ import io
 import pytest
 import yaml
 
-from emulator import experiment as xp
-from emulator import progress as pg
-from emulator.progress import Eta, Progress, cell_line, format_duration, progress_bar
-from emulator.results import CellResults, Fidelity, Repetition
+from emulator.runs.results import CellResults, Fidelity, Repetition
+from emulator.study import experiment as xp
+from emulator.study import progress as pg
+from emulator.study.progress import Eta, Progress, cell_line, format_duration, progress_bar
 
 TINY = """
 name: t

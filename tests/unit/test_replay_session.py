@@ -18,12 +18,14 @@ import time
 import pytest
 from fake_agents import FakeLauncher
 
-from emulator import admission, fidelity, results, topology
-from emulator.files import read_jsonl, write_json_atomic
-from emulator.latency import LatencyModel
-from emulator.replay import ReplayFailed, ReplaySession
-from emulator.results import CellResults
-from emulator.schedule import generators
+from emulator.base.files import read_jsonl, write_json_atomic
+from emulator.emulation import fidelity
+from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.model import topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import generators
+from emulator.runs import admission, results
+from emulator.runs.results import CellResults
 
 TOPO = topology.build("star:hosts=3")
 RING = generators.generate("ring", TOPO, 3 * 1024)

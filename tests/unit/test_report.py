@@ -13,9 +13,12 @@ import pytest
 import yaml
 from fake_session import factory
 
-from emulator import cli, fabric, report, runner, stats
-from emulator import experiment as xp
-from emulator.files import write_json_atomic
+from emulator.base import stats
+from emulator.base.files import write_json_atomic
+from emulator.cli import main as cli
+from emulator.model import fabric
+from emulator.study import experiment as xp
+from emulator.study import report, runner
 
 EXP = """
 name: synth

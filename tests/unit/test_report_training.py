@@ -19,11 +19,13 @@ import pytest
 import yaml
 from fake_session import factory
 
-from emulator import experiment as xp
-from emulator import fabric, report, results, runner
-from emulator.files import append_jsonl, read_json_object, write_json_atomic
-from emulator.report import aggregate, answers, plots
-from emulator.results import CellResults, Fidelity, Iteration, Repetition
+from emulator.base.files import append_jsonl, read_json_object, write_json_atomic
+from emulator.model import fabric
+from emulator.runs import results
+from emulator.runs.results import CellResults, Fidelity, Iteration, Repetition
+from emulator.study import experiment as xp
+from emulator.study import report, runner
+from emulator.study.report import aggregate, answers, plots
 
 TRAIN = "{{topology: \"{spec}\", routing: {routing}, algorithms: [{algo}], model: resnet50, scale: {scale}}}"
 SCALE = {8: 100, 16: 100, 32: 200}  # the largest host count shrunk more: still one family per line

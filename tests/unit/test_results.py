@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import results
-from emulator.results import CellResults, Fidelity, ProbeVerdict, Repetition, SchemaError, StepTime
+from emulator.runs import results
+from emulator.runs.results import CellResults, Fidelity, ProbeVerdict, Repetition, SchemaError, StepTime
 
 OLD = os.path.join(os.path.dirname(__file__), "..", "data", "results-schema1-star16-hd.json")
 SUMMARY = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted")

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import routing, topology
-from emulator.errors import UserError
-from emulator.routing import Flow, FlowEntry
+from emulator.base.errors import UserError
+from emulator.model import routing, topology
+from emulator.model.routing import Flow, FlowEntry
 
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 FATTREE = "fattree:k=4"
@@ -381,7 +381,7 @@ def test_ecmp_reproducible_and_seed_dependent():
 
 
 def test_ecmp_hash_stable_across_processes():
-    code = ("from emulator import routing, topology; t = topology.load('fattree:k=4'); "
+    code = ("from emulator.model import routing, topology; t = topology.load('fattree:k=4'); "
             "print([routing.route(t, 'ecmp', f, seed=7) for f in routing.all_agent_flows(t)][:40])")
     outs = set()
     for hashseed in ("1", "2"):

@@ -11,10 +11,10 @@ import pytest
 import yaml
 from fake_session import FakeSession, factory
 
-from emulator import experiment as xp
-from emulator import runner
-from emulator.results import CellResults, Fidelity, ProbeVerdict, Repetition
-from emulator.run_folder import CellState, RunFolder, find_unfinished, new_out_dir, point_latest
+from emulator.runs.results import CellResults, Fidelity, ProbeVerdict, Repetition
+from emulator.study import experiment as xp
+from emulator.study import runner
+from emulator.study.run_folder import CellState, RunFolder, find_unfinished, new_out_dir, point_latest
 
 TINY = """
 name: t

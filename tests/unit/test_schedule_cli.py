@@ -1,4 +1,4 @@
-"""``emu schedule gen|check|import`` through emulator.cli.main: exit status, one-line errors, nothing written."""
+"""``emu schedule gen|check|import`` through emulator.cli.main.main: exit status, one-line errors, nothing written."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from emulator.cli import main
+from emulator.cli.main import main
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 BIG = "bigraph:upper=4,lower=4,hosts_per_switch=4"

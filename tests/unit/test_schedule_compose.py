@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import topology
-from emulator.errors import FieldError
-from emulator.schedule import executor
-from emulator.schedule import format as fmt
-from emulator.schedule.compose import Composer
-from emulator.schedule.generators import generate
+from emulator.base.errors import FieldError
+from emulator.model import topology
+from emulator.model.schedule import executor
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.compose import Composer
+from emulator.model.schedule.generators import generate
 
 
 def _ring(p: int, size: int) -> fmt.Schedule:

@@ -6,11 +6,11 @@ import dataclasses
 
 import pytest
 
-from emulator import fabric, routing, topology
-from emulator.latency import LatencyModel
-from emulator.schedule.check import check
-from emulator.schedule.collectives import ROOTED
-from emulator.schedule.cost import (
+from emulator.model import fabric, routing, topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule.check import check
+from emulator.model.schedule.collectives import ROOTED
+from emulator.model.schedule.cost import (
     allreduce_formula,
     analyze,
     bus_bandwidth_mbps,
@@ -19,10 +19,10 @@ from emulator.schedule.cost import (
     maxmin_rates,
     path_function,
 )
-from emulator.schedule.executor import execute
-from emulator.schedule.format import compute_op, match_transfers, validate, with_ops
-from emulator.schedule.generators import RECIPES, generate
-from emulator.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import compute_op, match_transfers, validate, with_ops
+from emulator.model.schedule.generators import RECIPES, generate
+from emulator.model.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 
 def _beta(topo: topology.Topology, mtu: int = DEFAULT_MTU) -> float:

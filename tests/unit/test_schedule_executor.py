@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from emulator import topology
-from emulator.schedule.deps import derive_deps
-from emulator.schedule.executor import execute
-from emulator.schedule.format import Op, RankProgram, Schedule, from_dict, validate
-from emulator.schedule.generators import generate
+from emulator.model import topology
+from emulator.model.schedule.deps import derive_deps
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import Op, RankProgram, Schedule, from_dict, validate
+from emulator.model.schedule.generators import generate
 
 
 def _ring(p: int = 4) -> Schedule:
@@ -162,7 +162,7 @@ def test_runaway_reduction_overflows_cleanly():
 
 
 def test_a_send_queued_behind_another_on_its_channel_is_matched_after_it():
-    """The executor queues by the agents' rules (emulator.schedule.dispatch): send 2, ready at once, waits for
+    """The executor queues by the agents' rules (emulator.model.schedule.dispatch): send 2, ready at once, waits for
     send 1, which waits for a copy; so they are matched in list order, one round apart."""
     sched = _two_ranks(
         [{"id": 0, "kind": "copy", "chunk": 0, "src": "data", "src_chunk": 1, "step": 0},

@@ -7,10 +7,10 @@ import json
 import pytest
 import yaml
 
-from emulator import topology
-from emulator.errors import FieldError, UserError
-from emulator.schedule import format as fmt
-from emulator.schedule.generators import generate
+from emulator.base.errors import FieldError, UserError
+from emulator.model import topology
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.generators import generate
 
 
 @pytest.mark.parametrize("text, value", [("64KiB", 65536), ("16MiB", 16 << 20), ("1GiB", 1 << 30),
@@ -156,7 +156,7 @@ def test_documented_example_is_a_valid_allreduce():
     import os
     import re
 
-    from emulator.schedule.executor import execute
+    from emulator.model.schedule.executor import execute
 
     doc = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "schedule-format.md")
     block = re.search(r"```yaml\n(.*?)```", open(doc).read(), re.S).group(1)

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from emulator import routing, topology
-from emulator.errors import FieldError
-from emulator.schedule.collectives import COLLECTIVES, ROOTED
-from emulator.schedule.cost import analyze
-from emulator.schedule.executor import execute
-from emulator.schedule.format import Schedule, match_transfers, validate, with_ops
-from emulator.schedule.generators import (
+from emulator.base.errors import FieldError
+from emulator.model import routing, topology
+from emulator.model.schedule.collectives import COLLECTIVES, ROOTED
+from emulator.model.schedule.cost import analyze
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import Schedule, match_transfers, validate, with_ops
+from emulator.model.schedule.generators import (
     ALGORITHMS,
     GENERATED,
     RECIPES,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import fabric, topology
-from emulator.latency import LatencyModel
-from emulator.schedule import check, timing
-from emulator.schedule.compose import Composer
-from emulator.schedule.generators import generate
+from emulator.model import fabric, topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import check, timing
+from emulator.model.schedule.compose import Composer
+from emulator.model.schedule.generators import generate
 
 MB = 1_000_000
 

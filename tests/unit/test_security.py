@@ -9,9 +9,12 @@ import os
 import pytest
 
 from controllers.core import DEFAULT_LISTEN, Settings
-from emulator import cli, faults, fidelity, topology
-from emulator.errors import UserError
-from emulator.files import write_json_atomic
+from emulator.base.errors import UserError
+from emulator.base.files import write_json_atomic
+from emulator.cli import main as cli
+from emulator.emulation import fidelity
+from emulator.model import topology
+from emulator.runs import fault_plan as faults
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator import routing, topology
-from emulator.cli import main
-from emulator.errors import FieldError
-from emulator.routing import Flow
-from emulator.schedule import cost
-from emulator.schedule.executor import execute
-from emulator.schedule.generators import generate
+from emulator.base.errors import FieldError
+from emulator.cli.main import main
+from emulator.model import routing, topology
+from emulator.model.routing import Flow
+from emulator.model.schedule import cost
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.generators import generate
 
 BIG = "bigraph:upper=4,lower=4,hosts_per_switch=4"
 EFLOPS = f"{BIG},servers=8,accels_per_server=4,nics_per_server=4,nic_placement=hdrm"
@@ -392,8 +392,8 @@ def test_random_server_specs_build_and_route_every_pair(case):
 
 
 def test_pcie_switch_ports_get_deep_queues_and_fabric_ports_the_default():
-    from emulator.naming import switch_intf
-    from emulator.tc import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces
+    from emulator.base.naming import switch_intf
+    from emulator.emulation.tc_commands import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces
 
     topo = topology.build(SHARED)
     limits = queue_limits(topo, 32000)

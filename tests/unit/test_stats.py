@@ -1,4 +1,4 @@
-"""The hierarchical bootstrap interval of a ratio of medians (emulator.stats)."""
+"""The hierarchical bootstrap interval of a ratio of medians (emulator.base.stats)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from emulator.stats import Interval, ratio_interval, significant
+from emulator.base.stats import Interval, ratio_interval, significant
 
 
 def test_well_separated_samples_give_an_interval_that_excludes_one_and_holds_the_point():

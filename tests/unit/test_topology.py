@@ -9,9 +9,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from emulator import topology
-from emulator.errors import FieldError, UserError
-from emulator.topology import build
+from emulator.base.errors import FieldError, UserError
+from emulator.model import topology
+from emulator.model.topology import build
 
 SPECS = [
     "bigraph:upper=2,lower=2,hosts_per_switch=2",
@@ -283,7 +283,7 @@ def test_topology_package_modules_import_only_the_layers_below(module):
     import ast
     import importlib
 
-    path = importlib.import_module(f"emulator.topology.{module}").__file__
+    path = importlib.import_module(f"emulator.model.topology.{module}").__file__
     with open(path, encoding="utf-8") as fh:
         tree = ast.parse(fh.read())
     imported = set()
@@ -294,8 +294,8 @@ def test_topology_package_modules_import_only_the_layers_below(module):
         names = [node.module or ""] if isinstance(node, ast.ImportFrom) else (
             [a.name for a in node.names] if isinstance(node, ast.Import) else [])
         for name in names:
-            if name == "emulator.topology" or name.startswith("emulator.topology."):
-                imported.add(name.removeprefix("emulator.topology").lstrip(".") or "__init__")
+            if name == "emulator.model.topology" or name.startswith("emulator.model.topology."):
+                imported.add(name.removeprefix("emulator.model.topology").lstrip(".") or "__init__")
     assert imported <= PACKAGE_LAYERS[module], f"{module} imports {sorted(imported - PACKAGE_LAYERS[module])}"
 
 

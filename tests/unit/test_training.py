@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import topology
-from emulator.errors import FieldError
-from emulator.schedule import check, executor, timing, training
-from emulator.schedule.format import COMPUTE, from_dict
-from emulator.schedule.generators import generate
+from emulator.base.errors import FieldError
+from emulator.model import topology
+from emulator.model.schedule import check, executor, timing, training
+from emulator.model.schedule.format import COMPUTE, from_dict
+from emulator.model.schedule.generators import generate
 
 BIGRAPH8 = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 BIGRAPH16 = "bigraph:upper=4,lower=4,hosts_per_switch=2"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.waiting import wait_until
+from emulator.base.waiting import wait_until
 
 
 class FakeClock:

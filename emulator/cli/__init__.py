@@ -1,0 +1,1 @@
+"""The command line: ``emu``, its argument types and its subcommands."""

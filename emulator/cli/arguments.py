@@ -1,0 +1,85 @@
+"""Argparse ``type=`` functions that check a value's range, so a bad option is refused while parsing.
+
+Each function here returns a converter from an option's text to its value.
+A value of the wrong kind or out of range raises
+:class:`argparse.ArgumentTypeError` with ``expected <what>, got '<text>'``;
+:class:`emulator.cli.main.OneLineParser` prints it on one line naming the option,
+e.g. ``emu bench: error: field 'repeat': expected an integer >= 1, got '0'
+(see emu bench --help)``, and exits with status 2, before anything runs.
+
+The converters are pure and keep no state: one parser serves many calls.
+Library code checks its own inputs as well (a
+:class:`~emulator.emulation.replay.ReplayConfig` can be built without the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _refuse(expected: str, text: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An integer ``>= minimum``, written as :func:`int` reads it (``"3"``, ``" 3"``, ``"+3"``, ``"1_000"``)."""
+    expected = f"an integer >= {minimum}"
+
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise _refuse(expected, text) from None
+        if value < minimum:
+            raise _refuse(expected, text)
+        return value
+
+    return convert
+
+
+def number(expected: str, accept: Callable[[float], bool]) -> Callable[[str], float]:
+    """A float, as :func:`float` reads it, for which ``accept`` holds; ``expected`` says which ones in the error.
+
+    NaN fails every comparison, so a range written as comparisons refuses it.
+    """
+
+    def convert(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise _refuse(expected, text) from None
+        if not accept(value):
+            raise _refuse(expected, text)
+        return value
+
+    return convert
+
+
+def positive(unit: str, *, finite: bool = False) -> Callable[[str], float]:
+    """A number of ``unit`` > 0; with ``finite``, infinity is refused too."""
+    if finite:
+        return number(f"finite {unit} > 0", lambda x: 0 < x < math.inf)
+    return number(f"{unit} > 0", lambda x: x > 0)
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0)."""
+    expected = "a duration > 0 such as 1800, 90s, 30m or 2h"
+    body = text.strip().lower()
+    factor = 1.0
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if body.endswith(unit):
+            body, factor = body[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    try:
+        value = float(body) * factor
+    except ValueError:
+        raise _refuse(expected, text) from None
+    if not 0 < value < math.inf:
+        raise _refuse(expected, text)
+    return value

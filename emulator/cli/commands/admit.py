@@ -1,0 +1,48 @@
+"""The admission options of every command that starts a run, and this machine as :mod:`emulator.runs.admission` sees it.
+
+``--max-time`` and ``--allow-untrusted`` (:func:`add_arguments`), the
+policy they make (:func:`policy`), the machine's available memory and
+calibrated datapath capacity (:func:`machine`), and :func:`check`, which
+refuses a run that does not fit before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from emulator.cli.arguments import duration
+from emulator.emulation import calibration_file, system
+from emulator.runs import admission
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """``--max-time`` and ``--allow-untrusted``."""
+    p.add_argument("--max-time", type=duration, default=admission.DEFAULT_MAX_TIME_S, metavar="DURATION",
+                   help="refuse a run predicted to take longer, e.g. 2h, 90m, 600s (default 30m)")
+    p.add_argument("--allow-untrusted", action="store_true",
+                   help="run even when the model's load exceeds this machine's calibrated datapath capacity, or "
+                        "there are more ranks than its cores have run trusted (the results are flagged and not "
+                        "trusted)")
+
+
+def policy(args: argparse.Namespace) -> admission.Policy:
+    return admission.Policy(max_time_s=args.max_time, allow_untrusted=args.allow_untrusted)
+
+
+def machine() -> admission.Machine:
+    """This machine's memory, available now and in all."""
+    available, total = system.memory_available()
+    return admission.Machine(available_bytes=available, total_bytes=total, cores=os.cpu_count())
+
+
+def capacity(mtu: int) -> float | None:
+    """The datapath capacity calibrated here at ``mtu`` (None: never calibrated)."""
+    calibration = calibration_file.load_calibration(mtu)
+    return calibration.datapath_capacity_mbps if calibration is not None else None
+
+
+def check(req: admission.Request, args: argparse.Namespace, echo=print) -> admission.Verdict:
+    """Refuse ``req`` (:class:`emulator.base.errors.UserError`, exit 2) when it does not fit; else echo what it takes
+    and its warnings (each line after ``# ``)."""
+    return admission.admit(req, machine(), policy(args), echo)

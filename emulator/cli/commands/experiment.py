@@ -1,0 +1,216 @@
+"""``emu run FILE [--out DIR] [--check] [--new]`` and ``emu report DIR``: whole experiments and their report.
+
+``emu run`` validates the file and every cell's schedule and prediction
+first (``--check`` stops there, starts nothing), then runs the grid with
+:class:`emulator.study.runner.Runner` on :class:`emulator.emulation.replay.ReplaySession`
+networks and writes the report (:mod:`emulator.study.report`). Without ``--out`` it
+resumes the newest unfinished run of the same experiment under ``results/``
+or starts ``results/<name>-<timestamp>/`` (:mod:`emulator.study.run_folder`);
+``results/latest`` points at it. Exit
+status: 0 all cells ok, 1 some cell failed, 2 bad input, 130 interrupted
+(everything finished is kept; the same command resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from emulator.base.errors import UserError
+from emulator.cli.commands import admit
+from emulator.emulation import calibration_file, fidelity, replay, system
+from emulator.emulation.calibration_file import Calibration
+from emulator.emulation.system import interrupt_on_sigterm
+from emulator.runs import admission
+from emulator.runs import mpi_plan as mpi
+from emulator.selfcheck.calibration import ensure_calibration
+from emulator.study import experiment as xp
+from emulator.study import run_folder, runner
+from emulator.study.progress import format_duration
+
+RESULTS_ROOT = "results"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run an experiment file (resumable), then write its report")
+    p.add_argument("file", metavar="FILE", help="experiment file, e.g. experiments/default.yaml")
+    p.add_argument("--out", metavar="DIR", help="results folder (default: resume the newest unfinished run of "
+                   f"this experiment in {RESULTS_ROOT}/, else {RESULTS_ROOT}/<name>-<timestamp>)")
+    p.add_argument("--check", action="store_true", help="validate the file and every cell, start nothing")
+    p.add_argument("--new", action="store_true", help="start a new results folder even if one is unfinished")
+    admit.add_arguments(p)
+    p.set_defaults(func=cmd_run)
+
+    r = subparsers.add_parser("report", help="(re)write the report of a results folder")
+    r.add_argument("dir", metavar="DIR", help="results folder, e.g. results/latest")
+    r.set_defaults(func=cmd_report)
+
+
+
+def _check_out(out: str | None) -> None:
+    """``--out`` must name a folder that is or can become a directory (checked before anything starts)."""
+    if out is None:
+        return
+    if not out or (os.path.exists(out) and not os.path.isdir(out)):
+        raise UserError(f"run: field 'out': expected a results folder (a directory, new or of the same "
+                        f"experiment), got {out!r}")
+
+
+def _predicting(cells: int) -> None:
+    """Say what the next seconds (minutes, for 64-host training iterations) go to: every cell's proof and model."""
+    print(f"proving and predicting {cells} cells ...", flush=True)
+
+
+def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]) -> list[xp.PreparedCell]:
+    """Every cell proven and predicted with this machine's calibration at its MTU (None: no intrinsic latency)."""
+    _predicting(len(xp.expand(exp)))
+    return xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
+
+
+def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str | None,
+           calibrations: dict[int, Calibration | None]) -> tuple[admission.Request, admission.Verdict]:
+    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine; the load is
+    held against ``calibrations`` (per MTU)."""
+    folder = run_folder.RunFolder(out) if out is not None else None
+    todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
+
+    def capacity(mtu: int) -> float | None:
+        calibration = calibrations.get(mtu)
+        return calibration.datapath_capacity_mbps if calibration is not None else None
+
+    request = xp.experiment_request(todo, capacity)
+    return request, admit.check(request, args, echo=lambda line: None)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    _check_out(args.out)
+    exp = xp.load(args.file)
+    cells = xp.expand(exp)
+    networks = len(xp.groups(cells))
+    existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
+    if args.check:
+        prepared = _prepare(exp, existing)
+        request, verdict = _admit(args, prepared, args.out, existing)
+        for pc in prepared:
+            if pc.report is None:
+                _print_mpi_cell(pc)
+                continue
+            eff = pc.report.scaling_efficiency
+            what = (f"scaling efficiency {eff:.3f}" if eff is not None
+                    else f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s")
+            print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, {what}, "
+                  f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
+        _print_loads(prepared)
+        est = request.time_s or 0.0
+        n_mpi = sum(pc.report is None for pc in prepared)
+        guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
+        print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
+              f"about {format_duration(est)} if the network met the model{guess}")
+        _print_fabrics(exp)
+        for line in verdict.lines:
+            print(f"# {line}")
+        return 0
+    if args.out:
+        out = args.out
+        old = run_folder.RunFolder(out).read_run()
+        if old is not None and old.fingerprint != exp.fingerprint():
+            raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
+                            "(it holds a run of a different experiment file)")
+    else:
+        found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
+        out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
+    prepared = _prepare(exp, existing)
+    _, verdict = _admit(args, prepared, out, existing)  # memory and time before anything starts; the load where calibrated
+    system.require_root()
+    if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
+        system.require_tools([mpi.MPIRUN, "mnexec"])
+    # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
+    calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
+    if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
+        prepared = _prepare(exp, calibrations)
+        _, verdict = _admit(args, prepared, out, calibrations)
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"run: field 'out': expected a folder that can be created, got {out!r} ({exc.strerror})") \
+            from None
+    if not args.out:
+        run_folder.point_latest(RESULTS_ROOT, out)
+    with open(args.file, encoding="utf-8") as fh:
+        text = fh.read()
+    interrupt_on_sigterm()
+    print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
+    _print_fabrics(exp)
+    for line in verdict.lines:
+        print(f"# {line}")
+    summary = runner.Runner(exp, out, session_factory=replay.ReplaySession, source_text=text,
+                            prepared=prepared).run()
+    try:
+        path = _write_report(out)
+        print(f"report: {path}")
+    except KeyboardInterrupt:
+        print("report not written (interrupted); `emu report DIR` writes it")
+    print(f"{summary.status}: {len(summary.ran)} cells run, {len(summary.skipped)} skipped, "
+          f"{len(summary.failed)} failed, in {format_duration(summary.wall_s)}")
+    for cid, err in summary.failed.items():
+        print(f"  failed {cid}: {err}")
+    if summary.interrupted:
+        return 130
+    return 1 if summary.failed else 0
+
+
+def _print_mpi_cell(pc: xp.PreparedCell) -> None:
+    """An MPI cell in ``--check``'s list: what it runs, and that the model has nothing to say about it."""
+    cell = pc.cell
+    assert cell.mpi is not None
+    print(f"{cell.id}: runs the MPI program `{cell.mpi.command()}` on {cell.ranks} ranks ({cell.placement} "
+          "placement); no model prediction (the timing model predicts schedules only)")
+
+
+def _print_loads(prepared: list[xp.PreparedCell]) -> None:
+    """Per network, the model's busiest step against this machine's calibrated datapath capacity."""
+    by_group: dict[tuple[str, str, int, str], list[xp.PreparedCell]] = {}
+    for pc in prepared:
+        by_group.setdefault(pc.cell.group, []).append(pc)
+    for (spec, policy, seed, _), all_pcs in by_group.items():
+        pcs = [pc for pc in all_pcs if pc.report is not None]
+        if not pcs:
+            print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): "
+                  f"{len(all_pcs[0].topo.hosts)} hosts, MPI programs only (no model of their load)")
+            continue
+        busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
+        calibration = calibration_file.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
+        capacity = calibration.datapath_capacity_mbps if calibration is not None else None
+        share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
+            " (no calibration at this MTU: `emu calibrate`)"
+        print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): {len(pcs[0].topo.hosts)} "
+              f"hosts, busiest step {busiest.peak_load_mbps():.0f} switch-hop Mbit/s{share} "
+              f"({busiest.cell.id})")
+
+
+def _print_fabrics(exp: xp.Experiment) -> None:
+    for profile in xp.profiles(exp):
+        print(f"fabric: {profile.describe()}")
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    expected = "a results folder of `emu run` (with its experiment.json)"
+    if not run_folder.RunFolder(args.dir).has_plan():
+        raise UserError(f"report: field 'dir': expected {expected}, got {args.dir!r}")
+    try:
+        path = _write_report(args.dir)
+    except (LookupError, TypeError, ValueError, AttributeError, FileNotFoundError) as exc:
+        # a results folder damaged by hand: say which, in one line, rather than a traceback
+        raise UserError(f"report: field 'dir': expected {expected} and intact cell results, got {args.dir!r} "
+                        f"({type(exc).__name__}: {exc})") from None
+    print(f"report: {path}")
+    return 0
+
+
+def _write_report(out: str) -> str:
+    """Write the report of the results folder ``out``; returns report.md's path."""
+    from emulator.study import (
+        report,  # here, not at the top: `emu --help` and `emu run --check` need no report or plots
+    )
+
+    return report.write_report(out)

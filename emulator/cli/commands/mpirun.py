@@ -1,0 +1,93 @@
+"""``emu mpirun``: an Open MPI program over the emulated fabric (see :mod:`emulator.emulation.mpi_run`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from emulator.cli.arguments import int_at_least, positive
+from emulator.cli.commands import admit
+from emulator.emulation.fidelity import flag_text
+from emulator.emulation.mpi_run import prepare, run
+from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.model import fabric
+from emulator.model.schedule.generators import PLACEMENTS
+from emulator.runs import admission
+from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("mpirun", help="run an Open MPI program over the emulated fabric",
+                              description="Bring up the network (controller as for replay), run PROGRAM with "
+                              "Open MPI, one rank per host, and collect its output, port counters and fidelity "
+                              "into --out. Exits with the program's status.")
+    p.add_argument("--topology", required=True, metavar="SPEC")
+    p.add_argument("--routing", required=True, metavar="POLICY")
+    p.add_argument("--out", required=True, metavar="DIR", help="the run's folder (new or empty)")
+    p.add_argument("--seed", "--ecmp-seed", dest="seed", type=int_at_least(0), default=0, metavar="N",
+                   help="ECMP seed (every TCP connection is hashed by its 5-tuple with it), and the random "
+                   "placement's")
+    p.add_argument("--placement", default="identity", metavar="P",
+                   help=f"which host runs rank r: {', '.join(PLACEMENTS)}, or a file naming one host per line in "
+                   "rank order (default identity)")
+    p.add_argument("--np", type=int_at_least(1), default=None, metavar="N",
+                   help="ranks (default: one per host)")
+    p.add_argument("--mca", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"),
+                   help="an Open MPI parameter, repeatable (e.g. --mca coll_tuned_use_dynamic_rules 1)")
+    p.add_argument("--fabric", default=None, metavar="PROFILE",
+                   help=f"the real fabric the emulation stands for (as for replay; default {fabric.DEFAULT_PRESET})")
+    p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--timeout", type=positive("seconds"), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                   help=f"stop the program after this long (default {DEFAULT_TIMEOUT_S:g})")
+    p.add_argument("--nice", type=int_at_least(0), default=DEFAULT_NICE, metavar="N",
+                   help=f"niceness of every rank (default {DEFAULT_NICE}: Open MPI busy-polls, and its spinning must "
+                   "not starve the datapath; 0 to measure what it costs)")
+    p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
+                   help="what every rank runs, e.g. -- emu-allreduce-bench --algo ring --sizes 1MiB")
+    admit.add_arguments(p)
+    p.set_defaults(func=cmd_mpirun)
+
+
+def cmd_mpirun(args: argparse.Namespace) -> int:
+    program = list(args.program)
+    if program[:1] == ["--"]:
+        program = program[1:]
+    cfg = MpiRunConfig(topology=args.topology, routing=args.routing, out=args.out, program=tuple(program),
+                       seed=args.seed, placement=args.placement, np=args.np,
+                       mca=tuple((k, v) for k, v in args.mca), fabric=args.fabric, datapath=args.datapath,
+                       timeout_s=args.timeout, nice=args.nice)
+    prep = prepare(cfg)
+    verdict = admit.check(admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout), args,
+                          echo=lambda line: None)
+    require_root()
+    interrupt_on_sigterm()
+    print(f"mpirun {' '.join(program)}: {len(prep.hosts)} ranks on {prep.topo.spec} ({args.routing} routing, "
+          f"placement {args.placement})")
+    print(f"# {prep.profile.describe()}")
+    for line in verdict.lines:
+        print(f"# {line}")
+    if prep.profile.switch_latency_s > 0 or prep.profile.alpha_s > 0:
+        on_links = prep.latency.netem
+        print(f"# Open MPI's messages get none of the profile's per-message alpha"
+              f"{'' if on_links else ' nor its switch latency (no netem here)'}: the emulated links stand for "
+              "the fabric's bandwidth only (docs/fidelity.md)")
+    results = run(prep)
+    print(_closing_line(results))
+    return exit_code(results)
+
+
+def exit_code(results: MpiResults) -> int:
+    """The program's exit status; 124 when it ran past --timeout (as timeout(1)), 128+N when signal N ended it."""
+    if results.status == "timeout":
+        return 124
+    status = results.exit_status
+    if status is None:
+        return 1
+    return 128 - status if status < 0 else status
+
+
+def _closing_line(results: MpiResults) -> str:
+    fid = results.fidelity
+    load = (f"; CPU idle {fid.cpu_idle:.0%}, datapath {fid.datapath_load_mbps:.0f} of "
+            f"{fid.datapath_capacity_mbps:.0f} Mbit/s" if fid is not None else "")
+    return (f"# mpirun {results.status} (exit status {results.exit_status}) in {results.wall_s or 0:.1f} s"
+            f"{load}{flag_text(fid)}; results in {results.config['out']}")

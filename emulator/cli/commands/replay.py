@@ -1,0 +1,85 @@
+"""``emu replay``: a schedule over real TCP on an emulated network (see :mod:`emulator.emulation.replay`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from emulator.base.errors import UserError
+from emulator.cli.arguments import int_at_least, positive
+from emulator.cli.commands import admit
+from emulator.emulation.replay import ReplayConfig, ReplayFailed, prepare, replay
+from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.model import fabric
+from emulator.model.schedule import training
+from emulator.runs import admission
+from emulator.runs.fault_plan import fault_line
+from emulator.runs.metrics import nccl_table
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("replay", help="replay a schedule over real TCP and measure it")
+    p.add_argument("schedule", metavar="SCHEDULE", help="schedule file (YAML or JSON)")
+    p.add_argument("--topology", required=True, metavar="SPEC")
+    p.add_argument("--routing", required=True, metavar="POLICY")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--repeat", type=int_at_least(1), default=3, metavar="N", help="measured repetitions (default 3)")
+    p.add_argument("--warmup", type=int_at_least(0), default=1, metavar="W",
+                   help="unmeasured repetitions first (default 1)")
+    p.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S")
+    p.add_argument("--timeout", type=positive("seconds"), default=None, metavar="SECONDS",
+                   help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
+    p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
+    p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--fabric", default=None, metavar="PROFILE",
+                   help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
+                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); links the "
+                   "topology spec leaves unset run at its emulated rate")
+    p.add_argument("--fault", action="append", default=[], metavar="SPEC",
+                   help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
+                        "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
+                        "(see emulator/runs/fault_plan.py)")
+    admit.add_arguments(p)
+    p.set_defaults(func=cmd_replay)
+
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
+                       repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
+                       pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,
+                       fabric=args.fabric, faults=args.fault)
+    prep = prepare(cfg)
+    schedule, topo, report = prep.schedule, prep.topo, prep.report
+    if os.path.exists(os.path.join(args.out, "results.json")):
+        raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
+                        "(it holds results.json)")
+    request = admission.replay_request("replay", schedule, topo, report, args.warmup + args.repeat, prep.profile,
+                                       admit.capacity(prep.profile.emulated_mtu))
+    verdict = admit.check(request, args, echo=lambda line: None)
+    print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
+          f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
+    print(f"# {prep.profile.describe()}")
+    for line in verdict.lines:
+        print(f"# {line}")
+    require_root()
+    interrupt_on_sigterm()
+    scale = training.workload_scale(schedule)
+    if scale != 1:
+        print(f"# a training iteration at scale {scale:g}: the fabric's latencies are divided by {scale:g} as its "
+              "gradients and compute are, so the replay stands for the full iteration (docs/schedule-format.md)")
+    try:
+        results = replay(cfg, prep=prep)
+    except ReplayFailed as exc:
+        print(f"emu: replay failed: {exc} (partial results in {args.out})")
+        return 1
+    print(nccl_table(schedule, results.repetitions))
+    for f in results.faults:
+        print(fault_line(f))
+    summary = results.summary()  # a finished replay has repeat >= 1 measured repetitions
+    if summary is not None and summary.scaling_efficiency is not None:
+        print(f"# iteration median {summary.iteration_s:.3f} s, compute alone {summary.compute_only_s:.3f} s: "
+              f"scaling efficiency {summary.scaling_efficiency:.3f} (model {report.scaling_efficiency or 0:.3f})")
+    median = f"{summary.busbw_mbps:.2f}" if summary is not None else "(none)"
+    print(f"# busbw median {median} Mbit/s on {results.link_mbps:g} Mbit/s links; results in {args.out}")
+    return 0

@@ -1,0 +1,226 @@
+"""``emu schedule gen|check|import``: schedules of collectives as data (see docs/schedule-format.md).
+
+``gen`` writes one collective's schedule, or with ``--model`` one
+data-parallel training iteration (:mod:`emulator.model.schedule.training`).
+``check`` exits 0 when the schedule is proved to compute its collective(s),
+1 when it is well formed but wrong (deadlock, double counting, race...), 2
+for malformed input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+
+from emulator.base.errors import FieldError
+from emulator.cli.arguments import int_at_least, number
+from emulator.emulation import calibration_file, fidelity
+from emulator.model import fabric, routing, topology
+from emulator.model.schedule import chakra, msccl, training
+from emulator.model.schedule import format as fmt
+from emulator.model.schedule.check import check
+from emulator.model.schedule.collectives import ALLREDUCE
+from emulator.model.schedule.generators import GENERATED, PLACEMENTS, algorithms, generate
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    sched = subparsers.add_parser("schedule", help="generate, check and import schedules of collectives")
+    sub = sched.add_subparsers(dest="schedule_command", metavar="SUBCOMMAND")
+    sub.required = True
+
+    gen = sub.add_parser("gen", help="generate a collective's schedule (default allreduce) for every host of a "
+                         "topology")
+    gen.add_argument("--algo", required=True, metavar="ALGO",
+                     help="; ".join(f"{', '.join(algorithms(c))} for {c}" for c in GENERATED))
+    gen.add_argument("--collective", default=ALLREDUCE, choices=GENERATED, metavar="COLLECTIVE",
+                     help=f"one of {', '.join(GENERATED)} (default allreduce)")
+    gen.add_argument("--root", type=int_at_least(0), default=0, metavar="N",
+                     help="the root rank of broadcast and reduce (default 0)")
+    gen.add_argument("--topology", required=True, metavar="SPEC", help="topology spec or exported JSON file")
+    gen.add_argument("--size", metavar="SIZE",
+                     help="bytes of every rank's data buffer (nccl-tests' size), e.g. 64KiB, 16MiB, 1MB")
+    gen.add_argument("--model", choices=tuple(training.MODELS), metavar="MODEL",
+                     help=f"instead of --size: one data-parallel training iteration of {', '.join(training.MODELS)} "
+                     "(forward, backward per layer, DDP's bucketed allreduces overlapping it)")
+    gen.add_argument("--batch", type=int_at_least(1), metavar="N",
+                     help=f"--model: samples per accelerator (default {training.DEFAULT_BATCH})")
+    gen.add_argument("--scale", type=number("a number >= 1", lambda x: 1 <= x <= 1e6), default=1.0, metavar="S",
+                     help="--model: divide every gradient and compute time by S, to keep emulated runs short "
+                     "(check and replay divide the fabric's latencies by S as well)")
+    gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
+                     "(default: hdrm for --algo hdrm, else identity)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random placement")
+    gen.add_argument("--chunks", type=int, metavar="N", help="number of chunks (default: the algorithm's own)")
+    gen.add_argument("-o", "--output", required=True, metavar="FILE", help="file to write (.json: JSON, else YAML)")
+    gen.set_defaults(func=cmd_gen)
+
+    chk = sub.add_parser("check", help="prove a schedule computes its collective; predict contention and time")
+    chk.add_argument("file", metavar="FILE")
+    chk.add_argument("--topology", metavar="SPEC", help="topology spec or JSON (default: the schedule's own)")
+    chk.add_argument("--routing", default="shortest", metavar="POLICY",
+                     help=f"one of {', '.join(routing.POLICIES)} (default: shortest)")
+    chk.add_argument("--seed", type=int, default=0, metavar="S", help="seed of hash-based routing")
+    chk.add_argument("--fabric", default=None, metavar="PROFILE",
+                     help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
+                     f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
+    chk.add_argument("--gamma", type=number("a finite number >= 0", lambda x: 0 <= x < math.inf), default=0.0,
+                     metavar="S_PER_BYTE",
+                     help="reduction cost in seconds per byte (default 0)")
+    chk.add_argument("--json", action="store_true", help="print one JSON object")
+    chk.set_defaults(func=cmd_check)
+
+    imp = sub.add_parser("import", help="convert an MSCCL XML algorithm or Chakra traces to a schedule")
+    imp.add_argument("files", nargs="+", metavar="FILE", help="one MSCCL .xml, or the <prefix>.<rank>.et files")
+    imp.add_argument("-o", "--output", required=True, metavar="OUT")
+    imp.add_argument("--size", metavar="SIZE", help="MSCCL: bytes per rank (default: about 1 MiB)")
+    imp.add_argument("--instances", type=int_at_least(1), default=1, metavar="N",
+                     help="MSCCL: replicate the algorithm N times, as msccl-tools' instances do (default 1)")
+    imp.add_argument("--algo", default="ring", metavar="ALGO",
+                     help="Chakra: generator to expand its collectives with (default ring; direct for alltoall)")
+    imp.add_argument("--index", type=int_at_least(0), default=None, metavar="K",
+                     help="Chakra: only the K-th collective node (from 0, every collective type counted); default: "
+                     "the whole trace as recorded")
+    imp.add_argument("--placement", metavar="P", help=f"Chakra: placement of the generated collectives' ranks "
+                     f"(one of {', '.join(PLACEMENTS)})")
+    imp.add_argument("--topology", metavar="SPEC", help="Chakra: topology (default star:hosts=<ranks>)")
+    imp.set_defaults(func=cmd_import)
+
+
+def _summary(s: fmt.Schedule) -> str:
+    return (f"{s.algorithm}, {s.p} ranks, {fmt.format_size(s.size)} in {s.chunks} chunks, {s.steps} steps, "
+            f"{sum(len(r.ops) for r in s.ranks)} ops")
+
+
+def _check_output(path: str, where: str) -> None:
+    """Refuse an output path that can never be a file, before any work."""
+    if not path or os.path.isdir(path):
+        raise FieldError(where, "output", "the name of a file to write", path)
+
+
+def _save(sched: fmt.Schedule, path: str, where: str) -> None:
+    try:
+        fmt.save(sched, path)
+    except OSError as exc:
+        raise FieldError(where, "output", "a file that can be written", f"{path} ({exc.strerror})") from None
+
+
+def gen_schedule(args: argparse.Namespace) -> fmt.Schedule:
+    """The schedule ``emu schedule gen`` writes, from its parsed options (raises :class:`FieldError`)."""
+    where = "schedule gen"
+    if args.model is None:
+        for name in ("batch",):
+            if getattr(args, name) is not None:
+                raise FieldError(where, name, "--model to go with it", getattr(args, name))
+        if args.scale != 1.0:
+            raise FieldError(where, "scale", "--model to go with it", args.scale)
+        if args.size is None:
+            raise FieldError(where, "size", "a size such as 16MiB (or --model)", "nothing")
+    else:
+        for name, default in (("size", None), ("chunks", None), ("collective", ALLREDUCE), ("root", 0)):
+            if getattr(args, name) != default:
+                raise FieldError(where, name, f"nothing with --model (a {args.model} iteration allreduces its "
+                                 "gradients in its own buckets)", getattr(args, name))
+    topo = topology.load(args.topology)
+    if args.model is not None:
+        return training.gen(args.model, args.algo, topo, batch=args.batch, scale=args.scale,
+                            placement=args.placement, seed=args.seed)
+    size = fmt.parse_size(args.size, where, "size")
+    return generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks,
+                    collective=args.collective, root=args.root)
+
+
+def cmd_gen(args: argparse.Namespace) -> int:
+    _check_output(args.output, "schedule gen")
+    sched = gen_schedule(args)
+    _save(sched, args.output, "schedule gen")
+    what = "" if sched.collective == ALLREDUCE else f"{sched.collective} "
+    print(f"wrote {args.output}: {what}{_summary(sched)}")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    profile = fabric.parse(args.fabric, where="schedule check: fabric")
+    sched = fmt.load(args.file)
+    profile = fabric.for_workload_scale(profile, training.workload_scale(sched))
+    spec = args.topology or sched.topology
+    if not spec:
+        raise FieldError(f"schedule {args.file!r}", "topology", "a topology in the file or --topology SPEC",
+                         "nothing")
+    topo = topology.load(spec, profile.emulated_link_mbps)
+    routing.check_policy(topo, args.routing)
+    where = f"schedule {args.file!r}"
+    fmt.check_hosts(sched, topo, where)
+    model = fidelity.latency_model(profile, calibration_file.load_calibration(profile.emulated_mtu))
+    report = check(sched, topo, args.routing, seed=args.seed, latency=model, gamma=args.gamma,
+                   mtu=profile.emulated_mtu, where=where)
+    if args.json:
+        print(json.dumps(report.to_json(), sort_keys=True))
+        return 0 if report.valid else 1
+    data = report.to_json()
+    print(f"schedule   {args.file}: {_summary(sched)}")
+    print(f"topology   {topo.spec}, routing {args.routing} (seed {args.seed})")
+    print(f"fabric     {profile.describe()}")
+    print(f"latency    intrinsic: {model.intrinsic.source}"
+          + (f"; this machine cannot reach the profile's latency on paths of {report.latency_floors()} switches "
+             "(latency_floor)" if report.latency_floors() else ""))
+    what = "schedule of collectives" if len(sched.shapes) > 1 else sched.collective
+    if report.valid:
+        print(f"proof      valid {what}: {_proved(sched)}")
+    else:
+        print(f"proof      NOT a correct {what} ({len(report.execution.errors)} problem(s)):")
+        for err in report.execution.errors[:10]:
+            print(f"  - {err}")
+    print(f"{'step':>5} {'xfers':>6} {'bytes':>10} {'flows/link':>10} {'alpha-beta s':>13} {'max-min s':>11} "
+          f"{'model s':>9}  busiest")
+    for st in data["per_step"]:
+        busy = ", ".join(f"{a}->{b}:{n}" for (a, b), n in
+                         ((tuple(x["link"]), x["flows"]) for x in st["busiest_links"]))
+        span = f"{st['time_s']:>9.4f}" if st["time_s"] is not None else f"{'-':>9}"
+        print(f"{st['step']:>5} {st['transfers']:>6} {st['bytes']:>10} {st['max_flows_per_link']:>10} "
+              f"{st['alpha_beta_s']:>13.6f} {st['maxmin_s']:>11.6f} {span}  {busy}")
+    print(f"steps      lockstep sums: alpha-beta {data['alpha_beta_time_s']:.6f} s, max-min fair "
+          f"{data['maxmin_time_s']:.6f} s")
+    if report.valid:
+        print(f"predicted  {data['time_s']:.6f} s emulated (busbw {data['busbw_mbps']:.2f} Mbit/s) = "
+              f"{data['real_time_s'] * 1e6:.1f} us on the real fabric (busbw {data['real_busbw_gbps']:.1f} Gbit/s)")
+    if report.valid and report.compute_only_s is not None and report.scaling_efficiency is not None:
+        print(f"iteration  compute alone {report.compute_only_s:.3f} s emulated, with communication "
+              f"{report.iteration_time_s:.3f} s: scaling efficiency {report.scaling_efficiency:.3f}")
+    return 0 if report.valid else 1
+
+
+def _proved(sched: fmt.Schedule) -> str:
+    """What the proof established, in words."""
+    if len(sched.shapes) > 1:
+        return f"each of its {len(sched.shapes)} segments computes its collective, each contribution once"
+    return {
+        "allreduce": "every rank ends with every chunk reduced over all ranks, each once",
+        "reduce_scatter": "every rank ends with its block reduced over all ranks, each once",
+        "allgather": "every rank ends with every rank's block",
+        "alltoall": "every rank ends with block r of every rank r's input, in rank order",
+        "broadcast": "every rank ends with the root's buffer",
+        "reduce": "the root ends with every chunk reduced over all ranks, each once",
+        "p2p": "every message is matched and delivered, nothing deadlocks (no data to check)",
+    }.get(sched.collective, "it computes its collective")
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    files = args.files
+    _check_output(args.output, "schedule import")
+    if all(f.lower().endswith(".xml") for f in files):
+        if len(files) != 1:
+            raise FieldError("schedule import", "FILE", "one MSCCL XML file", f"{len(files)} files")
+        size = fmt.parse_size(args.size, "schedule import", "size") if args.size else None
+        sched = msccl.load(files[0], size, instances=args.instances)
+    elif all(f.lower().endswith(".et") for f in files):
+        if args.size:
+            raise FieldError("schedule import", "size", "no --size for Chakra traces (comm_size gives it)",
+                             args.size)
+        sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology, placement=args.placement)
+    else:
+        raise FieldError("schedule import", "FILE", "one MSCCL .xml file or Chakra .et files", " ".join(files))
+    _save(sched, args.output, "schedule import")
+    print(f"wrote {args.output}: {_summary(sched)}")
+    return 0

@@ -1,0 +1,91 @@
+"""``emu clean``: remove what this project left behind, and nothing else.
+
+What is ours is found two ways (see :mod:`emulator.emulation.runstate`): processes from
+the run-state records (pid + start time, plus every process inside a recorded
+host namespace), and bridges and root-namespace interfaces by their name
+pattern (``efsN``, ``efsN-ethP``, ``efhN-eth0``). Runs whose owning process is
+still alive are left alone unless ``force`` is given. Never Mininet's global
+cleanup, and never killing processes by name pattern.
+
+Every network bring-up calls :func:`clean` with ``network_lock_held``: it
+holds the machine-wide network lock, so no live network can own a bridge of
+our pattern, and what a killed run (even SIGKILL) left is removed before the
+next run starts. :class:`emulator.emulation.network.EmulatedNetwork` also tears its
+own bridges down with :func:`remove_our_bridges`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from emulator.base.naming import BRIDGE_RE, INTERFACE_RE, NAME_PREFIX
+from emulator.emulation.runstate import all_runs, kill_recorded
+from emulator.emulation.system import Runner, run
+
+
+def interface_names(ip_link_json: str) -> list[str]:
+    """The interface names in ``ip -j link show`` output (a veth's peer is a separate field, not part of its name).
+
+    Output that is not a JSON list (``ip`` failed) has none.
+    """
+    try:
+        links = json.loads(ip_link_json)
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(links, list):
+        return []
+    return [link["ifname"] for link in links if isinstance(link, dict) and isinstance(link.get("ifname"), str)]
+
+
+def links_with_prefix(runner: Runner, prefix: str) -> list[str]:
+    """The root namespace's interfaces whose names start with ``prefix``."""
+    return [name for name in interface_names(runner(["ip", "-j", "link", "show"]).stdout) if name.startswith(prefix)]
+
+
+def remove_our_bridges(runner: Runner, names: Sequence[str]) -> None:
+    """Delete the named bridges (ours) and the root-namespace veths that carried their ports."""
+    if names:
+        cmd = ["ovs-vsctl", "--timeout=20"]
+        for name in names:
+            cmd += ["--", "--if-exists", "del-br", name]
+        runner(cmd)
+    for name in names:
+        for intf in links_with_prefix(runner, f"{name}-eth"):
+            runner(["ip", "link", "del", intf])
+
+
+def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:
+    """Remove leftovers; return one line per thing done.
+
+    Bridges and interfaces are left alone while another run is alive (it may
+    be a network), unless the caller holds the network lock.
+    """
+    report: list[str] = []
+    active = []
+    for state in all_runs():
+        if state.owner_alive() and not force:
+            owner = state.owner() or {}
+            active.append(state)
+            report.append(f"left run {state.run_id} alone: its owner (pid {owner.get('pid')}) is still "
+                          "running (use --force)")
+            continue
+        killed = kill_recorded(state)
+        if killed:
+            report.append(f"run {state.run_id}: killed {len(killed)} processes")
+        state.remove()
+    if active and not network_lock_held:
+        return report  # their bridges share our name pattern: leave all bridges alone
+    res = runner(["ovs-vsctl", "--timeout=10", "list-br"])
+    bridges = [b for b in res.stdout.split() if BRIDGE_RE.match(b)]
+    if bridges:
+        remove_our_bridges(runner, bridges)
+        report.append(f"deleted {len(bridges)} bridges: {' '.join(bridges[:8])}{' ...' if len(bridges) > 8 else ''}")
+    stray = [name for name in links_with_prefix(runner, NAME_PREFIX) if INTERFACE_RE.match(name)]
+    for name in stray:
+        runner(["ip", "link", "del", name])
+    if stray:
+        report.append(f"deleted {len(stray)} interfaces")
+    if not report:
+        report.append("nothing of ours to clean")
+    return report

@@ -1,0 +1,378 @@
+"""``emu mpirun``: an Open MPI program over the emulated fabric, measured like a replay.
+
+:func:`prepare` checks every input before anything starts (:mod:`emulator.runs.mpi_plan`
+owns the checks and the command line). :func:`run` brings up the controller
+and the network as a replay does (:class:`emulator.emulation.replay.ReplaySession`
+without agents), writes the launch agent and the hostfile into the run's
+folder, runs ``mpirun`` inside rank 0's host, echoes its output, and tears
+everything down (every process left in the hosts' namespaces is killed with
+the network). :func:`run_in_session` does the same on a session that is
+already up and leaves it up (``emu run``'s MPI cells, on their network's
+session). Files in the folder:
+
+* ``results.json`` -- :class:`emulator.runs.mpi_plan.MpiResults`, rewritten atomically
+  when the run starts and when it ends (however it ends);
+* ``mpirun.log`` -- mpirun's own output (every rank's lines, and Open MPI's
+  messages); ``ranks/rank-R.stdout`` and ``ranks/rank-R.stderr`` -- each
+  rank's output alone;
+* ``hostfile``, ``launch-agent`` (and ``launch-agent.log``: every launch) --
+  how Open MPI reached the hosts;
+* ``links.jsonl`` -- the controller's port counters over the run, and tc's
+  counters of every link interface and TCP retransmissions per host;
+* ``bench.json`` -- the bundled benchmark's rows, when it ran;
+* ``session/`` -- the controller's log and the topology (:func:`run` only).
+
+Every process of the run (mpirun, the launch agent's ``mnexec``, every
+``orted``, the ranks) inherits the memory limit mpirun starts under
+(``RLIMIT_DATA`` by ``prlimit``, :mod:`emulator.emulation.confinement`): the config's
+``memory_limit_bytes``, or :func:`emulator.runs.admission.mpi_rank_limit_bytes`
+of the program's estimate. A rank whose output says an allocation was
+refused is named, with the limit, in one line (``results.error``).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from emulator.base.errors import FieldError, UserError
+from emulator.base.files import append_jsonl
+from emulator.emulation import calibration_file, confinement, fidelity, system
+from emulator.emulation.calibration_file import Calibration
+from emulator.emulation.replay import ReplaySession
+from emulator.model import fabric, routing, topology
+from emulator.model.latency import LatencyModel
+from emulator.runs import admission
+from emulator.runs import allreduce_bench as mpi_bench
+from emulator.runs.mpi_plan import (
+    BENCH_JSON,
+    PRLIMIT,
+    START_ATTEMPTS,
+    WHERE,
+    MpiResults,
+    MpiRunConfig,
+    RankPlace,
+    daemon_start_failed,
+    hostfile_text,
+    launch_agent_script,
+    mca_settings,
+    mpirun_command,
+    parse_mca,
+    program_argv,
+    rank_hosts,
+    resolve_program,
+)
+
+#: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
+STOP_GRACE_S = 10.0
+#: How long after a rank says an allocation was refused the job is stopped: a Python rank that died of
+#: MemoryError without ``-m mpi4py`` leaves the others waiting for it until --timeout.
+OUT_OF_MEMORY_GRACE_S = 3.0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What :func:`prepare` checked, before anything starts."""
+
+    cfg: MpiRunConfig
+    topo: topology.Topology
+    profile: fabric.FabricProfile
+    latency: LatencyModel
+    hosts: list[str]  # per rank
+    argv: list[str]  # what every rank runs
+    mca: tuple[tuple[str, str], ...]
+    calibration: Calibration | None
+    memory_limit_bytes: int | None = None  # RLIMIT_DATA of every process of the run
+
+    @property
+    def out(self) -> str:
+        return os.path.abspath(self.cfg.out)
+
+
+def own_bin() -> str:
+    """This emulator's scripts (the venv's bin): where the bundled programs are."""
+    return os.path.dirname(sys.executable)
+
+
+def prepare(cfg: MpiRunConfig) -> Prepared:
+    """Every check that can fail on bad input; raises :class:`UserError` (one line) before anything starts."""
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise FieldError(WHERE, "seed", "an integer >= 0", cfg.seed)
+    if isinstance(cfg.nice, bool) or not isinstance(cfg.nice, int) or not 0 <= cfg.nice <= 19:
+        raise FieldError(WHERE, "nice", "an integer in 0..19", cfg.nice)
+    if not cfg.timeout_s > 0:
+        raise FieldError(WHERE, "timeout", "seconds > 0", cfg.timeout_s)
+    mca = parse_mca(cfg.mca)
+    resolved = resolve_program(cfg.program[0] if cfg.program else "", own_bin=own_bin())
+    profile = fabric.parse(cfg.fabric, where=f"{WHERE}: fabric")
+    topo = topology.load(cfg.topology, profile.emulated_link_mbps)
+    routing.check_policy(topo, cfg.routing)
+    hosts = rank_hosts(topo, cfg.placement, cfg.np, cfg.seed)
+    if len(hosts) < 2:
+        raise FieldError(WHERE, "np", "at least 2 ranks", len(hosts))
+    if os.path.exists(os.path.join(cfg.out, "results.json")):
+        raise FieldError(WHERE, "out", "a new or empty directory", f"{cfg.out} (it holds results.json)")
+    limit = cfg.memory_limit_bytes
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0):
+        raise FieldError(WHERE, "memory_limit_bytes", "bytes > 0, or none to size it from the admission estimate",
+                         limit)
+    system.require_tools(["mpirun", "mnexec", PRLIMIT])
+    calibration = calibration_file.load_calibration(profile.emulated_mtu)
+    model = fidelity.latency_model(profile, calibration)
+    out = os.path.abspath(cfg.out)
+    if limit is None:
+        limit = memory_limit_bytes(cfg.program, len(hosts))
+    return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
+                    limit)
+
+
+def memory_limit_bytes(program: Sequence[str], ranks: int,
+                       memory: Callable[[], tuple[int, int]] = system.memory_available) -> int:
+    """The ``RLIMIT_DATA`` of every process of a run of ``program`` on ``ranks`` ranks: the admission estimate
+    (``memory()``: this machine's available and total bytes, for a program of unknown size)."""
+    usable = admission.Machine(*memory()).usable_bytes
+    return admission.mpi_rank_limit_bytes(admission.mpi_program_bytes(program), ranks, usable)
+
+
+def run(prep: Prepared, echo: Callable[[str], None] = print) -> MpiResults:
+    """Bring up, run the program once, tear down; return (and write) the results.
+
+    Raises :class:`KeyboardInterrupt` after recording an interrupted run; a
+    program that fails is a result (``status`` failed, its ``exit_status``).
+    """
+    cfg = prep.cfg
+    results, results_path = _begin(prep, cfg.to_json())
+    with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
+                       work_dir=os.path.join(prep.out, "session"), echo=echo, agents=False) as session:
+        _run_started(prep, session, results, results_path, echo)
+    return results
+
+
+def run_in_session(prep: Prepared, session: ReplaySession, echo: Callable[[str], None] = print,
+                   config: dict | None = None) -> MpiResults:
+    """Run the program once on a session that is already up (``emu run``: an MPI cell on its network's
+    session, which may have agents and earlier cells' replays); return (and write) the results.
+
+    The session must be of the same topology (host names) as ``prep``'s; it stays up. ``config`` is added
+    to the results' ``config`` (``emu run`` adds the cell). The folder gets every file :func:`run` writes
+    but ``session/`` (the session's own folder is elsewhere), and ``learned_connections`` counts the
+    connections the controller learned during this run only. Raises :class:`KeyboardInterrupt` after
+    recording an interrupted run, as :func:`run` does.
+    """
+    results, results_path = _begin(prep, {**prep.cfg.to_json(), **(config or {})})
+    _run_started(prep, session, results, results_path, echo)
+    return results
+
+
+def _begin(prep: Prepared, config: dict) -> tuple[MpiResults, str]:
+    """The folder and its first ``results.json`` (status running), before the network is up (or used)."""
+    topo, out = prep.topo, prep.out
+    os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
+    results = MpiResults(config=config, ranks=[RankPlace(r, h, topo.host(h).ip) for r, h in enumerate(prep.hosts)],
+                         command=[], link_mbps=topo.host_bw, fabric=prep.profile.to_json(),
+                         memory_limit_bytes=prep.memory_limit_bytes)
+    results_path = os.path.join(out, "results.json")
+    results.save(results_path)
+    return results, results_path
+
+
+def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, results_path: str,
+                 echo: Callable[[str], None]) -> None:
+    """Run mpirun once on the started ``session``; ``results`` hold everything when this returns or raises."""
+    cfg, topo, out = prep.cfg, prep.topo, prep.out
+    results.datapath, results.bringup_s = session.en.datapath, session.bringup_s
+    command = _write_launch_files(prep, session)
+    results.command = command
+    results.save(results_path)
+    learned_before = session.ctl.status().get("learned_total")
+    offset = session.stats_offset()
+    before = fidelity.snapshot(session.en, topo)
+    t0 = time.monotonic()
+    try:
+        results.exit_status, timed_out = _start_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
+        results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
+        if timed_out:
+            results.error = f"the program ran past --timeout {cfg.timeout_s:g} s and was stopped"
+    except KeyboardInterrupt:
+        results.status, results.error = "interrupted", "interrupted"
+        raise
+    except OSError as exc:
+        results.status, results.error = "failed", f"mpirun could not start: {exc}"
+    finally:
+        results.wall_s = time.monotonic() - t0
+        after = fidelity.snapshot(session.en, topo)
+        results.fidelity = fidelity.assess(before, after, results.wall_s,
+                                           fidelity.switch_egress_bytes(before, after), prep.calibration)
+        for rec in fidelity.link_records(before, after, 0):
+            append_jsonl(os.path.join(out, "links.jsonl"), rec)
+        session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
+        ran_out = out_of_memory_ranks(os.path.join(out, "ranks"), collect_rank_output(os.path.join(out, "ranks")))
+        results.out_of_memory = sorted(ran_out)
+        line = (confinement.mpi_rank_ran_out(ran_out.items(), prep.memory_limit_bytes)
+                or _open_mpi_ran_out(os.path.join(out, "mpirun.log"), prep.memory_limit_bytes))
+        if line is not None and results.status != "ok":
+            results.error = line
+            echo(f"# {line}")
+        results.bench = _bench_rows(out)
+        learned = session.ctl.status().get("learned_total")
+        # the controller's count is over the network's life: an earlier run on the same session learned its own
+        results.learned_connections = (learned - learned_before if isinstance(learned, int)
+                                       and isinstance(learned_before, int) else learned)
+        results.save(results_path)
+
+
+def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
+    """The launch agent and the hostfile in the run's folder; the mpirun command line that uses them."""
+    out, topo = prep.out, prep.topo
+    agent = os.path.join(out, "launch-agent")
+    pids = [(h.ip, session.en.host(h.name).pid) for h in topo.hosts]
+    with open(agent, "w", encoding="ascii") as fh:
+        fh.write(launch_agent_script(pids, os.path.join(out, "launch-agent.log")))
+    os.chmod(agent, 0o700)  # root runs it; nobody else needs to
+    hostfile = os.path.join(out, "hostfile")
+    with open(hostfile, "w", encoding="ascii") as fh:
+        fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
+    mca = mca_settings(prep.mca, agent)
+    return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
+                          memory_limit_bytes=prep.memory_limit_bytes)
+
+
+def _start_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
+                  echo: Callable[[str], None]) -> tuple[int, bool]:
+    """:func:`_run_mpirun`, started again (up to :data:`START_ATTEMPTS` times) while Open MPI's daemons die
+    before any rank ran; each attempt's output is in mpirun.log."""
+    log_path = os.path.join(out, "mpirun.log")
+    open(log_path, "w").close()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        offset = os.path.getsize(log_path)
+        status, timed_out = _run_mpirun(session, host, command, out, timeout_s, echo)
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            fh.seek(offset)
+            text = fh.read()
+        started = bool(glob.glob(os.path.join(out, "ranks", "*", "rank.*")))
+        if status == 0 or timed_out or attempt == START_ATTEMPTS or not daemon_start_failed(text, started):
+            return status, timed_out
+        echo(f"# Open MPI's daemons failed to start (no rank ran): starting again, attempt {attempt + 1} of "
+             f"{START_ATTEMPTS}")
+        shutil.rmtree(os.path.join(out, "ranks"), ignore_errors=True)
+        os.makedirs(os.path.join(out, "ranks"), exist_ok=True)
+    raise AssertionError("not reached")
+
+
+def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,
+                echo: Callable[[str], None]) -> tuple[int, bool]:
+    """Run ``command`` inside ``host``; echo and log its output. Returns (exit status, whether it timed out)."""
+    # Python ranks write through to mpirun, so their lines show as they come
+    env = dict(os.environ, PATH=f"{own_bin()}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    pid = session.en.host(host).pid
+    timed_out = threading.Event()
+    with open(os.path.join(out, "mpirun.log"), "a", encoding="utf-8") as log:
+        proc = subprocess.Popen(["mnexec", "-a", str(pid), *command], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out, env=env, text=True,
+                                errors="replace", start_new_session=True)
+        session.en.state.record_process("mpirun", proc.pid)
+
+        def stop() -> None:
+            timed_out.set()
+            _stop_group(proc)
+
+        timer = threading.Timer(timeout_s, stop)
+        timer.daemon = True
+        timer.start()
+        out_of_memory: threading.Timer | None = None
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                echo(line.rstrip("\n"))
+                if out_of_memory is None and confinement.memory_failure_in(line):
+                    out_of_memory = threading.Timer(OUT_OF_MEMORY_GRACE_S, _stop_group, args=(proc,))
+                    out_of_memory.daemon = True
+                    out_of_memory.start()
+            status = proc.wait()
+        except BaseException:
+            _stop_group(proc)
+            raise
+        finally:
+            timer.cancel()
+            if out_of_memory is not None:
+                out_of_memory.cancel()
+    return status, timed_out.is_set()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM mpirun's process group (it takes its ranks down), SIGKILL after :data:`STOP_GRACE_S`."""
+    for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def collect_rank_output(ranks_dir: str) -> list[int]:
+    """Open MPI's ``<dir>/<job>/rank.R/{stdout,stderr}`` as ``<dir>/rank-R.stdout`` and ``.stderr``; the ranks."""
+    found = []
+    for rank_dir in sorted(glob.glob(os.path.join(ranks_dir, "*", "rank.*"))):
+        rank = rank_dir.rsplit(".", 1)[1]
+        if not rank.isdigit():
+            continue
+        for stream in ("stdout", "stderr"):
+            src = os.path.join(rank_dir, stream)
+            if os.path.exists(src):
+                os.replace(src, os.path.join(ranks_dir, f"rank-{rank}.{stream}"))
+        found.append(int(rank))
+    for job_dir in glob.glob(os.path.join(ranks_dir, "*", "")):
+        shutil.rmtree(job_dir, ignore_errors=True)
+    return sorted(found)
+
+
+def out_of_memory_ranks(ranks_dir: str, ranks: Sequence[int]) -> dict[int, str]:
+    """The ranks whose ``rank-R.stderr`` says an allocation was refused, with that line."""
+    found = {}
+    for rank in ranks:
+        try:
+            with open(os.path.join(ranks_dir, f"rank-{rank}.stderr"), encoding="utf-8", errors="replace") as fh:
+                line = confinement.memory_failure_in(fh.read())
+        except OSError:
+            continue
+        if line is not None:
+            found[rank] = line
+    return found
+
+
+def _open_mpi_ran_out(log_path: str, limit_bytes: int | None) -> str | None:
+    """When no rank's output says so but mpirun's does: Open MPI itself (mpirun, an orted) ran out."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            line = confinement.memory_failure_in(fh.read())
+    except OSError:
+        return None
+    if line is None:
+        return None
+    return (f"mpirun: Open MPI (mpirun or an orted) ran out of its memory limit {confinement.describe_limit(limit_bytes)}"
+            f" (RLIMIT_DATA, from the admission estimate): {line!r} in mpirun.log")
+
+
+def _bench_rows(out: str) -> list[dict]:
+    path = os.path.join(out, BENCH_JSON)
+    if not os.path.exists(path):
+        return []
+    try:
+        return [row.to_json() for row in mpi_bench.load_rows(path)]
+    except (UserError, ValueError, KeyError, TypeError):
+        return []

@@ -1,0 +1,349 @@
+"""Mininet bring-up of a topology model: the edge where the model becomes packets.
+
+:class:`EmulatedNetwork` turns a :class:`~emulator.model.topology.Topology` into a
+Mininet network of Open vSwitch switches and shaped links, and tears it down.
+
+Naming (all names in the root namespace carry the project prefix ``ef`` so
+that ``emu clean`` finds exactly ours):
+
+* model switch ``sI`` -> OVS bridge / Mininet switch ``efsI``, ports
+  ``efsI-ethP`` with OpenFlow port number P (the model's port);
+* model host ``hI`` -> Mininet host ``hI`` whose one interface is
+  ``efhI-eth0``
+
+(:mod:`emulator.base.naming` owns the scheme).
+
+What bring-up does, in order: checks root and Open vSwitch, picks the
+datapath (kernel where the openvswitch module exists, userspace otherwise),
+creates hosts (recording their pids in the run state), switches and links
+shaped with HTB (``TCLink``), starts the switches (OpenFlow 1.3, fail-mode
+secure, the model's dpid), then configures every host: TX checksum offload
+off on the userspace datapath (otherwise TCP carries nothing), IPv6 off,
+``tcp_slow_start_after_idle`` off, static ARP for every other host
+(:mod:`emulator.emulation.host_commands`), then the queues of every link end
+(:mod:`emulator.emulation.tc_commands`). On the userspace datapath it enlarges Open vSwitch's
+packet socket buffers (:mod:`emulator.emulation.ovs_sockets`). With no controller it
+installs the routing policy's flow entries with ``ovs-ofctl``.
+
+One network at a time per machine (:class:`~emulator.emulation.network_lock.NetworkLock`);
+before building, what killed runs left is removed (:func:`emulator.emulation.cleanup.clean`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from emulator.base.errors import UserError
+from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf, switch_intf
+from emulator.emulation.cleanup import clean, remove_our_bridges
+from emulator.emulation.host_commands import (
+    DEFAULT_HOST_TSQ_BYTES,
+    host_setup_commands,
+    static_arp_batch,
+    static_flow_files,
+)
+from emulator.emulation.network_lock import NetworkLock
+from emulator.emulation.ovs_sockets import enlarge_ovs_sockets
+from emulator.emulation.runstate import RunState, kill_recorded, proc_netns
+from emulator.emulation.system import (
+    Runner,
+    choose_datapath,
+    netem_available,
+    require_ovs,
+    require_root,
+    require_tools,
+    run,
+)
+from emulator.emulation.tc_commands import (
+    host_queue_commands,
+    queue_packets_for,
+    root_interface_rates,
+    root_interfaces,
+    shaping_class_command,
+    switch_port_queue_commands,
+    tc_batch,
+)
+from emulator.model import routing
+from emulator.model.topology import DEFAULT_MTU, Topology
+
+log = logging.getLogger(__name__)
+
+
+def _quiet_htb_quantum(record: logging.LogRecord) -> bool:
+    """Drop tc's "quantum of class ... is big" warnings (links over 16 Mbit/s): with one class per link,
+    HTB's quantum decides nothing."""
+    return "quantum of class" not in record.getMessage()
+
+
+class EmulatedNetwork:
+    """A live Mininet network built from a topology model.
+
+    Use as a context manager, or call :meth:`start` and :meth:`stop`::
+
+        with EmulatedNetwork(topo, routing="shortest") as en:
+            en.host("h1").cmd("ping -c1", topo.host("h2").ip)
+
+    Arguments:
+        topo: the model.
+        controller: ``(ip, port)`` of a running OpenFlow controller, or None to
+            install ``routing``'s entries statically.
+        routing: policy name for the static entries (ignored with a controller).
+        seed: ECMP seed for the static entries.
+        datapath: ``auto``, ``user`` or ``kernel``.
+        label: names the run-state directory.
+        mtu: of every interface (default :data:`DEFAULT_MTU`).
+        queue_packets: the FIFO depth of every link end (default: :data:`emulator.emulation.tc_commands.DEFAULT_QUEUE_BYTES`
+            in frames).
+        tsq_bytes: per-flow host queue bound (default :data:`emulator.emulation.host_commands.DEFAULT_HOST_TSQ_BYTES`).
+        switch_delay_s: what every switch port holds each packet (netem; the kernel must have it).
+    """
+
+    def __init__(self, topo: Topology, *, controller: tuple[str, int] | None = None,
+                 routing: str = "shortest", seed: int = 0, datapath: str = "auto",
+                 label: str = "net", mtu: int = DEFAULT_MTU, queue_packets: int | None = None,
+                 tsq_bytes: int = DEFAULT_HOST_TSQ_BYTES, switch_delay_s: float = 0.0, runner: Runner = run):
+        self.topo = topo
+        self.controller = controller
+        self.routing = routing
+        self.seed = seed
+        self.requested_datapath = datapath
+        self.datapath = ""
+        self.label = label
+        self.mtu = mtu
+        self.queue_packets = queue_packets or queue_packets_for(mtu)
+        self.tsq_bytes = tsq_bytes
+        self.switch_delay_s = switch_delay_s
+        self.runner = runner
+        self.net: Any = None
+        self.state: RunState | None = None
+        self.bringup_s: float | None = None
+        self._lock: NetworkLock | None = None
+        self.socket_buffers: dict[str, int] = {}
+
+    # ------------------------------------------------------------- lifecycle
+    def __enter__(self) -> EmulatedNetwork:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def check(self) -> None:
+        """Every precondition, before anything is created."""
+        require_root()
+        require_tools(["mnexec", "ovs-vsctl", "ovs-ofctl", "tc", "ethtool", "ip"])
+        require_ovs(self.runner)
+        if self.controller is None:
+            routing.check_policy(self.topo, self.routing)
+        if self.switch_delay_s > 0 and not netem_available(self.runner):
+            raise UserError("network: switch latency on the links needs the kernel's netem qdisc, which this "
+                            "kernel lacks (the agents add the latency instead where it is missing)")
+        self.datapath = choose_datapath(self.requested_datapath)
+
+    def _check_no_leftovers(self) -> None:
+        """Remove what killed runs left (we hold the network lock, so no live network owns it)."""
+        done = [line for line in clean(runner=self.runner, network_lock_held=True) if not line.startswith(
+            ("nothing", "left run"))]
+        if done:
+            log.warning("removed leftovers of a killed run: %s", "; ".join(done))
+        busy = [b for b in map(bridge_name, (s.name for s in self.topo.switches)) if self._bridge_exists(b)]
+        if busy:
+            raise UserError(f"bridge {busy[0]} still exists after cleaning up: run `emu clean --force`")
+
+    def _bridge_exists(self, name: str) -> bool:
+        return self.runner(["ovs-vsctl", "--timeout=5", "br-exists", name]).returncode == 0
+
+    def _acquire_lock(self) -> None:
+        self._lock = NetworkLock()
+        self._lock.acquire()
+
+    def _release_lock(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def start(self) -> None:
+        self.check()
+        self._acquire_lock()
+        try:
+            self._check_no_leftovers()
+        except BaseException:
+            self._release_lock()
+            raise
+        t0 = time.monotonic()
+        self.state = RunState.create(self.label)
+        try:
+            self._build()
+            self._configure_hosts()
+            if self.datapath == "user":
+                self._enlarge_datapath_sockets()
+            if self.controller is None:
+                self._install_static_flows()
+        except BaseException:
+            self.stop()
+            raise
+        self.bringup_s = time.monotonic() - t0
+        log.info("network %s up in %.1f s (%s datapath)", self.topo.spec, self.bringup_s, self.datapath)
+
+    def _build(self) -> None:
+        # Mininet is imported here, not at the top: it is slow to import and only bring-up needs it.
+        from mininet.link import TCLink
+        from mininet.log import lg, setLogLevel
+        from mininet.net import Mininet
+        from mininet.node import OVSSwitch, RemoteController
+
+        setLogLevel(os.environ.get("EF_MININET_LOG", "output"))
+        lg.addFilter(_quiet_htb_quantum)
+        switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13", failMode="secure",
+                             reconnectms=1000)
+        net = Mininet(topo=None, switch=switch_cls, link=TCLink, controller=None, build=False,
+                      autoSetMacs=False, autoStaticArp=False, waitConnected=False)
+        self.net = net
+        assert self.state is not None
+        for h in self.topo.hosts:
+            node = net.addHost(h.name, ip=f"{h.ip}/{HOST_SUBNET.split('/')[1]}", mac=h.mac)
+            self.state.record_process("host", node.pid, node=h.name, netns=proc_netns(node.pid))
+        for s in self.topo.switches:
+            net.addSwitch(bridge_name(s.name), dpid=f"{s.dpid:016x}")
+        for lk in self.topo.links:
+            if lk.kind == "host":
+                net.addLink(lk.a, bridge_name(lk.b), port1=0, port2=lk.b_port,
+                            intfName1=host_intf(lk.a), intfName2=switch_intf(lk.b, lk.b_port),
+                            addr1=self.topo.host(lk.a).mac, bw=lk.bw_mbps)
+            else:
+                net.addLink(bridge_name(lk.a), bridge_name(lk.b), port1=lk.a_port, port2=lk.b_port,
+                            intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port),
+                            bw=lk.bw_mbps)
+        if self.controller is not None:
+            ip, port = self.controller
+            net.addController(RemoteController("c0", ip=ip, port=port))
+        net.build()
+        net.start()
+
+    def _write_batch(self, name: str, text: str) -> str:
+        """Write an input file of ``tc -batch``, ``ip -batch`` or ``ovs-ofctl add-flows`` into the run-state
+        directory (kept there until the network stops); return its path."""
+        assert self.state is not None
+        path = os.path.join(self.state.path, name)
+        with open(path, "w", encoding="ascii") as fh:
+            fh.write(text)
+        return path
+
+    def _configure_hosts(self) -> None:
+        """Every host's set-up, its queues and its static ARP; then the root-namespace link ends."""
+        for h in self.topo.hosts:
+            node = self.host(h.name)
+            for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.tsq_bytes):
+                self._host_run(node, cmd)
+            intf = host_intf(h.name)
+            queues = tc_batch([shaping_class_command(intf, self.topo.host_link(h.name).bw_mbps),
+                               *host_queue_commands(intf, self.queue_packets)])
+            self._host_run(node, ["tc", "-batch", self._write_batch(f"queues-{h.name}.batch", queues)])  # one tc
+            arp = self._write_batch(f"arp-{h.name}", static_arp_batch(self.topo, h.name))
+            self._host_run(node, ["ip", "-batch", arp])
+        self._configure_root_interfaces()
+
+    def _configure_root_interfaces(self) -> None:
+        """Root-namespace ends of the links: the MTU, shaping and queues, and no IPv6 chatter into the fabric."""
+        names = root_interfaces(self.topo)
+        path = self._write_batch("mtu.batch", "".join(f"link set dev {n} mtu {self.mtu}\n" for n in names))
+        res = self.runner(["ip", "-batch", path])
+        if res.returncode != 0:
+            raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
+        shaping = [shaping_class_command(n, rate) for n, rate in root_interface_rates(self.topo).items()]
+        queues = switch_port_queue_commands(self.topo, self.mtu, self.queue_packets, self.switch_delay_s)
+        res = self.runner(["tc", "-batch", self._write_batch("queues.batch", tc_batch([*shaping, *queues]))])
+        if res.returncode != 0:
+            raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")
+        cmd = ["ovs-vsctl", "--timeout=20"]
+        for n in names:
+            cmd += ["--", "set", "Interface", n, f"mtu_request={self.mtu}"]
+        self.runner(cmd)
+        settings = [f"net.ipv6.conf.{n}.disable_ipv6=1" for n in names]
+        for i in range(0, len(settings), 200):
+            self.runner(["sysctl", "-qw", *settings[i:i + 200]])
+
+    def _enlarge_datapath_sockets(self) -> None:
+        """See :mod:`emulator.emulation.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a packet:
+        a packet-out of a frame nobody listens to (EtherType 0x88b5, local experimental) makes sure."""
+        first = self.topo.hosts[0]
+        frame = first.mac.replace(":", "") + "020000000000" + "88b5" + "00" * 46
+        self.runner(["ovs-ofctl", "-O", "OpenFlow13", "packet-out", bridge_name(first.switch),
+                     f"in_port=controller,packet={frame},actions=output:{first.switch_port}"])
+        names = root_interfaces(self.topo)
+        try:
+            self.socket_buffers = enlarge_ovs_sockets(names)
+        except OSError as exc:
+            self.socket_buffers = {}
+            log.warning("could not enlarge Open vSwitch's socket buffers (%s): expect silent drops under load", exc)
+        if not self.socket_buffers.get("send"):
+            log.warning("Open vSwitch's send socket was not found: expect silent drops under load")
+
+    def _host_run(self, node: Any, cmd: Sequence[str]) -> str:
+        out = node.cmd(shlex.join(cmd) + "; echo __rc=$?")
+        body, _, rc = out.rpartition("__rc=")
+        if rc.strip() != "0":
+            raise UserError(f"host {node.name}: `{shlex.join(cmd)}` failed: {body.strip()[-200:]}")
+        return body
+
+    def _install_static_flows(self) -> None:
+        for bridge, text in static_flow_files(self.topo, self.routing, self.seed).items():
+            path = self._write_batch(f"flows-{bridge}", text)
+            res = self.runner(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, path])
+            if res.returncode != 0:
+                raise RuntimeError(f"ovs-ofctl add-flows {bridge} failed: {res.stderr.strip()}")
+
+    def stop(self) -> None:
+        """Tear everything down; safe to call twice and after a failed start."""
+        net, self.net = self.net, None
+        if net is not None:
+            try:
+                net.stop()
+            except Exception as exc:  # keep tearing down what remains
+                log.warning("mininet stop: %s", exc)
+            self._end_controller_shells(net)
+        if self.state is not None:
+            kill_recorded(self.state)
+            remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
+            self.state.remove()
+            self.state = None
+        self._release_lock()
+
+    @staticmethod
+    def _end_controller_shells(net: Any) -> None:
+        """End the shell of every Mininet controller node, which ``Mininet.stop`` leaves running.
+
+        A ``RemoteController`` is a Mininet node with a bash shell on a pty in
+        the root namespace, and its ``stop`` does nothing: every network left
+        one bash and two descriptors in the process that built it (the soak
+        test counted one more per bring-up), and a zombie under a subreaper
+        once that process exited. ``Node.terminate`` hangs the shell up,
+        closes its pty and reaps it.
+        """
+        for node in getattr(net, "controllers", []):
+            try:
+                node.terminate()
+            except Exception as exc:  # keep tearing down what remains
+                log.warning("mininet controller %s: %s", getattr(node, "name", "?"), exc)
+
+    # -------------------------------------------------------------- accessors
+    def host(self, name: str) -> Any:
+        self.topo.host(name)
+        return self.net.get(name)
+
+    def switch(self, name: str) -> Any:
+        self.topo.switch(name)
+        return self.net.get(bridge_name(name))
+
+    def hosts(self) -> list[Any]:
+        return [self.net.get(h.name) for h in self.topo.hosts]
+
+    def for_each_host(self, fn: Callable[[Any], None]) -> None:
+        for node in self.hosts():
+            fn(node)

@@ -1,0 +1,279 @@
+"""The fabric profile: the real training fabric an emulation stands for, and how the emulator maps it.
+
+An emulated network is slow on purpose. Under time dilation by ``D`` (Gupta et
+al., NSDI 2006) a link of ``R/D`` stands for one of ``R``, and every time
+measured here stands for ``1/D`` of it there. That holds for bandwidth by
+itself; it holds for latency only if the emulator adds ``D`` times the real
+fabric's latencies and its own stay below that (``DOMAIN.md`` section 8). A
+:class:`FabricProfile` names the real fabric by five numbers:
+
+``link_gbps``          the host link rate (Gbit/s)
+``mtu``                the frame size (bytes)
+``switch_latency_us``  forwarding latency of one switch (microseconds)
+``alpha_us``           per-message software latency of the communication library (microseconds)
+``dilation``           ``D``
+
+Mapping onto the emulator (:meth:`FabricProfile.emulation`):
+
+* emulated link rate = ``link_gbps · 1000 / D`` Mbit/s, for every link a
+  topology spec leaves unset (a spec's own ``bw``, ``host_bw``, ``switch_bw``
+  are kept and stand for ``D`` times their rate);
+* emulated latencies = ``D`` × real ones;
+* emulated MTU = the real MTU: a frame of ``F`` bytes at ``R/D`` takes ``D``
+  times what it takes at ``R``, so keeping the frame size dilates its
+  serialisation and every hop's store-and-forward exactly. Outside the range
+  this emulator carries (:data:`MIN_MTU`..:data:`MAX_MTU`) the closest
+  workable MTU is used and the frame-time error is stated.
+
+Per message, the real fabric's latency (before dilation) is, for a transfer
+whose path crosses ``s`` switches (:func:`message_latency_s`,
+:func:`rendezvous_latency_s`):
+
+* message: ``alpha + s · switch_latency`` before its first byte arrives
+  (the library's software latency, then every switch's forwarding latency);
+* rendezvous: ``s · switch_latency`` for the receiver's small "posted"
+  message back to the sender (MPI's and NCCL's rendezvous for large messages);
+* serialisation and store-and-forward: the links' own, from the frame size.
+
+Every switch on the path counts, a server's PCIe switch included.
+
+Profiles are written ``PRESET`` or ``key=value,...`` (``preset=NAME`` picks
+the base; keys not given take the base's values, by default
+:data:`DEFAULT_PRESET`'s), or as a YAML mapping of the same keys. Bad values
+raise :class:`~emulator.base.errors.FieldError` naming the key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from emulator.base.errors import FieldError, exact_number, printable
+
+#: Emulated link rates outside this range (Mbit/s) cannot be shaped faithfully:
+#: Mininet's HTB ignores rates above 1000, and below 0.1 a frame takes seconds.
+MIN_LINK_MBPS = 0.1
+MAX_LINK_MBPS = 1000.0
+#: Frame sizes this emulator carries: IPv4's minimum datagram, and the largest
+#: MTU measured to carry TCP through veth and the userspace datapath here.
+MIN_MTU = 576
+MAX_MTU = 32000
+
+KEYS = ("preset", "link_gbps", "mtu", "switch_latency_us", "alpha_us", "dilation")
+
+
+@dataclass(frozen=True)
+class FabricProfile:
+    """A real fabric and its time dilation; see the module docstring."""
+
+    preset: str
+    link_gbps: float
+    mtu: int
+    switch_latency_us: float
+    alpha_us: float
+    dilation: float
+    description: str = ""
+
+    # ------------------------------------------------------------ mapping
+    @property
+    def emulated_link_mbps(self) -> float:
+        return self.link_gbps * 1000.0 / self.dilation
+
+    @property
+    def emulated_mtu(self) -> int:
+        """The real MTU, or the closest one this emulator carries."""
+        return min(max(self.mtu, MIN_MTU), MAX_MTU)
+
+    @property
+    def frame_time_error(self) -> float:
+        """Relative error of an emulated frame's serialisation against the dilated real one (0 when exact)."""
+        return self.emulated_mtu / self.mtu - 1.0
+
+    @property
+    def alpha_s(self) -> float:
+        """Emulated (dilated) per-message software latency, seconds."""
+        return self.alpha_us * 1e-6 * self.dilation
+
+    @property
+    def switch_latency_s(self) -> float:
+        """Emulated (dilated) latency of one switch, seconds."""
+        return self.switch_latency_us * 1e-6 * self.dilation
+
+    def real_seconds(self, emulated_s: float) -> float:
+        """What an emulated duration stands for on the real fabric."""
+        return emulated_s / self.dilation
+
+    def real_mbps(self, emulated_mbps: float) -> float:
+        """What an emulated rate stands for on the real fabric."""
+        return emulated_mbps * self.dilation
+
+    # ------------------------------------------------------------- output
+    def spec(self) -> str:
+        """The canonical ``key=value,...`` text, which :func:`parse` reads back to the same profile."""
+        return (f"preset={self.preset},link_gbps={exact_number(self.link_gbps)},mtu={self.mtu},"
+                f"switch_latency_us={exact_number(self.switch_latency_us)},alpha_us={exact_number(self.alpha_us)},"
+                f"dilation={exact_number(self.dilation)}")
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(spec=self.spec(), emulated_link_mbps=self.emulated_link_mbps, emulated_mtu=self.emulated_mtu,
+                    frame_time_error=self.frame_time_error, emulated_alpha_s=self.alpha_s,
+                    emulated_switch_latency_s=self.switch_latency_s)
+        return data
+
+    def describe(self) -> str:
+        """One sentence: what the emulated figures stand for."""
+        mtu = f"MTU {self.emulated_mtu}"
+        if self.emulated_mtu != self.mtu:
+            mtu += f" (the real {self.mtu} is outside {MIN_MTU}-{MAX_MTU}: frame times {self.frame_time_error:+.0%})"
+        return (f"{self.emulated_link_mbps:g} Mbit/s emulated links stand for {self.link_gbps:g} Gbit/s ones "
+                f"(time dilation {self.dilation:g}: every emulated time is {self.dilation:g} times the real one); "
+                f"{mtu}; per message alpha {self.alpha_us:g} us -> {self.alpha_s * 1e3:g} ms, per switch "
+                f"{self.switch_latency_us:g} us -> {self.switch_latency_s * 1e3:g} ms")
+
+
+def at_link_rate(profile: FabricProfile, emulated_mbps: float, where: str = "fabric") -> FabricProfile:
+    """The same real fabric with the dilation that maps its links onto ``emulated_mbps`` (checked as :func:`parse` checks)."""
+    return parse({**{key: getattr(profile, key) for key in KEYS}, "dilation": profile.link_gbps * 1000 / emulated_mbps},
+                 where=where)
+
+
+def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabric") -> FabricProfile:
+    """The fabric a workload shrunk by ``scale`` replays on: the same, with its latencies divided by ``scale``.
+
+    A training iteration whose gradients and compute times are divided by
+    ``scale`` (:mod:`emulator.model.schedule.training`) takes ``1/scale`` of the
+    real iteration's time; dividing the per-message and per-switch latencies
+    by the same factor keeps every term of that time in proportion, so the
+    replay still stands for the full iteration (the emulator's own
+    latencies, flagged ``latency_floor`` where they exceed the target, and
+    frame serialisation, whose frames do not shrink, are what stays
+    unscaled).
+    """
+    if scale == 1:
+        return profile
+    keys = {key: getattr(profile, key) for key in KEYS}
+    keys.update(alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
+    return parse(keys, where=where)
+
+
+def message_latency_s(profile: FabricProfile, switches: int) -> float:
+    """Emulated latency before a message's first byte arrives, over a path crossing ``switches`` switches."""
+    return profile.alpha_s + switches * profile.switch_latency_s
+
+
+def rendezvous_latency_s(profile: FabricProfile, switches: int) -> float:
+    """Emulated latency of a receiver's clear to send back to its sender, over ``switches`` switches."""
+    return switches * profile.switch_latency_s
+
+
+# ------------------------------------------------------------------ presets
+#: Named fabrics. Latencies: NCCL's tuning model gives 6.6-8.4 us of base
+#: latency per ring or tree step for its Simple protocol (NVIDIA/nccl
+#: src/graph/tuning.cc); datacenter switches forward in about 0.5-1 us (RoCE)
+#: and 0.1-0.2 us (InfiniBand HDR).
+PRESETS: dict[str, FabricProfile] = {
+    "roce100": FabricProfile("roce100", link_gbps=100.0, mtu=9000, switch_latency_us=1.0, alpha_us=8.0,
+                             dilation=5000.0, description="100 Gbit/s RoCE-like Ethernet, jumbo frames, NCCL-like "
+                             "software latency"),
+    "ib200": FabricProfile("ib200", link_gbps=200.0, mtu=4096, switch_latency_us=0.2, alpha_us=6.0,
+                           dilation=8000.0, description="200 Gbit/s InfiniBand HDR-like, 4096-byte MTU"),
+    "eth25": FabricProfile("eth25", link_gbps=25.0, mtu=1500, switch_latency_us=1.0, alpha_us=25.0,
+                           dilation=1000.0, description="25 Gbit/s Ethernet with kernel TCP (MPI over sockets)"),
+    "bandwidth-only": FabricProfile("bandwidth-only", link_gbps=100.0, mtu=9000, switch_latency_us=0.0,
+                                    alpha_us=0.0, dilation=4000.0,
+                                    description="only bandwidth dilated: the emulator adds no latency, so "
+                                    "times carry this machine's own (flagged latency_floor)"),
+}
+DEFAULT_PRESET = "roce100"
+
+
+def default() -> FabricProfile:
+    return PRESETS[DEFAULT_PRESET]
+
+
+# ------------------------------------------------------------------ parsing
+def _number(where: str, key: str, raw: object, *, positive: bool) -> float:
+    expected = "a number > 0" if positive else "a number >= 0"
+    if isinstance(raw, bool):
+        raise FieldError(where, key, expected, raw)
+    try:
+        value = float(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        raise FieldError(where, key, expected, raw) from None
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise FieldError(where, key, expected, raw)
+    return value
+
+
+def _mtu(where: str, raw: object) -> int:
+    expected = "an MTU in bytes, an integer from 68 to 65535"
+    if isinstance(raw, bool):
+        raise FieldError(where, "mtu", expected, raw)
+    if isinstance(raw, str):
+        try:
+            raw = int(raw.strip())
+        except ValueError:
+            raise FieldError(where, "mtu", expected, raw) from None
+    if not isinstance(raw, int) or not 68 <= raw <= 65535:
+        raise FieldError(where, "mtu", expected, raw)
+    return raw
+
+
+def _split(text: str, where: str) -> dict[str, str]:
+    if "=" not in text:
+        return {"preset": text.strip()}
+    items: dict[str, str] = {}
+    for part in text.split(","):
+        key, eq, value = part.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise FieldError(where, "(spec)", "PRESET or key=value pairs separated by commas", text)
+        if key in items:
+            raise FieldError(where, key, "each key once", text)
+        items[key] = value.strip()
+    return items
+
+
+def parse(source: str | Mapping[str, Any] | None, where: str = "fabric") -> FabricProfile:
+    """A profile from ``PRESET``, ``key=value,...`` or a mapping; None gives the default preset.
+
+    Raises :class:`FieldError` naming the key for an unknown preset or key, a
+    negative or non-numeric latency, a bad MTU, or a dilation that puts the
+    emulated link rate outside :data:`MIN_LINK_MBPS`..:data:`MAX_LINK_MBPS`.
+    """
+    if source is None:
+        return default()
+    if isinstance(source, str):
+        items: Mapping[str, Any] = _split(source, where)
+    elif isinstance(source, Mapping):
+        items = source
+    else:
+        raise FieldError(where, "(spec)", "a preset name, key=value pairs or a mapping of them", source)
+    for key in items:
+        if key not in KEYS:
+            raise FieldError(where, printable(key), f"one of the keys {', '.join(KEYS)}", f"unknown key {key}")
+    name = items.get("preset", DEFAULT_PRESET)
+    if not isinstance(name, str) or name not in PRESETS:
+        raise FieldError(where, "preset", f"one of {', '.join(PRESETS)}", name)
+    base = PRESETS[name]
+    changes: dict[str, Any] = {}
+    for key in ("link_gbps", "dilation"):
+        if key in items:
+            changes[key] = _number(where, key, items[key], positive=True)
+    for key in ("switch_latency_us", "alpha_us"):
+        if key in items:
+            changes[key] = _number(where, key, items[key], positive=False)
+    if "mtu" in items:
+        changes["mtu"] = _mtu(where, items["mtu"])
+    profile = replace(base, **changes)
+    rate = profile.emulated_link_mbps
+    if not MIN_LINK_MBPS <= rate <= MAX_LINK_MBPS:
+        low = profile.link_gbps * 1000 / MAX_LINK_MBPS
+        high = profile.link_gbps * 1000 / MIN_LINK_MBPS
+        raise FieldError(where, "dilation", f"a dilation from {low:g} to {high:g}, so that {profile.link_gbps:g} "
+                         f"Gbit/s links emulate at {MIN_LINK_MBPS:g}-{MAX_LINK_MBPS:g} Mbit/s (this one gives "
+                         f"{rate:g} Mbit/s)", items.get("dilation", profile.dilation))
+    return profile

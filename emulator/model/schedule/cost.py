@@ -1,0 +1,398 @@
+"""Contention and the step models of a schedule on a topology.
+
+Every send operation is a transfer; transfers with the same ``step`` are taken
+to run at the same time. Each transfer is routed with the controller's own
+pure routing logic, ``routing.route(topo, policy, routing.agent_flow(topo,
+src_host, dst_host, lane), seed=seed)``, so the path is the one the agent's TCP
+connection on that lane takes (ECMP hashes every lane's 5-tuple on its own).
+``compute`` operations move no data: they are no transfer and cost nothing
+here (the timing model charges them). Per step this module counts the flows
+on every directed link and charges the step by two lockstep models:
+
+alpha-beta (no contention)
+    the slowest transfer alone: its latency (rendezvous, message latency and
+    store-and-forward tail, :mod:`emulator.model.latency`) plus ``bytes / rate``,
+    ``rate`` the goodput of the slowest link on its path. With latency
+    ``alpha`` per message only, a ring on a star sums to exactly
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (DOMAIN.md §2, :func:`allreduce_formula`;
+    the other collectives' closed forms are :func:`collective_formula`'s).
+max-min fair (flow level)
+    all transfers of the step start together; every directed link's goodput is
+    shared max-min fairly (progressive filling, bottleneck by bottleneck);
+    whenever a flow finishes the rates are recomputed. The step lasts the
+    largest transfer latency plus the time until the last flow finishes.
+
+The prediction itself is the timing model's (:mod:`emulator.model.schedule.timing`),
+which follows the agents' dependencies instead of lockstep steps; it shares
+:func:`maxmin_rates` and :func:`path_function` with this module.
+
+Rates: a link of ``bw_mbps`` carries ``bw_mbps·1e6/8·goodput`` bytes/s in each
+direction, ``goodput`` = TCP payload per wire byte at the network's MTU
+(:func:`emulator.model.topology.tcp_goodput_factor`: 0.9923 at 9000, 1448/1514 at
+1500). Local reductions cost ``gamma`` seconds per byte (default 0: not
+modelled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from emulator.model import routing
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule.collectives import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE_SCATTER,
+    REDUCE_TO_ROOT,
+    bus_factor,
+)
+from emulator.model.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
+from emulator.model.topology import DEFAULT_MTU, Topology, last_segment_bytes, tcp_goodput_factor, tcp_payload_bytes
+
+TCP_GOODPUT = tcp_goodput_factor(DEFAULT_MTU)  # the emulated network's default MTU
+
+Link = tuple[str, str]
+
+
+@dataclass
+class Transfer:
+    step: int
+    src: int
+    dst: int
+    src_host: str
+    dst_host: str
+    bytes: int
+    path: list[str]
+    lane: int = 0
+
+
+@dataclass
+class StepCost:
+    step: int
+    transfers: int
+    bytes: int  # the largest transfer
+    flows_per_link: dict[Link, int]
+    alpha_beta_s: float
+    maxmin_s: float
+
+    @property
+    def max_flows_per_link(self) -> int:
+        return max(self.flows_per_link.values(), default=0)
+
+    def busiest(self, n: int = 3) -> list[tuple[Link, int]]:
+        return sorted(self.flows_per_link.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "transfers": self.transfers, "bytes": self.bytes,
+                "max_flows_per_link": self.max_flows_per_link,
+                "busiest_links": [{"link": list(link), "flows": n} for link, n in self.busiest() if n > 1],
+                "alpha_beta_s": self.alpha_beta_s, "maxmin_s": self.maxmin_s}
+
+
+@dataclass
+class CostReport:
+    routing: str
+    seed: int
+    latency: LatencyModel
+    goodput: float
+    mtu: int
+    steps: list[StepCost] = field(default_factory=list)
+    switch_counts: list[int] = field(default_factory=list)  # of every transfer's path
+    transfers: list[Transfer] = field(default_factory=list)  # every send with its routed path
+
+    @property
+    def max_flows_per_link(self) -> list[int]:
+        return [s.max_flows_per_link for s in self.steps]
+
+    @property
+    def alpha_beta_time_s(self) -> float:
+        return sum(s.alpha_beta_s for s in self.steps)
+
+    @property
+    def maxmin_time_s(self) -> float:
+        return sum(s.maxmin_s for s in self.steps)
+
+
+def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0) -> list[Transfer]:
+    """Every send of the schedule with the routed path of its lane's connection (via :func:`emulator.model.routing.route`)."""
+    paths: dict[tuple[str, str, int], list[str]] = {}
+    out = []
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind != SEND:
+                continue
+            src, dst = prog.host, schedule.ranks[op.partner].host
+            key = (src, dst, op.lane)
+            if key not in paths:
+                paths[key] = routing.route(topo, policy, routing.agent_flow(topo, src, dst, op.lane), seed=seed)
+            out.append(Transfer(op.step, prog.rank, op.partner, src, dst, op.bytes, paths[key], op.lane))
+    return out
+
+
+def link_capacity(topo: Topology, link: Link, goodput: float = TCP_GOODPUT) -> float:
+    """Bytes per second one direction of ``link`` carries."""
+    lk = topo.link_between(*link)
+    if lk is None:
+        raise KeyError(f"no link {link[0]} - {link[1]}")
+    return lk.bw_mbps * 1e6 / 8 * goodput
+
+
+def physical_links(topo: Topology, path: list[str], goodput: float = TCP_GOODPUT) -> list[tuple[Link, float]]:
+    """The directed physical links of ``path`` with their capacities (bytes/s).
+
+    A link is named ``(from, to)``; where a server has several NICs on one
+    fabric switch the parallel links are told apart by the sending port,
+    ``("s17-eth6", "s1")``, so each NIC counts its own flows.
+    """
+    out = []
+    for (node, port), nxt in zip(routing.directed_links(topo, path), path[1:], strict=True):
+        lk = topo.link_at(node, port) if port else topo.link_between(node, nxt)
+        if lk is None:
+            raise KeyError(f"no link {node} - {nxt}")
+        name = (f"{node}-eth{port}", nxt) if len(topo.links_between(node, nxt)) > 1 else (node, nxt)
+        out.append((name, lk.bw_mbps * 1e6 / 8 * goodput))
+    return out
+
+
+def maxmin_rates(flows: list[list[Link]], capacity: dict[Link, float]) -> list[float]:
+    """Max-min fair rates by progressive filling; ``flows`` are lists of directed links."""
+    rates = [0.0] * len(flows)
+    left = dict(capacity)
+    on_link: dict[Link, set[int]] = {}
+    for f, links in enumerate(flows):
+        for link in links:
+            on_link.setdefault(link, set()).add(f)
+    unfixed = set(range(len(flows)))
+    while unfixed:
+        share = {link: left[link] / len(fs) for link, fs in on_link.items() if fs}
+        bottleneck = min(share.values())
+        tight = [link for link, s in share.items() if s <= bottleneck * (1 + 1e-12)]
+        fixed = set().union(*(on_link[link] for link in tight))
+        for f in fixed:
+            rates[f] = bottleneck
+            unfixed.discard(f)
+            for link in flows[f]:
+                left[link] -= bottleneck
+                on_link[link].discard(f)
+    return rates
+
+
+def maxmin_completion(sizes: list[float], flows: list[list[Link]], capacity: dict[Link, float]) -> float:
+    """Seconds until the last flow of a batch (all starting at 0) finishes under max-min fair sharing."""
+    remaining = list(map(float, sizes))
+    active = [f for f in range(len(flows)) if remaining[f] > 0]
+    now = 0.0
+    while active:
+        rates = maxmin_rates([flows[f] for f in active], capacity)
+        dt = min(remaining[f] / r for f, r in zip(active, rates, strict=True))
+        now += dt
+        still = []
+        for f, r in zip(active, rates, strict=True):
+            remaining[f] -= r * dt
+            if remaining[f] > sizes[f] * 1e-9:
+                still.append(f)
+        active = still
+    return now
+
+
+class PathOf(Protocol):
+    """What :func:`path_function` returns: the route of the connection from ``src`` to ``dst`` on ``lane``."""
+
+    def __call__(self, src: int, dst: int, lane: int = 0) -> tuple[list[Link], list[float], int]: ...
+
+
+def path_function(topo: Topology, planned: list[Transfer], goodput: float = TCP_GOODPUT) -> PathOf:
+    """``path_of(src_rank, dst_rank, lane=0) -> (directed links, their capacities, switches crossed)`` for the
+    timing model, from the routed transfers of :func:`transfers`.
+
+    Each lane of a pair of ranks is its own connection with its own route;
+    ``lane`` defaults to 0, the only lane of a schedule without lanes.
+    Raises :class:`KeyError` for a (src, dst, lane) that carries no transfer.
+    """
+    paths = {(t.src, t.dst, t.lane): t.path for t in planned}
+    cache: dict[tuple[int, int, int], tuple[list[Link], list[float], int]] = {}
+
+    def path_of(src: int, dst: int, lane: int = 0) -> tuple[list[Link], list[float], int]:
+        key = (src, dst, lane)
+        if key not in cache:
+            path = paths[key]
+            named = physical_links(topo, path, goodput)
+            cache[key] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
+        return cache[key]
+
+    return path_of
+
+
+def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
+            gamma: float = 0.0, mtu: int = DEFAULT_MTU) -> CostReport:
+    """Per-step flows on every directed link, the step models, and the timing model's execution.
+
+    Steps run ``0..schedule.steps-1``; a step without transfers costs only its
+    local reductions. ``latency`` (default: none at all) gives every
+    transfer's latency terms by the switches its path crosses; the step
+    models charge each transfer its rendezvous, message latency and
+    store-and-forward tail, the timing model (:mod:`emulator.model.schedule.timing`)
+    applies the agents' rules.
+    """
+    model = latency or LatencyModel()
+    goodput = tcp_goodput_factor(mtu)
+    mss = tcp_payload_bytes(mtu)
+    report = CostReport(routing=policy, seed=seed, latency=model, goodput=goodput, mtu=mtu)
+    report.transfers = transfers(schedule, topo, policy, seed)
+    by_step: dict[int, list[Transfer]] = {}
+    for t in report.transfers:
+        by_step.setdefault(t.step, []).append(t)
+    reduced: dict[int, dict[int, int]] = {}
+    for prog in schedule.ranks:
+        for op in prog.ops:
+            if op.kind in (RECV_REDUCE, REDUCE):
+                per_rank = reduced.setdefault(op.step, {})
+                per_rank[prog.rank] = per_rank.get(prog.rank, 0) + op.bytes
+    capacity: dict[Link, float] = {}
+    for step in range(schedule.steps):
+        items = by_step.get(step, [])
+        counts: dict[Link, int] = {}
+        flows = []
+        ab = 0.0
+        fixed = 0.0
+        for t in items:
+            named = physical_links(topo, t.path, goodput)
+            links = [name for name, _ in named]
+            flows.append(links)
+            for name, cap in named:
+                counts[name] = counts.get(name, 0) + 1
+                capacity[name] = cap
+            lat = model.path(len(t.path) - 2)
+            tail = sum(last_segment_bytes(t.bytes, mss) / cap for _, cap in named[1:])
+            own = lat.rendezvous_target_s + lat.message_s + tail
+            fixed = max(fixed, own)
+            ab = max(ab, own + t.bytes / min(capacity[link] for link in links))
+        compute = gamma * max(reduced.get(step, {}).values(), default=0)
+        mm = (fixed + maxmin_completion([t.bytes for t in items], flows, capacity)) if items else 0.0
+        report.steps.append(StepCost(step=step, transfers=len(items), bytes=max((t.bytes for t in items), default=0),
+                                     flows_per_link=counts, alpha_beta_s=ab + compute, maxmin_s=mm + compute))
+    report.switch_counts = sorted({len(t.path) - 2 for items in by_step.values() for t in items})
+    return report
+
+
+def _message(b: float, alpha: float, beta: float, switches: int, switch_latency: float, frame: float) -> float:
+    """One message of ``b`` bytes: latencies, serialisation, and its last frame's store-and-forward on later links."""
+    last = last_segment_bytes(b, int(frame)) if frame else 0.0
+    return alpha + switches * switch_latency + b * beta + switches * last * beta
+
+
+def _halving_rounds(p: int, n: float) -> list[float]:
+    """The bytes of recursive halving's rounds, ``n/2, n/4, ..., n/p`` (``p`` a power of two)."""
+    k = p.bit_length() - 1
+    if 1 << k != p:
+        raise ValueError("the halving-doubling formula needs p a power of two")
+    return [n / 2 ** (s + 1) for s in range(k)]
+
+
+def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
+                      switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0) -> float:
+    """Closed-form contention-free allreduce time (DOMAIN.md §2, §8) for ``ring`` and ``hd``/``hdrm``.
+
+    Every message of ``b`` bytes over a path of ``switches`` switches costs
+    ``alpha + switches·switch_latency + b·beta + switches·last·beta``
+    (software latency, switch latency, serialisation, and the store-and-forward
+    of its last frame of ``last`` bytes on each further link: ``b`` cut into
+    frames of ``frame`` bytes, see :func:`~emulator.model.topology.last_segment_bytes`). A ring pipelines: its receives
+    are posted before its messages come, so it pays one rendezvous
+    (``switches·switch_latency``) in all; halving-doubling's lockstep rounds
+    pay one per round. With ``switches = 0`` these are the textbook
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma`` and
+    ``2·log2(p)·alpha + ...`` (``p`` a power of two).
+    """
+    def message(b: float) -> float:
+        return _message(b, alpha, beta, switches, switch_latency, frame)
+
+    reduce = (p - 1) / p * n * gamma
+    rendezvous = switches * switch_latency
+    if algo == "ring":
+        return rendezvous + 2 * (p - 1) * message(n / p) + reduce
+    if algo in ("hd", "hdrm"):
+        return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+    raise ValueError(f"no closed form for {algo}")
+
+
+def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
+                       *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
+                       frame: float = 0.0) -> float:
+    """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
+
+    ``n`` is nccl-tests' size of the collective (each rank's ``data``
+    buffer; a reduce-scatter's input, an all-gather's output, an alltoall's
+    send buffer). Messages cost what :func:`allreduce_formula` charges them;
+    pipelined algorithms (``ring``, ``dbtree``) pay one rendezvous in all,
+    lockstep ones (``hd``, ``hdrm``, ``direct``) one per round. With
+    ``switches = 0`` and ``m(b) = alpha + b·beta`` (Thakur, Rabenseifner and
+    Gropp 2005, "Optimization of collective communication operations in
+    MPICH"; DOMAIN.md §2):
+
+    =====================  ==================  ============================================================
+    collective             algo                time
+    =====================  ==================  ============================================================
+    allreduce              ring, hd, hdrm      :func:`allreduce_formula`
+    reduce_scatter         ring, direct        ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
+    reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
+    allgather              ring, direct        ``(p-1)·m(n/p)``
+    allgather              hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta``
+    alltoall               direct              ``(p-1)·m(n/p)``
+    broadcast, reduce      ring                ``(C+p-2)·m(n/C)`` (+ ``(C+p-2)·n/C·gamma`` for reduce)
+    broadcast, reduce      dbtree              ``(C/2 + floor(log2(p-1)))·m(n/C)``
+    broadcast, reduce      hd, hdrm            ``2·log2(p)·alpha + 2(p-1)/p·n·beta`` (+ ``(p-1)/p·n·gamma``)
+    =====================  ==================  ============================================================
+
+    ``C`` is the schedule's ``chunks`` (required for ``ring`` and
+    ``dbtree`` broadcast and reduce). These are what the alpha-beta step
+    model of :func:`analyze` sums to where no link is shared. The tree's
+    reductions have no closed form here (a rank may add several messages in
+    one step): ``gamma`` must be 0 for ``dbtree`` reduce. Raises
+    :class:`ValueError` for pairs without a formula and for ``hd`` with
+    ``p`` not a power of two.
+    """
+    if collective == ALLREDUCE:
+        return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
+                                 frame=frame)
+
+    def message(b: float) -> float:
+        return _message(b, alpha, beta, switches, switch_latency, frame)
+
+    rendezvous = switches * switch_latency
+    reduce = (p - 1) / p * n * gamma if collective in (REDUCE_SCATTER, REDUCE_TO_ROOT) else 0.0
+    if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
+        if algo == "ring" and collective != ALLTOALL:
+            return rendezvous + (p - 1) * message(n / p) + reduce
+        if algo == "direct":
+            return (p - 1) * (rendezvous + message(n / p)) + reduce
+        if algo in ("hd", "hdrm") and collective != ALLTOALL:
+            return sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+    elif collective in (BROADCAST, REDUCE_TO_ROOT):
+        if algo in ("hd", "hdrm"):
+            return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+        if algo in ("ring", "dbtree"):
+            if not chunks:
+                raise ValueError(f"the {algo} {collective} formula needs the schedule's chunks")
+            if algo == "dbtree" and gamma and collective == REDUCE_TO_ROOT:
+                raise ValueError("no closed form for the dbtree reduce's reductions (gamma must be 0)")
+            steps = chunks + p - 2 if algo == "ring" else chunks // 2 + (p - 1).bit_length() - 1
+            adds = steps * n / chunks * gamma if collective == REDUCE_TO_ROOT else 0.0
+            return rendezvous + steps * message(n / chunks) + adds
+    raise ValueError(f"no closed form for {algo} {collective}")
+
+
+def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLREDUCE) -> float:
+    """nccl-tests busbw of ``collective`` (default allreduce) of ``size`` bytes taking ``seconds``, in Mbit/s.
+
+    ``size`` is nccl-tests' size (:attr:`~emulator.model.schedule.format.Schedule.collective_bytes`); the factor is
+    :func:`~emulator.model.schedule.collectives.bus_factor`'s.
+    """
+    if seconds <= 0:
+        return 0.0
+    if collective == ALLREDUCE:  # the arithmetic of earlier versions, so existing figures stay the same to the bit
+        return size / seconds * 2 * (p - 1) / p * 8 / 1e6
+    return size / seconds * bus_factor(collective, p) * 8 / 1e6

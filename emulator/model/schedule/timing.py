@@ -1,0 +1,304 @@
+"""The timing model: when every transfer of a schedule starts and ends, by the host agents' own rules.
+
+An event-driven, flow-level simulation of one execution. Its rules are those
+of :mod:`emulator.emulation.agent` (which follows the execution model of
+``docs/schedule-format.md``), with the per-message latency terms of
+:mod:`emulator.model.latency`:
+
+1. Every rank starts at ``t = 0``.
+2. Which operations are ready, and when they are queued, is
+   :class:`~emulator.model.schedule.dispatch.Dispatcher`'s (the agents' own): an
+   operation waits for its dependencies, receives and local work that depend
+   on an *awaited* send only until it is written, and communication is queued
+   per peer in program order. A receive is *posted* when it is queued.
+3. A transfer (a matched send and receive, :func:`format.match_transfers`)
+   starts at ``t_v = max(send queued, receive posted + L_cts)``. Its first
+   byte arrives at ``max(t_v + message, posted + cts_path)``
+   (:class:`~emulator.model.latency.PathLatency`), and from then its bytes flow,
+   but not before the previous message on the same connection has drained:
+   latency is in flight, it does not hold up the channel.
+4. Flows share links max-min fairly: every directed link's goodput is shared
+   by progressive filling over the flows crossing it, recomputed whenever a
+   flow starts or drains (:func:`emulator.model.schedule.cost.maxmin_rates`).
+5. A drained flow's send is *written*; its last frame
+   (:func:`~emulator.model.topology.last_segment_bytes`) still crosses every link
+   after the first, one frame time per link (store-and-forward), and then
+   its data has arrived.
+6. A send completes when written; an awaited one ``ack`` after its data
+   arrived. Local operations, and a ``recv_reduce``'s addition after its
+   data arrived, take ``gamma`` seconds per byte.
+7. A ``compute`` operation takes its ``seconds`` times ``compute_dilation``
+   (the fabric profile's dilation ``D``: a replay sleeps ``D·seconds``; 1
+   for the real system's time) and then completes like a local operation.
+   A rank has one compute stream, as an accelerator runs one kernel at a
+   time: its compute operations run one after another in the order they
+   became ready, as the agents run them.
+
+Connections: the transfers of one sender, receiver and *lane* form one
+connection (rules 3 and 5 hold per connection); different lanes between the
+same ranks are separate connections whose flows share links max-min like any
+others. ``path_of(src, dst, lane)`` gives each one's links. A path without
+links is free: its transfers drain as soon as their first byte is due
+(:func:`free_path`, with which :func:`compute_only_s` finds a schedule's time
+when communication costs nothing).
+
+So halving-doubling's lockstep rounds wait for their slowest pair and pay a
+rendezvous per round, while a ring's pre-posted receives let it pipeline, as
+they do on real sockets. :func:`simulate` returns every transfer's times and
+the makespan.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from emulator.model.latency import ZERO, PathLatency
+from emulator.model.schedule.cost import Link, maxmin_rates
+from emulator.model.schedule.dispatch import Dispatcher, Ready
+from emulator.model.schedule.format import COMPUTE, RECV_REDUCE, SEND, Schedule, match_transfers
+from emulator.model.topology import last_segment_bytes
+
+_EPS = 1e-12
+
+
+@dataclass
+class TransferTiming:
+    """One transfer's path and when it happened in the simulation (seconds from the start)."""
+
+    src: int
+    dst: int
+    send_id: int
+    recv_id: int
+    step: int
+    bytes: int
+    links: list[Link]
+    latency: PathLatency
+    tail_s: float
+    lane: int = 0
+    posted: float | None = None
+    cts_at: float | None = None
+    queued: float | None = None
+    start: float | None = None  # t_v
+    first_byte: float | None = None
+    drained: float | None = None
+    end: float | None = None
+
+
+@dataclass
+class Timing:
+    """What :func:`simulate` found: every transfer's times, per-step spans and the makespan (seconds)."""
+
+    transfers: list[TransferTiming]
+    makespan_s: float
+    op_end: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    def step_spans(self) -> dict[int, tuple[float, float]]:
+        """Per step: from its first transfer's start to its last transfer's end."""
+        spans: dict[int, list[float]] = {}
+        for t in self.transfers:
+            assert t.start is not None and t.end is not None
+            span = spans.setdefault(t.step, [t.start, t.end])
+            span[0], span[1] = min(span[0], t.start), max(span[1], t.end)
+        return {s: (a, b) for s, (a, b) in sorted(spans.items())}
+
+
+#: ``(src_rank, dst_rank, lane) -> (directed links, their capacities in bytes/s, switches crossed)``.
+PathOf = Callable[[int, int, int], tuple[list[Link], list[float], int]]
+#: A connection: sender, receiver and lane.
+Conn = tuple[int, int, int]
+
+
+def free_path(src: int, dst: int, lane: int) -> tuple[list[Link], list[float], int]:
+    """A path that costs nothing: no links and no switches (its transfers take no time at all)."""
+    return [], [], 0
+
+
+class _Simulation:
+    """The mutable state of one :func:`simulate` run (see the module docstring for the rules)."""
+
+    def __init__(self, schedule: Schedule, path_of: PathOf, latency_of: Callable[[int], PathLatency],
+                 mss: int, gamma: float, compute_dilation: float):
+        self.gamma = gamma
+        self.compute_dilation = compute_dilation
+        self.dispatch = {r.rank: Dispatcher(r) for r in schedule.ranks}
+        self.capacity: dict[Link, float] = {}
+        self.transfers: list[TransferTiming] = []
+        self.by_send: dict[tuple[int, int], int] = {}
+        self.by_recv: dict[tuple[int, int], int] = {}
+        for a, send_id, b, recv_id in match_transfers(schedule):
+            op = self.dispatch[a].ops[send_id]
+            links, caps, switches = path_of(a, b, op.lane)
+            self.capacity.update(zip(links, caps, strict=True))
+            tail = sum(last_segment_bytes(op.bytes, mss) / cap for cap in caps[1:])
+            self.by_send[(a, send_id)] = self.by_recv[(b, recv_id)] = len(self.transfers)
+            self.transfers.append(TransferTiming(a, b, send_id, recv_id, op.step, op.bytes, links,
+                                                 latency_of(switches), tail, op.lane))
+        # per connection (src, dst, lane): sends queued, waiting for their clear to send, in order; whether
+        # bytes of one are flowing; and the ones whose first byte is due behind those
+        self.channel: dict[Conn, list[int]] = defaultdict(list)
+        self.busy: set[Conn] = set()
+        self.backlog: dict[Conn, list[int]] = defaultdict(list)
+        self.events: list[tuple[float, int, str, int, int]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.active: dict[int, float] = {}  # transfer -> bytes left
+        self.rates: dict[int, float] = {}
+        self.op_end: dict[tuple[int, int], float] = {}
+        self.compute_free: dict[int, float] = {}  # per rank: when its compute stream is free
+
+    def push(self, when: float, kind: str, rank: int, op_id: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (when, self.seq, kind, rank, op_id))
+
+    def hand(self, rank: int, ready: list[Ready]) -> None:
+        """Operations the rank's dispatcher released: local ones run, communication is queued."""
+        for r in ready:
+            op = r.op
+            if op.kind == COMPUTE:  # one compute stream per rank, in release order (as the agents run it)
+                start = max(r.at, self.compute_free.get(rank, 0.0))
+                self.compute_free[rank] = start + self.compute_dilation * op.seconds
+                self.push(self.compute_free[rank], "done", rank, op.id)
+            elif not op.is_comm:
+                self.push(r.at + self.gamma * op.bytes, "done", rank, op.id)
+            elif op.kind == SEND:
+                i = self.by_send[(rank, op.id)]
+                self.transfers[i].queued = r.at
+                self.channel[(rank, op.partner, op.lane)].append(i)
+                self.try_start((rank, op.partner, op.lane))
+            else:
+                tr = self.transfers[self.by_recv[(rank, op.id)]]
+                tr.posted = r.at
+                self.push(r.at + tr.latency.rendezvous_target_s, "cts", tr.src, tr.send_id)
+
+    def try_start(self, conn: Conn) -> None:
+        """Start the sends queued on connection ``conn`` whose clear to send is in, in order."""
+        queue = self.channel[conn]
+        while queue and self.transfers[queue[0]].cts_at is not None:
+            tr = self.transfers[queue.pop(0)]
+            assert tr.posted is not None
+            tr.start = self.now
+            self.push(max(tr.start + tr.latency.message_s, tr.posted + tr.latency.cts_path_s), "flow", conn[0],
+                      tr.send_id)
+
+    def done(self, rank: int, op_id: int) -> None:
+        self.op_end[(rank, op_id)] = self.now
+        self.hand(rank, self.dispatch[rank].done(op_id, self.now))
+
+    def handle(self, kind: str, rank: int, op_id: int) -> None:
+        if kind == "done":
+            self.done(rank, op_id)
+        elif kind == "cts":
+            tr = self.transfers[self.by_send[(rank, op_id)]]
+            tr.cts_at = self.now
+            self.try_start((tr.src, tr.dst, tr.lane))
+        elif kind == "flow":
+            i = self.by_send[(rank, op_id)]
+            tr = self.transfers[i]
+            tr.first_byte = self.now
+            conn = (tr.src, tr.dst, tr.lane)
+            if conn in self.busy:  # its bytes follow the previous message's in the same stream
+                self.backlog[conn].append(i)
+                return
+            self.busy.add(conn)
+            self.flow(i)
+            self.reshare()
+        elif kind == "arrived":
+            tr = self.transfers[self.by_recv[(rank, op_id)]]
+            if tr.send_id in self.dispatch[tr.src].awaited:
+                self.push(self.now + tr.latency.ack_s, "done", tr.src, tr.send_id)
+            reduce_s = self.gamma * tr.bytes if self.dispatch[rank].ops[op_id].kind == RECV_REDUCE else 0.0
+            if reduce_s > 0:
+                self.push(self.now + reduce_s, "reduced", rank, op_id)
+            else:
+                self.handle("reduced", rank, op_id)
+        elif kind == "reduced":
+            self.transfers[self.by_recv[(rank, op_id)]].end = self.now
+            self.done(rank, op_id)
+
+    def flow(self, i: int) -> None:
+        """Transfer ``i``'s bytes start to flow (its connection is now busy with it); on a free path they are
+        through at once. The caller reshares the links."""
+        tr = self.transfers[i]
+        if tr.links:
+            self.active[i] = float(tr.bytes)
+        else:
+            self.drained(i)
+
+    def drained(self, i: int) -> None:
+        tr = self.transfers[i]
+        tr.drained = self.now
+        if tr.send_id in self.dispatch[tr.src].awaited:
+            self.hand(tr.src, self.dispatch[tr.src].written(tr.send_id, self.now))
+        else:
+            self.done(tr.src, tr.send_id)
+        self.push(self.now + tr.tail_s, "arrived", tr.dst, tr.recv_id)
+        conn = (tr.src, tr.dst, tr.lane)
+        self.busy.discard(conn)
+        if self.backlog[conn]:
+            nxt = self.backlog[conn].pop(0)
+            self.busy.add(conn)
+            self.flow(nxt)
+
+    def reshare(self) -> None:
+        ids = list(self.active)
+        rates = maxmin_rates([self.transfers[i].links for i in ids], self.capacity) if ids else []
+        self.rates = dict(zip(ids, rates, strict=True))
+
+    def run(self) -> Timing:
+        for rank, dispatcher in self.dispatch.items():
+            self.hand(rank, dispatcher.start(0.0))
+        while self.events or self.active:
+            next_event = self.events[0][0] if self.events else float("inf")
+            drain_at = min((self.now + left / self.rates[i] for i, left in self.active.items()),
+                           default=float("inf"))
+            until = max(self.now, min(next_event, drain_at))
+            for i in self.active:
+                self.active[i] -= self.rates[i] * (until - self.now)
+            self.now = until
+            finished = [i for i, left in self.active.items() if left <= _EPS * self.transfers[i].bytes
+                        or left / self.rates[i] <= _EPS]
+            if finished:
+                for i in finished:
+                    del self.active[i]
+                for i in finished:
+                    self.drained(i)
+                self.reshare()
+                continue
+            _, _, kind, rank, op_id = heapq.heappop(self.events)
+            self.handle(kind, rank, op_id)
+        for rank, dispatcher in self.dispatch.items():
+            if dispatcher.pending:
+                op = next(op for op in dispatcher.ops.values() if op.id not in dispatcher.finished)
+                raise ValueError(f"timing model: rank {rank} {op.describe()} never ran "
+                                 "(the schedule deadlocks; `emu schedule check` names the cycle)")
+        return Timing(self.transfers, max(self.op_end.values(), default=0.0), self.op_end)
+
+
+def simulate(schedule: Schedule, path_of: PathOf, latency_of: Callable[[int], PathLatency] = lambda s: ZERO, *,
+             mss: int = 8948, gamma: float = 0.0, compute_dilation: float = 1.0) -> Timing:
+    """Simulate one execution of ``schedule`` (see the module docstring).
+
+    ``path_of(src_rank, dst_rank, lane)`` returns the connection's directed
+    links, their capacities (bytes/s) and the number of switches it crosses
+    (no links: free, :func:`free_path`); ``latency_of(switches)`` its latency
+    terms; ``mss`` is the payload of a full frame (bytes), for the
+    store-and-forward of the last frame; a ``compute`` op takes its
+    ``seconds`` times ``compute_dilation`` (pass the fabric profile's
+    ``dilation`` for emulated seconds, 1 for the real system's).
+    Raises :class:`ValueError` for a schedule that deadlocks.
+    """
+    return _Simulation(schedule, path_of, latency_of, mss, gamma, compute_dilation).run()
+
+
+def compute_only_s(schedule: Schedule, compute_dilation: float = 1.0) -> float:
+    """The schedule's time with communication free: the longest chain of ``compute`` ops along dependencies
+    (a rank's own, and across ranks through the messages, which take no time).
+
+    Seconds of the real system with ``compute_dilation`` 1 (the default),
+    emulated ones with the fabric profile's dilation; 0 for a schedule
+    without compute. Raises :class:`ValueError` for a schedule that deadlocks.
+    """
+    return simulate(schedule, free_path, compute_dilation=compute_dilation).makespan_s

@@ -1,0 +1,330 @@
+"""``emu mpirun``'s pure part: what an Open MPI run over the emulated fabric is, before anything starts.
+
+Open MPI (Debian's 4.1) runs inside Mininet hosts this way (measured here,
+docs/fidelity.md): ``mpirun`` itself runs inside rank 0's host; it starts an
+``orted`` in every other host through a *launch agent* (``plm_rsh_agent``), a
+shell script this module writes (:func:`launch_agent_script`) that maps a
+host's IP address to the pid of its namespace and runs the command there with
+``mnexec -a PID``; the hostfile lists host IPs with one slot each
+(:func:`hostfile_text`; host names cost about 100 s of resolver timeouts);
+the out-of-band and TCP transports are confined to the hosts' subnet; ranks
+are not bound to cores (every emulated host sees the machine's two cores, so
+Open MPI's default binding would pile every rank onto core 0).
+
+This module owns the checks of ``emu mpirun``'s input (:func:`check` gives
+one :class:`~emulator.base.errors.FieldError` per bad field: an unknown program,
+``--np`` above the hosts, a bad placement name or file, a malformed or
+reserved ``--mca``), the rank-to-host map (:func:`rank_hosts`), the
+``mpirun`` command line (:func:`mpirun_command`), and the results document
+(:class:`MpiResults`, ``results.json`` of the run's folder). The live side is
+:mod:`emulator.emulation.mpi_run`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from emulator.base.errors import FieldError, UserError, printable
+from emulator.base.files import read_json_object, write_json_atomic
+from emulator.base.naming import HOST_SUBNET
+from emulator.model.schedule import generators
+from emulator.model.topology import Topology
+from emulator.runs.results import Fidelity
+
+WHERE = "mpirun"
+#: Open MPI's launcher; Debian's openmpi-bin puts it on the PATH.
+MPIRUN = "mpirun"
+#: util-linux's prlimit: starts mpirun under the run's memory limit (RLIMIT_DATA, soft and hard).
+PRLIMIT = "prlimit"
+#: The bundled benchmark (:mod:`emulator.runs.allreduce_bench`): ``emu mpirun`` asks it for a JSON copy of its rows.
+BENCH_PROGRAM = "emu-allreduce-bench"
+BENCH_JSON = "bench.json"
+DEFAULT_TIMEOUT_S = 900.0
+#: Open MPI's progress engine busy-polls; at this niceness its ranks (mpirun's children, and the orteds the
+#: launch agent starts) spin only on CPU time that the datapath, the kernel and the controller leave idle.
+DEFAULT_NICE = 19
+#: What ``emu mpirun`` sets itself: the launch agent and the interfaces are what make Open MPI work in the
+#: emulated hosts at all, and the output files are where the run's folder collects each rank's output.
+RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", "btl_tcp_if_include",
+                "orte_output_filename")
+#: Set unless the user gives their own value: TCP between hosts and loopback within a rank (one rank per host);
+#: the TCP transport's progress thread, which waits in the kernel where the main thread's progress loop spins
+#: (the cores stay idle at the same busbw: docs/fidelity.md, "Open MPI over the fabric").
+DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"))
+_MCA_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+
+
+@dataclass(frozen=True)
+class MpiRunConfig:
+    """``emu mpirun``'s input, as given."""
+
+    topology: str
+    routing: str
+    out: str
+    program: tuple[str, ...]
+    seed: int = 0
+    placement: str = "identity"
+    np: int | None = None  # default: every host of the topology
+    mca: tuple[tuple[str, str], ...] = ()
+    fabric: str | None = None
+    datapath: str = "auto"
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    nice: int = DEFAULT_NICE
+    #: RLIMIT_DATA of every process of the run (bytes); None: sized from the admission estimate
+    #: (:func:`emulator.runs.admission.mpi_rank_limit_bytes`)
+    memory_limit_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),
+                "seed": self.seed, "placement": self.placement, "np": self.np,
+                "mca": [list(kv) for kv in self.mca], "fabric": self.fabric, "datapath": self.datapath,
+                "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes}
+
+
+def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
+    """``--mca KEY VALUE`` pairs, checked: Open MPI parameter names, non-empty one-line values, none reserved."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if len(pair) != 2:
+            raise FieldError(WHERE, "mca", "KEY VALUE", " ".join(pair))
+        key, value = pair
+        if not _MCA_NAME.match(key):
+            raise FieldError(WHERE, "mca", "an Open MPI parameter name (lower-case letters, digits and _, e.g. "
+                             "btl_tcp_eager_limit) followed by its value", key)
+        if not value or not value.isprintable():
+            raise FieldError(WHERE, "mca", f"a non-empty one-line value for {key}", value)
+        if key in RESERVED_MCA:
+            raise FieldError(WHERE, "mca", f"a parameter emu mpirun does not set itself ({', '.join(RESERVED_MCA)} "
+                             "are its own)", key)
+        out[key] = value
+    return tuple(out.items())
+
+
+def mca_settings(user: Sequence[tuple[str, str]], launch_agent: str) -> list[tuple[str, str]]:
+    """Every MCA parameter of the run: the reserved ones, the defaults the user did not replace, the user's."""
+    given = dict(user)
+    own = [("plm_rsh_agent", launch_agent), ("plm_rsh_no_tree_spawn", "1"), ("oob_tcp_if_include", HOST_SUBNET),
+           ("btl_tcp_if_include", HOST_SUBNET)]
+    return own + [(k, v) for k, v in DEFAULT_MCA if k not in given] + list(user)
+
+
+def read_placement_file(path: str) -> list[str]:
+    """Host names, one per line in rank order (``#`` starts a comment); :class:`FieldError` if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FieldError(WHERE, "placement", "identity, hdrm, random or a readable file of host names",
+                         f"{path} ({exc.__class__.__name__})") from None
+    return [line.split("#", 1)[0].strip() for line in text.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def rank_hosts(topo: Topology, placement: str, np: int | None, seed: int = 0,
+               read_file: Callable[[str], list[str]] = read_placement_file) -> list[str]:
+    """The host of every rank ``0..np-1``: the first ``np`` of the placement's order.
+
+    ``placement`` is one of :data:`emulator.model.schedule.generators.PLACEMENTS`
+    (hdrm as for schedules) or a file naming one host per rank
+    (:func:`read_placement_file`; each host at most once, at least ``np`` of them).
+    """
+    hosts = len(topo.hosts)
+    if np is not None and not 1 <= np <= hosts:
+        raise FieldError(WHERE, "np", f"a number of ranks in 1..{hosts} (one rank per host of {topo.spec})", np)
+    if placement in generators.PLACEMENTS:
+        try:
+            order = generators.placement_hosts(topo, placement, seed)
+        except FieldError as exc:
+            raise FieldError(WHERE, exc.field, exc.expected, exc.given) from None
+    elif os.path.isfile(placement):
+        order = read_file(placement)
+        names = {h.name for h in topo.hosts}
+        unknown = [n for n in order if n not in names]
+        if unknown:
+            raise FieldError(WHERE, "placement", f"host names of {topo.spec} (h1..h{hosts}) in {placement}", unknown[0])
+        twice = sorted({n for n in order if order.count(n) > 1})
+        if twice:
+            raise FieldError(WHERE, "placement", f"each host at most once in {placement}", twice[0])
+        if not order or (np is not None and len(order) < np):
+            raise FieldError(WHERE, "placement", f"at least {np or 1} hosts in {placement}", len(order))
+    else:
+        raise FieldError(WHERE, "placement", f"one of {', '.join(generators.PLACEMENTS)} or a file of host names",
+                         placement)
+    return order[:np] if np is not None else order
+
+
+def resolve_program(name: str, which: Callable[[str], str | None] = shutil.which,
+                    own_bin: str | None = None) -> str:
+    """The absolute path of the program to run: a path as given, else this venv's scripts first, then PATH."""
+    if not name:
+        raise FieldError(WHERE, "program", "a program after --, e.g. -- emu-allreduce-bench --algo ring", "nothing")
+    if os.sep in name:
+        if os.path.isfile(name) and os.access(name, os.X_OK):
+            return os.path.abspath(name)
+        raise FieldError(WHERE, "program", "an executable file", name)
+    if own_bin is not None:
+        mine = os.path.join(own_bin, name)
+        if os.path.isfile(mine) and os.access(mine, os.X_OK):
+            return mine
+    found = which(name)
+    if found is None:
+        raise FieldError(WHERE, "program", "a program on PATH or in this emulator's venv (e.g. emu-allreduce-bench)",
+                         name)
+    return os.path.abspath(found)
+
+
+def program_argv(program: Sequence[str], resolved: str, out: str) -> list[str]:
+    """What the ranks run: the resolved program and its arguments; the bundled benchmark also writes its rows
+    as JSON into the run's folder, unless the user named a file."""
+    argv = [resolved, *program[1:]]
+    if os.path.basename(resolved) == BENCH_PROGRAM and "--json" not in argv:
+        argv += ["--json", os.path.join(out, BENCH_JSON)]
+    return argv
+
+
+#: How many times ``emu mpirun`` starts Open MPI when its daemons fail to start (no rank ran): Debian's 4.1
+#: orted sometimes aborts in hwloc at start-up here (docs/fidelity.md), and a second start works.
+START_ATTEMPTS = 3
+#: What mpirun prints when a daemon died before any rank started.
+DAEMON_START_FAILURES = ("ORTE was unable to reliably start one or more daemons",
+                         "An ORTE daemon has unexpectedly failed after launch")
+
+
+def daemon_start_failed(log_text: str, ranks_started: bool) -> bool:
+    """Whether a failed mpirun never started the program: its daemons died first (safe to start again)."""
+    return not ranks_started and any(marker in log_text for marker in DAEMON_START_FAILURES)
+
+
+def hostfile_text(ips: Sequence[str]) -> str:
+    """Open MPI's hostfile: one line per rank in rank order, one slot each (rank r on line r)."""
+    return "".join(f"{ip} slots=1\n" for ip in ips)
+
+
+def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str) -> str:
+    """The ``plm_rsh_agent`` shell script: ``SCRIPT HOST COMMAND...`` runs COMMAND in HOST's namespace.
+
+    Open MPI calls it like ``ssh``: the host (an IP of the hostfile) first,
+    then the command as words a remote shell would join and run. An unknown
+    host fails with status 255, as ssh does.
+    """
+    cases = "".join(f"  {ip}) pid={pid} ;;\n" for ip, pid in pids)
+    return ("#!/bin/sh\n"
+            "# written by emu mpirun: Open MPI's launch agent into the emulated hosts (see emulator/runs/mpi_plan.py)\n"
+            f"echo \"$(date +%s.%N) $*\" >> {shlex.quote(log_path)}\n"
+            "host=\"$1\"; shift\n"
+            "case \"$host\" in\n"
+            f"{cases}"
+            "  *) echo \"emu mpirun launch agent: $host is not a host of this network\" >&2; exit 255 ;;\n"
+            "esac\n"
+            "exec mnexec -a \"$pid\" /bin/sh -c \"$*\"\n")
+
+
+def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv: Sequence[str], output_dir: str,
+                   nice: int = DEFAULT_NICE, export: Sequence[str] = ("PATH", "PYTHONUNBUFFERED"),
+                   memory_limit_bytes: int | None = None) -> list[str]:
+    """The ``mpirun`` command line (it runs inside rank 0's host, at niceness ``nice`` and under ``RLIMIT_DATA``
+    ``memory_limit_bytes`` with ``prlimit``: every process it starts, through the launch agent too, inherits
+    both); each rank's output goes to ``output_dir`` (Open MPI's ``<dir>/1/rank.R/stdout``; the MCA
+    parameter alone does not do it in 4.1). The orteds stay attached to their launch agents instead of
+    daemonizing: they remain in mpirun's process tree, where a replay session's subreaper (the agent
+    launcher's) would otherwise adopt them."""
+    limit = [PRLIMIT, f"--data={memory_limit_bytes}", "--"] if memory_limit_bytes is not None else []
+    cmd = [*limit, "nice", "-n", str(nice), MPIRUN, "--allow-run-as-root", "-np", str(np), "--hostfile", hostfile, "--bind-to", "none",
+           "--leave-session-attached", "--output-filename", output_dir]
+    for key, value in mca:
+        cmd += ["--mca", key, value]
+    for name in export:
+        cmd += ["-x", name]
+    return cmd + list(argv)
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    rank: int
+    host: str
+    ip: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "host": self.host, "ip": self.ip}
+
+
+@dataclass
+class MpiResults:
+    """``results.json`` of an ``emu mpirun`` folder.
+
+    ``status``: ``running``, ``ok`` (the program exited 0), ``failed`` (it
+    exited non-zero, or could not start), ``timeout``, ``interrupted``;
+    ``exit_status`` the program's (mpirun's) status; ``wall_s`` from
+    mpirun's start to its end (Open MPI's start-up included);
+    ``fidelity`` over that time (CPU idle, the datapath's load from the
+    switch ports' byte counters against its calibrated capacity, flags);
+    ``bench`` the bundled benchmark's rows (:mod:`emulator.runs.allreduce_bench`), when
+    it ran; ``learned_connections`` how many TCP connections the controller
+    routed by their 5-tuple (``ecmp``: each as :func:`emulator.model.routing.route`
+    predicts it from its ports); ``memory_limit_bytes`` the ``RLIMIT_DATA``
+    every process of the run had (None: none), and ``out_of_memory`` the
+    ranks whose output says an allocation was refused (then ``error`` says
+    so in one line).
+    """
+
+    config: dict[str, Any]
+    ranks: list[RankPlace]
+    command: list[str]
+    link_mbps: float
+    fabric: dict[str, Any] | None = None
+    datapath: str = ""
+    bringup_s: float | None = None
+    status: str = "running"
+    exit_status: int | None = None
+    wall_s: float | None = None
+    fidelity: Fidelity | None = None
+    error: str | None = None
+    bench: list[dict[str, Any]] = field(default_factory=list)
+    learned_connections: int | None = None  # TCP connections the controller hashed by 5-tuple (ecmp)
+    memory_limit_bytes: int | None = None
+    out_of_memory: list[int] = field(default_factory=list)  # ranks that ran out of their memory limit
+
+    @property
+    def trusted(self) -> bool:
+        return self.fidelity is not None and self.fidelity.trusted
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "mpirun", "config": self.config, "ranks": [r.to_json() for r in self.ranks],
+                "command": self.command, "link_mbps": self.link_mbps, "fabric": self.fabric,
+                "datapath": self.datapath, "bringup_s": self.bringup_s, "status": self.status,
+                "exit_status": self.exit_status, "wall_s": self.wall_s,
+                "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
+                "trusted": self.trusted, "error": self.error, "bench": self.bench,
+                "learned_connections": self.learned_connections, "memory_limit_bytes": self.memory_limit_bytes,
+                "out_of_memory": self.out_of_memory}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MpiResults:
+        if data.get("kind") != "mpirun":
+            raise UserError("results: not the results of emu mpirun (no \"kind\": \"mpirun\")")
+        fid = data.get("fidelity")
+        return cls(config=dict(data.get("config") or {}),
+                   ranks=[RankPlace(int(r["rank"]), str(r["host"]), str(r["ip"])) for r in data.get("ranks") or []],
+                   command=list(data.get("command") or []), link_mbps=float(data.get("link_mbps") or 0.0),
+                   fabric=data.get("fabric"), datapath=str(data.get("datapath") or ""),
+                   bringup_s=data.get("bringup_s"), status=str(data.get("status") or "running"),
+                   exit_status=data.get("exit_status"), wall_s=data.get("wall_s"),
+                   fidelity=Fidelity.from_json(fid) if fid else None, error=data.get("error"),
+                   bench=list(data.get("bench") or []), learned_connections=data.get("learned_connections"),
+                   memory_limit_bytes=data.get("memory_limit_bytes"),
+                   out_of_memory=[int(r) for r in data.get("out_of_memory") or []])
+
+    def save(self, path: str) -> None:
+        write_json_atomic(path, self.to_json())
+
+
+def load_results(path: str) -> MpiResults:
+    data = read_json_object(path)
+    if data is None:
+        raise UserError(f"results: cannot read {printable(path)}")
+    return MpiResults.from_json(data)

@@ -1,0 +1,1 @@
+"""The emulator watching itself: calibration, the intrinsic-latency probe, the benchmark, packet-capture analysis."""

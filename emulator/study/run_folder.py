@@ -1,0 +1,356 @@
+"""The results folder of ``emu run``: its layout, what it says about each cell, and where runs go.
+
+:class:`RunFolder` is the only code that knows the folder's layout:
+
+* ``experiment.yaml`` -- the experiment file as given;
+* ``experiment.json`` -- the validated experiment, its fingerprint and every
+  cell with the model's prediction (:meth:`RunFolder.write_plan`; an MPI
+  cell has null predictions and a ``prediction`` saying it has none);
+* ``run.json`` -- the run's status (``running``, ``interrupted``,
+  ``incomplete`` with failed cells, or ``complete``), when it was created and
+  last updated, and its wall time over every invocation (:class:`RunRecord`);
+* ``state.json`` -- every cell's last outcome, wall time and error
+  (:class:`CellState`);
+* ``run.log`` -- one time-stamped line per event (cell ran, skipped or failed;
+  network probes and rebuilds; what the session echoes);
+* ``cells/<cell-id>/`` -- what the replay writes for one cell (``results.json``,
+  ``timeline.jsonl``, ``links.jsonl``, ``schedule.json``, ``topology.json``,
+  agent logs); for an MPI cell what ``emu mpirun`` writes (``results.json``
+  of kind ``mpirun``, :class:`emulator.runs.mpi_plan.MpiResults`; ``mpirun.log``,
+  ``ranks/``, the launch files, ``links.jsonl``, ``bench.json``);
+* ``sessions/<network>/`` -- one network's controller logs and port counters,
+  its probes (``probe-<attempt>/``) and their verdicts (``probe.json``).
+
+A cell is finished when its ``results.json`` says ``ok`` and holds exactly
+this cell's configuration (:meth:`RunFolder.cell_finished`): a cell whose
+definition changed in the file, one that failed or was interrupted, and one
+whose results are missing or unreadable are run again. A replay cell's
+``results.json`` is read as :func:`emulator.runs.results.load` reads it, so
+folders written before the schema version existed (schema 1) resume as
+before; an MPI cell's as :class:`emulator.runs.mpi_plan.MpiResults` (its program
+exited 0: status ``ok``), and neither kind counts for a cell of the other.
+
+The module-level functions pick the folder of a run under a results root:
+:func:`new_out_dir` names a new one, :func:`find_unfinished` finds the newest
+unfinished run of the same experiment (same fingerprint) to resume, and
+:func:`point_latest` points ``<root>/latest`` at the folder in use.
+
+Nothing here starts a process; the folder is plain files, so it is
+unit-tested without root.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from emulator.base.files import read_json_object, write_atomic, write_json_atomic
+from emulator.runs.mpi_plan import MpiResults
+from emulator.runs.results import CellResults, ProbeVerdict, SchemaError
+from emulator.study import experiment as xp
+
+#: The name of the symlink under a results root that points at the folder in use.
+LATEST = "latest"
+#: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_plan.MpiResults.to_json`).
+MPI_KIND = "mpirun"
+#: What the plan says of an MPI cell's prediction.
+NO_PREDICTION = "none: an MPI program (the timing model predicts schedules only)"
+
+
+def _now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """``run.json``: which experiment, its status, and the wall seconds of every invocation so far.
+
+    Every field is None when the document lacks it (or holds a value of the
+    wrong type): a ``run.json`` without ``wall_s`` has no wall time, which the
+    report writes as null and a resume counts as 0.
+    """
+
+    experiment: str | None
+    source: str | None
+    fingerprint: str | None
+    created: str | None
+    updated: str | None
+    status: str | None
+    cells: int | None
+    wall_s: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"experiment": self.experiment, "source": self.source, "fingerprint": self.fingerprint,
+                "created": self.created, "updated": self.updated, "status": self.status, "cells": self.cells,
+                "wall_s": self.wall_s}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
+        """Any JSON object: keys that are missing or of the wrong type read as None."""
+        cells = data.get("cells")
+        return cls(experiment=_text(data.get("experiment")), source=_text(data.get("source")),
+                   fingerprint=_text(data.get("fingerprint")), created=_text(data.get("created")),
+                   updated=_text(data.get("updated")), status=_text(data.get("status")),
+                   cells=cells if isinstance(cells, int) and not isinstance(cells, bool) else None,
+                   wall_s=_number(data.get("wall_s")))
+
+
+@dataclass(frozen=True)
+class CellState:
+    """One cell's entry in ``state.json``: its last outcome (``running``, ``ok``, ``failed``, ``interrupted``).
+
+    ``at`` is None for a cell that was found finished without an entry of its
+    own (its results came from an earlier folder state); such an entry is
+    written as the status alone.
+    """
+
+    status: str
+    wall_s: float | None = None
+    error: str | None = None
+    at: str | None = None
+
+    @classmethod
+    def recorded(cls, status: str, wall_s: float, error: str | None) -> CellState:
+        """An outcome as the runner records it: wall seconds to the millisecond, stamped now."""
+        return cls(status=status, wall_s=round(wall_s, 3), error=error, at=_now())
+
+    def to_json(self) -> dict[str, Any]:
+        if self.at is None:
+            return {"status": self.status}
+        return {"status": self.status, "wall_s": self.wall_s, "error": self.error, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: object) -> CellState | None:
+        """None for an entry that is not an object with a string ``status``."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("status"), str):
+            return None
+        return cls(status=data["status"], wall_s=_number(data.get("wall_s")), error=_text(data.get("error")),
+                   at=_text(data.get("at")))
+
+
+class RunFolder:
+    """One results folder of ``emu run`` at ``path`` (see the module docstring for its layout)."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    # ---------------------------------------------------------------- cells
+    def cell_dir(self, cell: xp.Cell | str) -> str:
+        """``cells/<id>/`` of a cell (or of a cell id)."""
+        return os.path.join(self.path, "cells", cell if isinstance(cell, str) else cell.id)
+
+    def results_path(self, cell: xp.Cell | str) -> str:
+        return os.path.join(self.cell_dir(cell), "results.json")
+
+    def results_of(self, cell: xp.Cell | str) -> CellResults | None:
+        """The replay's ``results.json`` of the cell; None when it is missing, unreadable, not a results
+        document, or the results of an MPI program (kind ``mpirun``: :meth:`mpi_results_of` reads those)."""
+        data = read_json_object(self.results_path(cell))
+        if data is None or data.get("kind") == MPI_KIND:
+            return None
+        try:
+            return CellResults.from_json(data)
+        except SchemaError:  # a newer schema or not a results document: as emulator.runs.results.load reads it
+            return None
+
+    def mpi_results_of(self, cell: xp.Cell | str) -> MpiResults | None:
+        """An MPI cell's ``results.json`` (kind ``mpirun``); None when it is missing, unreadable or of another
+        kind."""
+        data = read_json_object(self.results_path(cell))
+        if data is None or data.get("kind") != MPI_KIND:
+            return None
+        try:
+            return MpiResults.from_json(data)
+        except (AttributeError, KeyError, TypeError, ValueError):  # a damaged document: the cell runs again
+            return None
+
+    def finished_results(self, cell: xp.Cell) -> CellResults | None:
+        """The cell's results if they are finished (status ``ok``) and of exactly this cell, else None."""
+        res = self.results_of(cell)
+        if res is None or not res.finished or res.config.get("cell") != cell.to_json():
+            return None
+        return res
+
+    def finished_mpi_results(self, cell: xp.Cell) -> MpiResults | None:
+        """An MPI cell's results if its program exited 0 (status ``ok``) and they are of exactly this cell."""
+        res = self.mpi_results_of(cell)
+        if res is None or res.status != "ok" or res.config.get("cell") != cell.to_json():
+            return None
+        return res
+
+    def cell_finished(self, cell: xp.Cell) -> bool:
+        """True if the cell's directory holds a finished result of exactly this cell (the resume rule)."""
+        if cell.mpi is not None:
+            return self.finished_mpi_results(cell) is not None
+        return self.finished_results(cell) is not None
+
+    def empty_cell_dir(self, cell: xp.Cell) -> str:
+        """The cell's directory, emptied of whatever an earlier attempt left (a cell always runs from scratch)."""
+        return _empty_dir(self.cell_dir(cell))
+
+    def save_results(self, cell: xp.Cell, res: CellResults) -> None:
+        res.save(self.results_path(cell))
+
+    def save_mpi_results(self, cell: xp.Cell, res: MpiResults, probe: ProbeVerdict | None = None) -> None:
+        """An MPI cell's results, with its network's probe (``probe``, as a replay cell's results have it)."""
+        data = res.to_json()
+        if probe is not None:
+            data["probe"] = probe.to_json()
+        write_json_atomic(self.results_path(cell), data)
+
+    # ------------------------------------------------------------- networks
+    def session_dir(self, spec: str, policy: str, seed: int, link_mbps: float) -> str:
+        """``sessions/<topology slug>.<policy>-s<seed>/``: one network's working directory."""
+        return os.path.join(self.path, "sessions", f"{xp.topology_slug(spec, link_mbps)}.{policy}-s{seed}")
+
+    @staticmethod
+    def empty_probe_dir(session_dir: str, attempt: int) -> str:
+        """``<session>/probe-<attempt>/``, emptied: where one probe of the network replays."""
+        return _empty_dir(os.path.join(session_dir, f"probe-{attempt}"))
+
+    @staticmethod
+    def write_probes(session_dir: str, verdicts: Sequence[ProbeVerdict]) -> None:
+        """``<session>/probe.json``: every probe attempt's verdict, in order."""
+        write_json_atomic(os.path.join(session_dir, "probe.json"), {"attempts": [v.to_json() for v in verdicts]})
+
+    # ------------------------------------------------------ the run's files
+    def write_plan(self, exp: xp.Experiment, prepared: Sequence[xp.PreparedCell],
+                   source_text: str | None = None) -> None:
+        """``cells/``, ``experiment.yaml`` (when the text is given) and ``experiment.json`` (cells, predictions)."""
+        os.makedirs(os.path.join(self.path, "cells"), exist_ok=True)
+        if source_text is not None:
+            write_atomic(self._file("experiment.yaml"), source_text)
+        cells = []
+        for pc in prepared:
+            if pc.report is None:  # an MPI program: no schedule, so nothing the model predicts
+                cells.append({**pc.cell.to_json(), "predicted_time_s": None, "predicted_busbw_mbps": None,
+                              "alpha_beta_time_s": None, "max_flows_per_link": 0,
+                              "predicted_scaling_efficiency": None, "prediction": NO_PREDICTION})
+                continue
+            pred = pc.report.to_json()
+            cells.append({**pc.cell.to_json(), "predicted_time_s": pred["predicted_time_s"],
+                          "predicted_busbw_mbps": pred["busbw_mbps"],
+                          "alpha_beta_time_s": pred["alpha_beta_time_s"],
+                          "max_flows_per_link": max(pred["max_flows_per_link"], default=0),
+                          "predicted_scaling_efficiency": pred.get("scaling_efficiency")})
+        write_json_atomic(self._file("experiment.json"),
+                          {"experiment": exp.to_json(), "fingerprint": exp.fingerprint(), "cells": cells})
+
+    def has_plan(self) -> bool:
+        """True if ``experiment.json`` is the plan of an ``emu run``: the experiment and cells with dotted ids."""
+        plan = read_json_object(self._file("experiment.json"))
+        cells = plan.get("cells") if plan is not None else None
+        return (plan is not None and isinstance(plan.get("experiment"), dict) and isinstance(cells, list)
+                and all(isinstance(c, dict) and isinstance(c.get("id"), str) and "." in c["id"] for c in cells))
+
+    def read_run(self) -> RunRecord | None:
+        """``run.json``; None when there is none (a new folder), or it is not a JSON object or an empty one."""
+        data = read_json_object(self._file("run.json"))
+        return RunRecord.from_json(data) if data else None
+
+    def write_run(self, exp: xp.Experiment, status: str, cells: int, wall_s: float) -> RunRecord:
+        """Write ``run.json`` with this status and wall time, keeping the time it was first created."""
+        old = self.read_run()
+        now = _now()
+        record = RunRecord(experiment=exp.name, source=exp.source, fingerprint=exp.fingerprint(),
+                           created=(old.created if old is not None else None) or now, updated=now, status=status,
+                           cells=cells, wall_s=round(wall_s, 3))
+        write_json_atomic(self._file("run.json"), record.to_json())
+        return record
+
+    def read_states(self) -> dict[str, CellState]:
+        """``state.json``'s cells; entries that are not readable are left out (their cells run as if new)."""
+        cells = (read_json_object(self._file("state.json")) or {}).get("cells")
+        if not isinstance(cells, Mapping):
+            return {}
+        out = {}
+        for cell_id, raw in cells.items():
+            state = CellState.from_json(raw)
+            if state is not None:
+                out[str(cell_id)] = state
+        return out
+
+    def write_states(self, states: Mapping[str, CellState]) -> None:
+        write_json_atomic(self._file("state.json"), {"cells": {k: s.to_json() for k, s in states.items()}})
+
+    def log(self, text: str) -> None:
+        """Append one time-stamped line to ``run.log``."""
+        with open(self._file("run.log"), "a", encoding="utf-8") as fh:
+            fh.write(f"{_now()} {text}\n")
+
+
+def _empty_dir(path: str) -> str:
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    return path
+
+
+# ----------------------------------------------------------- results roots
+def new_out_dir(results_root: str, name: str, now: datetime.datetime | None = None) -> str:
+    """``<root>/<name>-<YYYYmmdd-HHMMSS>``, with ``-2``, ``-3``... when that already exists (not created here)."""
+    stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+    path = os.path.join(results_root, f"{name}-{stamp}")
+    n = 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(results_root, f"{name}-{stamp}-{n}")
+    return path
+
+
+def find_unfinished(results_root: str, exp: xp.Experiment) -> str | None:
+    """The newest folder of ``results_root`` holding an unfinished run of this very experiment, or None.
+
+    A candidate is a real directory (not ``latest``, not a symlink) named
+    ``<experiment name>-...`` whose ``run.json`` has this experiment's
+    fingerprint and a status other than ``complete``; the newest is the one
+    created last (ties: the name that sorts last).
+    """
+    try:
+        names = sorted(os.listdir(results_root))
+    except OSError:
+        return None
+    best: tuple[tuple[str, str], str] | None = None
+    for name in names:
+        path = os.path.join(results_root, name)
+        if name == LATEST or os.path.islink(path) or not name.startswith(exp.name + "-"):
+            continue
+        run = RunFolder(path).read_run()
+        if run is None or run.fingerprint != exp.fingerprint() or run.status == "complete":
+            continue
+        key = (run.created or "", name)
+        if best is None or key > best[0]:
+            best = (key, path)
+    return best[1] if best else None
+
+
+def point_latest(results_root: str, out: str) -> None:
+    """Make ``results_root/latest`` a relative symlink to ``out`` (replaced atomically).
+
+    Does nothing when ``out`` is not directly under ``results_root`` (an
+    ``--out`` elsewhere leaves ``latest`` as it was).
+    """
+    link = os.path.join(results_root, LATEST)
+    if os.path.abspath(os.path.dirname(os.path.abspath(out))) != os.path.abspath(results_root):
+        return
+    tmp = link + ".tmp"
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    os.symlink(os.path.basename(os.path.abspath(out)), tmp)
+    os.replace(tmp, link)
