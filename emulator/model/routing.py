@@ -123,16 +123,17 @@ from dataclasses import dataclass
 import networkx as nx
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model.topology import Topology, node_sort_key
+from emulator.model.topology import KINDS, Topology, node_sort_key
 
 POLICIES = ("bigraph", "dmodk", "ecmp", "shortest")
+#: The policies that apply to every kind; the others apply to the kinds whose registration names them.
+EVERY_KIND_POLICIES = ("ecmp", "shortest")
 
-#: Topology kinds each policy applies to (``None``: every kind).
+#: Topology kinds each policy applies to (``None``: every kind), read from the kinds' registrations
+#: (:data:`emulator.model.topology.kinds.KINDS`).
 POLICY_KINDS: dict[str, tuple[str, ...] | None] = {
-    "bigraph": ("bigraph",),
-    "dmodk": ("fattree", "leafspine"),
-    "ecmp": None,
-    "shortest": None,
+    policy: None if policy in EVERY_KIND_POLICIES else tuple(k.name for k in KINDS.values() if policy in k.policies)
+    for policy in POLICIES
 }
 
 #: Every host agent listens here.

@@ -478,3 +478,10 @@ def test_link_sharing_lists_colliding_flows():
     # Four flows from leaf s1 onto two spines: some uplink carries at least two of them.
     assert shared and all(len(v) >= 2 for v in shared.values())
     assert all(topo.is_switch(a) and topo.is_switch(b) for a, b in shared)
+
+
+def test_every_policy_a_topology_kind_names_is_a_routing_policy_and_fits_that_kind():
+    for kind in topology.KINDS.values():
+        for policy in kind.policies:
+            assert policy in routing.POLICIES, (kind.name, policy)
+            assert kind.name in (routing.POLICY_KINDS[policy] or ()), (kind.name, policy)

@@ -8,11 +8,16 @@ Mininet network is built from a :class:`Topology` at the edge
 same model from its JSON export (networkx node-link format).
 
 Modules (each imports only those listed before it, so there is no cycle)
+    * :mod:`~emulator.model.topology.kinds` -- one registration per kind
+      (:class:`TopologyKind` in :data:`KINDS`): its spec keys, counts,
+      builder, bisection in closed form, the routing policies made for it,
+      and whether it is the non-blocking ideal. Adding a kind is adding one
+      registration there.
     * :mod:`~emulator.model.topology.spec` -- spec strings and mappings: the kinds
       and their keys, the limits on rates and sizes, parsing, the canonical
       form, and the HDRM placement's existence and slot order.
-    * :mod:`~emulator.model.topology.bisection` -- bisection bandwidth in closed
-      form per kind, from a spec's parameters.
+    * :mod:`~emulator.model.topology.bisection` -- bisection bandwidth from a
+      spec's parameters: the kind's closed form, capped by servers.
     * :mod:`~emulator.model.topology.model` -- :class:`Host`, :class:`Switch`,
       :class:`Link` and :class:`Topology` with its lookups, servers, graph,
       hops and JSON export; the link model (MTU, TCP goodput).
@@ -20,7 +25,7 @@ Modules (each imports only those listed before it, so there is no cycle)
       parsed parameters (:func:`build`), and reading back JSON exports and
       spec strings alike (:func:`from_json`, :func:`load`).
 
-    This package re-exports the public names of all four; callers import
+    This package re-exports the public names of all five; callers import
     them from :mod:`emulator.model.topology`.
 
 Spec strings
@@ -94,6 +99,7 @@ from emulator.model.topology.builders import (
     host_mac,
     load,
 )
+from emulator.model.topology.kinds import KINDS, FabricBuilder, TopologyKind, is_ideal
 from emulator.model.topology.model import (
     DEFAULT_MTU,
     JSON_FORMAT_VERSION,
@@ -125,8 +131,10 @@ from emulator.model.topology.spec import (
 __all__ = [
     "DEFAULT_LINK_MBPS",
     "DEFAULT_MTU",
+    "FabricBuilder",
     "Host",
     "JSON_FORMAT_VERSION",
+    "KINDS",
     "Link",
     "MAX_HOSTS",
     "MAX_LINK_MBPS",
@@ -135,6 +143,7 @@ __all__ = [
     "PCIE",
     "Switch",
     "Topology",
+    "TopologyKind",
     "all_host_pairs",
     "build",
     "fabric_keys",
@@ -144,6 +153,7 @@ __all__ = [
     "hdrm_slot_order",
     "host_ip",
     "host_mac",
+    "is_ideal",
     "last_segment_bytes",
     "load",
     "node_sort_key",

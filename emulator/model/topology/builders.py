@@ -1,8 +1,9 @@
 """Building topologies: switches, host slots, ports and addresses from a parsed spec, and reading them back.
 
 This module owns how a spec becomes a :class:`~emulator.model.topology.model.Topology`:
-one builder per kind adds the fabric's switches, reserves its host slots and
-connects its switches, numbering every switch's ports as it goes; then the
+the kind's builder (:data:`emulator.model.topology.kinds.KINDS`) adds the fabric's
+switches, reserves its host slots and connects its switches through a
+:class:`_Builder`, which numbers every switch's ports as it goes; then the
 slots get hosts, or the servers' NICs under their placement. The order of
 those steps *is* the naming and numbering scheme of the package docstring
 (:mod:`emulator.model.topology`). It also reads topologies back: :func:`from_json`
@@ -18,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from emulator.base.errors import FieldError, UserError
+from emulator.model.topology.kinds import KINDS
 from emulator.model.topology.model import JSON_FORMAT_VERSION, PCIE, Host, Link, Switch, Topology
 from emulator.model.topology.spec import hdrm_slot_order, parse_spec
 
@@ -108,69 +110,11 @@ def host_mac(index: int) -> str:
     return f"02:00:00:{(index >> 16) & 255:02x}:{(index >> 8) & 255:02x}:{index & 255:02x}"
 
 
-def _build_bigraph(b: _Builder, p: Mapping[str, Any]) -> None:
-    upper = [b.add_switch("upper") for _ in range(p["upper"])]
-    lower = [b.add_switch("lower") for _ in range(p["lower"])]
-    # Hosts first on every switch so that ports 1..M are host ports.
-    for sw in upper + lower:
-        for _ in range(p["hosts_per_switch"]):
-            b.add_slot(sw)
-    for u in upper:
-        for lo in lower:
-            b.connect(u, lo)
-
-
-def _build_fattree(b: _Builder, p: Mapping[str, Any]) -> None:
-    k = p["k"]
-    half = k // 2
-    edges = [[b.add_switch("edge", pod) for _ in range(half)] for pod in range(k)]
-    aggs = [[b.add_switch("agg", pod) for _ in range(half)] for pod in range(k)]
-    cores = [b.add_switch("core") for _ in range(half * half)]
-    for pod in range(k):
-        for edge in edges[pod]:
-            for _ in range(half):
-                b.add_slot(edge)
-    for pod in range(k):
-        for edge in edges[pod]:
-            for agg in aggs[pod]:
-                b.connect(edge, agg)
-    # Core switch i*half + j links to aggregation switch i of every pod.
-    for pod in range(k):
-        for i, agg in enumerate(aggs[pod]):
-            for j in range(half):
-                b.connect(agg, cores[i * half + j])
-
-
-def _build_leafspine(b: _Builder, p: Mapping[str, Any]) -> None:
-    leaves = [b.add_switch("leaf") for _ in range(p["leaves"])]
-    spines = [b.add_switch("spine") for _ in range(p["spines"])]
-    for leaf in leaves:
-        for _ in range(p["hosts_per_leaf"]):
-            b.add_slot(leaf)
-    for leaf in leaves:
-        for spine in spines:
-            b.connect(leaf, spine)
-
-
-def _build_star(b: _Builder, p: Mapping[str, Any]) -> None:
-    sw = b.add_switch("star")
-    for _ in range(p["hosts"]):
-        b.add_slot(sw)
-
-
-_BUILDERS = {
-    "bigraph": _build_bigraph,
-    "fattree": _build_fattree,
-    "leafspine": _build_leafspine,
-    "star": _build_star,
-}
-
-
 def build(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> Topology:
     """Build the topology a spec describes (see the package docstring; ``default_mbps`` as for :func:`parse_spec`)."""
     kind, params = parse_spec(spec, default_mbps)
     builder = _Builder(params["host_bw"], params["switch_bw"])
-    _BUILDERS[kind](builder, params)
+    KINDS[kind].build(builder, params)
     return builder.build(kind, params)
 
 

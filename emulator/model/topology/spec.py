@@ -1,14 +1,16 @@
 """Topology spec strings: the kinds and their keys, parsing, validation and the canonical form.
 
-This module owns what a spec may say: the four kinds with their integer keys
-and lower bounds, the link rates (within ``(0, MAX_LINK_MBPS]``), the limits
-on hosts and switches, and the server keys with their NIC placements,
-including when the HDRM placement exists and which slots it uses. The grammar
-itself is in the package docstring (:mod:`emulator.model.topology`).
+This module owns what a spec may say: the kinds' integer keys and lower
+bounds (each kind's registration in :mod:`emulator.model.topology.kinds`),
+the link rates (within ``(0, MAX_LINK_MBPS]``), the limits on hosts and
+switches, and the server keys with their NIC placements, including when the
+HDRM placement exists and which slots it uses. The grammar itself is in the
+package docstring (:mod:`emulator.model.topology`).
 
 It works on plain ``(kind, params)`` pairs and imports nothing else of the
-package, so the model (:mod:`emulator.model.topology.model`) can print its own spec
-and the builders (:mod:`emulator.model.topology.builders`) parse before they build.
+package but the kinds, so the model (:mod:`emulator.model.topology.model`)
+can print its own spec and the builders
+(:mod:`emulator.model.topology.builders`) parse before they build.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, exact_number, int_field
+from emulator.model.topology.kinds import KINDS
 
 MAX_LINK_MBPS = 1000.0
 DEFAULT_LINK_MBPS = 10.0
@@ -25,13 +28,6 @@ MAX_HOSTS = 1024
 MAX_SWITCHES = 512
 NIC_PLACEMENTS = ("packed", "spread", "hdrm")
 
-#: kind -> required integer keys with their lower bounds
-_KIND_KEYS: dict[str, dict[str, int]] = {
-    "bigraph": {"upper": 1, "lower": 1, "hosts_per_switch": 1},
-    "fattree": {"k": 2},
-    "leafspine": {"leaves": 1, "spines": 1, "hosts_per_leaf": 1},
-    "star": {"hosts": 1},
-}
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 _SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement")
 
@@ -62,7 +58,7 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     kind, sep, rest = text.partition(":")
     kind = kind.strip()
     if not kind:
-        raise FieldError(where, "kind", f"one of {', '.join(_KIND_KEYS)} before ':'", spec)
+        raise FieldError(where, "kind", f"one of {', '.join(KINDS)} before ':'", spec)
     raw: dict[str, str] = {}
     if sep and rest.strip():
         for item in rest.split(","):
@@ -78,7 +74,7 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def fabric_keys(kind: str) -> tuple[str, ...]:
     """The integer keys that shape a fabric of ``kind`` (no rates, no server keys)."""
-    return tuple(_KIND_KEYS[kind])
+    return tuple(KINDS[kind].keys)
 
 
 def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> tuple[str, dict[str, Any]]:
@@ -98,12 +94,12 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
         items = dict(spec)
         kind = items.pop("kind", None)
         if not isinstance(kind, str):
-            raise FieldError(where, "kind", f"one of {', '.join(_KIND_KEYS)}", kind)
+            raise FieldError(where, "kind", f"one of {', '.join(KINDS)}", kind)
     else:
         raise FieldError(where, "topology", "a string KIND:key=value,... or a mapping", spec)
-    if kind not in _KIND_KEYS:
-        raise FieldError(where, "kind", f"one of {', '.join(_KIND_KEYS)}", kind)
-    keys = _KIND_KEYS[kind]
+    if kind not in KINDS:
+        raise FieldError(where, "kind", f"one of {', '.join(KINDS)}", kind)
+    keys = KINDS[kind].keys
     for key in items:
         if key not in keys and key not in _RATE_KEYS and key not in _SERVER_KEYS:
             allowed = ", ".join([*keys, *_RATE_KEYS, *_SERVER_KEYS])
@@ -113,20 +109,21 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
         if key not in items:
             raise FieldError(where, key, f"an integer >= {minimum} (required for {kind})", MISSING)
         params[key] = int_field(where, key, items[key], minimum, text=True)
-    if kind == "fattree" and params["k"] % 2:
-        raise FieldError(where, "k", "an even integer >= 2", items["k"])
+    for key in KINDS[kind].even_keys:
+        if params[key] % 2:
+            raise FieldError(where, key, f"an even integer >= {keys[key]}", items[key])
     bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else (default_mbps or DEFAULT_LINK_MBPS)
     params["bw"] = bw
     params["host_bw"] = _parse_rate(where, "host_bw", items["host_bw"]) if "host_bw" in items else bw
     params["switch_bw"] = _parse_rate(where, "switch_bw", items["switch_bw"]) if "switch_bw" in items else bw
-    hosts, switches = _counts(kind, params)
+    hosts, switches = KINDS[kind].counts(params)
     what = "host slots in the fabric" if "servers" in items else "hosts in all"
     if hosts > MAX_HOSTS:
         raise FieldError(where, "hosts", f"at most {MAX_HOSTS} {what}", hosts)
     if switches > MAX_SWITCHES:
         raise FieldError(where, "switches", f"at most {MAX_SWITCHES} switches in all", switches)
-    if kind != "star" and hosts < 2:
-        raise FieldError(where, "hosts", f"at least 2 {what}", hosts)
+    if hosts < KINDS[kind].min_hosts:
+        raise FieldError(where, "hosts", f"at least {KINDS[kind].min_hosts} {what}", hosts)
     if "servers" in items:
         params.update(_parse_servers(where, kind, params, items, hosts, switches))
     else:
@@ -169,9 +166,9 @@ def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapp
     if fabric_switches + servers > MAX_SWITCHES:
         raise FieldError(where, "servers", f"at most {MAX_SWITCHES} switches in all, one PCIe switch per server "
                          f"included ({fabric_switches} in the fabric)", items["servers"])
-    if kind != "star" and servers * accels < 2:
-        raise FieldError(where, "servers", "at least 2 accelerators in all (servers x accels_per_server)",
-                         items["servers"])
+    if servers * accels < KINDS[kind].min_hosts:
+        raise FieldError(where, "servers", f"at least {KINDS[kind].min_hosts} accelerators in all "
+                         "(servers x accels_per_server)", items["servers"])
     return {"servers": servers, "accels_per_server": accels, "nics_per_server": nics, "pcie_bw": pcie,
             "nic_placement": placement}
 
@@ -224,21 +221,9 @@ def hdrm_slot_order(upper: int, hosts_per_switch: int) -> list[int]:
     return out
 
 
-def _counts(kind: str, p: Mapping[str, Any]) -> tuple[int, int]:
-    """``(host slots, switches)`` of the bare fabric ``kind`` with parsed keys ``p``, to check the limits before building."""
-    if kind == "bigraph":
-        return (p["upper"] + p["lower"]) * p["hosts_per_switch"], p["upper"] + p["lower"]
-    if kind == "fattree":
-        k = p["k"]
-        return k**3 // 4, 5 * k * k // 4
-    if kind == "leafspine":
-        return p["leaves"] * p["hosts_per_leaf"], p["leaves"] + p["spines"]
-    return p["hosts"], 1
-
-
 def format_spec(kind: str, params: Mapping[str, Any]) -> str:
     """The canonical spec string; rates and the NIC placement are shown only where they differ from the default."""
-    parts = [f"{key}={params[key]}" for key in _KIND_KEYS[kind]]
+    parts = [f"{key}={params[key]}" for key in KINDS[kind].keys]
     bw = params.get("bw", DEFAULT_LINK_MBPS)
     if bw != DEFAULT_LINK_MBPS:
         parts.append(f"bw={exact_number(bw)}")

@@ -739,7 +739,7 @@ def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | N
     come first, the clean cell is of the congested one's collective if it can be, and training rows are never
     picked (:func:`busbw_rows`).
     """
-    ok = [r for r in busbw_rows(rows) if r.status == "ok" and r.kind != "star"]
+    ok = [r for r in busbw_rows(rows) if r.status == "ok" and not topology.is_ideal(r.kind)]
     if not ok:
         return None, None
     largest = max(r.size for r in ok)

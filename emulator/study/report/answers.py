@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from emulator.base import stats
-from emulator.model import paper_scale
+from emulator.model import paper_scale, topology
 from emulator.model.schedule.format import format_size
 from emulator.study.report.aggregate import (
     CellRow,
@@ -76,7 +76,7 @@ PAPER = {
     "projection": "",
 }
 EACH_FAMILY_MAX = 4  # at the largest host count, every baseline family gets a sentence up to this many
-KINDS = {"bigraph": "BiGraph", "leafspine": "leaf-spine", "fattree": "fat-tree", "star": "star"}
+KINDS = {name: kind.title for name, kind in topology.KINDS.items()}
 ROUTINGS = {"ecmp": "ECMP", "dmodk": "d-mod-k", "shortest": "shortest-path", "bigraph": "BiGraph routing"}
 EFLOPS_DESIGNS = (None, "NIC per accelerator")  # a network question is asked of hosts with their own NIC
 T = TypeVar("T")
@@ -111,7 +111,7 @@ def describe(row: CellRow, seeds: int = 1) -> str:
     than allreduce."""
     kind, routing = row.kind, row.routing
     parts = [KINDS.get(kind, kind)]
-    if kind != "star" and not (kind == "bigraph" and routing == "bigraph"):
+    if not topology.is_ideal(kind) and not (kind == "bigraph" and routing == "bigraph"):
         parts.append(ROUTINGS.get(routing, routing) + (f" ({seeds} seeds)" if seeds > 1 else ""))
     parts.append(_algorithm(row))
     return " + ".join(parts)
@@ -228,7 +228,8 @@ def network_answers(tables: list[SpeedupTable]) -> list[Answer]:
 def _extremes(t: SpeedupTable) -> list[Pick]:
     """The reference against the best and the worst non-star baseline of ``t`` at its largest size."""
     size = max(t.reference)
-    entries = {fam: by[size] for fam, by in t.baselines.items() if size in by and by[size].cells[0].kind != "star"}
+    entries = {fam: by[size] for fam, by in t.baselines.items()
+               if size in by and not topology.is_ideal(by[size].cells[0].kind)}
     fams = _lowest_and_highest(sorted(entries), lambda f: entries[f].speedup, lambda f: entries[f].model_speedup)
     n = len(entries)
     roles = [f", the best of its {n} non-star baselines in series `{t.series}`",

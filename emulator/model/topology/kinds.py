@@ -1,0 +1,182 @@
+"""Topology kinds: one registration per kind, and the one place to add a kind.
+
+This module owns what makes a kind a kind: a :class:`TopologyKind` per kind
+in :data:`KINDS` carries its spec keys, its host slots and switch count (to
+check the limits before building), its builder, its bisection in closed
+form, the routing policies made for it, and whether it is the non-blocking
+ideal. Everything else reads this registration: the spec parser
+(:mod:`emulator.model.topology.spec`) its keys and counts, the builders
+(:mod:`emulator.model.topology.builders`) its builder, the model's
+bisection (:mod:`emulator.model.topology.bisection`) its closed form,
+:data:`emulator.model.routing.POLICY_KINDS` its policies, and the report
+(:mod:`emulator.study.report`) its title and whether it is the ideal.
+
+A builder adds the fabric's switches, reserves its host slots and connects
+its switches through a :class:`FabricBuilder`, which numbers every switch's
+ports as it goes; the order of its calls *is* the naming and numbering
+scheme of the package docstring (:mod:`emulator.model.topology`): host slots
+before switch links on every switch.
+
+A bisection form takes the parsed keys, the host-link and the switch-link
+rate and returns the fabric's bisection in Mbit/s (one direction). A cut
+assigns every switch to a side; hosts whose switch is on the wrong side for
+the balance cost their host link. BiGraph and leaf-spine are symmetric
+within each switch group, so only how many switches of each group sit on
+one side matters: enumerating those counts is exact. The unit tests compare
+every form with a search over all switch assignments.
+
+It imports nothing of the package, so every other module can read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+class FabricBuilder(Protocol):
+    """What a kind's builder calls: switches, host slots and switch links, ports numbered in call order."""
+
+    def add_switch(self, role: str, pod: int | None = None) -> str:
+        """Add switch ``s<N>`` (the next number) with ``role``; return its name."""
+        ...
+
+    def add_slot(self, switch: str) -> None:
+        """Reserve a host slot on ``switch``'s next port."""
+        ...
+
+    def connect(self, a: str, b: str) -> None:
+        """Link ``a`` and ``b`` on their next ports, at the switch-link rate."""
+        ...
+
+
+@dataclass(frozen=True)
+class TopologyKind:
+    """One topology kind: everything the package, routing and the report need to know of it."""
+
+    name: str                      # the spec's KIND
+    title: str                     # in the report's words ("leaf-spine")
+    keys: Mapping[str, int]        # its required integer keys, each with its lower bound, in spec order
+    counts: Callable[[Mapping[str, Any]], tuple[int, int]]            # (host slots, switches) from parsed keys
+    build: Callable[[FabricBuilder, Mapping[str, Any]], None]         # switches, slots and links
+    bisection: Callable[[Mapping[str, Any], float, float], float]     # (keys, host_bw, switch_bw) -> Mbit/s
+    policies: tuple[str, ...] = ()  # routing policies made for this kind (``ecmp`` and ``shortest`` fit every kind)
+    even_keys: tuple[str, ...] = ()  # keys that must be even
+    min_hosts: int = 2             # the fewest hosts (or host slots) a topology of this kind may have
+    ideal: bool = False            # the non-blocking ideal: one switch, no routing choice, never a baseline
+
+
+# ------------------------------------------------------------------ bisection helpers
+def _balance_cost(side_hosts: int, n: int, hbw: float) -> float:
+    """Host links cut to move hosts until one side holds floor(N/2) or ceil(N/2)."""
+    return min(abs(side_hosts - n // 2), abs(side_hosts - (n + 1) // 2)) * hbw
+
+
+def _bisect_two_groups(g1: int, g2: int, hosts1: int, hosts2: int, hbw: float, sbw: float) -> float:
+    """Complete bipartite switch graph g1 x g2 with hosts1/hosts2 hosts per switch."""
+    n = g1 * hosts1 + g2 * hosts2
+    return min((a * (g2 - c) + (g1 - a) * c) * sbw + _balance_cost(a * hosts1 + c * hosts2, n, hbw)
+               for a in range(g1 + 1) for c in range(g2 + 1))
+
+
+# ------------------------------------------------------------------ bigraph
+def _build_bigraph(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    upper = [b.add_switch("upper") for _ in range(p["upper"])]
+    lower = [b.add_switch("lower") for _ in range(p["lower"])]
+    # Hosts first on every switch so that ports 1..M are host ports.
+    for sw in upper + lower:
+        for _ in range(p["hosts_per_switch"]):
+            b.add_slot(sw)
+    for u in upper:
+        for lo in lower:
+            b.connect(u, lo)
+
+
+def _bisect_bigraph(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
+    m = p["hosts_per_switch"]
+    return _bisect_two_groups(p["upper"], p["lower"], m, m, hbw, sbw)
+
+
+_BIGRAPH = TopologyKind(
+    name="bigraph", title="BiGraph", keys={"upper": 1, "lower": 1, "hosts_per_switch": 1},
+    counts=lambda p: ((p["upper"] + p["lower"]) * p["hosts_per_switch"], p["upper"] + p["lower"]),
+    build=_build_bigraph, bisection=_bisect_bigraph, policies=("bigraph",))
+
+
+# ------------------------------------------------------------------ fat-tree
+def _build_fattree(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    k = p["k"]
+    half = k // 2
+    edges = [[b.add_switch("edge", pod) for _ in range(half)] for pod in range(k)]
+    aggs = [[b.add_switch("agg", pod) for _ in range(half)] for pod in range(k)]
+    cores = [b.add_switch("core") for _ in range(half * half)]
+    for pod in range(k):
+        for edge in edges[pod]:
+            for _ in range(half):
+                b.add_slot(edge)
+    for pod in range(k):
+        for edge in edges[pod]:
+            for agg in aggs[pod]:
+                b.connect(edge, agg)
+    # Core switch i*half + j links to aggregation switch i of every pod.
+    for pod in range(k):
+        for i, agg in enumerate(aggs[pod]):
+            for j in range(half):
+                b.connect(agg, cores[i * half + j])
+
+
+def _bisect_fattree(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
+    # Full bisection: cut the hosts' links, or half the pods' k/2 * (k/2)^2
+    # aggregation-core links (k**3 / 8 in all).
+    k = p["k"]
+    return min((k**3 // 4 // 2) * hbw, (k**3 // 8) * sbw)
+
+
+_FATTREE = TopologyKind(
+    name="fattree", title="fat-tree", keys={"k": 2}, even_keys=("k",),
+    counts=lambda p: (p["k"] ** 3 // 4, 5 * p["k"] * p["k"] // 4),
+    build=_build_fattree, bisection=_bisect_fattree, policies=("dmodk",))
+
+
+# ------------------------------------------------------------------ leaf-spine
+def _build_leafspine(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    leaves = [b.add_switch("leaf") for _ in range(p["leaves"])]
+    spines = [b.add_switch("spine") for _ in range(p["spines"])]
+    for leaf in leaves:
+        for _ in range(p["hosts_per_leaf"]):
+            b.add_slot(leaf)
+    for leaf in leaves:
+        for spine in spines:
+            b.connect(leaf, spine)
+
+
+def _bisect_leafspine(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
+    return _bisect_two_groups(p["leaves"], p["spines"], p["hosts_per_leaf"], 0, hbw, sbw)
+
+
+_LEAFSPINE = TopologyKind(
+    name="leafspine", title="leaf-spine", keys={"leaves": 1, "spines": 1, "hosts_per_leaf": 1},
+    counts=lambda p: (p["leaves"] * p["hosts_per_leaf"], p["leaves"] + p["spines"]),
+    build=_build_leafspine, bisection=_bisect_leafspine, policies=("dmodk",))
+
+
+# ------------------------------------------------------------------ star
+def _build_star(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    sw = b.add_switch("star")
+    for _ in range(p["hosts"]):
+        b.add_slot(sw)
+
+
+_STAR = TopologyKind(
+    name="star", title="star", keys={"hosts": 1}, counts=lambda p: (p["hosts"], 1),
+    build=_build_star, bisection=lambda p, hbw, sbw: (p["hosts"] // 2) * hbw, min_hosts=1, ideal=True)
+
+
+#: Every kind by name, in the order error messages list them.
+KINDS: dict[str, TopologyKind] = {k.name: k for k in (_BIGRAPH, _FATTREE, _LEAFSPINE, _STAR)}
+
+
+def is_ideal(kind: str) -> bool:
+    """Whether ``kind`` names the non-blocking ideal (a single switch), which the report never counts a baseline."""
+    return kind in KINDS and KINDS[kind].ideal
