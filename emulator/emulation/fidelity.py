@@ -40,7 +40,7 @@ from emulator.model.latency import Intrinsic, LatencyModel
 from emulator.model.topology import Topology
 from emulator.runs.results import Fidelity
 
-#: Used when this machine was never calibrated (DOMAIN.md: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
+#: Used when this machine was never calibrated (docs/domain.md §4: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
 UNCALIBRATED_CAPACITY_MBPS = 280.0
 CPU_SATURATED_IDLE = 0.05
 #: A repetition whose median send left this much of its target message latency late is flagged ``latency_floor``.

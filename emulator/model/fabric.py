@@ -4,7 +4,7 @@ An emulated network is slow on purpose. Under time dilation by ``D`` (Gupta et
 al., NSDI 2006) a link of ``R/D`` stands for one of ``R``, and every time
 measured here stands for ``1/D`` of it there. That holds for bandwidth by
 itself; it holds for latency only if the emulator adds ``D`` times the real
-fabric's latencies and its own stay below that (``DOMAIN.md`` section 8). A
+fabric's latencies and its own stay below that (``docs/domain.md`` §3). A
 :class:`FabricProfile` names the real fabric by five numbers:
 
 ``link_gbps``          the host link rate (Gbit/s)

@@ -1,6 +1,6 @@
 """``emu calibrate``: what this machine's emulation can be trusted to do.
 
-Four measurements (DOMAIN.md §4, Mininet-HiFi's lesson) at one MTU, written
+Four measurements (``docs/domain.md`` §4, Mininet-HiFi's lesson) at one MTU, written
 to that MTU's calibration file (:func:`emulator.emulation.calibration_file.calibration_path`),
 which replay's fidelity check and the timing model read:
 

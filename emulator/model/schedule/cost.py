@@ -14,7 +14,7 @@ alpha-beta (no contention)
     store-and-forward tail, :mod:`emulator.model.latency`) plus ``bytes / rate``,
     ``rate`` the goodput of the slowest link on its path. With latency
     ``alpha`` per message only, a ring on a star sums to exactly
-    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (DOMAIN.md §2, :func:`allreduce_formula`;
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (``docs/domain.md`` §2, :func:`allreduce_formula`;
     the other collectives' closed forms are :func:`collective_formula`'s).
 max-min fair (flow level)
     all transfers of the step start together; every directed link's goodput is
@@ -294,7 +294,7 @@ def _halving_rounds(p: int, n: float) -> list[float]:
 
 def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
                       switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0) -> float:
-    """Closed-form contention-free allreduce time (DOMAIN.md §2, §8) for ``ring`` and ``hd``/``hdrm``.
+    """Closed-form contention-free allreduce time (``docs/domain.md`` §2, §3) for ``ring`` and ``hd``/``hdrm``.
 
     Every message of ``b`` bytes over a path of ``switches`` switches costs
     ``alpha + switches·switch_latency + b·beta + switches·last·beta``
@@ -331,7 +331,7 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     lockstep ones (``hd``, ``hdrm``, ``direct``) one per round. With
     ``switches = 0`` and ``m(b) = alpha + b·beta`` (Thakur, Rabenseifner and
     Gropp 2005, "Optimization of collective communication operations in
-    MPICH"; DOMAIN.md §2):
+    MPICH"; ``docs/domain.md`` §2):
 
     =====================  ==================  ============================================================
     collective             algo                time

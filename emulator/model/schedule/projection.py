@@ -5,7 +5,7 @@ This module owns :func:`project`, a fast stand-in for
 for ``ring``, ``hd`` and ``hdrm`` (placements as :func:`generators.generate`
 chooses them: identity for ``ring`` and ``hd``, :func:`generators.hdrm_placement`
 for ``hdrm``), and :func:`paper_scale_topologies`, the equal-radix fabrics of
-``DOMAIN.md`` section 6 at 8..1024 hosts. Any other algorithm (``dbtree``,
+``docs/domain.md`` §5 at 8..1024 hosts. Any other algorithm (``dbtree``,
 ``hier``, imported schedules) raises :class:`~emulator.base.errors.FieldError`
 naming it: use ``emu schedule check`` for those. Every topology
 :func:`emulator.model.topology.build` makes works, servers included (their ranks
@@ -534,7 +534,7 @@ def paper_scale_radix(hosts: int) -> int:
 
 
 def paper_scale_topologies(hosts: int) -> list[tuple[str, str]]:
-    """``[(role, spec), ...]``: equal-radix, non-blocking fabrics of ``hosts`` hosts (``DOMAIN.md`` section 6).
+    """``[(role, spec), ...]``: equal-radix, non-blocking fabrics of ``hosts`` hosts (``docs/domain.md`` §5).
 
     Radix ``k`` = :func:`paper_scale_radix` (16 for 128 hosts, 32 for 256 and
     512, 64 for 1024). ``bigraph``: ``U = L = k/2`` switches per group with
