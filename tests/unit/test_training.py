@@ -14,7 +14,7 @@ BIGRAPH8 = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 BIGRAPH16 = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 STAR16 = "star:hosts=16"
 RESNET50 = training.MODELS["resnet50"]
-#: The allreduce sizes of the ResNet-50 DDP trace in mlcommons/chakra (tests/data/feeder_tests_trace.tar.gz).
+#: The allreduce sizes of the ResNet-50 DDP trace in mlcommons/chakra (tests/data/chakra/feeder_tests_trace.tar.gz).
 CHAKRA_BUCKETS = [8_196_000, 31_502_336, 26_255_360, 26_550_272, 9_724_160]
 
 

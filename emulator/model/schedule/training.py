@@ -29,7 +29,7 @@ The gradient buckets (:func:`ddp_buckets`)
     end is the last bucket. For ResNet-50 with fp32 gradients this gives
     buckets of 8,196,000, 31,502,336, 26,255,360, 26,550,272 and 9,724,160
     bytes, exactly the allreduce sizes of the ResNet-50 DDP trace in
-    mlcommons/chakra (``tests/data/feeder_tests_trace.tar.gz``, Apache-2.0): an
+    mlcommons/chakra (our copy: ``tests/data/chakra/feeder_tests_trace.tar.gz``, Apache-2.0): an
     independent check of the table and of the rule.
 
 The iteration (:func:`iteration`)
