@@ -13,9 +13,10 @@ from emulator.base.errors import UserError
 from emulator.cli import main as cli
 from emulator.model import topology
 
-KINDS = ["bigraph", "fattree", "leafspine", "star"]
-KEYS = ["upper", "lower", "hosts_per_switch", "k", "leaves", "spines", "hosts_per_leaf", "hosts", "bw", "host_bw",
-        "switch_bw", "servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement"]
+#: Every registered kind and its keys (a new kind is fuzzed with no change here), then the rate and server keys.
+KINDS = list(topology.KINDS)
+KEYS = [key for kind in topology.KINDS.values() for key in kind.keys] + [
+    "bw", "host_bw", "switch_bw", "servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement"]
 # Small integers keep the specs that do build small; a few large and odd ones test the limits.
 NUMBERS = st.one_of(st.integers(-2, 9), st.sampled_from([16, 40, 513, 1025, 10**9, 2**64]))
 VALUES = st.one_of(
