@@ -8,7 +8,9 @@ climbs out with ``..`` (it must stay inside the repository), or a bare name
 ending in ``.md`` (some file of the repository must have that name, unless
 it is one the tool writes into a results folder: :data:`GENERATED`). Web
 addresses are not references. A path with ``*`` must match at least one
-file. The test fails naming every reference that does not resolve, with the
+file. A dotted name of the project's code (``emulator.model.routing.route``,
+``controllers.core``) names a module file, and whatever follows the module
+must be found in it (imported, so re-exported names count). The test fails naming every reference that does not resolve, with the
 file and line that makes it. The notes on third-party data under
 ``tests/data`` name upstream paths and are not read.
 """
@@ -16,6 +18,7 @@ file and line that makes it. The notes on third-party data under
 from __future__ import annotations
 
 import ast
+import importlib
 import io
 import re
 import tokenize
@@ -39,6 +42,7 @@ PATH = re.compile(r"(?<![\w./~-])((?:" + "|".join(TOP_DIRS) + r")/[\w./*{}-]*|(?
 BARE_MD = re.compile(r"(?<![\w./-])([\w-]+\.md)\b")
 CLIMB = re.compile(r"(?<![\w./-])((?:\.\./)+[\w./-]*[\w])")
 MD_LINK = re.compile(r"\]\(([^)\s]+)\)")
+DOTTED = re.compile(r"(?<![\w.])((?:emulator|controllers)(?:\.[A-Za-z_]\w*)+)")
 
 
 def _repo_files() -> list[Path]:
@@ -96,6 +100,30 @@ def _exists(target: str, base: Path) -> bool:
         not any(part in SKIP_DIRS for part in path.relative_to(ROOT).parts)
 
 
+def _dotted_exists(name: str) -> bool:
+    """Whether a dotted name resolves to a module file of the repository and, past it, to names it holds.
+
+    The module part is found by its file; the rest is looked up on the imported module (re-exports count),
+    a field that only a class's annotations declare (a dataclass field without default) included.
+    """
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:i])
+        if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():
+            break
+    else:
+        return False
+    if i == len(parts):
+        return True
+    obj: object = importlib.import_module(".".join(parts[:i]))
+    for attr in parts[i:]:
+        if hasattr(obj, attr):
+            obj = getattr(obj, attr)
+        else:
+            return isinstance(obj, type) and any(attr in getattr(k, "__annotations__", {}) for k in obj.__mro__)
+    return True
+
+
 def references(rel: Path, line: str) -> Iterator[tuple[str, bool]]:
     """``(reference, resolves)`` for every reference in one line of ``rel``."""
     links = [m.group(1) for m in MD_LINK.finditer(line)] if rel.suffix == ".md" else []
@@ -106,6 +134,8 @@ def references(rel: Path, line: str) -> Iterator[tuple[str, bool]]:
         yield target, _exists(target, rel.parent)
     for m in PATH.finditer(text):
         yield m.group(1), _exists(m.group(1), Path("."))
+    for m in DOTTED.finditer(text):
+        yield m.group(1), _dotted_exists(m.group(1))
     for m in CLIMB.finditer(text):
         yield m.group(1), _exists(m.group(1), rel.parent)
     for m in BARE_MD.finditer(text):
@@ -123,6 +153,8 @@ def test_every_file_the_repository_names_exists():
     ("see emulator/model/no_such_module.py", "emulator/model/no_such_module.py"),
     ("[the guide](no-such-page.md)", "no-such-page.md"),
     ("as gathered in ../shared/docs/DOMAIN.md", "../shared/docs/DOMAIN.md"),
+    ("the old :mod:`emulator.calibrate`", "emulator.calibrate"),
+    ("see :func:`emulator.model.routing.no_such_function`", "emulator.model.routing.no_such_function"),
     ("as gathered in [the notes](../../shared/docs/DOMAIN.md)", "../../shared/docs/DOMAIN.md"),
 ])
 def test_a_reference_to_a_missing_file_is_caught(line, bad):
@@ -134,6 +166,7 @@ def test_a_reference_to_a_missing_file_is_caught(line, bad):
     "see [the domain facts](domain.md) and `emulator/model/topology/kinds.py`",
     "nccl-tests' conventions (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md)",
     "`tests/integration/test_faults.py::test_controller_killed` and `Makefile`",
+    ":func:`emulator.model.routing.route` and :class:`emulator.model.topology.Topology` (its :meth:`~.hops`)",
 ])
 def test_references_that_exist_or_are_web_addresses_pass(line):
     assert all(ok for _, ok in references(Path("docs/architecture.md"), line))
