@@ -11,7 +11,7 @@ from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.system import interrupt_on_sigterm, require_root
 from emulator.model import fabric
 from emulator.model.schedule.format import parse_size
-from emulator.selfcheck.bench import DEFAULT_SIZES, Size
+from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,15 +50,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.selfcheck.bench import admission_request, bench, bench_profile, format_report
 
     sizes = _sizes(args.sizes, args.repeat)
-    profile = bench_profile(args.fabric, args.bw)  # validates --fabric and --bw
+    profile = bench_profile(args.fabric, args.bw)  # --fabric and --bw, parsed once
     calibration = calibration_file.load_calibration(profile.emulated_mtu)
     capacity = calibration.datapath_capacity_mbps if calibration is not None else None
     admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration), capacity,
                                   bringup_rounds=args.bringup_rounds), args)
     require_root()
     interrupt_on_sigterm()
-    data = bench(args.fabric, args.bw, sizes=sizes, bringup_rounds=args.bringup_rounds, datapath=args.datapath,
-                 out_dir=args.out)
+    results = bench(profile, sizes=sizes, bringup_rounds=args.bringup_rounds, datapath=args.datapath,
+                    out_dir=args.out)
     print()
-    print(format_report(data))
+    print(format_report(results))
     return 0  # a benchmark: misses are printed, not failures

@@ -1,0 +1,62 @@
+"""``emu bench`` (``make bench``): the emulator's fidelity and performance ratios, measured in one run.
+
+A benchmark, not a test: it prints every ratio next to its target with PASS or
+MISS, writes ``results/bench-<timestamp>.json`` (atomically, after every
+section, so a failure keeps what was measured) and returns 0 even on a miss.
+Everything runs on one fabric profile (``--fabric``, default
+:data:`emulator.model.fabric.DEFAULT_PRESET`): its emulated link rate, MTU and
+latencies, with this machine's calibration at that MTU, made first (about a
+minute) when there is none.
+
+Sections, in order:
+
+1. **agents / iperf3** on one link: :func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`
+   (target >= :data:`~cases.TARGET_AGENT`).
+2. **replays**: every algorithm of :data:`~cases.DEFAULT_CASES` on its fabric, one
+   :class:`~emulator.emulation.replay.ReplaySession` per (topology, routing, seed), at
+   every size of :data:`~cases.DEFAULT_SIZES` (latency-bound to bandwidth-bound):
+   measured / predicted time of each row (target: at least
+   :data:`~cases.TARGET_WITHIN_SHARE` of the rows within +-:data:`~cases.TARGET_PREDICTION`,
+   none beyond +-:data:`~cases.TARGET_WORST`). Each row carries replay's fidelity
+   flags. From the same rows: busbw / link rate of ``hdrm`` on BiGraph 4/4/2
+   at the largest size (target >= :data:`~cases.TARGET_HDRM`), and the
+   **crossovers** of :data:`~cases.CROSSOVERS` (the size below which an algorithm
+   beats ring), measured and predicted (target: within a factor
+   :data:`~cases.TARGET_CROSSOVER_FACTOR`; the predicted one from the model alone
+   over sizes 16 KiB-256 MiB, :func:`~crossovers.crossover`).
+3. **Open MPI beside the agents** (:func:`~mpi_pairs.run_mpi_pairs`): on
+   :data:`~cases.MPI_TOPOLOGY` with the hdrm placement and bigraph routing, at
+   :data:`~cases.MPI_SIZE`, each pair of :data:`~cases.MPI_PAIRS` -- Open MPI's allreduce
+   algorithm run by ``emu mpirun`` with the bundled ``emu-allreduce-bench``,
+   and our agents' replay of the matching schedule -- on the same link rate,
+   both without the profile's latencies (Open MPI's messages cannot get
+   them): MPI busbw / agents' busbw (target >= :data:`~cases.TARGET_MPI`), with both
+   runs' fidelity.
+4. **bring-up** of 32 hosts (:data:`~cases.BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
+   start and stop against plain Mininet (:func:`~plain_mininet.plain_mininet_bringup`: the
+   same hosts, switches and ``TCLink`` links, ``OVSSwitch`` on the same
+   datapath, no controller, none of our host set-up), alternated.
+
+``--bw`` sets the emulated link rate instead of the profile's (the dilation
+follows). Emulated figures are reported with what they stand for on the real
+fabric.
+
+Modules (each imports only those before it):
+
+* :mod:`~emulator.selfcheck.bench.cases` -- what is measured and the targets;
+* :mod:`~emulator.selfcheck.bench.rows` -- the typed rows and their JSON;
+* :mod:`~emulator.selfcheck.bench.crossovers` -- crossovers, measured and from the model;
+* :mod:`~emulator.selfcheck.bench.results` -- the whole run's results and its JSON document;
+* :mod:`~emulator.selfcheck.bench.report` -- the printed table;
+* :mod:`~emulator.selfcheck.bench.request` -- the profile and the admission request, before the run;
+* live: :mod:`~emulator.selfcheck.bench.replays`, :mod:`~emulator.selfcheck.bench.mpi_pairs`,
+  :mod:`~emulator.selfcheck.bench.plain_mininet` (the only one that imports Mininet),
+  :mod:`~emulator.selfcheck.bench.bringup`, and :mod:`~emulator.selfcheck.bench.run`, which runs the sections.
+"""
+
+from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size
+from emulator.selfcheck.bench.report import format_report
+from emulator.selfcheck.bench.request import admission_request, bench_profile
+from emulator.selfcheck.bench.run import bench
+
+__all__ = ["DEFAULT_SIZES", "Size", "admission_request", "bench", "bench_profile", "format_report"]

@@ -1,0 +1,94 @@
+"""What ``emu bench`` measures and the targets it holds the figures to: the replayed cases and sizes, the
+crossovers, the Open MPI pairs and the bring-up topology (pure data, no imports of the project)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TARGET_AGENT = 0.97
+TARGET_HDRM = 0.90
+TARGET_PREDICTION = 0.10
+TARGET_WITHIN_SHARE = 0.90
+TARGET_WORST = 0.25
+TARGET_CROSSOVER_FACTOR = 2.0
+TARGET_MPI = 0.90
+BRINGUP_TOPOLOGY = "bigraph:upper=4,lower=4,hosts_per_switch=4"
+MPI_TOPOLOGY = "bigraph:upper=2,lower=2,hosts_per_switch=2"
+MPI_PLACEMENT = "hdrm"
+MPI_SIZE = 4 << 20
+#: (Open MPI's allreduce algorithm, our agents' algorithm doing the same): rabenseifner is halving-doubling.
+MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
+
+
+@dataclass(frozen=True)
+class Size:
+    """A size per rank and its repetitions (a bandwidth-bound size takes one, without warm-up: it is long)."""
+
+    bytes: int
+    warmup: int
+    repeat: int
+
+
+@dataclass(frozen=True)
+class Case:
+    """One ReplaySession: a topology, its routing and seed, and the algorithms replayed on it.
+
+    ``extra`` sizes are replayed for ``extra_algorithms`` only (a crossover needs them).
+    """
+
+    topology: str
+    routing: str
+    seed: int
+    algorithms: tuple[str, ...]
+    extra: tuple[Size, ...] = ()
+    extra_algorithms: tuple[str, ...] = ()
+
+    @property
+    def label(self) -> str:
+        seed = f" seed {self.seed}" if self.routing == "ecmp" else ""
+        return f"{self.topology} {self.routing}{seed}"
+
+    def runs(self, sizes: tuple[Size, ...]) -> list[tuple[Size, str]]:
+        """Every (size, algorithm) this case replays, smallest size first."""
+        runs = [(size, algo) for size in sizes for algo in self.algorithms]
+        runs += [(size, algo) for size in self.extra for algo in self.extra_algorithms]
+        return sorted(runs, key=lambda r: r[0].bytes)
+
+
+LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
+BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
+DEFAULT_CASES = (
+    Case(BIGRAPH, "bigraph", 0, ("hdrm", "hd", "ring")),
+    # hd's crossover with ring lies between 1 and 16 MiB: 4 MiB places it within a factor of 2
+    Case(LEAFSPINE, "ecmp", 1, ("ring", "hd", "dbtree", "hier"), extra=(Size(4 << 20, 1, 1),),
+         extra_algorithms=("ring", "hd")),
+    Case(LEAFSPINE, "dmodk", 0, ("ring", "hd", "dbtree")),
+    Case("fattree:k=4", "ecmp", 1, ("ring", "hd", "dbtree", "hier")),
+    Case("star:hosts=16", "shortest", 0, ("ring", "hd", "dbtree")),
+)
+DEFAULT_SIZES = (Size(64 << 10, 1, 2), Size(1 << 20, 1, 2), Size(16 << 20, 0, 1))
+
+
+@dataclass(frozen=True)
+class Crossover:
+    """The size below which ``algorithm`` beats ``ring`` on one fabric (both rows of one case)."""
+
+    label: str
+    case: Case
+    algorithm: str
+
+
+CROSSOVERS = (
+    Crossover("hdrm / ring on BiGraph 4/4/2", DEFAULT_CASES[0], "hdrm"),
+    Crossover("hd / ring on leaf-spine, ECMP seed 1", DEFAULT_CASES[1], "hd"),
+)
+#: The sizes at which the model looks for a crossover.
+MODEL_SWEEP = tuple(1 << k for k in range(14, 29))
+
+
+def targets_json() -> dict[str, object]:
+    """The targets as the results document lists them."""
+    return {"agent_over_iperf3": TARGET_AGENT, "hdrm_busbw_over_link": TARGET_HDRM,
+            "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
+            "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
+            "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI}

@@ -1,0 +1,73 @@
+"""Open MPI beside the agents (live): on the same network and link rate, Open MPI's allreduce run by ``emu mpirun``
+with the bundled ``emu-allreduce-bench``, and our agents' replay of the matching schedule, without the profile's
+latencies (Open MPI's messages cannot get them)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from emulator.base.errors import UserError
+from emulator.emulation import fidelity
+from emulator.emulation.calibration_file import Calibration
+from emulator.emulation.mpi_run import prepare as prepare_mpirun
+from emulator.emulation.mpi_run import run as run_mpirun
+from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.model import fabric, topology
+from emulator.model.schedule import generators
+from emulator.model.schedule.format import format_size
+from emulator.runs.mpi_plan import MpiRunConfig
+from emulator.selfcheck.bench.cases import MPI_PAIRS, MPI_PLACEMENT, MPI_SIZE, MPI_TOPOLOGY
+from emulator.selfcheck.bench.rows import MpiPairRow
+
+
+def without_latency(profile: fabric.FabricProfile) -> fabric.FabricProfile:
+    """``profile`` with no per-message or per-switch latency: what an Open MPI run's messages get."""
+    return profile.changed(alpha_us=0.0, switch_latency_us=0.0)
+
+
+def _agents(topo: topology.Topology, bare: fabric.FabricProfile, out: str, datapath: str, calibration: Calibration,
+            echo: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The agents' replay of every pair's algorithm, in one session: each one's results document."""
+    agents: dict[str, dict[str, Any]] = {}
+    echo(f"  agents on {topo.spec} ({MPI_PLACEMENT} placement), {format_size(MPI_SIZE)}:")
+    with ReplaySession(topo, "bigraph", datapath=datapath, latency=fidelity.latency_model(bare, calibration),
+                       work_dir=os.path.join(out, "agents", "session"), echo=lambda s: echo("    " + s)) as session:
+        for _, algo in MPI_PAIRS:
+            schedule = generators.generate(algo, topo, MPI_SIZE, placement=MPI_PLACEMENT)
+            echo(f"   {algo}:")
+            try:
+                agents[algo] = session.run(schedule, os.path.join(out, "agents", algo), repeat=2, warmup=1).to_json()
+            except ReplayFailed as exc:
+                agents[algo] = {"status": "failed", "error": str(exc)}
+    return agents
+
+
+def _mpirun(topo: topology.Topology, bare: fabric.FabricProfile, algo: str, out: str, datapath: str,
+            echo: Callable[[str], None]) -> dict[str, Any]:
+    """One emu mpirun of the bundled benchmark with Open MPI's ``algo``: its results document."""
+    echo(f"  Open MPI {algo}:")
+    cfg = MpiRunConfig(topology=topo.spec, routing="bigraph", placement=MPI_PLACEMENT, fabric=bare,
+                       datapath=datapath, out=os.path.join(out, f"mpi-{algo}"),
+                       program=("emu-allreduce-bench", "--algo", algo, "--sizes", str(MPI_SIZE),
+                                "--iters", "3", "--warmup", "1"))
+    try:
+        return run_mpirun(prepare_mpirun(cfg), echo=lambda s: echo("    " + s)).to_json()
+    except UserError as exc:
+        return {"status": "failed", "error": str(exc)}
+
+
+def run_mpi_pairs(bw: float, profile: fabric.FabricProfile, out: str, datapath: str,
+                  calibration: Calibration, echo: Callable[[str], None]) -> list[MpiPairRow]:
+    """Every pair of :data:`MPI_PAIRS`: the agents' replays in one session, then one emu mpirun per algorithm."""
+    bare = without_latency(profile)
+    topo = topology.build(MPI_TOPOLOGY, bw)
+    agents = _agents(topo, bare, out, datapath, calibration, echo)
+    return [MpiPairRow.of(mpi_algo, agents_algo, _mpirun(topo, bare, mpi_algo, out, datapath, echo),
+                          agents[agents_algo]) for mpi_algo, agents_algo in MPI_PAIRS]
+
+
+def failed_pairs(error: str) -> list[MpiPairRow]:
+    """The rows of a section that failed as a whole."""
+    return [MpiPairRow.not_run(m, a, error) for m, a in MPI_PAIRS]

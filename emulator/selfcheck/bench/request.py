@@ -1,0 +1,88 @@
+"""The bench before it runs: its fabric profile (:func:`bench_profile`, ``--fabric`` and ``--bw``) and the whole
+bench as admission sees it (:func:`admission_request`), from the model alone (pure: no network)."""
+
+from __future__ import annotations
+
+from emulator.base.errors import UserError
+from emulator.model import fabric, topology
+from emulator.model.latency import LatencyModel
+from emulator.model.schedule import generators
+from emulator.model.schedule.check import predict
+from emulator.model.schedule.format import format_size
+from emulator.runs import admission
+from emulator.selfcheck.bench.cases import (
+    BRINGUP_TOPOLOGY,
+    DEFAULT_CASES,
+    MPI_PAIRS,
+    MPI_PLACEMENT,
+    MPI_SIZE,
+    MPI_TOPOLOGY,
+    Case,
+    Size,
+)
+
+#: Sections no model predicts, as measured here (docs/fidelity.md): agents vs iperf3 (six 4 s runs, two networks),
+#: and one Open MPI run of the bundled benchmark with its network.
+AGENTS_VS_IPERF_S = 60.0
+MPI_RUN_S = 60.0
+
+
+def bench_profile(fabric_spec: str | None, bw: float | None) -> fabric.FabricProfile:
+    """The fabric profile of the bench; ``--bw`` changes its dilation so that links emulate at ``bw``."""
+    profile = fabric.parse(fabric_spec, where="bench: fabric")
+    if bw is None:
+        return profile
+    if isinstance(bw, bool) or not fabric.MIN_LINK_MBPS <= bw <= fabric.MAX_LINK_MBPS:
+        raise UserError(f"bench: field 'bw': expected Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
+                        f"{fabric.MAX_LINK_MBPS:g}, got {bw!r}")
+    return fabric.at_link_rate(profile, bw, where="bench: bw")
+
+
+class _Tally:
+    """What admission adds up over the bench's networks: memory, time, and every replay's load."""
+
+    def __init__(self, profile: fabric.FabricProfile, latency: LatencyModel, capacity_mbps: float | None) -> None:
+        self.profile, self.latency, self.capacity_mbps = profile, latency, capacity_mbps
+        self.memory: list[admission.MemoryEstimate] = []
+        self.loads: list[admission.Load] = []
+        self.time_s = AGENTS_VS_IPERF_S
+
+    def case(self, case: Case, sizes: tuple[Size, ...]) -> None:
+        """One session of ``case``: its bring-up and each replay, predicted as ``schedule check`` would."""
+        topo = topology.build(case.topology, self.profile.emulated_link_mbps)
+        self.time_s += admission.bringup_estimate_s(topo)
+        for size, algo in case.runs(sizes):
+            schedule = generators.generate(algo, topo, size.bytes)
+            report = predict(schedule, topo, case.routing, seed=case.seed, latency=self.latency,
+                             mtu=self.profile.emulated_mtu)
+            self.memory.append(admission.replay_memory(schedule, topo))
+            self.loads.append(admission.Load(report.peak_load_mbps(), self.capacity_mbps,
+                                             f"{algo} {format_size(size.bytes)} on {case.label}", topo.host_bw,
+                                             self.profile))
+            self.time_s += admission.replay_time_s(report, size.warmup + size.repeat)
+
+    def mpi_pairs(self) -> None:
+        """The agents' session and one Open MPI run per pair, each with its network."""
+        topo = topology.build(MPI_TOPOLOGY, self.profile.emulated_link_mbps)
+        self.memory.append(admission.mpi_memory(len(topo.hosts), 3 * MPI_SIZE, topo))
+        self.time_s += (len(MPI_PAIRS) + 1) * admission.bringup_estimate_s(topo) + len(MPI_PAIRS) * MPI_RUN_S
+        for _, algo in MPI_PAIRS:
+            schedule = generators.generate(algo, topo, MPI_SIZE, placement=MPI_PLACEMENT)
+            report = predict(schedule, topo, "bigraph", latency=self.latency, mtu=self.profile.emulated_mtu)
+            self.time_s += admission.replay_time_s(report, 3)
+
+
+def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], latency: LatencyModel,
+                      capacity_mbps: float | None, cases: tuple[Case, ...] = DEFAULT_CASES, bringup_rounds: int = 2,
+                      bringup_topology: str = BRINGUP_TOPOLOGY) -> admission.Request:
+    """The whole bench as admission sees it: its largest replay's memory, every section's time, every replay's
+    load (each replay is predicted, as ``schedule check`` would)."""
+    tally = _Tally(profile, latency, capacity_mbps)
+    for case in cases:
+        tally.case(case, sizes)
+    tally.mpi_pairs()
+    tally.time_s += 2 * bringup_rounds * admission.bringup_estimate_s(topology.build(bringup_topology))
+    return admission.Request("bench", admission.largest(tally.memory), tally.time_s,
+                             f"{len(tally.loads)} replays at the model's times, bring-ups, agents vs iperf3 and "
+                             f"{len(MPI_PAIRS)} Open MPI runs at {AGENTS_VS_IPERF_S:g} s and {MPI_RUN_S:g} s",
+                             tuple(tally.loads))
