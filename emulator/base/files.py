@@ -16,6 +16,9 @@ import os
 import tempfile
 from typing import Any
 
+#: The checkout this package runs from (its ``results/`` folder, and the ``PYTHONPATH`` of the processes it starts).
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to ``path`` atomically (same-directory temp file + rename)."""

@@ -35,7 +35,7 @@ import subprocess
 import sys
 
 from controllers.core import DEFAULT_STATS_INTERVAL, Settings
-from emulator.base.files import read_json_object
+from emulator.base.files import PROJECT_ROOT, read_json_object
 from emulator.base.naming import NAME_PREFIX
 from emulator.base.waiting import wait_until
 from emulator.emulation.runstate import RunState
@@ -135,8 +135,7 @@ class ControllerProcess:
         self.state_file = os.path.join(self.state.path, "state.json")
         self.pid_file = os.path.join(self.state.path, f"{NAME_PREFIX}-controller-{port}.pid")
         log_path = self.log_file or os.path.join(self.state.path, "controller.log")
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [PROJECT_ROOT, os.environ.get("PYTHONPATH")])))
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen(controller_command(self.settings, self.state_file), stdout=log,
                                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -7,7 +7,7 @@ import os
 import time
 from collections.abc import Callable
 
-from emulator.base.files import write_json_atomic
+from emulator.base.files import PROJECT_ROOT, write_json_atomic
 from emulator.emulation import fidelity
 from emulator.emulation.calibration_file import Calibration
 from emulator.emulation.system import choose_datapath, load_average
@@ -30,9 +30,6 @@ from emulator.selfcheck.bench.replays import failed_case, run_case
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, SectionError
 from emulator.selfcheck.calibration import ensure_calibration, machine_info, measure_agents_vs_iperf
-
-#: The repository (``results/`` is its own, as ``make bench`` expects).
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 Echo = Callable[[str], None]
 
