@@ -152,10 +152,10 @@ def test_every_file_the_repository_names_exists():
     ("see `docs/no-such-page.md`", "docs/no-such-page.md"),
     ("see emulator/model/no_such_module.py", "emulator/model/no_such_module.py"),
     ("[the guide](no-such-page.md)", "no-such-page.md"),
-    ("as gathered in ../shared/docs/DOMAIN.md", "../shared/docs/DOMAIN.md"),
+    ("as gathered in ../elsewhere/docs/NOTES.md", "../elsewhere/docs/NOTES.md"),
     ("the old :mod:`emulator.calibrate`", "emulator.calibrate"),
     ("see :func:`emulator.model.routing.no_such_function`", "emulator.model.routing.no_such_function"),
-    ("as gathered in [the notes](../../shared/docs/DOMAIN.md)", "../../shared/docs/DOMAIN.md"),
+    ("as gathered in [the notes](../../elsewhere/NOTES.md)", "../../elsewhere/NOTES.md"),
 ])
 def test_a_reference_to_a_missing_file_is_caught(line, bad):
     found = {ref: ok for ref, ok in references(Path("docs/architecture.md"), line)}
