@@ -112,7 +112,7 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
         raise FieldError(WHERE, "timeout", "seconds > 0", cfg.timeout_s)
     mca = parse_mca(cfg.mca)
     resolved = resolve_program(cfg.program[0] if cfg.program else "", own_bin=own_bin())
-    profile = fabric.parse(cfg.fabric, where=f"{WHERE}: fabric")
+    profile = cfg.fabric
     topo = topology.load(cfg.topology, profile.emulated_link_mbps)
     routing.check_policy(topo, cfg.routing)
     hosts = rank_hosts(topo, cfg.placement, cfg.np, cfg.seed)

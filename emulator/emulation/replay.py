@@ -99,7 +99,7 @@ class ReplayConfig:
     pcap: list[str] = field(default_factory=list)
     datapath: str = "auto"
     stats_interval_s: float = 0.5
-    fabric: str | None = None  # a fabric profile (emulator.model.fabric): preset or key=value,...; None: the default
+    fabric: fabric.FabricProfile = field(default_factory=fabric.default)  # the real fabric it stands for
     faults: list[Any] = field(default_factory=list)  # specs, see emulator.runs.fault_plan
 
     def check(self) -> None:
@@ -107,6 +107,10 @@ class ReplayConfig:
             int_field("replay", name, value, low)
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise UserError(f"replay: field 'timeout': expected seconds > 0, got {self.timeout_s!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """As results.json records it: the fabric profile as its canonical spec."""
+        return {**asdict(self), "fabric": self.fabric.spec()}
 
 
 def default_timeout(predicted_s: float) -> float:
@@ -134,10 +138,9 @@ def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepar
     at that MTU).
     """
     cfg.check()
-    profile = fabric.parse(cfg.fabric, where="replay: fabric")
     schedule = sformat.load(cfg.schedule)
     # a scaled training iteration stands for the full one on a fabric with its latencies scaled alike
-    profile = fabric.for_workload_scale(profile, training.workload_scale(schedule))
+    profile = fabric.for_workload_scale(cfg.fabric, training.workload_scale(schedule))
     topo = topology.load(cfg.topology, profile.emulated_link_mbps)
     routing.check_policy(topo, cfg.routing)
     if calibration is None:
@@ -230,7 +233,7 @@ class ReplaySession:
     @property
     def compute_dilation(self) -> float:
         """What a compute operation's seconds are multiplied by: the fabric profile's dilation (1 without one)."""
-        return self.latency.profile.dilation if self.latency.profile is not None else 1.0
+        return fabric.dilation_of(self.latency.profile)
 
     @property
     def bringup_s(self) -> float | None:
@@ -496,4 +499,4 @@ def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> CellR
                        echo=echo, lanes=lanes_of(prep.schedule)) as session:
         plan = faults.parse_faults(cfg.faults, prep.topo, prep.schedule.p, prep.schedule.steps, cfg.repeat)
         return session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                           pcap=cfg.pcap, config=asdict(cfg), report=prep.report, fault_plan=plan)
+                           pcap=cfg.pcap, config=cfg.to_json(), report=prep.report, fault_plan=plan)

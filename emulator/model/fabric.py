@@ -51,11 +51,12 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from emulator.base.errors import FieldError, exact_number, printable
+from emulator.model.topology import spec as topology_spec
 
 #: Emulated link rates outside this range (Mbit/s) cannot be shaped faithfully:
-#: Mininet's HTB ignores rates above 1000, and below 0.1 a frame takes seconds.
+#: Mininet's HTB ignores rates above 1000 (the topology's own limit), and below 0.1 a frame takes seconds.
 MIN_LINK_MBPS = 0.1
-MAX_LINK_MBPS = 1000.0
+MAX_LINK_MBPS = topology_spec.MAX_LINK_MBPS
 #: Frame sizes this emulator carries: IPv4's minimum datagram, and the largest
 #: MTU measured to carry TCP through veth and the userspace datapath here.
 MIN_MTU = 576
@@ -79,7 +80,12 @@ class FabricProfile:
     # ------------------------------------------------------------ mapping
     @property
     def emulated_link_mbps(self) -> float:
+        """The emulated rate of its links: ``link_gbps · 1000 / dilation`` Mbit/s."""
         return self.link_gbps * 1000.0 / self.dilation
+
+    def dilation_for(self, emulated_mbps: float) -> float:
+        """The dilation that maps this fabric's links onto ``emulated_mbps`` (the inverse of :attr:`emulated_link_mbps`)."""
+        return self.link_gbps * 1000.0 / emulated_mbps
 
     @property
     def emulated_mtu(self) -> int:
@@ -109,12 +115,27 @@ class FabricProfile:
         """What an emulated rate stands for on the real fabric."""
         return emulated_mbps * self.dilation
 
+    def changed(self, where: str = "fabric", **keys: float) -> FabricProfile:
+        """The same profile with some of its :data:`KEYS` changed, checked as :func:`parse` checks them."""
+        return parse({**{key: getattr(self, key) for key in KEYS}, **keys}, where=where)
+
     # ------------------------------------------------------------- output
     def spec(self) -> str:
         """The canonical ``key=value,...`` text, which :func:`parse` reads back to the same profile."""
         return (f"preset={self.preset},link_gbps={exact_number(self.link_gbps)},mtu={self.mtu},"
                 f"switch_latency_us={exact_number(self.switch_latency_us)},alpha_us={exact_number(self.alpha_us)},"
                 f"dilation={exact_number(self.dilation)}")
+
+    def short_spec(self) -> str:
+        """The shortest ``key=value,...`` text :func:`parse` reads back to this profile: the keys that differ from
+        its preset's (``dilation=4195`` for the default preset, ``preset=bandwidth-only,dilation=4195``)."""
+        base = PRESETS[self.preset]
+        parts = [] if self.preset == DEFAULT_PRESET else [f"preset={self.preset}"]
+        for key in KEYS[1:]:
+            value = getattr(self, key)
+            if value != getattr(base, key):
+                parts.append(f"{key}={value}" if key == "mtu" else f"{key}={exact_number(value)}")
+        return ",".join(parts) or self.preset
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -136,8 +157,12 @@ class FabricProfile:
 
 def at_link_rate(profile: FabricProfile, emulated_mbps: float, where: str = "fabric") -> FabricProfile:
     """The same real fabric with the dilation that maps its links onto ``emulated_mbps`` (checked as :func:`parse` checks)."""
-    return parse({**{key: getattr(profile, key) for key in KEYS}, "dilation": profile.link_gbps * 1000 / emulated_mbps},
-                 where=where)
+    return profile.changed(where, dilation=profile.dilation_for(emulated_mbps))
+
+
+def dilation_of(profile: FabricProfile | None) -> float:
+    """The profile's dilation, else 1 (no profile: emulated times are the real ones)."""
+    return profile.dilation if profile is not None else 1.0
 
 
 def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabric") -> FabricProfile:
@@ -154,9 +179,7 @@ def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabri
     """
     if scale == 1:
         return profile
-    keys = {key: getattr(profile, key) for key in KEYS}
-    keys.update(alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
-    return parse(keys, where=where)
+    return profile.changed(where, alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
 
 
 def message_latency_s(profile: FabricProfile, switches: int) -> float:
@@ -271,8 +294,7 @@ def parse(source: str | Mapping[str, Any] | None, where: str = "fabric") -> Fabr
     profile = replace(base, **changes)
     rate = profile.emulated_link_mbps
     if not MIN_LINK_MBPS <= rate <= MAX_LINK_MBPS:
-        low = profile.link_gbps * 1000 / MAX_LINK_MBPS
-        high = profile.link_gbps * 1000 / MIN_LINK_MBPS
+        low, high = profile.dilation_for(MAX_LINK_MBPS), profile.dilation_for(MIN_LINK_MBPS)
         raise FieldError(where, "dilation", f"a dilation from {low:g} to {high:g}, so that {profile.link_gbps:g} "
                          f"Gbit/s links emulate at {MIN_LINK_MBPS:g}-{MAX_LINK_MBPS:g} Mbit/s (this one gives "
                          f"{rate:g} Mbit/s)", items.get("dilation", profile.dilation))

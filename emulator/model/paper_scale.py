@@ -66,7 +66,7 @@ class Comparison:
 
 
 def _point(hosts: int, size: int, role: str, spec: str, policy: str, algo: str, profile: FabricProfile) -> Point:
-    topo = topology.build(f"{spec},bw={profile.emulated_link_mbps:g}")
+    topo = topology.build(spec, profile.emulated_link_mbps)
     model = LatencyModel(profile)
     seeds = SEEDS if policy == "ecmp" else (0,)
     times = [project(algo, topo, policy, size, seed=s, latency=model, mtu=profile.emulated_mtu).time_s for s in seeds]
@@ -75,7 +75,7 @@ def _point(hosts: int, size: int, role: str, spec: str, policy: str, algo: str, 
     busbw_mbps = bus_bandwidth_mbps(size, hosts, emulated)
     goodput = profile.emulated_link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu)
     return Point(hosts=hosts, size=size, fabric=role, topology=spec, routing=policy, algorithm=algo,
-                 real_time_s=real, busbw_gbps=busbw_mbps * profile.dilation / 1000, efficiency=busbw_mbps / goodput)
+                 real_time_s=real, busbw_gbps=profile.real_mbps(busbw_mbps) / 1000, efficiency=busbw_mbps / goodput)
 
 
 @functools.cache

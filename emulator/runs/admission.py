@@ -36,7 +36,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from emulator.base.errors import UserError
+from emulator.base.errors import FieldError, UserError
 from emulator.model.buffers import rank_bytes
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.check import CheckReport
@@ -262,14 +262,27 @@ class Verdict:
 
 
 def fitting_rate(load: Load) -> str:
-    """What would bring ``load`` within its capacity: the link rate, and the dilation of its profile."""
+    """What would bring ``load`` within its capacity: the link rate, and the same fabric profile dilated to it.
+
+    The busiest step's load is its bytes over its span; when every time of the
+    span dilates with the rate, the load scales with the rate it was predicted
+    at (``load.link_mbps``), so the rate that fits is that rate times the
+    capacity over the refused peak, rounded down. The profile that gives it
+    keeps every key of the run's own (its preset included: ``dilation=N``
+    alone would name the default preset's fabric) and takes the dilation
+    rounded up, so its links are no faster and its latencies dilate with
+    them. A spec's ``bw`` keeps the latencies as they were: close, not exact.
+    """
     assert load.capacity_mbps is not None
     rate = load.link_mbps * load.capacity_mbps / load.peak_mbps
     rate = math.floor(rate * 100) / 100  # rounded down: the rate printed must fit
     text = f"link rates of at most {rate:g} Mbit/s"
-    if load.profile is not None:
-        dilation = load.profile.link_gbps * 1000.0 / rate
-        text += f" (--fabric dilation={math.ceil(dilation):d}, or bw={rate:g} in the topology spec)"
+    if load.profile is not None and rate > 0:
+        try:
+            slower = load.profile.changed(dilation=math.ceil(load.profile.dilation_for(rate)))
+        except FieldError:  # a rate no profile emulates (below fabric.MIN_LINK_MBPS)
+            return text
+        text += f" (--fabric {slower.short_spec()}, or bw={rate:g} in the topology spec)"
     return text
 
 

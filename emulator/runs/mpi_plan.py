@@ -33,6 +33,8 @@ from typing import Any
 from emulator.base.errors import FieldError, UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators
 from emulator.model.topology import Topology
 from emulator.runs.results import Fidelity
@@ -72,7 +74,7 @@ class MpiRunConfig:
     placement: str = "identity"
     np: int | None = None  # default: every host of the topology
     mca: tuple[tuple[str, str], ...] = ()
-    fabric: str | None = None
+    fabric: FabricProfile = field(default_factory=fabric.default)
     datapath: str = "auto"
     timeout_s: float = DEFAULT_TIMEOUT_S
     nice: int = DEFAULT_NICE
@@ -83,7 +85,7 @@ class MpiRunConfig:
     def to_json(self) -> dict[str, Any]:
         return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),
                 "seed": self.seed, "placement": self.placement, "np": self.np,
-                "mca": [list(kv) for kv in self.mca], "fabric": self.fabric, "datapath": self.datapath,
+                "mca": [list(kv) for kv in self.mca], "fabric": self.fabric.spec(), "datapath": self.datapath,
                 "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes}
 
 

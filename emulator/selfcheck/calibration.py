@@ -59,7 +59,7 @@ from emulator.emulation.ovs_sockets import vswitchd_pid
 from emulator.emulation.replay import ReplaySession
 from emulator.emulation.system import cpu_times, load_average, machine_identity, run
 from emulator.emulation.tc_commands import class_show_command, parse_htb_rates, shaping_class_command
-from emulator.model import routing, topology
+from emulator.model import fabric, routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators
 from emulator.model.topology import Topology
@@ -68,6 +68,8 @@ from emulator.selfcheck import intrinsic_latency as latency_probe
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
 CAPACITY_TOPOLOGY = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 CAPACITY_ROUTING = "dmodk"
+#: One shaped link between two hosts: the goodput and agents-vs-iperf3 measurements.
+ONE_LINK_TOPOLOGY = "star:hosts=2"
 #: A flow below this fraction of its link rate means the datapath no longer keeps up.
 FLOW_OK_RATIO = 0.90
 #: Per-link rates (Mbit/s) tried, in order.
@@ -337,7 +339,7 @@ def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str
     """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY` (flows of 5 s, 3 s quick, 2 s minimal);
     returns points and :func:`capacity_from_points`."""
     ladder = rate_ladder(start_mbps, quick, minimal=minimal)
-    topo = topology.build(f"{CAPACITY_TOPOLOGY},bw={ladder[0]:g}")
+    topo = topology.build(CAPACITY_TOPOLOGY, ladder[0])
     pairs = capacity_pairs(topo)
     paths = flow_paths(topo, CAPACITY_ROUTING, pairs)
     hops = [len(p) - 2 for p in paths]
@@ -381,7 +383,7 @@ def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto
     ``extra_rates`` are measured too on the same network (links reshaped) and
     returned under ``sweep``.
     """
-    topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
+    topo = topology.build(ONE_LINK_TOPOLOGY, bw_mbps)
     factor = topology.tcp_goodput_factor(mtu)
     sweep: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing="shortest", datapath=datapath, mtu=mtu, label="calibrate") as en:
@@ -415,7 +417,7 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
     Per direction, the agents' goodput is the allreduce's busbw (each rank sends
     ``size`` bytes in ``time_s``); iperf3's is the mean of its two directions.
     """
-    topo = topology.build(f"star:hosts=2,bw={bw_mbps:g}")
+    topo = topology.build(ONE_LINK_TOPOLOGY, bw_mbps)
     size = agent_size_bytes(bw_mbps, seconds)
     schedule = generators.generate("ring", topo, size)
     with tempfile.TemporaryDirectory(prefix="ef-calibrate-") as tmp:
@@ -495,6 +497,7 @@ def summary_table(data: dict[str, Any]) -> str:
     cap = m["capacity"]
     mi = data["machine"]
     cap_text = f"{cap['capacity_mbps']:.0f}" if cap["capacity_mbps"] else "none (even the first rung failed)"
+    real = fabric.default()  # the fabric the recommended rate is said to stand for
     lines = [
         f"machine: {mi['nproc']} CPUs, {mi['datapath']} datapath, MTU {mi['mtu']}, OVS {mi['ovs_version']}, "
         f"kernel {mi.get('kernel')}, load {mi['loadavg_before']}",
@@ -504,8 +507,8 @@ def summary_table(data: dict[str, Any]) -> str:
         + (f"at {cap['at_link_mbps']:g} Mbit/s per link; " if cap["at_link_mbps"] else "")
         + f"limited by {cap['limited_by']}",
         f"{'recommended link rate (Mbit/s)':<34} {data['recommended_link_mbps']:>12g}  16 hosts x 3 switches "
-        f"within {HEADROOM:.0%} of capacity; time dilation to 100 Gbit/s links: "
-        f"x{100_000 / data['recommended_link_mbps']:g}",
+        f"within {HEADROOM:.0%} of capacity; time dilation to {real.link_gbps:g} Gbit/s links: "
+        f"x{real.dilation_for(data['recommended_link_mbps']):g}",
     ]
     one, ag = m.get("one_link"), m.get("agents_vs_iperf3")
     if one:

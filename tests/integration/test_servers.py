@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from emulator.emulation.replay import ReplayConfig, replay
-from emulator.model import topology
+from emulator.model import fabric, topology
 from emulator.model.schedule import cost, generators
 from emulator.model.schedule import format as sformat
 
@@ -48,7 +48,7 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
         assert steps, "hier must have an inter-server phase"
         # bandwidth alone: the NIC's sharing is what differs (a fabric's latency would dilute the 4x)
         res = replay(ReplayConfig(schedule=path, topology=spec, routing="bigraph", out=str(tmp_path / f"n{nics}"),
-                                  repeat=3, warmup=1, fabric="bandwidth-only"))
+                                  repeat=3, warmup=1, fabric=fabric.parse("bandwidth-only")))
         assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
         flows = res.prediction["max_flows_per_link"]
         assert max(flows[s] for s in steps) == (1 if nics == 4 else 4)

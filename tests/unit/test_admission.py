@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import argparse
 import io
+import math
 import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import yaml
 from fake_session import factory
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -193,6 +195,61 @@ def test_the_suggested_rate_and_dilation_do_fit_when_predicted_again():
                    latency=LatencyModel()).peak_load_mbps() <= capacity
     dilation = int(text.split("dilation=")[1].split(",")[0])
     assert profile.link_gbps * 1000 / dilation <= rate
+
+
+ONE_RATE = """
+name: one-rate
+repeat: 1
+warmup: 0
+sizes: [4MiB]
+fabric: bandwidth-only
+series:
+  - name: profile
+    link_mbps: 20
+    runs:
+      - {topology: "bigraph:upper=4,lower=4,hosts_per_switch=2", routing: bigraph, algorithms: [hdrm]}
+  - name: spec
+    runs:
+      - {topology: "bigraph:upper=4,lower=4,hosts_per_switch=2,bw=20", routing: bigraph, algorithms: [hdrm]}
+  - name: own
+    runs:
+      - {topology: "bigraph:upper=4,lower=4,hosts_per_switch=2", routing: bigraph, algorithms: [hdrm]}
+"""
+
+
+def test_one_rate_gives_one_load_whether_the_profile_or_the_spec_sets_it_and_the_advice_follows_the_refusal():
+    """Issue 26: hdrm at 4 MiB on BiGraph 4/4/2 was refused at 791 switch-hop Mbit/s with --fabric bandwidth-only
+    and admitted at 633 with bw=20 in the spec. Not one rate: bandwidth-only's links are 100 Gbit/s / 4000 = 25
+    Mbit/s, and the load scales with the rate (791 = 633 x 25/20). At 20 Mbit/s from the profile and from the spec
+    the load and the verdict are the same; the advice scales the refused peak's own rate and keeps the preset."""
+    exp = xp.from_dict(yaml.safe_load(ONE_RATE), where="one-rate.yaml")
+    by_series = {pc.cell.series: pc for pc in xp.prepare(exp)}
+    profile, spec, own = by_series["profile"], by_series["spec"], by_series["own"]
+    assert profile.topo.host_bw == spec.topo.host_bw == 20 and own.topo.host_bw == 25
+    assert profile.cell.fabric.emulated_link_mbps == 20 and own.cell.fabric.emulated_link_mbps == 25
+    assert profile.peak_load_mbps() == pytest.approx(spec.peak_load_mbps())
+    assert own.peak_load_mbps() == pytest.approx(spec.peak_load_mbps() * 25 / 20)
+    capacity = 0.9 * spec.peak_load_mbps()  # below both 20 Mbit/s cells: both refused, alike
+
+    def refusal(pc: xp.PreparedCell) -> str:
+        verdict = admission.verdict(xp.experiment_request([pc], lambda mtu: capacity), MACHINE, admission.Policy())
+        return " ".join(r for r in verdict.refusals if "field 'load'" in r).replace(pc.cell.id, "CELL")
+
+    assert refusal(profile) and refusal(profile) == refusal(spec)
+    # the advice is computed from the figure refused, at the rate it was predicted at
+    worst = xp.experiment_request([own], lambda mtu: capacity).loads[0]
+    line = refusal(own)
+    assert f"offers the switch datapath {worst.peak_mbps:.0f} switch-hop Mbit/s" in line
+    rate = float(line.split("at most ")[1].split(" ")[0])
+    assert rate == math.floor(25 * capacity / worst.peak_mbps * 100) / 100
+    advised = fabric.parse(line.split("--fabric ")[1].split(", or ")[0])
+    assert advised.preset == "bandwidth-only" and advised.emulated_link_mbps <= rate  # not roce100's latencies
+    bigraph = "bigraph:upper=4,lower=4,hosts_per_switch=2"
+    for spec_text, again in ((bigraph, advised), (f"{bigraph},bw={rate:g}", own.cell.fabric)):  # either form fits
+        topo = topology.build(spec_text, again.emulated_link_mbps)
+        schedule = generators.generate("hdrm", topo, 4 * MiB, placement="hdrm")
+        assert predict(schedule, topo, "bigraph", latency=LatencyModel(again),
+                       mtu=again.emulated_mtu).peak_load_mbps() <= capacity
 
 
 def test_an_experiment_request_counts_only_the_cells_given_and_each_networks_bringup():

@@ -12,7 +12,7 @@ from fake_session import FakeSession, factory
 
 from emulator.base.errors import FieldError, UserError
 from emulator.cli import main as cli
-from emulator.model import fabric
+from emulator.model import fabric, topology
 from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
 from emulator.study import run_folder, runner
@@ -68,7 +68,7 @@ def test_good_file_expands_to_stable_ids():
     assert c.topology.endswith("bw=20") and c.hosts == 4 and c.placement == "hdrm" and c.repeat == 1
     assert cells[7].seed == 3 and cells[8].seed == 0
     groups = xp.groups(cells)
-    f = cells[0].fabric
+    f = cells[0].fabric.spec()
     assert [k for k, _ in groups] == [(cells[0].topology, "bigraph", 0, f), (cells[6].topology, "ecmp", 0, f),
                                       (cells[6].topology, "ecmp", 3, f), (cells[6].topology, "dmodk", 0, f),
                                       (cells[9].topology, "shortest", 0, f)]
@@ -80,7 +80,7 @@ def test_the_fabric_profile_sets_the_link_rate_and_every_cell_records_it():
                 "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
     assert exp.fabric.dilation == 10000 and exp.link_mbps == 10
     cells = xp.expand(exp)
-    assert cells[0].fabric == exp.fabric.spec() and ",bw=" not in cells[0].topology  # 10 Mbit/s, the default
+    assert cells[0].fabric == exp.fabric and ",bw=" not in cells[0].topology  # 10 Mbit/s, the default
     old = parse("link_mbps: 25\n"  # link_mbps alone: the default fabric, dilated onto that rate
                 "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
     assert old.fabric.emulated_link_mbps == pytest.approx(25) and old.fabric.link_gbps == fabric.default().link_gbps
@@ -450,8 +450,8 @@ def test_a_series_or_run_can_emulate_at_its_own_dilation():
     exp = parse(SERIES_FABRIC)
     fast, slow, slower = xp.expand(exp)
     assert fast.topology.endswith("bw=20") and slow.topology.endswith("bw=5") and slower.topology.endswith("bw=2")
-    assert fabric.parse(slow.fabric).dilation == 20000 and fabric.parse(slower.fabric).dilation == 50000
-    assert fabric.parse(slow.fabric).link_gbps == 100  # the same real fabric, dilated further
+    assert slow.fabric.dilation == 20000 and slower.fabric.dilation == 50000
+    assert slow.fabric.link_gbps == 100  # the same real fabric, dilated further
     assert fast.id == "fast.bigraph-2x2x1.bigraph.hdrm.64KiB" and slow.id == "slow.bigraph-2x2x1.bigraph.hdrm.64KiB"
     assert len(xp.groups([fast, slow, slower])) == 3
     pcs = {pc.cell.id: pc for pc in xp.prepare(exp)}
@@ -460,7 +460,7 @@ def test_a_series_or_run_can_emulate_at_its_own_dilation():
     # the same real allreduce: the same real time (within the frame arithmetic), 4x the emulated time
     assert ps.report.real_time_s == pytest.approx(pf.report.real_time_s, rel=0.02)
     assert ps.predicted_s == pytest.approx(4 * pf.predicted_s, rel=0.02)
-    assert xp.profiles(exp) == [fabric.parse(c.fabric) for c in (fast, slow, slower)]
+    assert xp.profiles(exp) == [c.fabric for c in (fast, slow, slower)]
 
 
 @pytest.mark.parametrize("edit, field", [
@@ -615,3 +615,16 @@ def test_a_network_broken_under_a_cell_that_finished_flags_it_and_is_rebuilt_bef
     assert f"after the cell {ids[0]}: its controller exited (killed)" in log
     assert log.index("its controller exited") < log.index("rebuilding") < log.index(f"ran {ids[1]}")
     assert "network broken (its controller exited (killed)): rebuilding it" in stream.getvalue()
+
+
+def test_a_spec_with_a_rate_of_its_own_keeps_it_and_one_without_takes_the_fabrics():
+    assert topology.sets_link_rate("star:hosts=2,host_bw=5") and topology.sets_link_rate({"kind": "star", "bw": 5})
+    assert not topology.sets_link_rate("star:hosts=2,pcie_bw=5")
+    exp = xp.from_dict({"link_mbps": 20, "series": [{"name": "s", "runs": [
+        {"topology": "leafspine:leaves=2,spines=2,hosts_per_leaf=2", "routing": "dmodk", "algorithms": ["ring"]},
+        {"topology": "leafspine:leaves=2,spines=2,hosts_per_leaf=2,host_bw=5", "routing": "dmodk",
+         "algorithms": ["ring"]}]}]})
+    plain, own = (topology.build(r.topology) for r in exp.series[0].runs)
+    assert plain.host_bw == plain.switch_bw == 20
+    # experiments/README.md: the fabric's rate goes to specs that set none of bw, host_bw, switch_bw
+    assert own.host_bw == 5 and own.switch_bw == topology.DEFAULT_LINK_MBPS

@@ -95,6 +95,7 @@ def test_any_mapping_is_a_profile_or_one_line(items):
         assert fabric.MIN_LINK_MBPS <= p.emulated_link_mbps <= fabric.MAX_LINK_MBPS
         assert p.alpha_s >= 0 and p.switch_latency_s >= 0 and fabric.MIN_MTU <= p.emulated_mtu <= fabric.MAX_MTU
         assert fabric.parse(p.spec()) == p
+        assert fabric.parse(p.short_spec()) == p
 
 
 @pytest.mark.parametrize("argv", [
@@ -113,3 +114,21 @@ def test_every_command_refuses_a_bad_profile_in_one_line_and_starts_nothing(tmp_
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "fabric" in err and "field '" in err
     assert not out.exists()
+
+
+def test_each_derived_figure_has_one_function():
+    p = fabric.parse("bandwidth-only")
+    assert p.emulated_link_mbps == 25 and p.dilation_for(25) == p.dilation == 4000
+    assert fabric.at_link_rate(p, 20) == p.changed(dilation=5000) and p.changed(dilation=5000).preset == "bandwidth-only"
+    assert fabric.dilation_of(p) == 4000 and fabric.dilation_of(None) == 1.0
+    with pytest.raises(FieldError, match="dilation"):
+        p.changed(dilation=1)  # 100 Gbit/s at 100000 Mbit/s: beyond what the emulator shapes
+
+
+def test_the_short_spec_names_only_what_differs_from_the_preset():
+    assert fabric.default().short_spec() == fabric.DEFAULT_PRESET
+    assert fabric.default().changed(dilation=4195).short_spec() == "dilation=4195"
+    assert fabric.parse("bandwidth-only").changed(dilation=4195).short_spec() == "preset=bandwidth-only,dilation=4195"
+    odd = fabric.parse("preset=eth25,mtu=4000,alpha_us=1.5")
+    assert odd.short_spec() == "preset=eth25,mtu=4000,alpha_us=1.5" and fabric.parse(odd.short_spec()) == odd
+

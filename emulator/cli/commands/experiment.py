@@ -179,7 +179,7 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
                   f"{len(all_pcs[0].topo.hosts)} hosts, MPI programs only (no model of their load)")
             continue
         busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
-        calibration = calibration_file.load_calibration(xp.cell_profile(busiest.cell).emulated_mtu)
+        calibration = calibration_file.load_calibration(busiest.cell.fabric.emulated_mtu)
         capacity = calibration.datapath_capacity_mbps if calibration is not None else None
         share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
             " (no calibration at this MTU: `emu calibrate`)"

@@ -51,9 +51,10 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
     program = list(args.program)
     if program[:1] == ["--"]:
         program = program[1:]
+    profile = fabric.parse(args.fabric, where="mpirun: fabric")
     cfg = MpiRunConfig(topology=args.topology, routing=args.routing, out=args.out, program=tuple(program),
                        seed=args.seed, placement=args.placement, np=args.np,
-                       mca=tuple((k, v) for k, v in args.mca), fabric=args.fabric, datapath=args.datapath,
+                       mca=tuple((k, v) for k, v in args.mca), fabric=profile, datapath=args.datapath,
                        timeout_s=args.timeout, nice=args.nice)
     prep = prepare(cfg)
     verdict = admit.check(admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout), args,

@@ -45,10 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    profile = fabric.parse(args.fabric, where="replay: fabric")
     cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
                        repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
                        pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,
-                       fabric=args.fabric, faults=args.fault)
+                       fabric=profile, faults=args.fault)
     prep = prepare(cfg)
     schedule, topo, report = prep.schedule, prep.topo, prep.report
     if os.path.exists(os.path.join(args.out, "results.json")):

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.base.errors import UserError
+from emulator.model.fabric import dilation_of as dilation_of_profile
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule import cost, executor, timing
 from emulator.model.schedule.collectives import MIXED
@@ -143,7 +144,7 @@ def dilation_of(latency: LatencyModel | None, compute_dilation: float | None = N
     """``compute_dilation`` if given, else the latency model's fabric profile's ``dilation``, else 1."""
     if compute_dilation is not None:
         return compute_dilation
-    return latency.profile.dilation if latency is not None and latency.profile is not None else 1.0
+    return dilation_of_profile(latency.profile if latency is not None else None)
 
 
 def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,

@@ -125,6 +125,7 @@ from emulator.model.topology.spec import (
     hdrm_problem,
     hdrm_slot_order,
     parse_spec,
+    sets_link_rate,
     split_spec,
 )
 
@@ -158,6 +159,7 @@ __all__ = [
     "load",
     "node_sort_key",
     "parse_spec",
+    "sets_link_rate",
     "split_spec",
     "tcp_goodput_factor",
     "tcp_payload_bytes",

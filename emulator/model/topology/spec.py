@@ -72,6 +72,12 @@ def split_spec(spec: str) -> tuple[str, dict[str, str]]:
     return kind, raw
 
 
+def sets_link_rate(spec: str | Mapping[str, Any]) -> bool:
+    """Whether a spec string or mapping sets a link rate of its own (``bw``, ``host_bw`` or ``switch_bw``)."""
+    keys = split_spec(spec)[1] if isinstance(spec, str) else spec
+    return any(key in keys for key in _RATE_KEYS)
+
+
 def fabric_keys(kind: str) -> tuple[str, ...]:
     """The integer keys that shape a fabric of ``kind`` (no rates, no server keys)."""
     return tuple(KINDS[kind].keys)

@@ -1,0 +1,237 @@
+"""The experiment's types: the validated file (:class:`Experiment`, its :class:`Series` and :class:`Run` entries,
+a run's :class:`Workload` or :class:`MpiProgram`) and the grid's :class:`Cell`.
+
+Frozen values, built by :mod:`~emulator.study.experiment.parse` and
+:mod:`~emulator.study.experiment.grid`; a cell writes itself as it reads back
+from ``results.json`` (:meth:`Cell.to_json`: the fabric profile as its
+canonical spec string).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
+from emulator.model.schedule import generators, training
+from emulator.model.schedule.format import Schedule
+from emulator.model.topology import DEFAULT_LINK_MBPS, Topology
+from emulator.runs import allreduce_bench as mpi_bench
+from emulator.runs import mpi_plan as mpi
+from emulator.runs.mpi_plan import MpiRunConfig
+
+DEFAULT_REPEAT = 2
+DEFAULT_WARMUP = 1
+DEFAULT_SEEDS = (0,)
+DEFAULT_SIZES = (1 << 20,)
+DEFAULT_REFERENCE = {"algorithm": "hdrm", "routing": "bigraph"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One entry of a series' ``runs``: a topology with its routings, algorithms and placements."""
+
+    topology: str  # normalised spec, link rate included
+    routing: tuple[str, ...]
+    algorithms: tuple[str, ...]
+    placements: tuple[str, ...] = ("identity",)
+    seeds: tuple[int, ...] | None = None
+    sizes: tuple[int, ...] | None = None
+    faults: tuple[str, ...] = ()  # canonical fault specs (emulator.runs.fault_plan), for every cell of the run
+    fabric: FabricProfile | None = None  # the run's own fabric (dilation), else the series'
+    collective: str = "allreduce"
+    workload: Workload | None = None  # a training iteration instead of one collective per size
+    mpi: MpiProgram | None = None  # an MPI program instead of algorithms (then ``algorithms`` is empty)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A run's training iteration (:mod:`emulator.model.schedule.training`): the model, per-accelerator batch, scale."""
+
+    model: str
+    batch: int | None = None  # None: the model's default
+    scale: float = 1.0
+
+    @property
+    def slug(self) -> str:
+        """How cell ids name it, where a size would go: ``resnet50``, ``resnet50-b32-s16``."""
+        batch = f"-b{self.batch}" if self.batch is not None else ""
+        scale = f"-s{self.scale:g}" if self.scale != 1 else ""
+        return f"{self.model}{batch}{scale}"
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+@dataclass(frozen=True)
+class MpiProgram:
+    """A run's MPI program (``mpi:``): what ``emu mpirun`` would run, one rank per host (:mod:`emulator.emulation.mpi_run`).
+
+    ``program`` is the command as given (its first word is resolved when the cell runs, as ``emu mpirun``
+    does); ``np`` None means every host of the topology.
+    """
+
+    program: tuple[str, ...]
+    np: int | None = None
+    mca: tuple[tuple[str, str], ...] = ()
+    nice: int = mpi.DEFAULT_NICE
+    timeout_s: float = mpi.DEFAULT_TIMEOUT_S
+
+    @property
+    def name(self) -> str:
+        """The program's file name: ``emu-allreduce-bench``."""
+        return os.path.basename(self.program[0])
+
+    @property
+    def bench_algorithm(self) -> str | None:
+        """The bundled benchmark's ``--algo`` (aliases resolved), or None for any other program."""
+        if self.name != mpi.BENCH_PROGRAM:
+            return None
+        return mpi_bench.parse_args(list(self.program[1:])).algo
+
+    @property
+    def slug(self) -> str:
+        """How cell ids name it, where an algorithm would go: ``mpi-emu-allreduce-bench-ring``, ``mpi-my_app-py``.
+
+        Only letters, digits, ``-`` and ``_`` (a cell id is a directory name, its parts split at dots).
+        """
+        algo = self.bench_algorithm
+        words = [self.name] + ([algo] if algo else [])
+        return "mpi-" + "-".join(_UNSAFE.sub("-", w).strip("-") or "program" for w in words)
+
+    def ranks(self, hosts: int) -> int:
+        """How many ranks run on a topology of ``hosts`` hosts."""
+        return self.np if self.np is not None else hosts
+
+    def command(self) -> str:
+        """The program and its arguments as one shell-quoted line."""
+        return shlex.join(self.program)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"program": list(self.program), "np": self.np, "mca": [list(kv) for kv in self.mca],
+                "nice": self.nice, "timeout_s": self.timeout_s}
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    runs: tuple[Run, ...]
+    sizes: tuple[int, ...] | None = None
+    description: str = ""
+    fabric: FabricProfile | None = None  # the series' own fabric (dilation), else the experiment's
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    series: tuple[Series, ...]
+    description: str = ""
+    fabric: FabricProfile = field(default_factory=fabric.default)
+    link_mbps: float = DEFAULT_LINK_MBPS
+    repeat: int = DEFAULT_REPEAT
+    warmup: int = DEFAULT_WARMUP
+    ecmp_seeds: tuple[int, ...] = DEFAULT_SEEDS
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    timeout_s: float | None = None
+    reference: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REFERENCE))
+    source: str = "experiment"
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["reference"] = dict(self.reference)
+        data["fabric"] = self.fabric.spec()
+        for ser, raw_ser in zip(self.series, data["series"], strict=True):
+            raw_ser["fabric"] = ser.fabric.spec() if ser.fabric is not None else None
+            for run, raw_run in zip(ser.runs, raw_ser["runs"], strict=True):
+                raw_run["fabric"] = run.fabric.spec() if run.fabric is not None else None
+                # only MPI runs have the key: the documents (and fingerprints) of every other run stay as they were
+                if run.mpi is None:
+                    del raw_run["mpi"]
+                else:
+                    raw_run["mpi"] = run.mpi.to_json()
+        return data
+
+    def profile_of(self, series: Series, run: Run) -> FabricProfile:
+        """The fabric a run's cells emulate: the run's own, else its series', else the experiment's."""
+        return run.fabric or series.fabric or self.fabric
+
+    def fingerprint(self) -> str:
+        """A short hash of everything that decides what runs (not the name, description or source)."""
+        data = self.to_json()
+        for key in ("source", "description", "name"):
+            data.pop(key)
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One replay: a schedule on a network, ``warmup + repeat`` repetitions; or, with ``mpi``, one run of an MPI
+    program on the network (then ``algorithm`` is the program's slug, ``size`` 0, and there is no schedule)."""
+
+    id: str
+    series: str
+    field: str  # where it came from in the file, e.g. series[0].runs[2]
+    topology: str
+    kind: str
+    hosts: int
+    routing: str
+    seed: int
+    algorithm: str
+    placement: str
+    size: int
+    repeat: int
+    warmup: int
+    timeout_s: float | None
+    faults: tuple[str, ...] = ()
+    fabric: FabricProfile = dataclasses.field(default_factory=fabric.default)  # written as its canonical spec
+    collective: str = "allreduce"
+    workload: Workload | None = None
+    mpi: MpiProgram | None = None
+
+    @property
+    def group(self) -> tuple[str, str, int, str]:
+        """Cells of one group share one network (and controller): topology, routing, seed and fabric profile."""
+        return (self.topology, self.routing, self.seed, self.fabric.spec())
+
+    @property
+    def ranks(self) -> int:
+        """How many ranks take part: every host, or an MPI program's ``np``."""
+        return self.mpi.ranks(self.hosts) if self.mpi is not None else self.hosts
+
+    def to_json(self) -> dict[str, Any]:
+        """As it reads back from results.json; only an MPI cell has the ``mpi`` key (every other cell's document
+        is what it was before MPI cells existed, so their results folders resume as before)."""
+        data = {**asdict(self), "faults": list(self.faults), "fabric": self.fabric.spec()}
+        if self.mpi is None:
+            del data["mpi"]
+        else:
+            data["mpi"] = self.mpi.to_json()
+        return data
+
+    def mpi_config(self, out: str) -> MpiRunConfig:
+        """What ``emu mpirun`` would be given for this MPI cell, its results going to ``out``."""
+        if self.mpi is None:
+            raise ValueError(f"cell {self.id} replays a schedule, it runs no MPI program")
+        m = self.mpi
+        return MpiRunConfig(topology=self.topology, routing=self.routing, out=out, program=m.program, seed=self.seed,
+                            placement=self.placement, np=m.np, mca=m.mca, fabric=self.fabric, timeout_s=m.timeout_s,
+                            nice=m.nice)
+
+    def schedule(self, topo: Topology) -> Schedule:
+        """The cell's schedule: its collective at its size, or its workload's training iteration."""
+        if self.mpi is not None:
+            raise ValueError(f"cell {self.id} runs an MPI program: it has no schedule")
+        if self.workload is not None:
+            w = self.workload
+            return training.gen(w.model, self.algorithm, topo, batch=w.batch, scale=w.scale,
+                                placement=self.placement)
+        return generators.generate(self.algorithm, topo, self.size, placement=self.placement,
+                                   collective=self.collective)

@@ -1,0 +1,62 @@
+"""What an experiment's cells are expected to cost: wall seconds per cell, and ``emu run``'s admission request.
+
+Estimates come from the model's prediction (:mod:`~emulator.study.experiment.prediction`);
+an MPI cell, which no model predicts, is :data:`MPI_ESTIMATE_S`. The
+request (:func:`experiment_request`) is what :mod:`emulator.runs.admission`
+holds against this machine before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from emulator.model.schedule.check import CheckReport
+from emulator.runs import admission
+from emulator.study.experiment.grid import groups
+from emulator.study.experiment.prediction import PreparedCell
+
+#: What a cell costs beyond its repetitions until measured: its agents' start-up (seconds; :func:`estimate_s`).
+CELL_OVERHEAD_S = 1.5
+#: The wall seconds an MPI cell is expected to take (no model predicts it): Open MPI's start-up and a short
+#: benchmark, about what experiments/mpi.yaml's cells took here (37 to 58 s).
+MPI_ESTIMATE_S = 45.0
+
+
+def estimate_s(pc: PreparedCell, overhead_s: float) -> float:
+    """Wall seconds a cell should take if the network met the model: repetitions plus agent start-up; for an
+    MPI cell (no model) :data:`MPI_ESTIMATE_S`."""
+    if pc.predicted_s is None:
+        return MPI_ESTIMATE_S + overhead_s
+    return (pc.cell.warmup + pc.cell.repeat) * pc.predicted_s + overhead_s
+
+
+def cell_load(pc: PreparedCell, report: CheckReport, capacity_of: Callable[[int], float | None]) -> admission.Load:
+    """A replay cell's busiest step (its ``report``'s) against the capacity calibrated at its MTU, at the rate of
+    its topology's host links: the rate the load was predicted at."""
+    profile = pc.cell.fabric
+    return admission.Load(report.peak_load_mbps(), capacity_of(profile.emulated_mtu), pc.cell.id, pc.topo.host_bw,
+                          profile)
+
+
+def experiment_request(todo: Sequence[PreparedCell], capacity_of: Callable[[int], float | None]) -> admission.Request:
+    """The unfinished cells of ``emu run``: one network at a time, so memory is the largest cell's; time the sum
+    of every cell and every network's bring-up and probe. ``capacity_of(mtu)``: the calibrated capacity."""
+    memory: list[admission.MemoryEstimate] = []
+    loads: list[admission.Load] = []
+    cells_s = 0.0
+    for pc in todo:
+        cells_s += estimate_s(pc, CELL_OVERHEAD_S)
+        if pc.cell.mpi is not None:
+            memory.append(admission.mpi_memory(pc.cell.ranks, admission.mpi_program_bytes(pc.cell.mpi.program), pc.topo))
+        elif pc.schedule is not None and pc.report is not None:
+            memory.append(admission.replay_memory(pc.schedule, pc.topo))
+            loads.append(cell_load(pc, pc.report, capacity_of))
+    networks = groups([pc.cell for pc in todo])
+    by_id = {pc.cell.id: pc for pc in todo}
+    networks_s = sum(admission.bringup_estimate_s(by_id[cells[0].id].topo) + admission.PROBE_S for _, cells in networks)
+    mpi_cells = sum(pc.cell.mpi is not None for pc in todo)
+    guess = f", MPI cells {MPI_ESTIMATE_S:g} s each (a guess)" if mpi_cells else ""
+    empty = admission.MemoryEstimate(ranks=0, rank_bytes=0, programs_bytes=0, network_bytes=0, session_bytes=0)
+    return admission.Request("run", admission.largest(memory) if memory else empty, cells_s + networks_s,
+                             f"{len(todo)} cells left at the model's times, {len(networks)} bring-ups and probes"
+                             f"{guess}", tuple(loads))

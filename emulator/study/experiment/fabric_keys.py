@@ -1,0 +1,54 @@
+"""The ``fabric:`` and ``link_mbps:`` keys of an experiment file, at its top level, in a series or in a run.
+
+This is where the experiment file's fabric profile is parsed (the file is one
+of the edges where a profile enters, with the command line): everything
+after it holds the :class:`~emulator.model.fabric.FabricProfile`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from emulator.base.errors import FieldError
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
+
+
+def has_fabric_keys(data: Mapping[str, Any]) -> bool:
+    """Whether a series or a run sets a fabric of its own."""
+    return "fabric" in data or "link_mbps" in data
+
+
+def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: FabricProfile) -> FabricProfile:
+    """The fabric profile from the ``fabric:`` and ``link_mbps:`` keys of ``data`` (top level, a series or a run).
+
+    ``fabric`` alone sets it; ``link_mbps`` alone keeps the enclosing
+    profile's real fabric (the experiment's, or the default one at the top
+    level) and sets the dilation that maps it onto that rate; both must agree.
+    """
+    link = data.get("link_mbps")
+    if link is not None and (isinstance(link, bool) or not isinstance(link, int | float)
+                             or not fabric.MIN_LINK_MBPS <= link <= fabric.MAX_LINK_MBPS):
+        raise FieldError(where, f"{prefix}link_mbps", f"a rate in Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
+                         f"{fabric.MAX_LINK_MBPS:g}", link)
+    if "fabric" in data:
+        profile = _profile(where, prefix, data["fabric"])
+        if link is not None and abs(link - profile.emulated_link_mbps) > 1e-9 * link:
+            raise FieldError(where, f"{prefix}link_mbps", f"the fabric's emulated rate "
+                             f"{profile.emulated_link_mbps:g} (or leave link_mbps out)", link)
+        return profile
+    if link is not None:
+        return fabric.at_link_rate(enclosing, link, where=f"{where}: {prefix}link_mbps")
+    return enclosing
+
+
+def _profile(where: str, prefix: str, raw: object) -> FabricProfile:
+    """The ``fabric`` key's profile: a preset, ``key=value`` pairs or a mapping (errors name ``fabric.<key>``)."""
+    if not isinstance(raw, str | Mapping):
+        raise FieldError(where, f"{prefix}fabric", "a preset name, key=value pairs or a mapping of them", raw)
+    try:
+        return fabric.parse(raw)
+    except FieldError as exc:
+        name = "fabric" if exc.field == "(spec)" else f"fabric.{exc.field}"
+        raise FieldError(where, f"{prefix}{name}", exc.expected, exc.given) from None

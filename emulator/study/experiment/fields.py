@@ -1,0 +1,91 @@
+"""The experiment file's field readers: one value of the parsed YAML checked and converted, or a
+:class:`~emulator.base.errors.FieldError` naming the file (``where``) and the field (``name``).
+
+Every reader is a small pure function used by the keys' modules
+(:mod:`~emulator.study.experiment.parse`, :mod:`~emulator.study.experiment.run_keys`,
+:mod:`~emulator.study.experiment.mpi_keys`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from emulator.base.errors import FieldError, int_field
+from emulator.model.schedule.format import parse_size
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+
+
+def reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+    """Every key of ``data`` is one of ``allowed`` (named ``<prefix><key>`` in the error)."""
+    for key in data:
+        if key not in allowed:
+            raise FieldError(where, f"{prefix}{key}", f"one of the keys {', '.join(allowed)}",
+                             f"unknown key {key}")
+
+
+def mapping_field(where: str, name: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise FieldError(where, name, "a mapping of keys to values", value)
+    return value
+
+
+def list_field(where: str, name: str, value: object, *, allow_scalar: bool = False) -> list[Any]:
+    """A non-empty list; with ``allow_scalar`` one string or integer stands for the list of it."""
+    if allow_scalar and isinstance(value, str | int) and not isinstance(value, bool):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise FieldError(where, name, "a non-empty list", value)
+    return value
+
+
+def name_field(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME_RE.match(value):
+        raise FieldError(where, name, "a name of letters, digits, '-' and '_' (at most 64)", value)
+    return value
+
+
+def string_field(where: str, name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise FieldError(where, name, "a string", value)
+    return value
+
+
+def sizes_field(where: str, name: str, value: object) -> tuple[int, ...]:
+    """Distinct message sizes (``1MiB``, ``65536``), one or a list."""
+    items = list_field(where, name, value, allow_scalar=True)
+    sizes = tuple(parse_size(v, where, f"{name}[{i}]") for i, v in enumerate(items))
+    if len(set(sizes)) != len(sizes):
+        raise FieldError(where, name, "distinct sizes", value)
+    return sizes
+
+
+def seeds_field(where: str, name: str, value: object) -> tuple[int, ...]:
+    """Distinct ECMP seeds (integers >= 0), one or a list."""
+    items = list_field(where, name, value, allow_scalar=True)
+    seeds = tuple(int_field(where, f"{name}[{i}]", v, 0) for i, v in enumerate(items))
+    if len(set(seeds)) != len(seeds):
+        raise FieldError(where, name, "distinct seeds", value)
+    return seeds
+
+
+def choices_field(where: str, name: str, value: object, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """Distinct values of ``allowed``, one or a list."""
+    items = list_field(where, name, value, allow_scalar=True)
+    for i, v in enumerate(items):
+        if v not in allowed:
+            raise FieldError(where, f"{name}[{i}]", f"one of {', '.join(allowed)}", v)
+    if len(set(items)) != len(items):
+        raise FieldError(where, name, "distinct values", value)
+    return tuple(items)
+
+
+def timeout_field(where: str, value: object) -> float | None:
+    """``timeout_s``: seconds > 0 per repetition, or None when it is left out."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise FieldError(where, "timeout_s", "seconds > 0 per repetition (or leave it out)", value)
+    return value

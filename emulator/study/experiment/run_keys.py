@@ -1,0 +1,138 @@
+"""One entry of a series' ``runs``: its topology, routings, algorithms, placements, sizes, faults, fabric and
+workload (a training iteration), or an MPI program (:mod:`~emulator.study.experiment.mpi_keys`).
+
+Every check is against the run's own topology, built here: links the spec
+leaves unset run at the fabric profile's emulated rate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.model import routing, topology
+from emulator.model.fabric import FabricProfile
+from emulator.model.schedule import generators, training
+from emulator.runs import fault_plan as faults
+from emulator.study.experiment.cells import Run, Workload
+from emulator.study.experiment.fabric_keys import fabric_field, has_fabric_keys
+from emulator.study.experiment.fields import (
+    choices_field,
+    list_field,
+    mapping_field,
+    reject_unknown,
+    seeds_field,
+    sizes_field,
+)
+from emulator.study.experiment.mpi_keys import mpi_run, reject_beside_mpi
+
+RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps",
+            "collective", "model", "batch", "scale", "mpi")
+
+
+def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int) -> Run:
+    """One entry of a series' ``runs`` at field ``rp``; ``enclosing``: the series' fabric, else the experiment's."""
+    run = mapping_field(where, rp, raw)
+    reject_unknown(where, f"{rp}.", run, RUN_KEYS)
+    if "mpi" in run:
+        reject_beside_mpi(where, rp, run)
+    for key in ("topology", "routing") if "mpi" in run else ("topology", "routing", "algorithms"):
+        if key not in run:
+            raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
+    rprofile = fabric_field(where, run, f"{rp}.", enclosing) if has_fabric_keys(run) else None
+    topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
+    policies = _routings(where, f"{rp}.routing", run["routing"], topo)
+    if "mpi" in run:
+        return mpi_run(where, rp, run, topo, policies, rprofile)
+    collective, workload = _collective(where, rp, run)
+    algos = choices_field(where, f"{rp}.algorithms", run["algorithms"], generators.algorithms(collective))
+    placements = _placements(where, rp, run, topo, algos)
+    return Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
+               seeds=seeds_field(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
+               sizes=sizes_field(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
+               faults=_faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else (),
+               fabric=rprofile, collective=collective, workload=workload)
+
+
+def _topology(where: str, name: str, value: object, link_mbps: float) -> topology.Topology:
+    """The run's topology; its links run at the fabric's emulated rate ``link_mbps`` unless the spec sets a rate
+    of its own (then the links it leaves unset take the topology's default, as ``experiments/README.md`` says)."""
+    if not isinstance(value, str | Mapping):
+        raise FieldError(where, name, "a topology spec such as 'fattree:k=4' or a mapping with kind:", value)
+    try:
+        return topology.build(value, None if topology.sets_link_rate(value) else link_mbps)
+    except FieldError as exc:
+        raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
+    except UserError as exc:
+        raise UserError(f"{printable(where)}: field '{name}': {printable(exc)}") from None
+
+
+def _routings(where: str, name: str, value: object, topo: topology.Topology) -> tuple[str, ...]:
+    """Routing policies, each one that ``topo`` supports."""
+    policies = choices_field(where, name, value, routing.POLICIES)
+    for i, policy in enumerate(policies):
+        try:
+            routing.check_policy(topo, policy)
+        except FieldError as exc:
+            raise FieldError(where, f"{name}[{i}]", exc.expected, exc.given) from None
+    return policies
+
+
+def _collective(where: str, rp: str, run: Mapping[str, Any]) -> tuple[str, Workload | None]:
+    """The run's collective and its training iteration, if any (which allreduces, and has its own sizes)."""
+    collective = run.get("collective", "allreduce")
+    if collective not in generators.GENERATED:
+        raise FieldError(where, f"{rp}.collective", f"one of {', '.join(generators.GENERATED)} (one per run)",
+                         collective)
+    workload = _workload(where, rp, run)
+    if workload is not None and collective != "allreduce":
+        raise FieldError(where, f"{rp}.collective", f"allreduce for a {workload.model} iteration (DDP allreduces "
+                         "its gradients)", collective)
+    if workload is not None and "sizes" in run:
+        raise FieldError(where, f"{rp}.sizes", f"nothing: a {workload.model} iteration has its own sizes",
+                         run["sizes"])
+    return collective, workload
+
+
+def _workload(where: str, rp: str, run: Mapping[str, Any]) -> Workload | None:
+    """A run's ``model`` (with ``batch`` and ``scale``), or None for a collective per size."""
+    if "model" not in run:
+        for key in ("batch", "scale"):
+            if key in run:
+                raise FieldError(where, f"{rp}.{key}", "a model to go with it (model: resnet50)", run[key])
+        return None
+    name = choices_field(where, f"{rp}.model", run["model"], tuple(training.MODELS))[0]
+    batch = int_field(where, f"{rp}.batch", run["batch"], 1, 1 << 16) if "batch" in run else None
+    scale = run.get("scale", 1)
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 1 <= scale <= 1e6:
+        raise FieldError(where, f"{rp}.scale", "a number >= 1 (gradients and compute divided by it)", scale)
+    return Workload(name, batch, float(scale))
+
+
+def _placements(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology,
+                algos: tuple[str, ...]) -> tuple[str, ...]:
+    """The run's placements (default ``identity``), each fitting ``topo``; and hdrm's own, if it is one of
+    ``algos``."""
+    placements = (choices_field(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+                  if "placements" in run else ("identity",))
+    for i, placement in enumerate(placements):
+        _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
+    if "hdrm" in algos:
+        _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
+    return placements
+
+
+def _faults(where: str, name: str, value: object, topo: topology.Topology, repeat: int) -> tuple[str, ...]:
+    """Fault specs checked against the topology (steps are checked per cell in
+    :func:`~emulator.study.experiment.prediction.prepare`)."""
+    plan = faults.parse_faults(list_field(where, name, value), topo, len(topo.hosts), 1 << 30, repeat,
+                               where=f"{where}: {name}")
+    return tuple(f.describe() for f in plan)
+
+
+def _check_placement(where: str, name: str, topo: topology.Topology, placement: str) -> None:
+    try:
+        generators.placement_hosts(topo, placement)
+    except FieldError as exc:
+        raise FieldError(where, name, f"a placement that fits {topo.spec}: {exc.expected}", placement) from None
