@@ -22,7 +22,6 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
-from emulator.runs.results import CellResults
 from emulator.study import experiment as xp
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
@@ -83,22 +82,6 @@ class Eta:
         return cells + networks_left * bringup
 
 
-def cell_line(res: CellResults) -> str:
-    """The tail of a finished cell's progress line: median busbw (a training iteration: its time and scaling
-    efficiency) against the model's, and its fidelity flags."""
-    summary = res.summary()
-    pred = res.prediction.get("busbw_mbps") or 0.0
-    flags = [f for f in res.flags() if f not in QUIET_FLAGS]
-    busbw = summary.busbw_mbps if summary is not None else 0.0
-    ratio = (summary.measured_over_predicted if summary is not None else None) or 0.0
-    tail = f", measured/predicted {ratio:.2f}" + (f" [fidelity: {', '.join(flags)}]" if flags else "")
-    if summary is not None and summary.scaling_efficiency is not None:
-        model = res.prediction.get("scaling_efficiency") or 0.0
-        return f"iteration {summary.iteration_s:.1f} s, scaling efficiency {summary.scaling_efficiency:.2f} " \
-               f"(model {model:.2f})" + tail
-    return f"busbw {busbw:.2f} Mbit/s (model {pred:.2f})" + tail
-
-
 class Progress:
     """The console of one ``emu run``: ``total`` cells, of which :meth:`begin` says which are left.
 
@@ -151,8 +134,9 @@ class Progress:
         return (f"{progress_bar(self.done, self.total)} {self.done}/{self.total} "
                 f"ETA {format_duration(self._eta_s())}  {cell_id}: ")
 
-    def cell_ok(self, cell_id: str, res: CellResults) -> None:
-        self.say(self._head(cell_id) + cell_line(res))
+    def cell_ok(self, cell_id: str, line: str) -> None:
+        """A cell finished ok; ``line`` is what its kind says of it (:meth:`emulator.study.kinds.CellKind.line`)."""
+        self.say(self._head(cell_id) + line)
 
     def cell_failed(self, cell_id: str, error: str | None) -> None:
         self.say(self._head(cell_id) + f"FAILED ({error})")

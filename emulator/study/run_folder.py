@@ -21,14 +21,16 @@
 * ``sessions/<network>/`` -- one network's controller logs and port counters,
   its probes (``probe-<attempt>/``) and their verdicts (``probe.json``).
 
-A cell is finished when its ``results.json`` says ``ok`` and holds exactly
-this cell's configuration (:meth:`RunFolder.cell_finished`): a cell whose
-definition changed in the file, one that failed or was interrupted, and one
-whose results are missing or unreadable are run again. A replay cell's
-``results.json`` is read as :func:`emulator.runs.results.load` reads it, so
-folders written before the schema version existed (schema 1) resume as
-before; an MPI cell's as :class:`emulator.runs.mpi_plan.MpiResults` (its program
-exited 0: status ``ok``), and neither kind counts for a cell of the other.
+A cell is finished when its ``results.json``, read as the cell's kind reads
+it (:mod:`emulator.study.kinds`), says ``ok`` and holds exactly this cell's
+configuration (:meth:`RunFolder.cell_finished`): a cell whose definition
+changed in the file, one that failed or was interrupted, and one whose
+results are missing, unreadable or of another kind are run again. A replay
+cell's ``results.json`` is read as :func:`emulator.runs.results.load` reads
+it, so folders written before the schema version existed (schema 1) resume
+as before; an MPI cell's as :class:`emulator.runs.mpi_plan.MpiResults` (its
+program exited 0: status ``ok``). Every cell goes through one code path
+here; a new kind of cell needs no change in this module.
 
 The module-level functions pick the folder of a run under a results root:
 :func:`new_out_dir` names a new one, :func:`find_unfinished` finds the newest
@@ -49,14 +51,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.base.files import read_json_object, write_atomic, write_json_atomic
-from emulator.runs.mpi_plan import MpiResults
-from emulator.runs.results import CellResults, ProbeVerdict, SchemaError
+from emulator.runs.results import ProbeVerdict
 from emulator.study import experiment as xp
+from emulator.study.kinds import DEFAULT_KINDS, CellKind, Kinds, Results
 
 #: The name of the symlink under a results root that points at the folder in use.
 LATEST = "latest"
-#: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_plan.MpiResults.to_json`).
-MPI_KIND = "mpirun"
 #: What the plan says of an MPI cell's prediction.
 NO_PREDICTION = "none: an MPI program (the timing model predicts schedules only)"
 
@@ -141,10 +141,12 @@ class CellState:
 
 
 class RunFolder:
-    """One results folder of ``emu run`` at ``path`` (see the module docstring for its layout)."""
+    """One results folder of ``emu run`` at ``path`` (see the module docstring for its layout), its cells of
+    ``kinds`` (:mod:`emulator.study.kinds`: how each kind's results are read and written)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, kinds: Kinds = DEFAULT_KINDS):
         self.path = path
+        self.kinds = kinds
 
     def _file(self, name: str) -> str:
         return os.path.join(self.path, name)
@@ -157,61 +159,35 @@ class RunFolder:
     def results_path(self, cell: xp.Cell | str) -> str:
         return os.path.join(self.cell_dir(cell), "results.json")
 
-    def results_of(self, cell: xp.Cell | str) -> CellResults | None:
-        """The replay's ``results.json`` of the cell; None when it is missing, unreadable, not a results
-        document, or the results of an MPI program (kind ``mpirun``: :meth:`mpi_results_of` reads those)."""
+    def results_of(self, cell: xp.Cell | str, kind: CellKind[Any] | None = None) -> Results | None:
+        """The cell's ``results.json`` as ``kind`` reads it (default: the cell's kind; for a cell id alone, the
+        first kind that reads the document); None when it is missing, unreadable or of another kind."""
         data = read_json_object(self.results_path(cell))
-        if data is None or data.get("kind") == MPI_KIND:
+        if data is None:
             return None
-        try:
-            return CellResults.from_json(data)
-        except SchemaError:  # a newer schema or not a results document: as emulator.runs.results.load reads it
-            return None
+        if kind is None and isinstance(cell, xp.Cell):
+            kind = self.kinds.of(cell)
+        readers = [kind] if kind is not None else list(self.kinds)
+        return next((res for k in readers if (res := k.read(data)) is not None), None)
 
-    def mpi_results_of(self, cell: xp.Cell | str) -> MpiResults | None:
-        """An MPI cell's ``results.json`` (kind ``mpirun``); None when it is missing, unreadable or of another
-        kind."""
-        data = read_json_object(self.results_path(cell))
-        if data is None or data.get("kind") != MPI_KIND:
-            return None
-        try:
-            return MpiResults.from_json(data)
-        except (AttributeError, KeyError, TypeError, ValueError):  # a damaged document: the cell runs again
-            return None
-
-    def finished_results(self, cell: xp.Cell) -> CellResults | None:
+    def finished_results(self, cell: xp.Cell) -> Results | None:
         """The cell's results if they are finished (status ``ok``) and of exactly this cell, else None."""
         res = self.results_of(cell)
-        if res is None or not res.finished or res.config.get("cell") != cell.to_json():
-            return None
-        return res
-
-    def finished_mpi_results(self, cell: xp.Cell) -> MpiResults | None:
-        """An MPI cell's results if its program exited 0 (status ``ok``) and they are of exactly this cell."""
-        res = self.mpi_results_of(cell)
         if res is None or res.status != "ok" or res.config.get("cell") != cell.to_json():
             return None
         return res
 
     def cell_finished(self, cell: xp.Cell) -> bool:
         """True if the cell's directory holds a finished result of exactly this cell (the resume rule)."""
-        if cell.mpi is not None:
-            return self.finished_mpi_results(cell) is not None
         return self.finished_results(cell) is not None
 
     def empty_cell_dir(self, cell: xp.Cell) -> str:
         """The cell's directory, emptied of whatever an earlier attempt left (a cell always runs from scratch)."""
         return _empty_dir(self.cell_dir(cell))
 
-    def save_results(self, cell: xp.Cell, res: CellResults) -> None:
-        res.save(self.results_path(cell))
-
-    def save_mpi_results(self, cell: xp.Cell, res: MpiResults, probe: ProbeVerdict | None = None) -> None:
-        """An MPI cell's results, with its network's probe (``probe``, as a replay cell's results have it)."""
-        data = res.to_json()
-        if probe is not None:
-            data["probe"] = probe.to_json()
-        write_json_atomic(self.results_path(cell), data)
+    def save_results(self, cell: xp.Cell, res: Results, probe: ProbeVerdict | None = None) -> None:
+        """The cell's results as its kind writes them, with its network's ``probe`` when given."""
+        self.kinds.of(cell).save(self.results_path(cell), res, probe)
 
     # ------------------------------------------------------------- networks
     def session_dir(self, spec: str, policy: str, seed: int, link_mbps: float) -> str:

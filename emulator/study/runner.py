@@ -17,11 +17,17 @@ which cells are finished). It
 4. records every cell's outcome in ``state.json`` as it goes, and the run's
    status in ``run.json`` at the end.
 
-An MPI cell (:attr:`emulator.study.experiment.Cell.mpi`) runs its program on its
-network's session like any other cell, after the probe and between the
-replays (:func:`run_mpi_cell`: :func:`emulator.emulation.mpi_run.run_in_session` into
-the cell's directory); a program that exits non-zero, times out or cannot
-start is a failed cell.
+Every cell, whatever its kind, goes through one path (:meth:`Runner._run_cell`):
+its kind (:mod:`emulator.study.kinds`) runs it on its network's session,
+after the probe; what it wrote to its ``results.json``, read back as its kind
+reads it, decides whether it finished; the probe's verdict and a broken
+network flag it through its kind. A replay cell replays its schedule; an MPI
+cell (:attr:`emulator.study.experiment.Cell.mpi`) runs its program
+(:func:`run_mpi_cell`: :func:`emulator.emulation.mpi_run.run_in_session` into
+the cell's directory), and a program that exits non-zero, times out or cannot
+start is a failed cell. A new kind of cell needs no change in this module
+(only, if it runs through something live, its runner given to its kind as
+:func:`run_mpi_cell` is to the MPI kind).
 
 A failed cell, and a network that does not come up (every cell of it fails),
 are recorded and the loop goes on. A failed cell may have broken its network
@@ -43,7 +49,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
@@ -51,33 +57,18 @@ from emulator.emulation import mpi_run as mpirun
 from emulator.emulation.replay import ReplaySession
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule.check import CheckReport, predict
-from emulator.model.schedule.format import Schedule, format_size
+from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology
-from emulator.runs import fault_plan as faults
-from emulator.runs.fault_plan import Fault
 from emulator.runs.mpi_plan import MpiResults
-from emulator.runs.results import CellResults, Fidelity, ProbeVerdict
+from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study import network_probe as probe
-from emulator.study.progress import QUIET_FLAGS, TEARDOWN_S, Eta, Progress
+from emulator.study.kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
+from emulator.study.progress import TEARDOWN_S, Eta, Progress
 from emulator.study.run_folder import CellState, RunFolder
 
-
-class Session(Protocol):
-    """What the runner needs of a replay session (:class:`emulator.emulation.replay.ReplaySession`)."""
-
-    def start(self) -> None: ...
-
-    def stop(self) -> None: ...
-
-    @property
-    def bringup_s(self) -> float | None: ...
-
-    def damage(self) -> str | None: ...
-
-    def run(self, schedule: Schedule, out: str, *, repeat: int = ..., warmup: int = ...,
-            timeout_s: float | None = ..., config: dict[str, Any] | None = ..., report: CheckReport | None = ...,
-            fault_plan: Sequence[Fault] = ...) -> CellResults: ...
+__all__ = ["CellOutcome", "MpiCellRunner", "Network", "Runner", "Session", "SessionFactory", "Summary",
+           "run_mpi_cell"]
 
 
 class SessionFactory(Protocol):
@@ -85,14 +76,6 @@ class SessionFactory(Protocol):
 
     def __call__(self, topo: Topology, policy: str, *, seed: int, latency: LatencyModel, work_dir: str,
                  echo: Callable[[str], None]) -> Session: ...
-
-
-class MpiCellRunner(Protocol):
-    """Runs an MPI cell's program on a started session into ``out`` (an empty directory) and returns its results
-    (also written to ``out/results.json``, with ``config`` added to theirs); :func:`run_mpi_cell` in ``emu run``."""
-
-    def __call__(self, session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
-                 echo: Callable[[str], None]) -> MpiResults: ...
 
 
 def run_mpi_cell(session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
@@ -103,17 +86,6 @@ def run_mpi_cell(session: Session, cell: xp.Cell, out: str, *, config: dict[str,
         raise TypeError(f"an MPI cell runs on a ReplaySession, not a {type(session).__name__}")
     prep = mpirun.prepare(cell.mpi_config(out))
     return mpirun.run_in_session(prep, session, echo, config=config)
-
-
-def mpi_line(res: MpiResults) -> str:
-    """The tail of a finished MPI cell's progress line: wall time, the benchmark's largest size, its flags."""
-    text = f"MPI program exited {res.exit_status} after {res.wall_s or 0.0:.1f} s"
-    rows = [r for r in res.bench if isinstance(r.get("size"), int)]
-    if rows:
-        top = max(rows, key=lambda r: r["size"])
-        text += f", busbw {float(top.get('busbw_mbps') or 0.0):.2f} Mbit/s at {format_size(top['size'])} (no model)"
-    flags = [f for f in (res.fidelity.flags if res.fidelity else []) if f not in QUIET_FLAGS]
-    return text + (f" [fidelity: {', '.join(flags)}]" if flags else "")
 
 
 @dataclass
@@ -150,16 +122,16 @@ class Network:
 
 @dataclass(frozen=True)
 class CellOutcome:
-    """One cell's end: ``results`` (an MPI cell: ``mpi``) when it finished ok, else the ``error`` it failed with."""
+    """One cell's end: its ``results`` (of its ``kind``) when it finished ok, else the ``error`` it failed with."""
 
     cell: xp.Cell
-    results: CellResults | None = None
+    kind: CellKind[Any]
+    results: Results | None = None
     error: str | None = None
-    mpi: MpiResults | None = None
 
     @property
     def ok(self) -> bool:
-        return self.results is not None or self.mpi is not None
+        return self.results is not None
 
 
 class Runner:
@@ -168,18 +140,21 @@ class Runner:
     ``after_cell(cell_id, "ok" | "failed")`` is called after every cell (a
     KeyboardInterrupt it raises ends the run as Ctrl-C would); ``prepared``
     (the cells with their predictions) defaults to :func:`emulator.study.experiment.prepare`.
+    ``kinds``: how each kind of cell runs (:mod:`emulator.study.kinds`); by default ``emu run``'s, the MPI
+    cells' programs run by ``mpi_runner``.
     """
 
     def __init__(self, exp: xp.Experiment, out: str, *, session_factory: SessionFactory,
                  source_text: str | None = None, stream: TextIO | None = None,
                  after_cell: Callable[[str, str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 prepared: list[xp.PreparedCell] | None = None, mpi_runner: MpiCellRunner = run_mpi_cell):
+                 prepared: list[xp.PreparedCell] | None = None, mpi_runner: MpiCellRunner = run_mpi_cell,
+                 kinds: Kinds | None = None):
         self.exp = exp
         self.out = out
-        self.folder = RunFolder(out)
+        self.kinds = kinds if kinds is not None else run_kinds(mpi_runner)
+        self.folder = RunFolder(out, self.kinds)
         self.source_text = source_text
         self.session_factory = session_factory
-        self.mpi_runner = mpi_runner
         self.stream = stream or sys.stdout
         self.after_cell = after_cell
         self.clock = clock
@@ -237,11 +212,7 @@ class Runner:
         cid = outcome.cell.id
         if outcome.results is not None:
             summary.ran.append(cid)
-            progress.cell_ok(cid, outcome.results)
-        elif outcome.mpi is not None:
-            summary.ran.append(cid)
-            # Progress.cell_ok's line is a replay's (busbw against the model); the head (bar, count, ETA) is the same
-            progress.say(progress._head(cid) + mpi_line(outcome.mpi))
+            progress.cell_ok(cid, outcome.kind.line(outcome.results))
         else:
             summary.failed[cid] = outcome.error or "failed"
             progress.cell_failed(cid, outcome.error)
@@ -251,7 +222,7 @@ class Runner:
     def _fail_all(self, net: Network, error: str, progress: Progress, summary: Summary) -> None:
         for cell in net.cells:
             self._record(cell, "failed", 0.0, error)
-            self._cell_done(CellOutcome(cell, error=error), progress, summary)
+            self._cell_done(CellOutcome(cell, self.kinds.of(cell), error=error), progress, summary)
 
     # -------------------------------------------------------------- networks
     def _run_network(self, net: Network, progress: Progress, summary: Summary) -> None:
@@ -280,14 +251,9 @@ class Runner:
                 self._fail_all(net, f"network rebuild after a failed probe failed: {exc}", progress, summary)
                 return
             for n, cell in enumerate(net.cells):
-                if cell.mpi is not None:
-                    outcome = self._run_mpi_cell(session, cell)
-                    if outcome.mpi is not None:
-                        self._note_mpi_probe(cell, outcome.mpi, verdict)
-                else:
-                    outcome = self._run_cell(session, cell, progress.eta)
-                    if outcome.results is not None:
-                        self._note_probe(cell, outcome.results, verdict)
+                outcome = self._run_cell(session, cell, progress.eta)
+                if outcome.results is not None:
+                    self._note_probe(outcome, verdict)
                 self._cell_done(outcome, progress, summary)
                 rest = net.cells[n + 1:]
                 damage = session.damage()
@@ -379,99 +345,57 @@ class Runner:
             res = CellResults(status="failed", error=f"{type(exc).__name__}: {exc}")
         return probe.judge(res, report.predicted_time_s, pair)
 
-    def _note_probe(self, cell: xp.Cell, res: CellResults, verdict: ProbeVerdict) -> None:
+    def _note_probe(self, outcome: CellOutcome, verdict: ProbeVerdict) -> None:
         """Record the network's probe in the cell's results; a failed probe flags the cell and makes it untrusted."""
-        res.probe = verdict
+        assert outcome.results is not None
         if not verdict.passed:
-            res.flag_all(probe.FLAG)
-        self.folder.save_results(cell, res)
+            outcome.kind.flag(outcome.results, probe.FLAG)
+        self.folder.save_results(outcome.cell, outcome.results, verdict)
 
     def _flag_damaged(self, cell: xp.Cell, outcome: CellOutcome, verdict: ProbeVerdict) -> None:
         """A finished cell under which the network broke is flagged :data:`probe.DAMAGED_FLAG` (not trusted)."""
         if outcome.results is not None:
-            outcome.results.flag_all(probe.DAMAGED_FLAG)
-            self.folder.save_results(cell, outcome.results)
-        elif outcome.mpi is not None:
-            res = outcome.mpi
-            if res.fidelity is None:
-                res.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
-            res.fidelity.flag(probe.DAMAGED_FLAG)
-            self.folder.save_mpi_results(cell, res, verdict)
-
-    def _note_mpi_probe(self, cell: xp.Cell, res: MpiResults, verdict: ProbeVerdict) -> None:
-        """As :meth:`_note_probe`, for an MPI cell's results."""
-        if not verdict.passed:
-            if res.fidelity is None:
-                res.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
-            res.fidelity.flag(probe.FLAG)
-        self.folder.save_mpi_results(cell, res, verdict)
+            outcome.kind.flag(outcome.results, probe.DAMAGED_FLAG)
+            self.folder.save_results(cell, outcome.results, verdict)
 
     # ----------------------------------------------------------------- cells
-    def _run_mpi_cell(self, session: Session, cell: xp.Cell) -> CellOutcome:
-        """Run one MPI cell's program on the session into its (emptied) directory; recorded as :meth:`_run_cell`
-        records a replay (the program's exit status decides: 0 is ok, anything else a failed cell)."""
-        where = self.folder.empty_cell_dir(cell)
-        self._record(cell, "running", 0.0, None)
-        c0 = self.clock()
-        try:
-            self.mpi_runner(session, cell, where, config={"cell": cell.to_json(), "experiment": self.exp.name},
-                            echo=self.folder.log)
-        except KeyboardInterrupt:  # results.json already says interrupted
-            self._record(cell, "interrupted", self.clock() - c0, "interrupted")
-            raise
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            self._record(cell, "failed", self.clock() - c0, error)
-            return CellOutcome(cell, error=error)
-        wall = self.clock() - c0
-        finished = self.folder.finished_mpi_results(cell)  # what the program's run wrote, not what it returned
-        if finished is not None:
-            self._record(cell, "ok", wall, None)
-            return CellOutcome(cell, mpi=finished)
-        res = self.folder.mpi_results_of(cell)
-        if res is None:
-            error = "no results.json of kind mpirun"
-        elif res.error:
-            error = res.error
-        elif res.exit_status is not None and res.exit_status < 0:  # subprocess's way of saying a signal ended it
-            error = f"the program was ended by signal {-res.exit_status}"
-        elif res.exit_status is not None:
-            error = f"the program exited with status {res.exit_status}"
-        else:
-            error = f"status {res.status!r}"
-        self._record(cell, "failed", wall, error)
-        return CellOutcome(cell, error=error)
-
     def _run_cell(self, session: Session, cell: xp.Cell, eta: Eta) -> CellOutcome:
-        """Run one cell on the session into its (emptied) directory; the outcome is recorded in ``state.json``."""
+        """Run one cell of any kind on the session into its (emptied) directory; the outcome is recorded in
+        ``state.json``. What the cell's run wrote decides (not what it returned): finished results of exactly
+        this cell are ok, anything else a failed cell, with its kind's reason."""
+        kind = self.kinds.of(cell)
         pc = self.by_id[cell.id]
-        assert pc.schedule is not None and pc.report is not None, "a replay cell has a schedule and a prediction"
         where = self.folder.empty_cell_dir(cell)
+        config = {"cell": cell.to_json(), "experiment": self.exp.name}
+        wall, error = self._attempt(cell, lambda: kind.run(session, pc, where, config=config, echo=self.folder.log))
+        if error is not None:
+            return CellOutcome(cell, kind, error=error)
+        finished = self.folder.finished_results(cell)
+        if finished is not None:
+            if kind.predicted:
+                eta.observe_cell(cell.id, wall)
+            self._record(cell, "ok", wall, None)
+            return CellOutcome(cell, kind, results=finished)
+        error = kind.failure(self.folder.results_of(cell))
+        self._record(cell, "failed", wall, error)
+        return CellOutcome(cell, kind, error=error)
+
+    def _attempt(self, cell: xp.Cell, run: Callable[[], None]) -> tuple[float, str | None]:
+        """Record the cell ``running``, then ``run()`` it: returns its wall seconds and None, or, when it raised,
+        the error it was recorded ``failed`` with; Ctrl-C records it ``interrupted`` (its results already say so)
+        and goes on up."""
         self._record(cell, "running", 0.0, None)
         c0 = self.clock()
         try:
-            plan = faults.parse_faults(cell.faults, pc.topo, pc.schedule.p, pc.schedule.steps, cell.repeat)
-            session.run(pc.schedule, where, repeat=cell.repeat, warmup=cell.warmup,
-                        timeout_s=cell.timeout_s, report=pc.report, fault_plan=plan,
-                        config={"cell": cell.to_json(), "experiment": self.exp.name})
+            run()
         except KeyboardInterrupt:
             self._record(cell, "interrupted", self.clock() - c0, "interrupted")
             raise
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             self._record(cell, "failed", self.clock() - c0, error)
-            return CellOutcome(cell, error=error)
-        wall = self.clock() - c0
-        finished = self.folder.finished_results(cell)  # what the session wrote, not what it returned
-        if finished is not None:
-            eta.observe_cell(cell.id, wall)
-            self._record(cell, "ok", wall, None)
-            return CellOutcome(cell, results=finished)
-        res = self.folder.results_of(cell)
-        status = res.status if res is not None else None
-        error = (res.error if res is not None else None) or f"status {status!r}"
-        self._record(cell, "failed", wall, error)
-        return CellOutcome(cell, error=error)
+            return 0.0, error
+        return self.clock() - c0, None
 
     def _record(self, cell: xp.Cell, status: str, wall_s: float, error: str | None) -> None:
         self.states[cell.id] = CellState.recorded(status, wall_s, error)

@@ -23,6 +23,7 @@ from emulator.runs.mpi_plan import MpiResults, RankPlace, rank_hosts
 from emulator.runs.results import CellResults, Fidelity
 from emulator.study import experiment as xp
 from emulator.study import report, runner
+from emulator.study.kinds import DEFAULT_KINDS
 from emulator.study.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -403,15 +404,19 @@ def test_an_mpi_cell_is_finished_only_with_ok_mpirun_results_of_exactly_that_cel
     _mpi_doc(cells[3]).save(folder.results_path(changed))
     assert not folder.cell_finished(changed)  # the cell's definition changed in the file
     _mpi_doc(cell).save(folder.results_path(cell))
-    assert folder.cell_finished(cell) and folder.finished_mpi_results(cell) is not None
-    # neither kind counts for a cell of the other: results_of never reads an mpirun document as a replay's
-    assert folder.results_of(cell) is None
+    assert folder.cell_finished(cell) and isinstance(folder.finished_results(cell), MpiResults)
+    # neither kind counts for a cell of the other: the replay kind never reads an mpirun document as its own
+    replay_kind, mpi_kind = DEFAULT_KINDS.of(replay), DEFAULT_KINDS.of(cell)
+    assert (replay_kind.name, mpi_kind.name) == ("replay", "mpi")
+    assert folder.results_of(cell, replay_kind) is None
     os.makedirs(folder.cell_dir(replay))
     CellResults(config={"cell": replay.to_json()}, status="ok").save(folder.results_path(replay))
-    assert folder.mpi_results_of(replay) is None and folder.results_of(replay) is not None
+    assert folder.results_of(replay, mpi_kind) is None and isinstance(folder.results_of(replay), CellResults)
+    CellResults(config={"cell": cell.to_json()}, status="ok").save(folder.results_path(cell))
+    assert folder.results_of(cell) is None and not folder.cell_finished(cell)  # a replay's document
     with open(folder.results_path(cell), "w") as fh:
         fh.write('{"kind": "mpirun", "ranks": [1]}')  # damaged
-    assert folder.mpi_results_of(cell) is None and not folder.cell_finished(cell)
+    assert folder.results_of(cell) is None and not folder.cell_finished(cell)
 
 
 # ------------------------------------------------------------------ report

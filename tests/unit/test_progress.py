@@ -10,7 +10,8 @@ import yaml
 from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
 from emulator.study import progress as pg
-from emulator.study.progress import Eta, Progress, cell_line, format_duration, progress_bar
+from emulator.study.kinds.replay import cell_line
+from emulator.study.progress import Eta, Progress, format_duration, progress_bar
 
 TINY = """
 name: t
@@ -81,7 +82,7 @@ def test_the_lines_of_a_resumed_run(prepared):
     progress = Progress(stream, Eta(prepared), total=len(ids))
     progress.begin("results/t-1", 1, ids[1:], 2)
     progress.network("leafspine:leaves=2", "ecmp", 3, 1)
-    progress.cell_ok(ids[1], _results(2.0, 3.0, []))
+    progress.cell_ok(ids[1], cell_line(_results(2.0, 3.0, [])))
     progress.rebuilding("too slow")
     progress.probe_failed_again("still slow", "probe_failed")
     progress.network("leafspine:leaves=2", "dmodk", 0, 2)
@@ -112,7 +113,7 @@ def test_the_time_left_shrinks_as_cells_finish(prepared):
     progress.network("s", "dmodk", 0, len(ids))
     left = [progress.eta.remaining_s(progress.remaining, 0)]
     for cid in ids:
-        progress.cell_ok(cid, _results(1.0, 1.0, []))
+        progress.cell_ok(cid, cell_line(_results(1.0, 1.0, [])))
         left.append(progress.eta.remaining_s(progress.remaining, 0))
     assert left == sorted(left, reverse=True) and left[-1] == 0 and progress.done == len(ids)
     assert stream.getvalue().splitlines()[-1].startswith(f"{progress_bar(4, 4)} 4/4 ETA 0s  {ids[-1]}: ")

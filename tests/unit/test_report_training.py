@@ -20,12 +20,11 @@ import yaml
 from fake_session import factory
 
 from emulator.base.files import append_jsonl, read_json_object, write_json_atomic
-from emulator.model import fabric
 from emulator.runs import results
 from emulator.runs.results import CellResults, Fidelity, Iteration, Repetition
 from emulator.study import experiment as xp
 from emulator.study import report, runner
-from emulator.study.report import aggregate, answers, plots
+from emulator.study.report import answers, plots, timelines
 
 TRAIN = "{{topology: \"{spec}\", routing: {routing}, algorithms: [{algo}], model: resnet50, scale: {scale}}}"
 SCALE = {8: 100, 16: 100, 32: 200}  # the largest host count shrunk more: still one family per line
@@ -75,7 +74,7 @@ def rep_efficiencies(cell: xp.Cell) -> list[float]:
 
 def cell_json(cell: xp.Cell, latency_scaled: bool) -> dict[str, Any]:
     """The cell as the plan holds it, its fabric's latencies divided by its scale or not (both exist)."""
-    profile = fabric.parse(cell.fabric)
+    profile = cell.fabric
     scale = cell.workload.scale if cell.workload is not None else 1.0
     if latency_scaled:
         profile = dataclasses.replace(profile, alpha_us=8 / scale, switch_latency_us=1 / scale)
@@ -286,12 +285,12 @@ def test_read_computes_parses_the_compute_records_of_one_repetition(built):
     computes = report.read_computes(cdir, 1)
     assert len(computes) == 3 * GANTT_RANKS
     first = computes[0]
-    assert first == aggregate.Compute(rep=1, step=0, rank=0, host="h1", op=0, seconds=1 / 5000, start=100.0,
+    assert first == timelines.Compute(rep=1, step=0, rank=0, host="h1", op=0, seconds=1 / 5000, start=100.0,
                                       end=101.0)
     assert {c.rank for c in computes} == set(range(GANTT_RANKS)) and all(c.rep == 1 for c in computes)
     transfers = report.read_transfers(cdir, 1)
     assert len(transfers) == GANTT_RANKS and all(t.bytes == 4096 for t in transfers)
-    tl = aggregate.first_measured_transfers([r for r in report.load_rows(out)[1] if r.id == trained[0].id])
+    tl = timelines.first_measured_transfers([r for r in report.load_rows(out)[1] if r.id == trained[0].id])
     assert tl and tl[0].rep == 1 and len(tl[0].computes) == 3 * GANTT_RANKS and tl[0].start == 100.0
 
 

@@ -10,7 +10,7 @@ What it shows, all from median busbw (nccl-tests definition) of the measured
 repetitions, with the model's prediction (``schedule check``, max-min fair
 flow level) beside every number; training iterations (cells with a workload
 instead of a size) never enter a busbw comparison
-(:func:`~emulator.study.report.aggregate.busbw_rows`), they have their own section:
+(:func:`~emulator.study.report.rows.busbw_rows`), they have their own section:
 
 * first, the answers to the paper's questions in a few sentences
   (``summary.json`` holds them as numbers);
@@ -34,7 +34,7 @@ instead of a size) never enter a busbw comparison
   it against hosts and a Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
   (:mod:`emulator.model.paper_scale`), when the reference ran at several host counts;
-* "MPI programs" (MPI cells only, :class:`~emulator.study.report.aggregate.MpiRow`):
+* "MPI programs" (MPI cells only, :class:`~emulator.study.kinds.mpi.MpiRow`):
   per cell the program, ranks, placement, exit status, wall time and the
   bundled benchmark's busbw at its largest size (no model: they enter no
   other section's table, plot or answer, but count in the overview and in
@@ -45,12 +45,24 @@ A collective other than allreduce is named wherever a family is (``leafspine-4x4
 ecmp allgather-ring``), and its speedup tables are its own; allreduce labels
 read as they always did.
 
+Every cell, whatever its kind, is read in one code path
+(:func:`~emulator.study.report.rows.load`: its kind, :mod:`emulator.study.kinds`,
+makes its row) and counts in the overview, the fidelity and failure lists
+and ``cells.csv``; a kind's own section (as "MPI programs" is the MPI
+cells') is a function of :mod:`~emulator.study.report.sections` that
+:func:`build` calls on that kind's rows.
+
 Modules, each importing only those before it:
 
-* :mod:`~emulator.study.report.aggregate` -- typed rows from the folder
-  (:class:`CellRow`, :func:`load_rows`, ``cells.csv``) and every number
-  computed from them: speedup and server tables with their intervals, scaling
-  families, the heat map's cells and matrices;
+* :mod:`~emulator.study.report.rows` -- typed rows from the folder
+  (:func:`~emulator.study.report.rows.load`, :func:`load_rows`, ``cells.csv``),
+  which of them busbw describes and which are training iterations;
+* :mod:`~emulator.study.report.speedups` -- speedup and server tables with
+  their bootstrap intervals;
+* :mod:`~emulator.study.report.families` -- scaling efficiency per family
+  and host count, of collectives and of training iterations;
+* :mod:`~emulator.study.report.timelines` -- the heat map's cells and
+  matrices, the timelines' transfers and compute operations;
 * :mod:`~emulator.study.report.answers` -- which comparisons answer which question,
   and their sentences;
 * :mod:`~emulator.study.report.doc` -- the document's blocks and their Markdown and
@@ -58,8 +70,8 @@ Modules, each importing only those before it:
 * :mod:`~emulator.study.report.plots` -- every figure (matplotlib, Agg backend);
 * :mod:`~emulator.study.report.sections` -- one function per section of the report;
 * this package -- :func:`build` (the sections in order) and
-  :func:`write_report` (the files). It re-exports the public names of
-  ``aggregate`` that callers use (``report.load_rows``, ``report.speedup_tables``, ...).
+  :func:`write_report` (the files). It re-exports the public names of the
+  modules above that callers use (``report.load_rows``, ``report.speedup_tables``, ...).
 """
 
 from __future__ import annotations
@@ -69,67 +81,79 @@ from dataclasses import dataclass, field
 
 from emulator.base.files import write_atomic, write_json_atomic
 from emulator.model import fabric, paper_scale
+from emulator.study.kinds import DEFAULT_KINDS, Kinds
 from emulator.study.report import answers, sections
-from emulator.study.report.aggregate import (
+from emulator.study.report.doc import Doc
+from emulator.study.report.families import (
+    ScalingKey,
+    ScalingPoint,
+    TrainingKey,
+    TrainingPoint,
+    scaling_families,
+    training_families,
+)
+from emulator.study.report.rows import (
     CSV_FIELDS,
-    RESAMPLES,
-    BaselineEntry,
     CellRow,
-    Compute,
-    LinkStepMatrix,
     MpiRow,
     Plan,
     Reference,
-    ScalingKey,
-    ScalingPoint,
-    ServerComparison,
-    SpeedupTable,
-    Timeline,
-    TrainingKey,
-    TrainingPoint,
+    Row,
     busbw_rows,
-    link_step_matrix,
+    load,
     load_mpi_rows,
     load_rows,
-    pick_heatmap_cells,
-    read_computes,
-    read_transfers,
-    scaling_families,
-    server_speedup_tables,
-    speedup_interval,
-    speedup_tables,
-    training_families,
     training_rows,
     write_csv,
 )
-from emulator.study.report.doc import Doc
+from emulator.study.report.speedups import (
+    RESAMPLES,
+    BaselineEntry,
+    ServerComparison,
+    SpeedupTable,
+    server_speedup_tables,
+    speedup_interval,
+    speedup_tables,
+)
+from emulator.study.report.timelines import (
+    Compute,
+    LinkStepMatrix,
+    Timeline,
+    link_step_matrix,
+    pick_heatmap_cells,
+    read_computes,
+    read_transfers,
+)
 from emulator.study.run_folder import RunFolder
 
 __all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "MpiRow",
-           "Plan", "Reference", "Report", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable",
-           "Timeline", "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load_mpi_rows",
-           "load_rows",
-           "pick_heatmap_cells", "read_computes", "read_transfers", "scaling_families", "server_speedup_tables",
-           "speedup_interval", "speedup_tables", "training_families", "training_rows", "write_csv",
-           "write_report"]
+           "Plan", "Reference", "Report", "Row", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable",
+           "Timeline", "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load",
+           "load_mpi_rows", "load_rows", "pick_heatmap_cells", "read_computes", "read_transfers", "scaling_families",
+           "server_speedup_tables", "speedup_interval", "speedup_tables", "training_families", "training_rows",
+           "write_csv", "write_report"]
 
 
 @dataclass(frozen=True)
 class Report:
-    """A built report: the experiment, its rows (replay cells; MPI cells apart), the answers (measured and
-    projected) and the document."""
+    """A built report: the experiment, its rows (``rows`` the replay cells', ``mpi_rows`` the MPI cells', ``cells``
+    every cell's, of every kind, in ``cells.csv``'s order), the answers (measured and projected) and the
+    document."""
 
     plan: Plan
     rows: list[CellRow]
     answers: list[answers.Answer]
     doc: Doc
     mpi_rows: list[MpiRow] = field(default_factory=list)
+    cells: list[Row] = field(default_factory=list)
 
 
-def build(out: str) -> Report:
-    """Compute everything, draw the plots into ``out/plots/``; return the report (nothing else is written)."""
-    plan, rows = load_rows(out)  # replay cells only: every table, plot and answer of the model
-    mpi_rows = load_mpi_rows(out)  # MPI cells: their own section
+def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
+    """Compute everything, draw the plots into ``out/plots/``; return the report (nothing else is written).
+    ``kinds``: the kinds of the folder's cells (:mod:`emulator.study.kinds`)."""
+    plan, every = load(out, kinds)
+    rows = [r for r in every if isinstance(r, CellRow)]  # replay cells: every table, plot and answer of the model
+    mpi_rows = [r for r in every if isinstance(r, MpiRow)]  # MPI cells: their own section
     ref = plan.reference
     plot_dir = os.path.join(out, "plots")
     os.makedirs(plot_dir, exist_ok=True)
@@ -146,7 +170,7 @@ def build(out: str) -> Report:
     doc = Doc()
     sections.title(doc, plan)
     sections.answers_section(doc, found, plan.repeat)
-    sections.overview(doc, plan, rows, mpi_rows)
+    sections.overview(doc, plan, every)
     # an experiment of training iterations or MPI programs only has no busbw to show
     empty = not rows and not mpi_rows
     if collective or empty:
@@ -162,17 +186,17 @@ def build(out: str) -> Report:
     if rows or empty:
         sections.every_cell(doc, rows, plot_dir)
     sections.faults(doc, rows)
-    sections.fidelity(doc, rows, mpi_rows)
-    return Report(plan=plan, rows=rows, answers=found, doc=doc, mpi_rows=mpi_rows)
+    sections.fidelity(doc, every)
+    return Report(plan=plan, rows=rows, answers=found, doc=doc, mpi_rows=mpi_rows, cells=every)
 
 
-def write_report(out: str) -> str:
+def write_report(out: str, kinds: Kinds = DEFAULT_KINDS) -> str:
     """Write ``report.md``, ``report.html``, ``cells.csv``, ``summary.json`` and ``plots/*.png`` into ``out``.
 
     Returns report.md's path. ``summary.json``'s ``wall_s`` is ``run.json``'s (null when it has none).
     """
-    report = build(out)
-    write_csv(os.path.join(out, "cells.csv"), report.rows, report.mpi_rows)
+    report = build(out, kinds)
+    write_csv(os.path.join(out, "cells.csv"), report.cells)
     run = RunFolder(out).read_run()
     write_json_atomic(os.path.join(out, "summary.json"),
                       answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers))

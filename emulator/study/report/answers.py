@@ -3,10 +3,10 @@
 This module owns which comparisons answer which question and how the
 answers read: the report's "Answers" section (first thing after the title)
 and the ``answers`` of ``summary.json``. It does not compute tables: it
-picks entries of :func:`~emulator.study.report.aggregate.speedup_tables` and
-:func:`~emulator.study.report.aggregate.server_speedup_tables` (which carry the
+picks entries of :func:`~emulator.study.report.speedups.speedup_tables` and
+:func:`~emulator.study.report.speedups.server_speedup_tables` (which carry the
 95% intervals) and reads the rows of
-:func:`~emulator.study.report.aggregate.load_rows`, so everything follows from
+:func:`~emulator.study.report.rows.load_rows`, so everything follows from
 which cells exist, never from series names.
 
 * **Q1** "Does one NIC per accelerator remove intra-server congestion?": the
@@ -27,7 +27,7 @@ which cells exist, never from series names.
   baselines, beside the model's measured error (:func:`model_error_text`).
 
 Q1, Q2 and scaling are busbw answers: they see only the rows of one
-collective at a size (:func:`~emulator.study.report.aggregate.busbw_rows`), never a
+collective at a size (:func:`~emulator.study.report.rows.busbw_rows`), never a
 training iteration. A family of another collective than allreduce is named
 with it (``leaf-spine + ECMP + ring allgather``).
 
@@ -45,20 +45,9 @@ from typing import Any, TypeVar
 from emulator.base import stats
 from emulator.model import paper_scale, topology
 from emulator.model.schedule.format import format_size
-from emulator.study.report.aggregate import (
-    CellRow,
-    Reference,
-    ServerComparison,
-    SpeedupTable,
-    TrainingKey,
-    TrainingPoint,
-    busbw_rows,
-    efficiency_interval,
-    median,
-    ratio,
-    speedup_interval,
-    training_families,
-)
+from emulator.study.report.families import TrainingKey, TrainingPoint, efficiency_interval, training_families
+from emulator.study.report.rows import CellRow, Reference, busbw_rows
+from emulator.study.report.speedups import ServerComparison, SpeedupTable, median, ratio, speedup_interval
 
 QUESTIONS = {
     "Q1": "Q1. Does one NIC per accelerator remove intra-server congestion?",
@@ -420,7 +409,7 @@ def find(rows: list[CellRow], ref: Reference, tables: list[SpeedupTable],
          server_tables: list[ServerComparison]) -> list[Answer]:
     """Every measured answer the data supports, in the order Q1, Q2, scaling, training.
 
-    Q1, Q2 and scaling see only :func:`~emulator.study.report.aggregate.busbw_rows` (``tables`` and
+    Q1, Q2 and scaling see only :func:`~emulator.study.report.rows.busbw_rows` (``tables`` and
     ``server_tables`` are built from them already).
     """
     return [*server_answers(server_tables, ref), *network_answers(tables), *scaling_answers(rows, ref),

@@ -1,8 +1,9 @@
-"""The report's plots: every use of matplotlib, each figure drawn from data the aggregation computed.
+"""The report's plots: every use of matplotlib, each figure drawn from data the report's numbers computed.
 
 This module owns how the figures look (sizes, colours, axes, resolution) and
-nothing of what goes into them: the rows, the link x step matrices, the
-timelines and the scaling families come from :mod:`emulator.study.report.aggregate`.
+nothing of what goes into them: the rows (:mod:`emulator.study.report.rows`),
+the link x step matrices and timelines (:mod:`emulator.study.report.timelines`)
+and the scaling families (:mod:`emulator.study.report.families`) come from elsewhere.
 Every function writes one PNG to ``path``; those that may have nothing to
 draw return whether they wrote it. Matplotlib runs with the Agg backend (no
 display) and is imported on the first plot only.
@@ -16,15 +17,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.model.schedule.format import format_size
-from emulator.study.report.aggregate import (
-    CellRow,
-    LinkStepMatrix,
-    ScalingKey,
-    ScalingPoint,
-    Timeline,
-    TrainingKey,
-    TrainingPoint,
-)
+from emulator.study.report.families import ScalingKey, ScalingPoint, TrainingKey, TrainingPoint
+from emulator.study.report.rows import CellRow
+from emulator.study.report.timelines import LinkStepMatrix, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

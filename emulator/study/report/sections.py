@@ -2,8 +2,10 @@
 
 This module owns the report's prose and tables: what each section says and
 how its numbers read (``×1.24 (1.10–1.38)``, ``–`` for a missing value).
-Each function takes numbers already computed (:mod:`emulator.study.report.aggregate`,
-:mod:`emulator.study.report.answers`, :mod:`emulator.model.paper_scale`); those with a
+Each function takes rows and numbers already computed (:mod:`emulator.study.report.rows`,
+:mod:`~emulator.study.report.speedups`, :mod:`~emulator.study.report.families`,
+:mod:`~emulator.study.report.timelines`, :mod:`~emulator.study.report.answers`,
+:mod:`emulator.model.paper_scale`); those with a
 figure draw it through :mod:`emulator.study.report.plots` into the ``plots``
 folder they are given and link it as ``plots/<name>``.
 """
@@ -19,26 +21,11 @@ from emulator.base.errors import FieldError
 from emulator.model import fabric, paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.study.report import answers, plots
-from emulator.study.report.aggregate import (
-    RESAMPLES,
-    BaselineEntry,
-    CellRow,
-    LinkStepMatrix,
-    MpiRow,
-    Plan,
-    Reference,
-    ScalingKey,
-    ScalingPoint,
-    ServerComparison,
-    SpeedupTable,
-    Timeline,
-    TrainingKey,
-    TrainingPoint,
-    busbw_rows,
-    first_measured_transfers,
-    link_step_matrix,
-)
 from emulator.study.report.doc import Doc
+from emulator.study.report.families import ScalingKey, ScalingPoint, TrainingKey, TrainingPoint
+from emulator.study.report.rows import CellRow, MpiRow, Plan, Reference, Row, busbw_rows
+from emulator.study.report.speedups import RESAMPLES, BaselineEntry, ServerComparison, SpeedupTable
+from emulator.study.report.timelines import LinkStepMatrix, Timeline, first_measured_transfers, link_step_matrix
 
 INTERVAL_SENTENCE = (f"In brackets after a speedup: its 95% bootstrap interval ({RESAMPLES} resamples: the ECMP "
                      "seeds with replacement, then the repetitions within each drawn seed, the median of the "
@@ -109,14 +96,16 @@ def fabric_sentence(spec: str | None, link_mbps: float) -> str:
             f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
 
 
-def overview(doc: Doc, plan: Plan, rows: list[CellRow], mpi_rows: Sequence[MpiRow] = ()) -> None:
-    """How many cells finished (MPI cells included), the links and datapath, what busbw and the model are, the
+def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
+    """How many cells finished (every kind's), the links and datapath, what busbw and the model are, the
     fabric; a caution when the model's contention-free cells ran much slower than predicted."""
-    statuses = [r.status for r in rows] + [r.status for r in mpi_rows]
+    rows = [r for r in every if isinstance(r, CellRow)]
+    mpi_rows = [r for r in every if isinstance(r, MpiRow)]
+    statuses = [r.status for r in every]
     n_ok = sum(st == "ok" for st in statuses)
     failed = sum(st not in ("ok", "not run") for st in statuses)
     not_run = sum(st == "not run" for st in statuses)
-    datapaths = sorted({d for d in [*(r.datapath for r in rows), *(r.datapath for r in mpi_rows)] if d})
+    datapaths = sorted({r.datapath for r in every if r.datapath})
     others = sorted({r.collective for r in rows if r.collective != "allreduce"})
     trained = sorted({r.workload for r in rows if r.is_training})
     doc.ul([
@@ -563,11 +552,10 @@ def faults(doc: Doc, rows: list[CellRow]) -> None:
           "correct data despite a fault is `degraded`; a fault that stops a rank fails the cell.")
 
 
-def fidelity(doc: Doc, rows: list[CellRow], mpi_rows: Sequence[MpiRow] = ()) -> None:
+def fidelity(doc: Doc, every: Sequence[Row]) -> None:
     """How many cells carry each fidelity flag, the untrusted cells, the failed ones and those not run yet
-    (MPI cells included)."""
+    (cells of every kind, in :func:`~emulator.study.report.rows.load`'s order)."""
     doc.h(2, "Fidelity flags and failures")
-    every: list[CellRow | MpiRow] = [*rows, *mpi_rows]
     flag_counts: dict[str, int] = {}
     for r in every:
         for f in r.flags:
