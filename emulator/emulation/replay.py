@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from emulator.base.errors import UserError, int_field
-from emulator.base.files import append_jsonl, write_json_atomic
+from emulator.base.files import PROJECT_ROOT, append_jsonl, write_json_atomic
 from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.agent import latency_plan
 from emulator.emulation.agent_launcher import AgentLauncher
@@ -79,7 +79,6 @@ from emulator.runs.results import CellResults, Repetition
 
 log = logging.getLogger(__name__)
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Every rank starts a repetition at the same instant on the shared monotonic
 #: clock, this long after the "go" message leaves (enough for 16-64 agents on
 #: 2 cores to wake, read it and start their worker threads).
