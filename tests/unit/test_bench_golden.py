@@ -80,7 +80,7 @@ def test_a_full_run_prints_and_writes_what_it_did(monkeypatch):
 
 
 def test_a_run_whose_sections_fail_prints_and_writes_what_it_did(monkeypatch):
-    profile = bench.bench_profile("bandwidth-only", 20.0)
+    profile = bench.bench_profile(fabric.PRESETS["bandwidth-only"], 20.0)
     echo, saves, report = run_bench(monkeypatch, sc.failing, ("bigraph",), (), bring_ok=False, profile=profile,
                                     cases=(DEFAULT_CASES[0],), sizes=(Size(64 << 10, 1, 2),), crossovers=(),
                                     bringup_rounds=1)
@@ -88,7 +88,7 @@ def test_a_run_whose_sections_fail_prints_and_writes_what_it_did(monkeypatch):
 
 
 def test_the_admission_request_is_unchanged():
-    bw_only = bench.bench_profile("bandwidth-only", 20.0)
+    bw_only = bench.bench_profile(fabric.PRESETS["bandwidth-only"], 20.0)
     requests = [bench.admission_request(fabric.default(), DEFAULT_SIZES, LatencyModel(fabric.default()), 1500.0),
                 bench.admission_request(bw_only, (Size(1 << 20, 1, 3),), LatencyModel(bw_only), None,
                                         bringup_rounds=3)]

@@ -50,7 +50,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.selfcheck.bench import admission_request, bench, bench_profile, format_report
 
     sizes = _sizes(args.sizes, args.repeat)
-    profile = bench_profile(args.fabric, args.bw)  # --fabric and --bw, parsed once
+    profile = bench_profile(fabric.parse(args.fabric, where="bench: fabric"), args.bw)  # --fabric and --bw, parsed once
     calibration = calibration_file.load_calibration(profile.emulated_mtu)
     capacity = calibration.datapath_capacity_mbps if calibration is not None else None
     admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration), capacity,

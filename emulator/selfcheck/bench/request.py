@@ -1,5 +1,6 @@
-"""The bench before it runs: its fabric profile (:func:`bench_profile`, ``--fabric`` and ``--bw``) and the whole
-bench as admission sees it (:func:`admission_request`), from the model alone (pure: no network)."""
+"""The bench before it runs: its fabric profile (:func:`bench_profile`: ``--fabric``'s, parsed by the command line,
+with ``--bw`` applied) and the whole bench as admission sees it (:func:`admission_request`), from the model alone
+(pure: no network)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ AGENTS_VS_IPERF_S = 60.0
 MPI_RUN_S = 60.0
 
 
-def bench_profile(fabric_spec: str | None, bw: float | None) -> fabric.FabricProfile:
-    """The fabric profile of the bench; ``--bw`` changes its dilation so that links emulate at ``bw``."""
-    profile = fabric.parse(fabric_spec, where="bench: fabric")
+def bench_profile(profile: fabric.FabricProfile, bw: float | None) -> fabric.FabricProfile:
+    """The fabric profile of the bench: ``profile`` (``--fabric``'s); ``--bw`` changes its dilation so that links
+    emulate at ``bw``."""
     if bw is None:
         return profile
     if isinstance(bw, bool) or not fabric.MIN_LINK_MBPS <= bw <= fabric.MAX_LINK_MBPS:
