@@ -40,12 +40,14 @@ from emulator.study.kinds.base import (
     Results,
     Row,
     Session,
+    read_fabric,
 )
 from emulator.study.kinds.mpi import MpiCellRunner, MpiKind, MpiRow
 from emulator.study.kinds.replay import CellRow, ReplayKind
 
 __all__ = ["CSV_FIELDS", "DEFAULT_KINDS", "CellKind", "CellRow", "Kinds", "MpiCellRunner", "MpiKind", "MpiRow",
-           "PlanDefaults", "ReplayKind", "Results", "Row", "Session", "run_kinds"]
+           "PlanDefaults", "ReplayKind", "Results", "Row", "Session", "read_fabric",
+           "run_kinds"]
 
 #: The kinds of ``emu run``'s cells, in the order ``cells.csv`` lists their rows; the MPI kind here has no
 #: runner (reading and reporting need none: :func:`run_kinds` gives it one).

@@ -6,7 +6,8 @@ cell's kind (the first kind of its tuple that claims the cell). The types the
 kinds share live here too: :class:`Session` (what a cell runs on),
 :class:`Results` (a cell's ``results.json`` as its kind reads it),
 :class:`Row` (a cell in the report and in ``cells.csv``, whose columns are
-:data:`CSV_FIELDS`) and :class:`PlanDefaults` (what a row falls back on).
+:data:`CSV_FIELDS`) and :class:`PlanDefaults` (what a row falls back on). A plan entry's fabric profile is
+parsed once, as its row is made (:func:`read_fabric`), and the row carries the profile.
 
 Pure: nothing here starts a process or touches a network; a kind that needs a
 live runner (an MPI program's) is given it when it is made.
@@ -17,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from emulator.base.errors import UserError
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.check import CheckReport
 from emulator.model.schedule.format import Schedule
 from emulator.runs.fault_plan import Fault
@@ -94,7 +98,18 @@ class PlanDefaults(Protocol):
     def link_mbps(self) -> float: ...
 
     @property
-    def fabric(self) -> str | None: ...
+    def fabric(self) -> FabricProfile | None: ...  # None for runs older than fabric profiles
+
+
+def read_fabric(raw: Any) -> FabricProfile | None:
+    """The fabric profile of a file written earlier (a plan entry's ``fabric``); None when it has none (older than
+    fabric profiles) or one that does not parse (a damaged file: the row then goes on without it)."""
+    if not raw:
+        return None
+    try:
+        return fabric.parse(raw)  # any JSON value: what is not a profile raises FieldError
+    except UserError:
+        return None
 
 
 R = TypeVar("R", bound=Results)

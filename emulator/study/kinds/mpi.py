@@ -18,14 +18,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from emulator.base.errors import UserError
 from emulator.base.files import write_json_atomic
 from emulator.model import fabric, topology
+from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.runs.mpi_plan import MpiResults
 from emulator.runs.results import Fidelity, ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session
+from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
 from emulator.study.progress import QUIET_FLAGS
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ class MpiRow:
     busbw_size: int | None
     link_mbps: float
     capacity_mbps: float  # link goodput: link_mbps x the TCP goodput at the fabric's MTU
+    fabric: FabricProfile  # the cell's (else the experiment's, else the default one): its MTU sets capacity_mbps
     trusted: bool | None
     flags: list[str]
     qdisc_drops: int
@@ -114,13 +115,12 @@ class MpiRow:
         return {name: own.get(name, "") for name in CSV_FIELDS}
 
 
-def _goodput(spec: str | None) -> float:
-    """TCP payload per wire byte at the MTU of a fabric spec (the default fabric's without one)."""
-    try:
-        profile = fabric.parse(spec) if spec else fabric.default()
-    except UserError:
-        profile = fabric.default()
-    return topology.tcp_goodput_factor(profile.emulated_mtu)
+def _fabric(entry: Mapping[str, Any], plan: PlanDefaults) -> FabricProfile:
+    """The cell's fabric profile: its plan entry's, else the experiment's; the default one when neither has one
+    and when the entry's does not parse."""
+    if entry.get("fabric"):
+        return read_fabric(entry["fabric"]) or fabric.default()
+    return plan.fabric or fabric.default()
 
 
 def _bench_top(res: MpiResults | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
@@ -212,6 +212,7 @@ class MpiKind:
         bench, top = _bench_top(res)
         busbw = top.get("busbw_mbps") if top else None
         link_mbps = (res.link_mbps if res else None) or plan.link_mbps
+        profile = _fabric(entry, plan)
         return MpiRow(
             id=entry["id"], series=entry["series"], topology=entry["topology"],
             topology_slug=entry["id"].split(".")[1], kind=entry["kind"], hosts=entry["hosts"],
@@ -220,8 +221,8 @@ class MpiKind:
             status=status, exit_status=res.exit_status if res else None, run_status=res.status if res else None,
             time_s=res.wall_s if res else None, wall_s=state.wall_s if state else None, bench=bench,
             busbw_mbps=float(busbw) if isinstance(busbw, int | float) else None,
-            busbw_size=top["size"] if top else None, link_mbps=link_mbps,
-            capacity_mbps=link_mbps * _goodput(entry.get("fabric") or plan.fabric), **_fidelity_fields(res),
+            busbw_size=top["size"] if top else None, link_mbps=link_mbps, fabric=profile,
+            capacity_mbps=link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu), **_fidelity_fields(res),
             error=None if finished else ((state.error if state else None) or (res.error if res else None)),
             learned_connections=res.learned_connections if res else None,
             datapath=(res.datapath or None) if res else None, dir=cell_dir)

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from emulator.model import topology
+from emulator.model.fabric import FabricProfile
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, ProbeVerdict, SchemaError, Summary
 from emulator.study import experiment as xp
-from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session
+from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
 from emulator.study.progress import QUIET_FLAGS
 
 if TYPE_CHECKING:
@@ -100,7 +101,7 @@ class CellRow:
     predicted_scaling_efficiency: float | None = None
     workload_scale: float = 1.0  # a training iteration's scale (gradients and compute divided by it)
     workload_model: str = ""  # the workload's slug without its scale (``resnet50-b32``): its training family
-    fabric: str = ""  # the cell's fabric profile spec ("" in plans older than fabric profiles)
+    fabric: FabricProfile | None = None  # the cell's fabric profile; None in plans older than fabric profiles
     rep_efficiency: list[float] = field(default_factory=list)  # scaling efficiency of every measured repetition
 
     @property
@@ -191,7 +192,7 @@ def _planned(entry: Mapping[str, Any]) -> dict[str, Any]:
             "server_design": _server_design(params), "collective": entry.get("collective", "allreduce"),
             "workload": _workload_slug(workload),
             "workload_model": _workload_slug({**workload, "scale": 1.0}) if workload else "",
-            "workload_scale": float((workload or {}).get("scale") or 1.0), "fabric": str(entry.get("fabric") or "")}
+            "workload_scale": float((workload or {}).get("scale") or 1.0), "fabric": read_fabric(entry.get("fabric"))}
 
 
 def _workload_slug(workload: Mapping[str, Any] | None) -> str:

@@ -161,7 +161,7 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
     tables, server_tables = speedup_tables(collective, ref), server_speedup_tables(collective)
     found = answers.find(rows, ref, tables, server_tables)
     error = answers.model_error_text(paper_scale.model_error(collective))
-    profile = fabric.parse(plan.fabric) if plan.fabric else fabric.default()
+    profile = plan.fabric or fabric.default()
     # the projection answers the scaling question at the paper's scale: only for experiments that ask it
     scaled = len({r.hosts for r in collective if ref.matches(r)}) > 1
     projected = paper_scale.project_comparisons(profile) if scaled else ()

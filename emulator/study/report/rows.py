@@ -1,8 +1,9 @@
 """The report's rows: what the report reads of a results folder, one typed row per planned cell, and ``cells.csv``.
 
 Pure apart from reading the folder. It owns :class:`Plan` (what the report
-needs of ``experiment.json``) and :class:`Reference`, and loads one row per
-planned cell through the cell's kind (:mod:`emulator.study.kinds`:
+needs of ``experiment.json``, its fabric profile parsed once here) and
+:class:`Reference`, and loads one row per planned cell through the cell's
+kind (:mod:`emulator.study.kinds`:
 :class:`~emulator.study.kinds.replay.CellRow` for a replay,
 :class:`~emulator.study.kinds.mpi.MpiRow` for an MPI program) in one code
 path (:func:`load`), so a new kind's rows come out of it unchanged here.
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.base.files import read_json, write_atomic
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
 from emulator.study.kinds import CSV_FIELDS, DEFAULT_KINDS, CellRow, Kinds, MpiRow, Row
 from emulator.study.run_folder import RunFolder
 
@@ -52,17 +55,20 @@ class Plan:
     description: str
     reference: Reference
     link_mbps: float
-    fabric: str | None  # the fabric profile's spec; None for runs older than fabric profiles
+    fabric: FabricProfile | None  # the experiment's fabric profile; None for runs older than fabric profiles
     warmup: int
     repeat: int
     ecmp_seeds: tuple[int, ...]
 
     @classmethod
     def from_json(cls, exp: Mapping[str, Any]) -> Plan:
+        """The plan of ``experiment.json``'s ``experiment``, its fabric profile parsed (a FieldError when it does
+        not parse)."""
         ref = exp.get("reference") or DEFAULT_REFERENCE
+        profile = fabric.parse(exp["fabric"]) if exp.get("fabric") else None
         return cls(name=str(exp["name"]), description=str(exp.get("description") or ""),
                    reference=Reference(algorithm=ref["algorithm"], routing=ref["routing"]),
-                   link_mbps=float(exp["link_mbps"]), fabric=exp.get("fabric") or None, warmup=int(exp["warmup"]),
+                   link_mbps=float(exp["link_mbps"]), fabric=profile, warmup=int(exp["warmup"]),
                    repeat=int(exp["repeat"]), ecmp_seeds=tuple(int(s) for s in exp["ecmp_seeds"]))
 
 

@@ -17,7 +17,6 @@ import os
 import statistics
 from collections.abc import Sequence
 
-from emulator.base.errors import FieldError
 from emulator.model import fabric, paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.study.report import answers, plots
@@ -83,14 +82,13 @@ def answers_section(doc: Doc, found: list[answers.Answer], repeat: int) -> None:
     doc.p(" ".join(notes))
 
 
-def fabric_sentence(spec: str | None, link_mbps: float) -> str:
+def fabric_sentence(profile: fabric.FabricProfile | None, link_mbps: float) -> str:
     """What the emulated figures stand for: the experiment's fabric profile (older runs had none)."""
-    if not spec:
-        dilation = fabric.default().link_gbps * 1000 / link_mbps
+    if profile is None:
+        dilation = fabric.default().dilation_for(link_mbps)
         return (f"Time dilation: a {link_mbps:g} Mbit/s emulated link stands for a {fabric.default().link_gbps:g} "
                 f"Gbit/s one, every time divided by {dilation:g}. This run predates fabric profiles: only "
                 "bandwidth was dilated, so small messages here are more latency-bound than on the real fabric.")
-    profile = fabric.parse(spec)
     return (f"Fabric: {profile.describe()}. Divide an emulated time by {profile.dilation:g} (multiply a rate by "
             f"it) for the real fabric's: busbw {link_mbps * 0.9:.1f} Mbit/s here is "
             f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
@@ -313,10 +311,7 @@ def _notes(cells: list[CellRow]) -> str:
 
 def _latency_scaled(row: CellRow, profile: fabric.FabricProfile) -> bool:
     """Whether the cell's fabric has the experiment's per-message latency divided by the workload's scale."""
-    try:
-        own = fabric.parse(row.fabric) if row.fabric else None
-    except FieldError:
-        return False
+    own = row.fabric
     return own is not None and math.isclose(own.alpha_us * row.workload_scale, profile.alpha_us, rel_tol=1e-6)
 
 
