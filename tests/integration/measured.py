@@ -14,3 +14,13 @@ def step_time(results: CellResults, steps) -> float:
         for st in rep.steps:
             per_step.setdefault(st.step, []).append(st.time_s)
     return sum(statistics.median(per_step[s]) for s in steps)
+
+
+#: The accuracy docs/fidelity.md states for a replay's measured/predicted time: every `make bench` row within ±10 %.
+BENCH_ACCURACY = 0.10
+
+
+def band(noise: float, accuracy: float = BENCH_ACCURACY) -> tuple[float, float]:
+    """Where a measured/predicted ratio must fall: the documented ``accuracy`` widened by the ``noise`` (the spread of
+    the ratio over repeated runs on this machine; both written per check in docs/testing-accuracy.md)."""
+    return 1 - accuracy - noise, 1 + accuracy + noise

@@ -48,7 +48,9 @@ def test_bigraph_links_shaped_and_tcp_reaches_link_rate():
         # h1 and h2 share switch s1
         assert topo.host("h1").switch == topo.host("h2").switch
         mbps = iperf3_mbps(en.host("h1"), en.host("h2"), topo.host("h2").ip)
-        assert mbps >= 0.90 * topo.host_bw, f"TCP goodput {mbps:.2f} Mbit/s on a {topo.host_bw} Mbit/s link"
+        print(f"one link: TCP goodput {mbps / topo.host_bw:.3f} of the rate")
+        # the bench's target for one link is 0.97 (measured 0.991-0.994); 0.981-0.991 over 3 runs here
+        assert mbps >= 0.96 * topo.host_bw, f"TCP goodput {mbps:.2f} Mbit/s on a {topo.host_bw} Mbit/s link"
         # Host NICs: the sender's data frames went through the data class, the receiver's ACKs the control class.
         sent = {h: class_packets(en.host(h)) for h in ("h1", "h2")}
         assert sent["h1"]["10:2"] > 100 and sent["h2"]["10:1"] > 100, sent

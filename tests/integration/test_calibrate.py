@@ -30,12 +30,15 @@ def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
     res = emu("calibrate", "--quick", "--bw", "10", env={"EF_STATE_DIR": str(state)})
     assert res.returncode == 0, res.stderr[-2000:]
     data = json.loads((state / f"calibration-mtu{DEFAULT_MTU}.json").read_text())
-    assert data["one_link_ratio"] >= 0.9, data["measurements"]["one_link"]
+    # the bench's targets (docs/fidelity.md: one link 0.991-0.998, agents / iperf3 0.994-0.995, target 0.97 each)
+    # less the noise of the quick calibration's short flows (docs/testing-accuracy.md)
+    assert data["one_link_ratio"] >= 0.95, data["measurements"]["one_link"]
     assert data["machine"]["mtu"] == DEFAULT_MTU and data["machine"]["nproc"] >= 1
     assert data["machine"]["kernel"] and data["machine"]["ovs_version"] and data["machine"]["date"]
     assert data["measurements"]["capacity"]["points"], "no capacity point measured"
     assert data["datapath_capacity_mbps"] is None or data["datapath_capacity_mbps"] > 0
-    assert data["agent_over_iperf3"] > 0.5, data["measurements"]["agents_vs_iperf3"]
+    print(f"calibrate --quick: one link {data['one_link_ratio']:.3f}, agents/iperf3 {data['agent_over_iperf3']:.3f}")
+    assert data["agent_over_iperf3"] >= 0.95, data["measurements"]["agents_vs_iperf3"]
     assert "one link goodput / rate" in res.stdout
     # the intrinsic latency over 1, 2, 3 and 5 switches: a fraction of a millisecond to a few, never negative
     per = data["latency"]["per_switches"]

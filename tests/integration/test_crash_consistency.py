@@ -269,7 +269,9 @@ def _run_with_fault(tmp_path, fault: str) -> dict:
     assert proc.returncode == (0 if affected["status"] == "ok" else 1), output
     log = open(os.path.join(out, "run.log")).read()
     assert f"(ecmp, seed 0) after the cell {first}: " in log, log  # the runner saw the damage
-    assert log.index(f"after the cell {first}: ") < log.index("rebuilding") < log.index(f"ran {second}"), log
+    # (a probe before the first cell may have rebuilt the network already: its run was not trusted under load)
+    damage = log.index(f"after the cell {first}: ")
+    assert damage < log.index("rebuilding", damage) < log.index(f"ran {second}"), log
     if affected["status"] == "ok":  # it finished across the damage: flagged, not trusted
         res = json.loads(open(os.path.join(out, "cells", first, "results.json")).read())
         assert not res["trusted"] and "network_damaged" in res["repetitions"][0]["fidelity"]["flags"], res
@@ -283,9 +285,6 @@ def test_open_vswitch_restarted_under_a_cell_the_next_cell_still_runs(tmp_path):
     _run_with_fault(tmp_path, "ovs_restart")
 
 
-@pytest.mark.skipif(not os.environ.get("EF_SOAK_LONG"), reason="`make soak` runs it (EF_SOAK_LONG=1); in `make test` "
-                    "test_faults.py kills the controller under a replay and tests/unit/test_experiment.py holds the "
-                    "runner's rebuild after a dead controller")
 def test_controller_killed_under_a_cell_the_next_cell_still_runs(tmp_path):
     _run_with_fault(tmp_path, "controller_kill")
 

@@ -9,6 +9,8 @@ import os
 import pytest
 
 from emulator.emulation.replay import ReplaySession
+from emulator.model import topology
+from emulator.model.schedule.format import COMPUTE
 from emulator.study import experiment as xp
 from emulator.study import report, runner
 from emulator.study.run_folder import RunFolder
@@ -71,7 +73,7 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
 
 TRAINING = """
 name: training-tiny
-repeat: 1
+repeat: 2
 warmup: 0
 series:
   - name: t
@@ -79,25 +81,43 @@ series:
       - {topology: "bigraph:upper=2,lower=2,hosts_per_switch=2", routing: bigraph, algorithms: [hdrm],
          model: resnet50, batch: 32, scale: 50}
 """
+#: How far the iteration's exposed communication (iteration time less the compute) may sit from the model's: the
+#: collectives' documented accuracy plus the noise measured here (docs/testing-accuracy.md). It is about 6 % of the
+#: iteration: a band on the whole iteration this wide would let communication 3x the model's pass.
+EXPOSED_COMMUNICATION_BAND = (0.90, 2.0)
 
 
 def test_a_resnet50_iteration_runs_from_an_experiment_file_and_reports_its_efficiency(tmp_path):
-    """One DDP iteration (8 ranks, scale 50: 2.7 s of emulated compute) with ``emu run``: iteration time, compute-only
-    time and scaling efficiency in results.json, within 15 % of the model, and the report's training section."""
+    """One DDP iteration (8 ranks, scale 50: 2.7 s of emulated compute) with ``emu run``, twice: every repetition
+    takes at least its compute (the schedule's compute ops, dilated), results.json records that compute, and the
+    communication the iteration exposes beyond it is the model's within the band; the report's training section."""
     path = tmp_path / "training.yaml"
     path.write_text(TRAINING)
     exp = xp.load(str(path))
+    (cell,) = xp.expand(exp)
+    schedule = cell.schedule(topology.build(cell.topology))
+    # the compute-only time from the schedule's own compute ops, not from the prediction: DDP's compute is one chain
+    # per rank (forward, then backward interleaved with the buckets' allreduces)
+    compute_s = max(sum(op.seconds for op in r.ops if op.kind == COMPUTE) for r in schedule.ranks) \
+        * xp.cell_profile(cell).dilation
+    assert compute_s > 2.0, compute_s
     out = str(tmp_path / "out")
     summary = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO()).run()
     assert summary.status == "complete", summary.failed
-    (cid,) = summary.ran
-    res = RunFolder(out).results_of(cid)
-    assert res is not None and all(r.correct for r in res.repetitions)
+    assert summary.ran == [cell.id]
+    res = RunFolder(out).results_of(cell.id)
+    assert res is not None and len(res.repetitions) == 2 and all(r.correct for r in res.repetitions)
     data = res.to_json()
-    assert data["compute_only_s"] == pytest.approx(res.prediction["compute_only_s"])
-    assert 0 < data["scaling_efficiency_median"] <= 1
-    assert data["iteration_s_median"] == pytest.approx(data["compute_only_s"] / data["scaling_efficiency_median"])
-    ratio = data["iteration_s_median"] / res.prediction["iteration_time_s"]
-    assert 0.85 < ratio < 1.15, ratio
+    assert data["compute_only_s"] == pytest.approx(compute_s, rel=1e-6)
+    iterations = [r.iteration.iteration_s for r in res.repetitions if r.iteration is not None]
+    assert len(iterations) == 2
+    assert all(t >= compute_s for t in iterations), (iterations, compute_s)  # no agent computes faster than asked
+    predicted_exposed = res.prediction["iteration_time_s"] - compute_s
+    assert 0 < predicted_exposed < 0.2 * compute_s, predicted_exposed
+    exposed = data["iteration_s_median"] - compute_s
+    ratio = exposed / predicted_exposed
+    print(f"training iteration: compute {compute_s:.3f} s, iterations {iterations}, exposed communication "
+          f"{exposed:.3f} s against the model's {predicted_exposed:.3f} s: {ratio:.3f}")
+    assert EXPOSED_COMMUNICATION_BAND[0] < ratio < EXPOSED_COMMUNICATION_BAND[1], (exposed, predicted_exposed)
     md = open(report.write_report(out)).read()
     assert "## Training iteration: scaling efficiency" in md

@@ -21,7 +21,7 @@ from emulator.model.schedule import format as sformat
 from emulator.model.schedule import generators
 from emulator.model.schedule.check import check
 
-from .measured import step_time
+from .measured import band, step_time
 
 pytestmark = pytest.mark.integration
 
@@ -36,6 +36,11 @@ LEAFSPINE = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"
 HDRM_MIN_BUSBW = 0.85
 BANDWIDTH_BOUND_SIZE = 16 << 20
 SIZE = 4 << 20
+#: measured/predicted time, the documented accuracy widened by the spread measured here (docs/testing-accuracy.md):
+#: hdrm at 4 MiB on BiGraph ran 1.04-1.18x the model over 4 runs with other jobs on the machine; hd on the
+#: colliding ECMP seed 0.941-0.949 over 2
+HDRM_BAND = band(noise=0.14)
+HD_ECMP_BAND = band(noise=0.01)
 
 
 def write_schedule(tmp_path, algo, spec, placement=None, name=None, size=SIZE):
@@ -64,7 +69,10 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     # at 4 MiB the fabric's latency is part of the time: hdrm reaches the model's busbw (0.85 of the link
     # here), which the next test holds where it is bandwidth-bound
     predicted_busbw = good.prediction["busbw_mbps"]
-    assert good_summary.busbw_mbps >= 0.9 * predicted_busbw, (good_summary.busbw_mbps, predicted_busbw)
+    good_ratio = good_summary.measured_over_predicted
+    print(f"hdrm on BiGraph 4 MiB: measured/predicted {good_ratio}")
+    assert good_ratio is not None and HDRM_BAND[0] < good_ratio < HDRM_BAND[1], (good_summary.busbw_mbps,
+                                                                                  predicted_busbw)
     assert good_summary.busbw_mbps >= 0.75 * good.link_mbps, good_summary.busbw_mbps
     saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
     assert saved == good.to_json()
@@ -93,7 +101,8 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
                                                                           step_time(good, colliding))
     # the model predicts ECMP's collisions too: every make bench row is within 10% of it (docs/fidelity.md)
     ratio = bad_summary.measured_over_predicted
-    assert ratio is not None and 0.8 < ratio < 1.25, ratio
+    print(f"hd on ECMP leaf-spine seed {seed}: measured/predicted {ratio}")
+    assert ratio is not None and HD_ECMP_BAND[0] < ratio < HD_ECMP_BAND[1], ratio
 
 
 def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):

@@ -9,16 +9,17 @@ from emulator.model import fabric, topology
 from emulator.model.schedule import cost, generators
 from emulator.model.schedule import format as sformat
 
-from .measured import step_time
+from .measured import BENCH_ACCURACY, step_time
 
 pytestmark = pytest.mark.integration
 
 FABRIC = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 SIZE = 2 << 20
 #: How far the measured N=1 / N=4 ratio of the inter-server phase may sit from
-#: the model's: the model shares each NIC max-min fairly among the four flows;
-#: TCP's sharing and the datapath's jitter are not that even.
-TOLERANCE = 0.25
+#: the model's: the documented accuracy and the noise measured here (0.914-0.996
+#: of the model over 4 runs: docs/testing-accuracy.md). The model shares each
+#: NIC max-min fairly among the four flows; TCP's sharing is not that even.
+TOLERANCE = BENCH_ACCURACY + 0.08
 
 
 def server_spec(nics: int) -> str:
@@ -57,4 +58,5 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
     model_ratio = predicted[1] / predicted[4]
     assert model_ratio == pytest.approx(4.0, rel=0.05)  # 4x, but for each message's last frame
     ratio = measured[1] / measured[4]
+    print(f"shared NIC: inter-server phase N=1/N=4 {ratio:.3f}, model {model_ratio:.3f}, ratio {ratio / model_ratio:.3f}")
     assert abs(ratio / model_ratio - 1) <= TOLERANCE, (ratio, model_ratio, measured)
