@@ -9,11 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 
 from emulator.base.naming import BRIDGE_RE
-from emulator.emulation.replay import ReplayConfig, replay
+from emulator.emulation.replay import ReplayConfig, ReplaySession, prepare, replay
 from emulator.emulation.runstate import all_runs
 from emulator.emulation.system import run
 from emulator.model import topology
@@ -59,10 +60,26 @@ def colliding_seed(schedule, topo) -> int:
     return max(range(40), key=worst)
 
 
-def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path):
-    path, schedule, topo = write_schedule(tmp_path, "hdrm", BIGRAPH)
-    good = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm"),
-                               repeat=2, warmup=1))
+@pytest.fixture(scope="module")
+def hdrm_on_bigraph(tmp_path_factory):
+    """hdrm on one BiGraph network brought up once for this module's two tests (the network goes down before the
+    leaf-spine's comes up): 4 MiB (a warm-up, 2 repetitions) into ``hdrm/``, then 16 MiB (2) into ``hdrm16/``."""
+    tmp = tmp_path_factory.mktemp("bigraph")
+    path4, schedule, _ = write_schedule(tmp, "hdrm", BIGRAPH)
+    path16, _, _ = write_schedule(tmp, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
+    configs = [ReplayConfig(schedule=path4, topology=BIGRAPH, routing="bigraph", out=str(tmp / "hdrm"),
+                            repeat=2, warmup=1),
+               ReplayConfig(schedule=path16, topology=BIGRAPH, routing="bigraph", out=str(tmp / "hdrm16"),
+                            repeat=2, warmup=0)]
+    preps = [prepare(cfg) for cfg in configs]  # as `emu replay` would, each on the same network
+    with ReplaySession(preps[0].topo, "bigraph", latency=preps[0].latency, work_dir=str(tmp / "session")) as session:
+        results = [session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, config=asdict(cfg),
+                               report=prep.report) for cfg, prep in zip(configs, preps, strict=True)]
+    return tmp, schedule, results[0], results[1]
+
+
+def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path, hdrm_on_bigraph):
+    folder, schedule, good, _ = hdrm_on_bigraph
     good_summary = good.summary()
     assert good.status == "ok" and good_summary is not None
     assert all(rep.correct for rep in good.repetitions)
@@ -74,14 +91,14 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     assert good_ratio is not None and HDRM_BAND[0] < good_ratio < HDRM_BAND[1], (good_summary.busbw_mbps,
                                                                                   predicted_busbw)
     assert good_summary.busbw_mbps >= 0.75 * good.link_mbps, good_summary.busbw_mbps
-    saved = json.loads((tmp_path / "hdrm" / "results.json").read_text())
+    saved = json.loads((folder / "hdrm" / "results.json").read_text())
     assert saved == good.to_json()
     assert saved["busbw_mbps_median"] == good_summary.busbw_mbps
     assert saved["prediction"]["max_flows_per_link"] == [1] * schedule.steps
-    timeline = (tmp_path / "hdrm" / "timeline.jsonl").read_text().splitlines()
+    timeline = (folder / "hdrm" / "timeline.jsonl").read_text().splitlines()
     sends = sum(1 for r in schedule.ranks for op in r.ops if op.kind == "send")
     assert len(timeline) == sends * 3  # warmup + 2 repetitions
-    links = [json.loads(line) for line in (tmp_path / "hdrm" / "links.jsonl").read_text().splitlines()]
+    links = [json.loads(line) for line in (folder / "hdrm" / "links.jsonl").read_text().splitlines()]
     assert {rec["source"] for rec in links} >= {"tc", "tcp", "controller"}
 
     hd_path, hd_schedule, ls_topo = write_schedule(tmp_path, "hd", LEAFSPINE)
@@ -105,10 +122,8 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
     assert ratio is not None and HD_ECMP_BAND[0] < ratio < HD_ECMP_BAND[1], ratio
 
 
-def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(tmp_path):
-    path, _, _ = write_schedule(tmp_path, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
-    res = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "hdrm16"),
-                              repeat=2, warmup=0))
+def test_hdrm_on_bigraph_reaches_085_of_the_link_when_bandwidth_bound(hdrm_on_bigraph):
+    _, _, _, res = hdrm_on_bigraph
     summary = res.summary()
     assert res.status == "ok" and summary is not None and all(rep.correct for rep in res.repetitions)
     busbw = [rep.busbw_mbps for rep in res.repetitions]
