@@ -50,6 +50,9 @@ QUIT_GRACE_S = 5.0
 #: How long :meth:`Fleet.close` gives the agents before it kills them.
 CLOSE_GRACE_S = 0.5
 POLL_S = 0.2
+#: How long an agent whose connection closed gets to end its process, so that its exit status (its memory
+#: limit's, say) names the cause; a loaded machine took longer than one poll (a flaky unit test, seen once).
+EXIT_GRACE_S = 2.0
 
 
 class ReplayFailed(Exception):
@@ -213,7 +216,7 @@ class Fleet:
             status = proc.poll() if proc else None
             if status is None and proc is not None:  # the connection closes a moment before the process ends
                 with contextlib.suppress(subprocess.TimeoutExpired):
-                    status = proc.wait(POLL_S)
+                    status = proc.wait(EXIT_GRACE_S)
             raise ReplayFailed(self._exited(rank, status, kind, "agent exited (status {status})"))
         if msg["type"] == kind:
             got[rank] = msg
