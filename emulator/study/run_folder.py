@@ -53,24 +53,13 @@ from typing import Any
 from emulator.base.files import read_json_object, write_atomic, write_json_atomic
 from emulator.runs.results import ProbeVerdict
 from emulator.study import experiment as xp
+from emulator.study.cell_state import CellState, json_number, json_text, timestamp
 from emulator.study.kinds import DEFAULT_KINDS, CellKind, Kinds, Results
 
 #: The name of the symlink under a results root that points at the folder in use.
 LATEST = "latest"
 #: What the plan says of an MPI cell's prediction.
 NO_PREDICTION = "none: an MPI program (the timing model predicts schedules only)"
-
-
-def _now() -> str:
-    return datetime.datetime.now().isoformat(timespec="seconds")
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 @dataclass(frozen=True)
@@ -100,44 +89,11 @@ class RunRecord:
     def from_json(cls, data: Mapping[str, Any]) -> RunRecord:
         """Any JSON object: keys that are missing or of the wrong type read as None."""
         cells = data.get("cells")
-        return cls(experiment=_text(data.get("experiment")), source=_text(data.get("source")),
-                   fingerprint=_text(data.get("fingerprint")), created=_text(data.get("created")),
-                   updated=_text(data.get("updated")), status=_text(data.get("status")),
+        return cls(experiment=json_text(data.get("experiment")), source=json_text(data.get("source")),
+                   fingerprint=json_text(data.get("fingerprint")), created=json_text(data.get("created")),
+                   updated=json_text(data.get("updated")), status=json_text(data.get("status")),
                    cells=cells if isinstance(cells, int) and not isinstance(cells, bool) else None,
-                   wall_s=_number(data.get("wall_s")))
-
-
-@dataclass(frozen=True)
-class CellState:
-    """One cell's entry in ``state.json``: its last outcome (``running``, ``ok``, ``failed``, ``interrupted``).
-
-    ``at`` is None for a cell that was found finished without an entry of its
-    own (its results came from an earlier folder state); such an entry is
-    written as the status alone.
-    """
-
-    status: str
-    wall_s: float | None = None
-    error: str | None = None
-    at: str | None = None
-
-    @classmethod
-    def recorded(cls, status: str, wall_s: float, error: str | None) -> CellState:
-        """An outcome as the runner records it: wall seconds to the millisecond, stamped now."""
-        return cls(status=status, wall_s=round(wall_s, 3), error=error, at=_now())
-
-    def to_json(self) -> dict[str, Any]:
-        if self.at is None:
-            return {"status": self.status}
-        return {"status": self.status, "wall_s": self.wall_s, "error": self.error, "at": self.at}
-
-    @classmethod
-    def from_json(cls, data: object) -> CellState | None:
-        """None for an entry that is not an object with a string ``status``."""
-        if not isinstance(data, Mapping) or not isinstance(data.get("status"), str):
-            return None
-        return cls(status=data["status"], wall_s=_number(data.get("wall_s")), error=_text(data.get("error")),
-                   at=_text(data.get("at")))
+                   wall_s=json_number(data.get("wall_s")))
 
 
 class RunFolder:
@@ -242,7 +198,7 @@ class RunFolder:
     def write_run(self, exp: xp.Experiment, status: str, cells: int, wall_s: float) -> RunRecord:
         """Write ``run.json`` with this status and wall time, keeping the time it was first created."""
         old = self.read_run()
-        now = _now()
+        now = timestamp()
         record = RunRecord(experiment=exp.name, source=exp.source, fingerprint=exp.fingerprint(),
                            created=(old.created if old is not None else None) or now, updated=now, status=status,
                            cells=cells, wall_s=round(wall_s, 3))
@@ -267,7 +223,7 @@ class RunFolder:
     def log(self, text: str) -> None:
         """Append one time-stamped line to ``run.log``."""
         with open(self._file("run.log"), "a", encoding="utf-8") as fh:
-            fh.write(f"{_now()} {text}\n")
+            fh.write(f"{timestamp()} {text}\n")
 
 
 def _empty_dir(path: str) -> str:

@@ -63,9 +63,10 @@ from emulator.runs.mpi_plan import MpiResults
 from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study import network_probe as probe
+from emulator.study.cell_state import CellState
 from emulator.study.kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
 from emulator.study.progress import TEARDOWN_S, Eta, Progress
-from emulator.study.run_folder import CellState, RunFolder
+from emulator.study.run_folder import RunFolder
 
 __all__ = ["CellOutcome", "MpiCellRunner", "Network", "Runner", "Session", "SessionFactory", "Summary",
            "run_mpi_cell"]

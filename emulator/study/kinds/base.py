@@ -16,7 +16,7 @@ live runner (an MPI program's) is given it when it is made.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from emulator.base.errors import UserError
 from emulator.model import fabric
@@ -26,9 +26,7 @@ from emulator.model.schedule.format import Schedule
 from emulator.runs.fault_plan import Fault
 from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
-
-if TYPE_CHECKING:  # run_folder imports the kinds; a row only reads the state it is handed
-    from emulator.study.run_folder import CellState
+from emulator.study.cell_state import CellState
 
 #: The columns of ``cells.csv``, every kind's row (:meth:`Row.csv`) leaving empty those that do not apply.
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "collective", "algorithm", "placement",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from emulator.base.files import write_json_atomic
 from emulator.model import fabric, topology
@@ -25,11 +25,9 @@ from emulator.model.schedule.format import format_size
 from emulator.runs.mpi_plan import MpiResults
 from emulator.runs.results import Fidelity, ProbeVerdict
 from emulator.study import experiment as xp
+from emulator.study.cell_state import CellState
 from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
 from emulator.study.progress import QUIET_FLAGS
-
-if TYPE_CHECKING:
-    from emulator.study.run_folder import CellState
 
 #: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_plan.MpiResults.to_json`).
 RESULTS_KIND = "mpirun"

@@ -12,18 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, ProbeVerdict, SchemaError, Summary
 from emulator.study import experiment as xp
+from emulator.study.cell_state import CellState
 from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
 from emulator.study.progress import QUIET_FLAGS
-
-if TYPE_CHECKING:
-    from emulator.study.run_folder import CellState
 
 LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput
 
