@@ -17,7 +17,8 @@ or as a mapping ``{action: ACTION, target: TARGET, at: SECONDS | step: N, rep: R
       forwarding with the entries they hold (fail-mode secure), nobody
       reroutes.
     * ``controller_restart`` -- start it again (killed first if it still
-      runs); the switches reconnect (1 s backoff) and are resynchronised.
+      runs); it points the switches at itself again (else they would wait
+      out Open vSwitch's backoff, up to 8 s), and they are resynchronised.
     * ``agent_kill:R`` -- SIGKILL to rank R's agent: the run fails naming the rank.
 
 ``WHEN``

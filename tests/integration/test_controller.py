@@ -1,9 +1,9 @@
 """The controller on real Mininet and Open vSwitch (root).
 
 One network per topology (module-scoped, so only one exists at a time); the
-controller is restarted on the same loopback port for every policy and the
-switches reconnect to it (they retry every second), get wiped and get the new
-policy's entries. Per (topology, policy): every host pair pings, and a TCP
+controller is restarted on the same loopback port for every policy, points
+the switches at itself again (:func:`emulator.emulation.controller_process.reconnect_switches`),
+and they reconnect, get wiped and get the new policy's entries. Per (topology, policy): every host pair pings, and a TCP
 transfer on an agent 5-tuple raises the byte counters on exactly the
 inter-switch links :func:`emulator.model.routing.route` predicts. Then: ECMP
 placement is the same for the same seed and changes with the seed, and a
