@@ -15,13 +15,14 @@ that ``emu clean`` finds exactly ours):
 
 What bring-up does, in order: checks root and Open vSwitch, picks the
 datapath (kernel where the openvswitch module exists, userspace otherwise),
-creates hosts (recording their pids in the run state), switches and links
-shaped with HTB (``TCLink``), starts the switches (OpenFlow 1.3, fail-mode
+creates hosts (recording their pids in the run state), switches and plain
+links (Mininet ``Link``: the shaping comes later, in batches), starts the switches (OpenFlow 1.3, fail-mode
 secure, the model's dpid), then configures every host: TX checksum offload
 off on the userspace datapath (otherwise TCP carries nothing), IPv6 off,
 ``tcp_slow_start_after_idle`` off, static ARP for every other host
-(:mod:`emulator.emulation.host_commands`), then the queues of every link end
-(:mod:`emulator.emulation.tc_commands`). On the userspace datapath it enlarges Open vSwitch's
+(:mod:`emulator.emulation.host_commands`), then the shaping and queues of every
+link end (:mod:`emulator.emulation.tc_commands`): one ``tc -batch`` per host and one
+for the root namespace. On the userspace datapath it enlarges Open vSwitch's
 packet socket buffers (:mod:`emulator.emulation.ovs_sockets`). With no controller it
 installs the routing policy's flow entries with ``ovs-ofctl``.
 
@@ -65,7 +66,7 @@ from emulator.emulation.tc_commands import (
     queue_packets_for,
     root_interface_rates,
     root_interfaces,
-    shaping_class_command,
+    shaping_tree_commands,
     switch_port_queue_commands,
     tc_batch,
 )
@@ -73,12 +74,6 @@ from emulator.model import routing
 from emulator.model.topology import DEFAULT_MTU, Topology
 
 log = logging.getLogger(__name__)
-
-
-def _quiet_htb_quantum(record: logging.LogRecord) -> bool:
-    """Drop tc's "quantum of class ... is big" warnings (links over 16 Mbit/s): with one class per link,
-    HTB's quantum decides nothing."""
-    return "quantum of class" not in record.getMessage()
 
 
 class EmulatedNetwork:
@@ -193,16 +188,15 @@ class EmulatedNetwork:
 
     def _build(self) -> None:
         # Mininet is imported here, not at the top: it is slow to import and only bring-up needs it.
-        from mininet.link import TCLink
-        from mininet.log import lg, setLogLevel
+        from mininet.link import Link
+        from mininet.log import setLogLevel
         from mininet.net import Mininet
         from mininet.node import OVSSwitch, RemoteController
 
         setLogLevel(os.environ.get("EF_MININET_LOG", "output"))
-        lg.addFilter(_quiet_htb_quantum)
         switch_cls = partial(OVSSwitch, datapath=self.datapath, protocols="OpenFlow13", failMode="secure",
                              reconnectms=1000)
-        net = Mininet(topo=None, switch=switch_cls, link=TCLink, controller=None, build=False,
+        net = Mininet(topo=None, switch=switch_cls, link=Link, controller=None, build=False,
                       autoSetMacs=False, autoStaticArp=False, waitConnected=False)
         self.net = net
         assert self.state is not None
@@ -215,11 +209,10 @@ class EmulatedNetwork:
             if lk.kind == "host":
                 net.addLink(lk.a, bridge_name(lk.b), port1=0, port2=lk.b_port,
                             intfName1=host_intf(lk.a), intfName2=switch_intf(lk.b, lk.b_port),
-                            addr1=self.topo.host(lk.a).mac, bw=lk.bw_mbps)
+                            addr1=self.topo.host(lk.a).mac)
             else:
                 net.addLink(bridge_name(lk.a), bridge_name(lk.b), port1=lk.a_port, port2=lk.b_port,
-                            intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port),
-                            bw=lk.bw_mbps)
+                            intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port))
         if self.controller is not None:
             ip, port = self.controller
             net.addController(RemoteController("c0", ip=ip, port=port))
@@ -242,7 +235,7 @@ class EmulatedNetwork:
             for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.tsq_bytes):
                 self._host_run(node, cmd)
             intf = host_intf(h.name)
-            queues = tc_batch([shaping_class_command(intf, self.topo.host_link(h.name).bw_mbps),
+            queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(h.name).bw_mbps),
                                *host_queue_commands(intf, self.queue_packets)])
             self._host_run(node, ["tc", "-batch", self._write_batch(f"queues-{h.name}.batch", queues)])  # one tc
             arp = self._write_batch(f"arp-{h.name}", static_arp_batch(self.topo, h.name))
@@ -256,7 +249,7 @@ class EmulatedNetwork:
         res = self.runner(["ip", "-batch", path])
         if res.returncode != 0:
             raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
-        shaping = [shaping_class_command(n, rate) for n, rate in root_interface_rates(self.topo).items()]
+        shaping = [cmd for n, rate in root_interface_rates(self.topo).items() for cmd in shaping_tree_commands(n, rate)]
         queues = switch_port_queue_commands(self.topo, self.mtu, self.queue_packets, self.switch_delay_s)
         res = self.runner(["tc", "-batch", self._write_batch("queues.batch", tc_batch([*shaping, *queues]))])
         if res.returncode != 0:

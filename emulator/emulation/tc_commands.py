@@ -4,9 +4,12 @@ Pure functions: they build argument lists (and ``tc -batch`` text) from a
 topology model; :class:`emulator.emulation.network.EmulatedNetwork` runs them at
 bring-up, :mod:`emulator.selfcheck.calibration` when it reshapes links in place.
 
-Every link end carries Mininet ``TCLink``'s tree: a root HTB (handle ``5:``)
-with one shaping class ``5:1`` at the link's rate (:func:`shaping_class_command`).
-Under that class:
+Every link end carries the tree Mininet's ``TCLink`` builds, made here in one
+``tc -batch`` per namespace (:func:`shaping_tree_commands`; ``TCLink`` ran
+four ``tc`` processes per link end through a shell, and again after Open
+vSwitch took the ports: 6.1 of a fat-tree k=4's 8.8 s of bring-up): a root
+HTB (handle ``5:``) with one shaping class ``5:1`` at the link's rate
+(:func:`shaping_class_command` changes it in place). Under that class:
 
 * a switch port (root-namespace link end) has one FIFO, :func:`queue_limits`
   frames deep, optionally netem's to hold every packet a switch latency
@@ -57,8 +60,17 @@ def root_interfaces(topo: Topology) -> list[str]:
     return list(root_interface_rates(topo))
 
 
+def shaping_tree_commands(intf: str, rate_mbps: float) -> list[list[str]]:
+    """The root HTB ``5:`` of ``intf`` (unclassified traffic to ``5:1``) and its shaping class ``5:1`` at ``rate_mbps``."""
+    burst = f"{SHAPER_BURST_BYTES}b"
+    return [["tc", "qdisc", "replace", "dev", intf, "root", "handle", "5:", "htb", "default", "1"],
+            ["tc", "class", "replace", "dev", intf, "parent", "5:", "classid", "5:1", "htb", "rate",
+             f"{rate_mbps:g}Mbit", "burst", burst, "cburst", burst]]
+
+
 def shaping_class_command(intf: str, rate_mbps: float) -> list[str]:
-    """Set the shaping class of ``intf`` (Mininet ``TCLink``'s HTB 5:1) to ``rate_mbps`` with :data:`SHAPER_BURST_BYTES`."""
+    """Change the shaping class 5:1 of ``intf`` (:func:`shaping_tree_commands`) to ``rate_mbps``, burst
+    :data:`SHAPER_BURST_BYTES`."""
     burst = f"{SHAPER_BURST_BYTES}b"
     return ["tc", "class", "change", "dev", intf, "parent", "5:0", "classid", "5:1", "htb", "rate",
             f"{rate_mbps:g}Mbit", "burst", burst, "cburst", burst]
@@ -78,7 +90,7 @@ def queue_limits(topo: Topology, mtu: int, queue_packets: int | None = None) -> 
 
 def leaf_queue_command(intf: str, packets: int, parent: str = "5:1", handle: str = "10:",
                        delay_s: float = 0.0) -> list[str]:
-    """Bound the queue under an HTB class (default Mininet's 5:1): a plain FIFO of ``packets``.
+    """Bound the queue under an HTB class (default the shaping class 5:1): a plain FIFO of ``packets``.
 
     With ``delay_s`` the FIFO is netem's, holding every packet that long
     (a switch's forwarding latency, where the kernel has netem).
@@ -101,7 +113,7 @@ def switch_port_queue_commands(topo: Topology, mtu: int, queue_packets: int | No
 
 
 def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
-    """A host NIC's queue under Mininet's HTB class 5:1: control packets first, then data frames (FIFO of ``packets``).
+    """A host NIC's queue under the shaping class 5:1: control packets first, then data frames (FIFO of ``packets``).
 
     A NIC serves its transmit queues (queue pairs) in turn, packet by packet,
     so a small control message waits for at most the frame on the wire, not
@@ -145,7 +157,7 @@ _RATE_UNITS_MBPS = {"Gbit": 1e3, "Mbit": 1.0, "Kbit": 1e-3, "bit": 1e-6}
 
 
 def parse_htb_rates(text: str) -> list[float]:
-    """Rates in Mbit/s of the shaping classes (Mininet's root HTB, handle 5:) in ``tc class show`` output.
+    """Rates in Mbit/s of the shaping classes (the root HTB, handle 5:) in ``tc class show`` output.
 
     A host's inner priority classes (:func:`host_queue_commands`, handle 10:)
     never limit and are left out. Lines of other qdiscs' classes are ignored.

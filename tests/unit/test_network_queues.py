@@ -19,6 +19,7 @@ from emulator.emulation.tc_commands import (
     root_interface_rates,
     root_interfaces,
     shaping_class_command,
+    shaping_tree_commands,
     switch_port_queue_commands,
     tc_batch,
 )
@@ -69,6 +70,19 @@ def test_every_shaping_class_gets_a_small_burst_at_its_links_rate():
     assert sorted(rates) == sorted(root_interfaces(topo))
     assert rates["efs1-eth1"] == 20 and rates["efs1-eth3"] == 40 and rates["efs3-eth1"] == 40
     assert topo.host_link("h1").bw_mbps == 20
+
+
+def test_the_shaping_tree_is_a_root_htb_sending_everything_to_its_one_class_which_the_queues_hang_under():
+    qdisc, klass = shaping_tree_commands("efh1-eth0", 12.5)
+    assert qdisc == ["tc", "qdisc", "replace", "dev", "efh1-eth0", "root", "handle", "5:", "htb", "default", "1"]
+    assert klass[:4] == ["tc", "class", "replace", "dev"] and klass[klass.index("parent") + 1] == "5:"
+    assert klass[klass.index("classid") + 1] == "5:1" and klass[klass.index("rate") + 1] == "12.5Mbit"
+    # the class the in-place change and every queue refer to
+    change = shaping_class_command("efh1-eth0", 12.5)
+    assert change[change.index("classid") + 1] == "5:1" and change[change.index("rate") + 1] == "12.5Mbit"
+    assert all(cmd[cmd.index("parent") + 1] in ("5:1", "10:", "10:1", "10:2") for cmd in host_queue_commands("x", 9))
+    text = tc_batch([*shaping_tree_commands("efh1-eth0", 20), *host_queue_commands("efh1-eth0", 9)])
+    assert text.splitlines()[0].startswith("qdisc replace dev efh1-eth0 root handle 5:")
 
 
 def test_switch_ports_hold_packets_for_the_switch_latency_where_netem_exists():
