@@ -13,6 +13,8 @@ from an ``ovs-ofctl add-flows`` file.
 from __future__ import annotations
 
 import math
+import shlex
+from collections.abc import Sequence
 
 from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf
 from emulator.emulation.tc_commands import DEFAULT_QUEUE_BYTES
@@ -64,6 +66,18 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
         # without this, pings work but TCP carries nothing.
         cmds.append(["ethtool", "-K", intf, "tx", "off"])
     return cmds
+
+
+def host_script(commands: Sequence[Sequence[str]]) -> str:
+    """One shell line running ``commands`` in order, in a subshell that stops at the first that fails and
+    traces each (``set -ex``): one round trip to a host's shell instead of one per command."""
+    return "(set -ex; " + "; ".join(shlex.join(cmd) for cmd in commands) + ")"
+
+
+def failed_command(output: str) -> str:
+    """The command a :func:`host_script` stopped at: the last line its trace wrote (``+ cmd``), else ``?``."""
+    traced = [line[2:].strip() for line in output.splitlines() if line.startswith("+ ")]
+    return traced[-1] if traced else "?"
 
 
 def static_arp_batch(topo: Topology, host: str) -> str:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -45,6 +44,8 @@ from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf, switch_int
 from emulator.emulation.cleanup import clean, remove_our_bridges
 from emulator.emulation.host_commands import (
     DEFAULT_HOST_TSQ_BYTES,
+    failed_command,
+    host_script,
     host_setup_commands,
     static_arp_batch,
     static_flow_files,
@@ -229,17 +230,16 @@ class EmulatedNetwork:
         return path
 
     def _configure_hosts(self) -> None:
-        """Every host's set-up, its queues and its static ARP; then the root-namespace link ends."""
+        """Every host's set-up, its shaping and queues and its static ARP, in one round trip to its shell;
+        then the root-namespace link ends."""
         for h in self.topo.hosts:
-            node = self.host(h.name)
-            for cmd in host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.tsq_bytes):
-                self._host_run(node, cmd)
             intf = host_intf(h.name)
             queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(h.name).bw_mbps),
                                *host_queue_commands(intf, self.queue_packets)])
-            self._host_run(node, ["tc", "-batch", self._write_batch(f"queues-{h.name}.batch", queues)])  # one tc
-            arp = self._write_batch(f"arp-{h.name}", static_arp_batch(self.topo, h.name))
-            self._host_run(node, ["ip", "-batch", arp])
+            commands = [*host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.tsq_bytes),
+                        ["tc", "-batch", self._write_batch(f"queues-{h.name}.batch", queues)],
+                        ["ip", "-batch", self._write_batch(f"arp-{h.name}", static_arp_batch(self.topo, h.name))]]
+            self._host_run(self.host(h.name), commands)
         self._configure_root_interfaces()
 
     def _configure_root_interfaces(self) -> None:
@@ -278,12 +278,14 @@ class EmulatedNetwork:
         if not self.socket_buffers.get("send"):
             log.warning("Open vSwitch's send socket was not found: expect silent drops under load")
 
-    def _host_run(self, node: Any, cmd: Sequence[str]) -> str:
-        out = node.cmd(shlex.join(cmd) + "; echo __rc=$?")
+    @staticmethod
+    def _host_run(node: Any, commands: Sequence[Sequence[str]]) -> None:
+        """Run ``commands`` in ``node``'s shell (:func:`host_script`); the first that fails is named."""
+        out = node.cmd(host_script(commands) + "; echo __rc=$?")
         body, _, rc = out.rpartition("__rc=")
         if rc.strip() != "0":
-            raise UserError(f"host {node.name}: `{shlex.join(cmd)}` failed: {body.strip()[-200:]}")
-        return body
+            tail = [line for line in body.strip().splitlines() if not line.startswith("+ ")][-3:]
+            raise UserError(f"host {node.name}: `{failed_command(body)}` failed: {' '.join(tail)[-200:]}")
 
     def _install_static_flows(self) -> None:
         for bridge, text in static_flow_files(self.topo, self.routing, self.seed).items():

@@ -6,8 +6,16 @@ Also host set-up commands, and reading the shaping back from ``tc class show``.
 from __future__ import annotations
 
 import platform
+import subprocess
 
-from emulator.emulation.host_commands import host_setup_commands, static_arp_batch, static_flow_files, tcp_rto_min_ms
+from emulator.emulation.host_commands import (
+    failed_command,
+    host_script,
+    host_setup_commands,
+    static_arp_batch,
+    static_flow_files,
+    tcp_rto_min_ms,
+)
 from emulator.emulation.system import has_netem
 from emulator.emulation.tc_commands import (
     HOST_CONTROL_PACKET_BYTES,
@@ -143,3 +151,16 @@ def test_shaping_rates_are_read_back_from_tc_class_show():
     assert parse_htb_rates("") == [] and parse_htb_rates("Cannot find device \"efh9-eth0\"\n") == []
     assert class_show_command("efs1-eth1") == ["tc", "class", "show", "dev", "efs1-eth1"]
     assert class_show_command("efh1-eth0", 42)[:3] == ["mnexec", "-a", "42"]
+
+
+def test_a_host_script_runs_its_commands_in_one_shell_and_stops_at_the_first_failure_naming_it():
+    script = host_script([["echo", "one two"], ["sh", "-c", "echo oops >&2; exit 3"], ["echo", "never"]])
+    # as the host's shell (bash) runs it, with the status echoed after it
+    res = subprocess.run(["bash", "-c", script + "; echo __rc=$?"], capture_output=True, text=True)
+    out = res.stdout + res.stderr
+    assert "one two" in out and "never" not in out and "__rc=3" in out
+    assert failed_command(out) == "sh -c 'echo oops >&2; exit 3'"
+    ok = subprocess.run(["bash", "-c", host_script([["true"], ["echo", "a b"]]) + "; echo __rc=$?"],
+                        capture_output=True, text=True)
+    assert "__rc=0" in ok.stdout
+    assert failed_command("no trace here") == "?"
