@@ -17,6 +17,8 @@ own bridges down with :func:`remove_our_bridges`.
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from collections.abc import Sequence
 
 from emulator.base.naming import BRIDGE_RE, INTERFACE_RE, NAME_PREFIX
@@ -44,15 +46,28 @@ def links_with_prefix(runner: Runner, prefix: str) -> list[str]:
 
 
 def remove_our_bridges(runner: Runner, names: Sequence[str]) -> None:
-    """Delete the named bridges (ours) and the root-namespace veths that carried their ports."""
+    """Delete the named bridges (ours) and the root-namespace veths that carried their ports (a veth's peer in
+    a host goes with it): one ``ovs-vsctl`` and one ``ip -batch``, whatever the network's size."""
     if names:
-        cmd = ["ovs-vsctl", "--timeout=20"]
+        cmd = ["ovs-vsctl", "--timeout=60"]
         for name in names:
             cmd += ["--", "--if-exists", "del-br", name]
         runner(cmd)
-    for name in names:
-        for intf in links_with_prefix(runner, f"{name}-eth"):
-            runner(["ip", "link", "del", intf])
+    prefixes = tuple(f"{name}-eth" for name in names)
+    delete_links(runner, [i for i in links_with_prefix(runner, NAME_PREFIX) if i.startswith(prefixes)])
+
+
+def delete_links(runner: Runner, names: Sequence[str]) -> None:
+    """``ip link del`` of every named interface, in one ``ip -force -batch`` (it goes on past one already gone)."""
+    if not names:
+        return
+    fd, path = tempfile.mkstemp(prefix=f"{NAME_PREFIX}-links-", suffix=".batch")
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write("".join(f"link del dev {name}\n" for name in names))
+        runner(["ip", "-force", "-batch", path])
+    finally:
+        os.unlink(path)
 
 
 def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:
@@ -82,8 +97,7 @@ def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = F
         remove_our_bridges(runner, bridges)
         report.append(f"deleted {len(bridges)} bridges: {' '.join(bridges[:8])}{' ...' if len(bridges) > 8 else ''}")
     stray = [name for name in links_with_prefix(runner, NAME_PREFIX) if INTERFACE_RE.match(name)]
-    for name in stray:
-        runner(["ip", "link", "del", name])
+    delete_links(runner, stray)
     if stray:
         report.append(f"deleted {len(stray)} interfaces")
     if not report:

@@ -36,6 +36,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -75,6 +76,9 @@ from emulator.model import routing
 from emulator.model.topology import DEFAULT_MTU, Topology
 
 log = logging.getLogger(__name__)
+
+#: ``ovs-ofctl add-flows`` processes at once (one per bridge, up to this many).
+FLOW_INSTALL_PARALLEL = 64
 
 
 class EmulatedNetwork:
@@ -288,9 +292,21 @@ class EmulatedNetwork:
             raise UserError(f"host {node.name}: `{failed_command(body)}` failed: {' '.join(tail)[-200:]}")
 
     def _install_static_flows(self) -> None:
-        for bridge, text in static_flow_files(self.topo, self.routing, self.seed).items():
-            path = self._write_batch(f"flows-{bridge}", text)
-            res = self.runner(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, path])
+        """Every bridge's entries from its ``ovs-ofctl add-flows`` file, all bridges at once.
+
+        ovs-vswitchd handles a bounded number of OpenFlow messages per
+        connection in each pass of its main loop, and on the userspace datapath
+        that loop also polls every port: one bridge after another, a BiGraph
+        16/16/8 (32 bridges of 1412 entries, 768 ports) took 231 s; in parallel
+        each pass serves every bridge's connection.
+        """
+        files = {bridge: self._write_batch(f"flows-{bridge}", text)
+                 for bridge, text in static_flow_files(self.topo, self.routing, self.seed).items()}
+        with ThreadPoolExecutor(max_workers=min(len(files), FLOW_INSTALL_PARALLEL) or 1) as pool:
+            results = dict(zip(files, pool.map(
+                lambda bridge: self.runner(["ovs-ofctl", "-O", "OpenFlow13", "add-flows", bridge, files[bridge]]),
+                files), strict=True))
+        for bridge, res in results.items():
             if res.returncode != 0:
                 raise RuntimeError(f"ovs-ofctl add-flows {bridge} failed: {res.stderr.strip()}")
 
@@ -298,6 +314,10 @@ class EmulatedNetwork:
         """Tear everything down; safe to call twice and after a failed start."""
         net, self.net = self.net, None
         if net is not None:
+            # Bridges and links first, in two commands: Mininet deletes each link end through a shell
+            # (1024 round trips, 14 s, for a 256-host BiGraph) and then every bridge again.
+            remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
+            net.links = []
             try:
                 net.stop()
             except Exception as exc:  # keep tearing down what remains

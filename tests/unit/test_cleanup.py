@@ -37,8 +37,12 @@ class FakeMachine:
             return Result(0, "\n".join(self.bridges) + "\n", "")
         if cmd[:4] == ["ip", "-j", "link", "show"]:
             return Result(0, json.dumps([{"ifindex": i, "ifname": n} for i, n in enumerate(self.links)]), "")
-        if cmd[:3] == ["ip", "link", "del"]:
-            self.links.remove(cmd[3])
+        if cmd[:3] == ["ip", "-force", "-batch"]:  # as `ip` would: every line, on past one already gone
+            with open(cmd[3], encoding="ascii") as fh:
+                for line in fh:
+                    assert line.startswith("link del dev ")
+                    if line.split()[-1] in self.links:
+                        self.links.remove(line.split()[-1])
         return Result(0, "", "")
 
 
@@ -50,16 +54,19 @@ def test_interface_names_come_from_ip_json_without_the_peer():
 def test_removing_our_bridges_deletes_their_ports_and_nothing_else():
     machine = FakeMachine([], ["lo", "eth0", "efs1-eth1", "efs1-eth2", "efs10-eth1", "efs2-eth1"])
     cleanup.remove_our_bridges(machine, ["efs1"])
-    assert machine.ran[0] == ["ovs-vsctl", "--timeout=20", "--", "--if-exists", "del-br", "efs1"]
+    assert machine.ran[0] == ["ovs-vsctl", "--timeout=60", "--", "--if-exists", "del-br", "efs1"]
     assert machine.links == ["lo", "eth0", "efs10-eth1", "efs2-eth1"]
+    assert sum(c[:3] == ["ip", "-force", "-batch"] for c in machine.ran) == 1  # one ip for all of them
+    cleanup.remove_our_bridges(machine, ["efs1"])  # again: nothing left to delete, no ip batch
+    assert sum(c[:3] == ["ip", "-force", "-batch"] for c in machine.ran) == 1
 
 
 def test_clean_removes_our_pattern_only(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
     machine = FakeMachine(["br0", "efs1", "efs2", "efsX"], ["eth0", "efs1-eth1", "efh3-eth0", "efother", "efs9-eth2"])
     report = cleanup.clean(runner=machine)
-    deleted = [c for c in machine.ran if c[:2] == ["ovs-vsctl", "--timeout=20"]]
-    assert deleted == [["ovs-vsctl", "--timeout=20", "--", "--if-exists", "del-br", "efs1", "--", "--if-exists",
+    deleted = [c for c in machine.ran if c[:2] == ["ovs-vsctl", "--timeout=60"]]
+    assert deleted == [["ovs-vsctl", "--timeout=60", "--", "--if-exists", "del-br", "efs1", "--", "--if-exists",
                         "del-br", "efs2"]]
     assert machine.links == ["eth0", "efother"]
     assert report == ["deleted 2 bridges: efs1 efs2", "deleted 2 interfaces"]
