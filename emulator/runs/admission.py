@@ -74,10 +74,11 @@ DEFAULT_MAX_TIME_S = 30 * 60.0
 #: Ranks per core this machine has run trusted: 64 agents on 2 cores stayed within 1.0-1.46x of the model
 #: (docs/fidelity.md); a 128-rank ring on them ran cpu_saturated at 2.2x, and a 128-host fat-tree at 5.3x.
 MAX_RANKS_PER_CORE = 32
-#: Bring-up of a network: fixed cost plus per switch port (32 hosts, 96 ports: 4-8 s; fat-tree k=8, 768 ports:
-#: 61 s; docs/fidelity.md).
-BRINGUP_FIXED_S = 3.0
-BRINGUP_PER_PORT_S = 0.075
+#: Bring-up of a network: fixed cost plus per switch port, an upper bound of what was measured with static entries
+#: (docs/fidelity.md, 2026-12-02 evening): 16 hosts, 64 ports: 1.6 s; 32 hosts, 96 ports: 2.7 s; 64 hosts, 256
+#: ports: 6.2 s; fat-tree k=8, 768 ports: 22.7 s (61 s before bring-up was batched); 256 hosts, 1024 ports: 31.2 s.
+BRINGUP_FIXED_S = 1.5
+BRINGUP_PER_PORT_S = 0.03
 #: Starting a session's agents and the probe of ``emu run`` (per network).
 AGENT_START_S = 1.5
 PROBE_S = 6.0

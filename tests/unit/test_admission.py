@@ -101,8 +101,8 @@ def test_the_mpi_benchmark_holds_three_buffers_of_its_largest_size_and_other_pro
 def test_bringup_grows_with_ports_as_measured():
     small = admission.bringup_estimate_s(topology.build("bigraph:upper=4,lower=4,hosts_per_switch=4"))
     big = admission.bringup_estimate_s(topology.build("fattree:k=8"))
-    assert 4 <= small <= 12  # measured 4.3-7.5 s
-    assert 50 <= big <= 75  # measured 61 s
+    assert 2 <= small <= 8  # measured 2.7 s
+    assert 15 <= big <= 35  # measured 22.7 s
 
 
 # ------------------------------------------------------------------ verdicts
