@@ -68,10 +68,10 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
     return cmds
 
 
-def host_script(commands: Sequence[Sequence[str]]) -> str:
-    """One shell line running ``commands`` in order, in a subshell that stops at the first that fails and
-    traces each (``set -ex``): one round trip to a host's shell instead of one per command."""
-    return "(set -ex; " + "; ".join(shlex.join(cmd) for cmd in commands) + ")"
+def host_script(commands: Sequence[Sequence[str]]) -> list[str]:
+    """The argument list of one ``bash`` running ``commands`` in order, stopping at the first that fails and
+    tracing each (``set -ex``): one round trip to a host's shell instead of one per command."""
+    return ["bash", "-c", "set -ex; " + "; ".join(shlex.join(cmd) for cmd in commands)]
 
 
 def failed_command(output: str) -> str:

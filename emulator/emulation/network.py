@@ -16,15 +16,20 @@ that ``emu clean`` finds exactly ours):
 What bring-up does, in order: checks root and Open vSwitch, picks the
 datapath (kernel where the openvswitch module exists, userspace otherwise),
 creates hosts (recording their pids in the run state), switches and plain
-links (Mininet ``Link``: the shaping comes later, in batches), starts the switches (OpenFlow 1.3, fail-mode
-secure, the model's dpid), then configures every host: TX checksum offload
-off on the userspace datapath (otherwise TCP carries nothing), IPv6 off,
-``tcp_slow_start_after_idle`` off, static ARP for every other host
-(:mod:`emulator.emulation.host_commands`), then the shaping and queues of every
-link end (:mod:`emulator.emulation.tc_commands`): one ``tc -batch`` per host and one
-for the root namespace. On the userspace datapath it enlarges Open vSwitch's
-packet socket buffers (:mod:`emulator.emulation.ovs_sockets`). With no controller it
-installs the routing policy's flow entries with ``ovs-ofctl``.
+links (Mininet ``Link``: the shaping comes later, in batches), starts the
+switches (OpenFlow 1.3, fail-mode secure, the model's dpid; all in one
+``ovs-vsctl``), then configures every host in one round trip to its shell:
+TX checksum offload off on the userspace datapath (otherwise TCP carries
+nothing), IPv6 off, ``tcp_slow_start_after_idle`` off, static ARP for every
+other host (:mod:`emulator.emulation.host_commands`), the shaping and queues of
+its link end (:mod:`emulator.emulation.tc_commands`, one ``tc -batch``); then
+the root namespace's link ends in one more. On the userspace datapath it
+enlarges Open vSwitch's packet socket buffers
+(:mod:`emulator.emulation.ovs_sockets`). With no controller it installs the
+routing policy's flow entries with ``ovs-ofctl``, on every bridge at once.
+Teardown deletes the bridges in one ``ovs-vsctl`` and their links in one
+``ip -batch``. What each part cost, at up to 256 hosts: ``docs/fidelity.md``
+(2026-12-02, evening).
 
 One network at a time per machine (:class:`~emulator.emulation.network_lock.NetworkLock`);
 before building, what killed runs left is removed (:func:`emulator.emulation.cleanup.clean`).
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -287,7 +293,7 @@ class EmulatedNetwork:
     @staticmethod
     def _host_run(node: Any, commands: Sequence[Sequence[str]]) -> None:
         """Run ``commands`` in ``node``'s shell (:func:`host_script`); the first that fails is named."""
-        out = node.cmd(host_script(commands) + "; echo __rc=$?")
+        out = node.cmd(shlex.join(host_script(commands)) + "; echo __rc=$?")
         body, _, rc = out.rpartition("__rc=")
         if rc.strip() != "0":
             tail = [line for line in body.strip().splitlines() if not line.startswith("+ ")][-3:]

@@ -6,6 +6,7 @@ Also host set-up commands, and reading the shaping back from ``tc class show``.
 from __future__ import annotations
 
 import platform
+import shlex
 import subprocess
 
 from emulator.emulation.host_commands import (
@@ -154,13 +155,13 @@ def test_shaping_rates_are_read_back_from_tc_class_show():
 
 
 def test_a_host_script_runs_its_commands_in_one_shell_and_stops_at_the_first_failure_naming_it():
-    script = host_script([["echo", "one two"], ["sh", "-c", "echo oops >&2; exit 3"], ["echo", "never"]])
-    # as the host's shell (bash) runs it, with the status echoed after it
-    res = subprocess.run(["bash", "-c", script + "; echo __rc=$?"], capture_output=True, text=True)
+    argv = host_script([["echo", "one two"], ["sh", "-c", "echo oops >&2; exit 3"], ["echo", "never"]])
+    # as the host's shell runs it (EmulatedNetwork._host_run): quoted, with the status echoed after it
+    res = subprocess.run(["bash", "-c", shlex.join(argv) + "; echo __rc=$?"], capture_output=True, text=True)
     out = res.stdout + res.stderr
     assert "one two" in out and "never" not in out and "__rc=3" in out
     assert failed_command(out) == "sh -c 'echo oops >&2; exit 3'"
-    ok = subprocess.run(["bash", "-c", host_script([["true"], ["echo", "a b"]]) + "; echo __rc=$?"],
+    ok = subprocess.run(["bash", "-c", shlex.join(host_script([["true"], ["echo", "a b"]])) + "; echo __rc=$?"],
                         capture_output=True, text=True)
     assert "__rc=0" in ok.stdout
     assert failed_command("no trace here") == "?"
