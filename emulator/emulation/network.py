@@ -305,7 +305,7 @@ class EmulatedNetwork:
         ovs-vswitchd handles a bounded number of OpenFlow messages per
         connection in each pass of its main loop, and on the userspace datapath
         that loop also polls every port: one bridge after another, a BiGraph
-        16/16/8 (32 bridges of 1412 entries, 768 ports) took 231 s; in parallel
+        16/16/8 (32 bridges of 1412 entries, 1024 ports) took 231 s; in parallel
         each pass serves every bridge's connection.
         """
         files = {bridge: self._write_batch(f"flows-{bridge}", text)
