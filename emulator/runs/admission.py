@@ -160,6 +160,8 @@ class MemoryEstimate:
         return self.programs_bytes + self.network_bytes + self.session_bytes
 
     def describe(self) -> str:
+        if not self.ranks:
+            return "the network and the session"
         return (f"{self.ranks} {self.what} up to {format_bytes(self.rank_bytes)} each, the network and the "
                 "session")
 

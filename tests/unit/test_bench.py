@@ -128,6 +128,8 @@ def test_bringup_summary_medians_and_ratio():
     assert doc["ours"][0] == {"up_s": 4.0, "down_s": 2.0, "total_s": 6.0, "datapath": "user"}
     assert doc["plain"][0] == {"up_s": 2.0, "down_s": 1.0, "total_s": 3.0} and doc["up_ratio"] == 2.5
     assert "up_ratio" not in bringups([(4.0, 2.0)], []).to_json()
+    assert s.per_host("ours", "up_s") == 2.5 and s.per_host("plain", "total_s") == 1.5  # 2 hosts
+    assert bringups([(4.0, 2.0)], []).per_host("plain", "up_s") is None
 
 
 def mpi_results(busbw: float, wrong: int = 0) -> dict:

@@ -35,7 +35,8 @@ Sections, in order:
 4. **bring-up** of 32 hosts (:data:`~cases.BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
    start and stop against plain Mininet (:func:`~plain_mininet.plain_mininet_bringup`: the
    same hosts, switches and ``TCLink`` links, ``OVSSwitch`` on the same
-   datapath, no controller, none of our host set-up), alternated.
+   datapath, no controller, none of our host set-up), alternated; then once each at 64 and
+   256 hosts (:data:`~cases.SCALE_BRINGUP_TOPOLOGIES`), with the seconds per host.
 
 ``--bw`` sets the emulated link rate instead of the profile's (the dilation
 follows). Emulated figures are reported with what they stand for on the real

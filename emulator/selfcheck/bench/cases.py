@@ -1,5 +1,5 @@
 """What ``emu bench`` measures and the targets it holds the figures to: the replayed cases and sizes, the
-crossovers, the Open MPI pairs and the bring-up topology (pure data, no imports of the project)."""
+crossovers, the Open MPI pairs and the bring-up topologies (pure data, no imports of the project)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ TARGET_WORST = 0.25
 TARGET_CROSSOVER_FACTOR = 2.0
 TARGET_MPI = 0.90
 BRINGUP_TOPOLOGY = "bigraph:upper=4,lower=4,hosts_per_switch=4"
+#: Bring-ups at scale, one round each (ours, then plain Mininet's): 64 and 256 hosts.
+SCALE_BRINGUP_TOPOLOGIES = ("bigraph:upper=8,lower=8,hosts_per_switch=4", "bigraph:upper=16,lower=16,hosts_per_switch=8")
 MPI_TOPOLOGY = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 MPI_PLACEMENT = "hdrm"
 MPI_SIZE = 4 << 20

@@ -84,7 +84,8 @@ def mpi_line(r: MpiPairRow, bw: float) -> RatioLine:
 
 def bringup_line(b: BringupSummary) -> RatioLine:
     return RatioLine(f"bring-up {b.hosts} hosts: ours / plain Mininet", f"{b.up_ratio:.2f}", "report", None,
-                     f"up {b.median('ours', 'up_s'):.1f} s vs {b.median('plain', 'up_s'):.1f} s; up+down "
+                     f"up {b.median('ours', 'up_s'):.1f} s vs {b.median('plain', 'up_s'):.1f} s, "
+                     f"{b.per_host('ours', 'up_s'):.3f} vs {b.per_host('plain', 'up_s'):.3f} s per host; up+down "
                      f"{b.median('ours', 'total_s'):.1f} s vs {b.median('plain', 'total_s'):.1f} s")
 
 
@@ -93,8 +94,8 @@ def ratio_lines(results: BenchResults) -> list[RatioLine]:
     lines = [agents_line(results.agents), hdrm_line(results), prediction_line(PredictionSummary.of(results.replays))]
     lines += [crossover_line(c) for c in results.crossovers or []]
     lines += [mpi_line(r, results.link_mbps) for r in results.mpi or []]
-    if isinstance(results.bringup, BringupSummary) and results.bringup.up_ratio is not None:
-        lines.append(bringup_line(results.bringup))
+    bringups = [results.bringup, *(results.bringup_at_scale or [])]
+    lines += [bringup_line(b) for b in bringups if isinstance(b, BringupSummary) and b.up_ratio is not None]
     return lines
 
 

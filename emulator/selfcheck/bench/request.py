@@ -18,6 +18,7 @@ from emulator.selfcheck.bench.cases import (
     MPI_PLACEMENT,
     MPI_SIZE,
     MPI_TOPOLOGY,
+    SCALE_BRINGUP_TOPOLOGIES,
     Case,
     Size,
 )
@@ -75,7 +76,8 @@ class _Tally:
 
 def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], latency: LatencyModel,
                       capacity_mbps: float | None, cases: tuple[Case, ...] = DEFAULT_CASES, bringup_rounds: int = 2,
-                      bringup_topology: str = BRINGUP_TOPOLOGY) -> admission.Request:
+                      bringup_topology: str = BRINGUP_TOPOLOGY,
+                      scale_bringups: tuple[str, ...] = SCALE_BRINGUP_TOPOLOGIES) -> admission.Request:
     """The whole bench as admission sees it: its largest replay's memory, every section's time, every replay's
     load (each replay is predicted, as ``schedule check`` would)."""
     tally = _Tally(profile, latency, capacity_mbps)
@@ -83,6 +85,10 @@ def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], la
         tally.case(case, sizes)
     tally.mpi_pairs()
     tally.time_s += 2 * bringup_rounds * admission.bringup_estimate_s(topology.build(bringup_topology))
+    for spec in scale_bringups:  # one round each, ours and plain Mininet's
+        topo = topology.build(spec)
+        tally.time_s += 2 * admission.bringup_estimate_s(topo)
+        tally.memory.append(admission.MemoryEstimate(0, 0, 0, admission.network_bytes(topo)))
     return admission.Request("bench", admission.largest(tally.memory), tally.time_s,
                              f"{len(tally.loads)} replays at the model's times, bring-ups, agents vs iperf3 and "
                              f"{len(MPI_PAIRS)} Open MPI runs at {AGENTS_VS_IPERF_S:g} s and {MPI_RUN_S:g} s",

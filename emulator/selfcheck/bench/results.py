@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -43,6 +44,8 @@ class BenchResults:
     crossovers: list[CrossoverRow] | None = None
     mpi: list[MpiPairRow] | None = None
     bringup: BringupSummary | SectionError | None = None
+    #: at :data:`~emulator.selfcheck.bench.cases.SCALE_BRINGUP_TOPOLOGIES`, one per topology measured
+    bringup_at_scale: list[BringupSummary | SectionError] | None = None
 
     @property
     def link_mbps(self) -> float:
@@ -66,7 +69,9 @@ class BenchResults:
         for key, section in (("agents", self.agents), ("hdrm", self.hdrm), ("bringup", self.bringup)):
             if section is not None:
                 out[key] = section.to_json()
-        for key, rows in (("crossovers", self.crossovers), ("mpi", self.mpi)):
+        rows_of: tuple[tuple[str, Sequence[Any] | None], ...] = (
+            ("crossovers", self.crossovers), ("mpi", self.mpi), ("bringup_at_scale", self.bringup_at_scale))
+        for key, rows in rows_of:
             if rows is not None:
                 out[key] = [r.to_json() for r in rows]
         return out

@@ -248,6 +248,11 @@ class BringupSummary:
     def up_ratio(self) -> float | None:
         return _ratio(self.median("ours", "up_s"), self.median("plain", "up_s"))
 
+    def per_host(self, who: str, key: str) -> float | None:
+        """:meth:`median` of ``key`` divided by the hosts."""
+        value = self.median(who, key)
+        return value / self.hosts if value is not None and self.hosts else None
+
     @property
     def total_ratio(self) -> float | None:
         return _ratio(self.median("ours", "total_s"), self.median("plain", "total_s"))

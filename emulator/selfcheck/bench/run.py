@@ -20,6 +20,7 @@ from emulator.selfcheck.bench.cases import (
     CROSSOVERS,
     DEFAULT_CASES,
     DEFAULT_SIZES,
+    SCALE_BRINGUP_TOPOLOGIES,
     Case,
     Crossover,
     Size,
@@ -88,10 +89,24 @@ def bringup_section(results: BenchResults, rounds: int, datapath: str, spec: str
         echo(f"  failed: {exc}")
 
 
+def scale_bringup_section(results: BenchResults, datapath: str, specs: tuple[str, ...], echo: Echo) -> None:
+    """One bring-up of each of ``specs``, ours then plain Mininet's; a failure is that topology's row only."""
+    if not specs:
+        return
+    echo("bring-up at scale:")
+    results.bringup_at_scale = []
+    for spec in specs:
+        try:
+            results.bringup_at_scale.append(measure_bringup(1, datapath, results.mtu, echo, spec))
+        except Exception as exc:
+            results.bringup_at_scale.append(SectionError.of(exc))
+            echo(f"  {spec} failed: {exc}")
+
+
 def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bringup_rounds: int = 2,
           datapath: str = "auto", out_dir: str | None = None, cases: tuple[Case, ...] = DEFAULT_CASES,
           crossovers: tuple[Crossover, ...] = CROSSOVERS, bringup_topology: str = BRINGUP_TOPOLOGY,
-          echo: Echo = print) -> BenchResults:
+          scale_bringups: tuple[str, ...] = SCALE_BRINGUP_TOPOLOGIES, echo: Echo = print) -> BenchResults:
     """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""
     t0 = time.monotonic()
     calibration = ensure_calibration(profile, datapath, echo)
@@ -115,6 +130,8 @@ def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bring
     mpi_section(results, datapath, calibration, echo)
     save()
     bringup_section(results, bringup_rounds, datapath, bringup_topology, echo)
+    save()
+    scale_bringup_section(results, datapath, scale_bringups, echo)
     results.machine["loadavg_after"] = load_average()
     save()
     return results
