@@ -9,7 +9,11 @@ which replay's fidelity check and the timing model read:
    ``l+1``, each crossing 3 switches and no two sharing a directed link, so
    every flow could reach its link's rate. The per-link rate goes up a ladder
    (links reshaped in place with ``tc class change``) until a flow falls below
-   :data:`FLOW_OK_RATIO` of the rate or the CPU saturates. The capacity is
+   :data:`FLOW_OK_RATIO` of the rate or the CPU saturates; then the rate is
+   bisected between the last rung that passed and the first that failed
+   (:func:`next_bisection_rate`, to within :data:`BISECTION_RESOLUTION`, at
+   most :data:`BISECTIONS` rungs more: a minimal ladder's 16 and 32 Mbit/s
+   left a factor of two between them). The capacity is
    the highest aggregate *switch-hop* rate (Σ flow goodput × switches crossed,
    Mbit/s, the unit of :func:`emulator.emulation.fidelity.assess`) at which every flow
    still got ≥ 90 % of its rate (a failing rung is measured twice and the
@@ -31,14 +35,15 @@ short ladder, and latency; about a minute) when none exists for this
 machine at their MTU (:func:`ensure_calibration`).
 
 Pure parts (:func:`parse_iperf3`, :class:`CapacityPoint`,
-:func:`capacity_from_points`, :func:`rate_ladder`, :func:`capacity_pairs`,
-:func:`reshape_commands`) are unit-tested without root.
+:func:`capacity_from_points`, :func:`rate_ladder`, :func:`next_bisection_rate`,
+:func:`capacity_pairs`, :func:`reshape_commands`) are unit-tested without root.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -79,6 +84,10 @@ QUICK_LADDER_MBPS = (2, 4, 8, 16, 32, 64)
 #: The automatic (minimal) calibration's ladder: rates below 16 Mbit/s carry a 16-host fabric easily, and the
 #: default fabric profile's links (20 Mbit/s) need the capacity known between 32 and 64.
 MINIMAL_LADDER_MBPS = (16, 32, 40, 48, 64, 96)
+#: After the ladder, the capacity is bisected between the last rate that passed and the first that failed until
+#: they are this close (a ratio), at most BISECTIONS rungs more (each measured like a ladder rung).
+BISECTION_RESOLUTION = 0.10
+BISECTIONS = {"minimal": 3, "quick": 3, "full": 2}
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
@@ -180,6 +189,20 @@ def rate_ladder(start_mbps: float, quick: bool = False, max_mbps: float = 1000.0
     """The per-link rates to try, from ``start_mbps`` up (Mininet shapes at most 1000 Mbit/s)."""
     ladder = MINIMAL_LADDER_MBPS if minimal else QUICK_LADDER_MBPS if quick else LADDER_MBPS
     return [float(r) for r in ladder if start_mbps <= r <= max_mbps]
+
+
+def next_bisection_rate(points: Sequence[CapacityPoint], resolution: float = BISECTION_RESOLUTION) -> float | None:
+    """The rate between the highest that passed and the lowest above it that failed (their geometric middle,
+    to 0.1 Mbit/s); None when either is missing or they are within ``resolution`` of each other."""
+    passed = [p.link_mbps for p in points if p.ok()]
+    if not passed:
+        return None
+    low = max(passed)
+    above = [p.link_mbps for p in points if not p.ok() and p.link_mbps > low]
+    if not above or min(above) <= low * (1 + resolution):
+        return None
+    middle = round(math.sqrt(low * min(above)), 1)
+    return middle if low < middle < min(above) else None
 
 
 def should_continue(points: Sequence[CapacityPoint]) -> bool:
@@ -336,44 +359,61 @@ def reshape(en: Any, topo: Topology, rate_mbps: float) -> None:
 def measure_capacity(quick: bool = False, start_mbps: float = 2.0, datapath: str = "auto",
                      mtu: int = topology.DEFAULT_MTU, echo: Callable[[str], None] = print,
                      minimal: bool = False) -> dict[str, Any]:
-    """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY` (flows of 5 s, 3 s quick, 2 s minimal);
+    """Climb the rate ladder on :data:`CAPACITY_TOPOLOGY` (flows of 5 s, 3 s quick, 2 s minimal) to the first
+    rate that fails, then bisect between it and the last that passed (:func:`next_bisection_rate`);
     returns points and :func:`capacity_from_points`."""
+    kind = "minimal" if minimal else "quick" if quick else "full"
     ladder = rate_ladder(start_mbps, quick, minimal=minimal)
     topo = topology.build(CAPACITY_TOPOLOGY, ladder[0])
     pairs = capacity_pairs(topo)
-    paths = flow_paths(topo, CAPACITY_ROUTING, pairs)
-    hops = [len(p) - 2 for p in paths]
+    hops = [len(p) - 2 for p in flow_paths(topo, CAPACITY_ROUTING, pairs)]
     seconds = 2.0 if minimal else 3.0 if quick else 5.0
     points: list[CapacityPoint] = []
     retried: list[dict[str, Any]] = []
     with EmulatedNetwork(topo, routing=CAPACITY_ROUTING, datapath=datapath, mtu=mtu, label="calibrate") as en:
         dp = en.datapath
-        for rate in ladder:
-            if not should_continue(points):
-                break
-            reshape(en, topo, rate)
-            point = None
-            # A failing rung is measured twice (others' load disturbs it); the better one counts.
-            for attempt in range(2):
-                fr = run_iperf_flows(en, topo, pairs, seconds)
-                p = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
-                if point is not None:
-                    retried.append(point.to_json() if p.min_ratio >= point.min_ratio else p.to_json())
-                point = p if point is None or p.min_ratio >= point.min_ratio else point
-                if point.ok() or attempt == 1:
-                    break
-                echo(f"  capacity: {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, CPU idle "
-                     f"{point.cpu_idle:.0%}; measuring again")
-            assert point is not None
+
+        def rung(rate: float) -> None:
+            point = _measure_rung(en, topo, pairs, hops, rate, seconds, retried, echo)
             points.append(point)
             echo(f"  capacity: {len(pairs)} flows at {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, "
                  f"{point.switch_hop_mbps:.0f} switch-hop Mbit/s, CPU idle {point.cpu_idle:.0%}"
                  + (f", ovs-vswitchd {point.vswitchd_cpu:.2f} cores" if point.vswitchd_cpu is not None else "")
                  + ("" if point.ok() else "  <- below 90% or CPU saturated"))
+
+        for rate in ladder:
+            if not should_continue(points):
+                break
+            rung(rate)
+        for _ in range(BISECTIONS[kind]):
+            middle = next_bisection_rate(points)
+            if middle is None:
+                break
+            rung(middle)
     result = capacity_from_points(points)
     return {"topology": CAPACITY_TOPOLOGY, "routing": CAPACITY_ROUTING, "flows": len(pairs), "switch_hops": hops,
             "seconds": seconds, "datapath": dp, "points": [p.to_json() for p in points], "discarded": retried,
             **result}
+
+
+def _measure_rung(en: Any, topo: Topology, pairs: Sequence[tuple[str, str]], hops: list[int], rate: float,
+                  seconds: float, retried: list[dict[str, Any]], echo: Callable[[str], None]) -> CapacityPoint:
+    """Every link at ``rate``, the flows for ``seconds``; a failing rung is measured twice (others' load
+    disturbs it) and the better one counts, the other going to ``retried``."""
+    reshape(en, topo, rate)
+    point = None
+    for attempt in range(2):
+        fr = run_iperf_flows(en, topo, pairs, seconds)
+        p = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
+        if point is not None:
+            retried.append(point.to_json() if p.min_ratio >= point.min_ratio else p.to_json())
+        point = p if point is None or p.min_ratio >= point.min_ratio else point
+        if point.ok() or attempt == 1:
+            break
+        echo(f"  capacity: {rate:g} Mbit/s: min {point.min_ratio:.2f} of rate, CPU idle "
+             f"{point.cpu_idle:.0%}; measuring again")
+    assert point is not None
+    return point
 
 
 def measure_one_link(bw_mbps: float, seconds: float = 5.0, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,

@@ -55,6 +55,21 @@ def test_capacity_point_units():
     assert p.to_json()["ok"] is True
 
 
+def test_bisection_halves_the_gap_between_the_last_pass_and_the_first_fail_until_it_is_small():
+    # the minimal ladder: 16 passed, 32 failed -> their geometric middle
+    assert cal.next_bisection_rate([point(16, 0.99), point(32, 0.85)]) == pytest.approx(22.6)
+    # then between 22.6 and 32, or 16 and 22.6, as the middle went
+    assert cal.next_bisection_rate([point(16, 0.99), point(32, 0.85), point(22.6, 0.95)]) == pytest.approx(26.9)
+    assert cal.next_bisection_rate([point(16, 0.99), point(32, 0.85), point(22.6, 0.8)]) == pytest.approx(19.0)
+    # a CPU-saturated rung fails like a slow flow
+    assert cal.next_bisection_rate([point(16, 0.99), point(32, 0.99, idle=0.01)]) == pytest.approx(22.6)
+    # close enough, nothing passed, or nothing failed above the best: no more rungs
+    assert cal.next_bisection_rate([point(30, 0.99), point(32, 0.85)]) is None
+    assert cal.next_bisection_rate([point(16, 0.5), point(32, 0.85)]) is None
+    assert cal.next_bisection_rate([point(16, 0.99), point(32, 0.99)]) is None
+    assert cal.next_bisection_rate([point(8, 0.5), point(16, 0.99)]) is None  # a failure below the best
+
+
 def test_capacity_is_the_best_passing_point_and_says_why_it_stopped():
     points = [point(10, 0.99), point(20, 0.98), point(40, 0.95), point(80, 0.7)]
     c = cal.capacity_from_points(points)
