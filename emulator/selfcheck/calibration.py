@@ -87,7 +87,7 @@ MINIMAL_LADDER_MBPS = (16, 32, 40, 48, 64, 96)
 #: After the ladder, the capacity is bisected between the last rate that passed and the first that failed until
 #: they are this close (a ratio), at most BISECTIONS rungs more (each measured like a ladder rung).
 BISECTION_RESOLUTION = 0.10
-BISECTIONS = {"minimal": 3, "quick": 2, "full": 2}
+BISECTIONS = {"minimal": 3, "quick": 0, "full": 2}
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
