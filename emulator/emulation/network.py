@@ -321,10 +321,11 @@ class EmulatedNetwork:
     def stop(self) -> None:
         """Tear everything down; safe to call twice and after a failed start."""
         net, self.net = self.net, None
-        if net is not None:
-            # Bridges and links first, in two commands: Mininet deletes each link end through a shell
-            # (1024 round trips, 14 s, for a 256-host BiGraph) and then every bridge again.
+        if net is not None or self.state is not None:
+            # Bridges and links first, in two commands, once: Mininet would delete each link end through a
+            # shell (1024 round trips, 14 s, for a 256-host BiGraph) and then every bridge again.
             remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
+        if net is not None:
             net.links = []
             try:
                 net.stop()
@@ -333,7 +334,6 @@ class EmulatedNetwork:
             self._end_controller_shells(net)
         if self.state is not None:
             kill_recorded(self.state)
-            remove_our_bridges(self.runner, [bridge_name(s.name) for s in self.topo.switches])
             self.state.remove()
             self.state = None
         self._release_lock()
