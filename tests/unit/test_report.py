@@ -91,6 +91,9 @@ def test_report_files_and_speedup_numbers(tmp_path):
     assert f"×{entry.speedup:.2f} ({lo:.2f}–{hi:.2f}); model ×{entry.model_speedup:.2f}" in md
     assert "star-8 shortest hd" in cmp8.baselines
     assert fabric.default().describe() in md  # what the emulated figures stand for
+    # the reference ran at two host counts: the model projects the comparisons (to 128 in these tests)
+    assert "Model only, not measured: at 128 accelerators and 16MiB per rank, BiGraph + hdrm would be" in md
+    assert "| 128 | 16MiB | fat-tree + ECMP + ring | `fattree:k=8` |" in md
 
     # every cell, its prediction, its flags and the failed cell
     assert "cmp.leafspine-4x2x2.dmodk.ring.16KiB`: failed: RuntimeError: rank 3" in md

@@ -126,6 +126,9 @@ from emulator.study.report.timelines import (
 )
 from emulator.study.run_folder import RunFolder
 
+#: The host counts the report projects its comparisons to (model only; tests make it smaller, it is their cost).
+PROJECTED_HOSTS: tuple[int, ...] = paper_scale.HOSTS
+
 __all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "MpiRow",
            "Plan", "Reference", "Report", "Row", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable",
            "Timeline", "TrainingKey", "TrainingPoint", "build", "busbw_rows", "link_step_matrix", "load",
@@ -164,7 +167,7 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
     profile = plan.fabric or fabric.default()
     # the projection answers the scaling question at the paper's scale: only for experiments that ask it
     scaled = len({r.hosts for r in collective if ref.matches(r)}) > 1
-    projected = paper_scale.project_comparisons(profile) if scaled else ()
+    projected = paper_scale.project_comparisons(profile, hosts=PROJECTED_HOSTS) if scaled else ()
     found += answers.projection_answers(projected, error)
 
     doc = Doc()
