@@ -129,20 +129,24 @@ class SendTiming:
 
 @dataclass(frozen=True)
 class RepetitionResult:
-    """What :meth:`Agent.run_once` found: every operation's times, the data check, every send's rendezvous."""
+    """What :meth:`Agent.run_once` found: every operation's times, the data check, every send's rendezvous,
+    and when every receive's last byte reached the host (``arrivals``, the kernel's stamp, monotonic)."""
 
     ops: dict[int, Completed]
     wrong: str | None  # None: the buffers hold the collective's result
     sends: dict[int, SendTiming]
+    arrivals: dict[int, float] = field(default_factory=dict)
 
     @property
     def correct(self) -> bool:
         return self.wrong is None
 
     def to_json(self) -> dict[str, Any]:
-        """The ``done`` message's fields (``ops``: ``[id, start, end]`` lists; ``sends``: by op id as text)."""
+        """The ``done`` message's fields (``ops``: ``[id, start, end]`` lists; ``sends`` and ``arrivals``: by op
+        id as text)."""
         return {"ops": [[i, c.start, c.end] for i, c in sorted(self.ops.items())], "correct": self.correct,
-                "wrong": self.wrong, "sends": {str(i): v.to_json() for i, v in sorted(self.sends.items())}}
+                "wrong": self.wrong, "sends": {str(i): v.to_json() for i, v in sorted(self.sends.items())},
+                "arrivals": {str(i): t for i, t in sorted(self.arrivals.items())}}
 
 
 @dataclass
@@ -159,6 +163,7 @@ class _Repetition:
     events: queue.Queue[WorkerEvent] = field(default_factory=queue.Queue)
     timings: dict[int, Completed] = field(default_factory=dict)
     send_timings: dict[int, SendTiming] = field(default_factory=dict)
+    arrivals: dict[int, float] = field(default_factory=dict)  # receive op id -> its last byte reached the host
 
     def entered(self, step: int) -> None:
         """An operation of ``step`` is released: the first time for a watched step, say so."""
@@ -351,7 +356,7 @@ class Agent:
                 self._hand(run, run.dispatcher.apply(event))
         finally:
             run.stop()
-        return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings)
+        return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings, run.arrivals)
 
     def _start_workers(self, channels: Channels, run: _Repetition) -> None:
         workers = [threading.Thread(target=_Sender(channels.send[key], self.latency[key.peer], self.buffers, run),
@@ -418,7 +423,9 @@ class Agent:
         while (ready := run.receives[channel.key].get()) is not None:
             op = ready.op  # a receive's time runs from its posting
             try:
-                self._receive(channel, op, run.rep, staging)
+                arrived = self._receive(channel, op, run.rep, staging)
+                if arrived is not None:
+                    run.arrivals[op.id] = arrived
                 run.events.put(Completed(op.id, ready.at, time.monotonic()))
             except BaseException as exc:
                 error = AgentError(f"{op.describe()}: {describe_exception(exc)}")
@@ -426,18 +433,19 @@ class Agent:
                 run.events.put(Failed(op.id, error))
                 return
 
-    def _receive(self, channel: RecvChannel, op: Op, rep: int, staging: Staging) -> None:
+    def _receive(self, channel: RecvChannel, op: Op, rep: int, staging: Staging) -> float | None:
+        """One message into its buffer (added, for a receive-reduce); when its last byte reached the host."""
         header = channel.header()
         if (header.rep, header.step, header.nbytes) != (rep, op.step, op.bytes):
             raise AgentError(f"expected repetition {rep} step {op.step} with {op.bytes} bytes, "
                              f"got repetition {header.rep} step {header.step} with {header.nbytes} bytes")
         target = self.buffers.target(op)
         if op.kind == RECV:
-            channel.payload_into(bytes_view(target))
-        else:
-            received = staging.take(target.size)
-            channel.payload_into(bytes_view(received))
-            self.buffers.add(target, received)
+            return channel.payload_into(bytes_view(target))
+        received = staging.take(target.size)
+        arrived = channel.payload_into(bytes_view(received))
+        self.buffers.add(target, received)
+        return arrived
 
 
 # ---------------------------------------------------------------- process main

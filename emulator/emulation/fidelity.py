@@ -7,9 +7,13 @@ This module owns what tells a user whether a measurement can be trusted:
   per host, CPU idle time;
 * :func:`assess`, which flags a repetition whose offered datapath load
   exceeded the capacity ``emu calibrate`` measured on this machine, whose
-  CPU saturated, or whose messages could not meet the fabric profile's
+  CPU saturated, whose messages could not meet the fabric profile's
   latency (``latency_floor``: the machine's own latency is above the
-  target on some path, or the agents sent late);
+  target on some path, or the agents sent late), or whose agents fell
+  behind the fabric (``emulator_lag``: the kernel's receive stamps and the
+  sends' deadlines against when the agents acted,
+  :func:`emulator.runs.metrics.agent_lag`), which sees a starved agent
+  even while the CPU shows idle time;
 * :func:`latency_model`: a fabric profile with the intrinsic latency the
   calibration measured, and netem where the kernel has it;
 * packet captures of chosen links with tcpdump.
@@ -38,6 +42,7 @@ from emulator.emulation.system import cpu_times, has_netem, run
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import Intrinsic, LatencyModel
 from emulator.model.topology import Topology
+from emulator.runs.metrics import LAG_SHARE, AgentLag
 from emulator.runs.results import Fidelity
 
 #: Used when this machine was never calibrated (docs/domain.md §4: 280 Mbit/s over 16 flows, userspace OVS, 2 cores).
@@ -46,7 +51,7 @@ CPU_SATURATED_IDLE = 0.05
 #: A repetition whose median send left this much of its target message latency late is flagged ``latency_floor``.
 LATE_FRACTION = 0.05
 #: The flags that make a repetition untrusted (``uncalibrated`` only says the capacity is the default).
-SERIOUS_FLAGS = frozenset({"cpu_saturated", "over_capacity", "latency_floor"})
+SERIOUS_FLAGS = frozenset({"cpu_saturated", "over_capacity", "latency_floor", "emulator_lag"})
 
 
 def latency_model(profile: FabricProfile, calibration: Calibration | None,
@@ -195,7 +200,7 @@ def lateness(late_s: Sequence[float], targets_s: Sequence[float]) -> float | Non
 
 def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: int,
            calibration: Calibration | None, floors: Sequence[int] | None = None,
-           late_fraction: float | None = None) -> Fidelity:
+           late_fraction: float | None = None, lag: AgentLag | None = None) -> Fidelity:
     """Fidelity of one repetition: CPU idle, offered datapath load against capacity, latency, flags.
 
     ``datapath_bytes`` is the bytes the schedule makes switches forward (each
@@ -203,7 +208,8 @@ def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: 
     machine's (None: the capacity is :data:`UNCALIBRATED_CAPACITY_MBPS` and
     the repetition is flagged ``uncalibrated``); ``floors`` the path lengths
     (switches) where the calibrated intrinsic latency exceeds the profile's
-    target; ``late_fraction`` what :func:`lateness` found.
+    target; ``late_fraction`` what :func:`lateness` found; ``lag`` the
+    worst rank's agent lag (:func:`emulator.runs.metrics.agent_lag`).
     """
     d_total = after.cpu_total - before.cpu_total
     idle = (after.cpu_idle - before.cpu_idle) / d_total if d_total > 0 else 1.0
@@ -219,10 +225,13 @@ def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: 
         flags.append("uncalibrated")
     if floors or (late_fraction is not None and late_fraction > LATE_FRACTION):
         flags.append("latency_floor")
+    if lag is not None and lag.share > LAG_SHARE:
+        flags.append("emulator_lag")
     drops = sum(now.drops - before.qdisc.get(dev, QdiscCounters()).drops for dev, now in after.qdisc.items())
     retrans = sum(count - before.retrans.get(h, 0) for h, count in after.retrans.items())
     return Fidelity(cpu_idle=idle, datapath_load_mbps=offered, datapath_capacity_mbps=capacity, qdisc_drops=drops,
                     tcp_retransmits=retrans, latency_floor_switches=list(floors or []), late_fraction=late_fraction,
+                    lag_share=lag.share if lag is not None else None, lag_rank=lag.rank if lag is not None else None,
                     flags=flags, trusted=not (SERIOUS_FLAGS & set(flags)))
 
 

@@ -35,7 +35,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from emulator.emulation import confinement
@@ -132,12 +132,14 @@ class RankReport:
     sends: dict[int, list[float]]  # send op id -> [posted, cts_at, sent, late_s]
     correct: bool
     wrong: str | None = None  # what was wrong, when not correct
+    arrivals: dict[int, float] = field(default_factory=dict)  # receive op id -> its last byte reached the host
 
     @classmethod
     def from_message(cls, msg: Mapping[str, Any]) -> RankReport:
         return cls(rank=int(msg["rank"]), ops={int(i): (float(s), float(e)) for i, s, e in msg["ops"]},
                    sends={int(i): list(v) for i, v in (msg.get("sends") or {}).items()},
-                   correct=bool(msg["correct"]), wrong=msg.get("wrong"))
+                   correct=bool(msg["correct"]), wrong=msg.get("wrong"),
+                   arrivals={int(i): float(t) for i, t in (msg.get("arrivals") or {}).items()})
 
 
 class Fleet:

@@ -55,6 +55,12 @@ DELIVERY_TAIL_FRAMES = 4
 DELIVERY_TAIL_POLL_S = 0.001
 #: Between two attempts to connect to a peer that is not listening yet.
 CONNECT_RETRY_S = 0.05
+#: ``SO_TIMESTAMPNS`` (``SO_TIMESTAMPNS_OLD``: 64-bit ``struct timespec``, CLOCK_REALTIME) on Linux's common
+#: architectures; Python 3.11's socket module does not name it. TCP returns, with every read, the time the
+#: last segment read reached this host's stack.
+SO_TIMESTAMPNS = 35
+_TIMESPEC = struct.Struct("@qq")
+_TIMESTAMP_CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 
 T = TypeVar("T")
 
@@ -109,12 +115,9 @@ class _InFlight:
     end: int
 
 
-def recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
-               readable: Callable[[], bool] | None = None) -> None:
+def recv_exact(sock: socket.socket, view: memoryview, readable: Callable[[], bool] | None = None) -> None:
     """Fill ``view`` from ``sock``; ``readable()``, when given, is asked before every read (False: ask again).
 
-    ``quickack`` re-arms ``TCP_QUICKACK`` before every read (the kernel leaves
-    quick-ACK mode on its own), so the sender learns of delivery at once.
     Raises :class:`PeerError` when the peer closes the connection first.
     """
     got = 0
@@ -122,8 +125,6 @@ def recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
     while got < total:
         if readable is not None and not readable():
             continue
-        if quickack:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
         n = sock.recv_into(view[got:], total - got)
         if n == 0:
             raise PeerError("connection closed by peer")
@@ -251,14 +252,45 @@ class SendChannel:
         _close(self.sock)
 
 
+def recv_exact_timestamped(sock: socket.socket, view: memoryview) -> float | None:
+    """Fill ``view`` from ``sock`` (which has ``SO_TIMESTAMPNS`` on); return when its last byte reached this host,
+    on ``CLOCK_MONOTONIC`` (None: the kernel gave no timestamp).
+
+    ``TCP_QUICKACK`` is re-armed before every read (the kernel leaves
+    quick-ACK mode on its own), so the sender learns of delivery at once.
+
+    Raises :class:`PeerError` when the peer closes the connection first.
+    """
+    got, total, arrived = 0, len(view), None
+    while got < total:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        n, ancillary, _, _ = sock.recvmsg_into([view[got:]], _TIMESTAMP_CMSG_BYTES)
+        if n == 0:
+            raise PeerError("connection closed by peer")
+        got += n
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                arrived = sec + nsec * 1e-9
+    if arrived is None:
+        return None
+    return arrived - (time.time() - time.monotonic())  # the realtime stamp on the monotonic clock
+
+
 class RecvChannel:
-    """Our end of the connection from a rank we receive from: clears to send out, messages in."""
+    """Our end of the connection from a rank we receive from: clears to send out, messages in.
+
+    The kernel stamps every segment it receives (``SO_TIMESTAMPNS``): a
+    payload's last stamp against when the agent was done with it is the
+    agent's own lag (:mod:`emulator.emulation.fidelity`).
+    """
 
     def __init__(self, sock: socket.socket, key: ConnKey):
         self.sock = sock
         self.key = key
         self.peer = key.peer
         self._header = bytearray(HEADER.size)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
     def post(self, rep: int, step: int, at: float) -> None:
         """Tell the sender that our receive of ``step`` is posted, as of ``at`` (raises :class:`OSError`)."""
@@ -269,10 +301,10 @@ class RecvChannel:
         recv_exact(self.sock, memoryview(self._header))
         return Header(*HEADER.unpack(self._header))
 
-    def payload_into(self, view: memoryview) -> None:
+    def payload_into(self, view: memoryview) -> float | None:
         """Read the message's payload into ``view``, acknowledging every segment at once (the sender's
-        send completes on the last ACK)."""
-        recv_exact(self.sock, view, quickack=True)
+        send completes on the last ACK); return when its last byte reached this host (monotonic; None: unknown)."""
+        return recv_exact_timestamped(self.sock, view)
 
     def close(self) -> None:
         _close(self.sock)

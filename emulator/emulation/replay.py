@@ -74,7 +74,14 @@ from emulator.model.schedule.format import Schedule
 from emulator.runs import admission
 from emulator.runs import fault_plan as faults
 from emulator.runs.fault_plan import Fault, Injector
-from emulator.runs.metrics import compute_records, repetition_metrics, send_lateness, send_paths, timeline_records
+from emulator.runs.metrics import (
+    agent_lag,
+    compute_records,
+    repetition_metrics,
+    send_lateness,
+    send_paths,
+    timeline_records,
+)
 from emulator.runs.results import CellResults, Repetition
 
 log = logging.getLogger(__name__)
@@ -455,9 +462,10 @@ class ReplaySession:
         measured.faults = [f for f in results.faults if f["rep_index"] == rep and f["fired_s"] is not None]
         if measured.faults:
             measure_affected(measured.faults, transfers)
+        lag = agent_lag(op_times, sends, {r: d.arrivals for r, d in done.items()}, measured.time_s)
         measured.fidelity = fidelity.assess(before, after, measured.time_s, fidelity.datapath_bytes(plan.planned),
                                             plan.calibration, plan.report.latency_floors(),
-                                            fidelity.lateness(*send_lateness(schedule, sends, plan.paths)))
+                                            fidelity.lateness(*send_lateness(schedule, sends, plan.paths)), lag)
         for rec in fidelity.link_records(before, after, rep):
             append_jsonl(plan.path("links.jsonl"), rec)
         for rec in transfers + compute_records(schedule, rep, op_times):

@@ -12,18 +12,23 @@ feeds them what the agents report (:class:`emulator.emulation.fleet.RankReport`)
 * :func:`send_paths` and :func:`send_lateness` -- the latency terms of every
   sender's path (what the agents' latency plan holds) and how late each send
   left against its target, for :func:`emulator.emulation.fidelity.lateness`;
+* :func:`agent_lag` -- the share of the repetition the slowest rank's agent
+  spent behind the emulated fabric, for
+  :func:`emulator.emulation.fidelity.assess`;
 * :func:`nccl_table` -- the nccl-tests style table ``emu replay`` prints.
 
 Times are seconds on the shared CLOCK_MONOTONIC clock; ``op_times[rank][op_id]
 = (start, end)``; ``sends[rank][op_id] = [posted, cts_at, sent, late_s]``
-(the receive posted, the clear to send in hand, ``sendall`` begun, lateness).
+(the receive posted, the clear to send in hand, ``sendall`` begun, lateness);
+``arrivals[rank][op_id]`` = when a receive's last byte reached its host (the
+kernel's stamp).
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from emulator.model import topology
@@ -36,6 +41,51 @@ from emulator.runs.results import Iteration, Repetition, StepTime
 
 OpTimes = Mapping[int, Mapping[int, tuple[float, float]]]
 SendTimes = Mapping[int, Mapping[int, Sequence[float]]]
+Arrivals = Mapping[int, Mapping[int, float]]
+#: A repetition in which some rank's agent was behind the fabric for more than this share of its time is flagged
+#: ``emulator_lag`` (:func:`emulator.emulation.fidelity.assess`): its time may be that much the emulator's own,
+#: the ±10 % the model is held to.
+LAG_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class AgentLag:
+    """The rank whose agent lagged most in a repetition, and for what share of the repetition's time."""
+
+    rank: int
+    share: float
+
+
+def _covered_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def agent_lag(op_times: OpTimes, sends: SendTimes, arrivals: Arrivals, elapsed_s: float) -> AgentLag | None:
+    """The share of ``elapsed_s`` during which some rank's agent was behind the fabric, for the worst rank.
+
+    A rank lags from when a message's last byte reached its host (the
+    kernel's stamp) until the agent was done with it (read, and reduced), and
+    while a send of it left later than its latency deadline (``late_s``):
+    time the emulated fabric had no part in. Overlapping lags count once.
+    None when no rank reported a receive stamp or a send, or ``elapsed_s`` is 0.
+    """
+    if elapsed_s <= 0:
+        return None
+    worst: AgentLag | None = None
+    for rank in sorted({*arrivals, *sends}):
+        lags = [(at, op_times[rank][i][1]) for i, at in arrivals.get(rank, {}).items()
+                if i in op_times.get(rank, {})]
+        lags += [(info[2] - info[3], info[2]) for info in sends.get(rank, {}).values() if info[3] > 0]
+        share = min(1.0, _covered_s(lags) / elapsed_s)
+        if worst is None or share > worst.share:
+            worst = AgentLag(rank, share)
+    return worst
 
 
 def _step_spans(schedule: Schedule, op_times: OpTimes) -> dict[int, list[float]]:

@@ -67,6 +67,8 @@ class Fidelity:
     tcp_retransmits: int = 0
     latency_floor_switches: list[int] = field(default_factory=list)
     late_fraction: float | None = None
+    lag_share: float | None = None  # the worst rank's agent lag, share of the repetition (None: not measured)
+    lag_rank: int | None = None
     flags: list[str] = field(default_factory=list)
     trusted: bool = True
 
@@ -76,7 +78,12 @@ class Fidelity:
         self.trusted = False
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field; the agents' lag only where it was measured (documents written before it stay as they were)."""
+        doc = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("lag_share", "lag_rank"):
+            if doc[name] is None:
+                del doc[name]
+        return doc
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Fidelity:
@@ -85,7 +92,8 @@ class Fidelity:
                    datapath_capacity_mbps=float(data.get("datapath_capacity_mbps", 0.0)),
                    qdisc_drops=int(data.get("qdisc_drops", 0)), tcp_retransmits=int(data.get("tcp_retransmits", 0)),
                    latency_floor_switches=list(data.get("latency_floor_switches") or []),
-                   late_fraction=data.get("late_fraction"), flags=list(data.get("flags") or []),
+                   late_fraction=data.get("late_fraction"), lag_share=data.get("lag_share"),
+                   lag_rank=data.get("lag_rank"), flags=list(data.get("flags") or []),
                    trusted=bool(data.get("trusted", True)))
 
 

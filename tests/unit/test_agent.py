@@ -85,6 +85,11 @@ def test_agents_compute_an_allreduce_over_tcp(algo, spec):
             n_ops = len(schedule.ranks[rank].ops)
             assert len(res["ops"]) == n_ops
             assert all(end >= start for _, start, end in res["ops"])
+            # the kernel stamped every receive's last byte, before the agent was done with it
+            ends = {i: end for i, _, end in res["ops"]}
+            receives = [op.id for op in schedule.ranks[rank].ops if op.kind in ("recv", "recv_reduce")]
+            assert sorted(int(i) for i in res["arrivals"]) == sorted(receives)
+            assert all(0 <= ends[int(i)] - at < 5 for i, at in res["arrivals"].items())
     op_times = {r: {i: (s, e) for i, s, e in reps[0]["ops"]} for r, reps in results.items()}
     measured = metrics.repetition_metrics(schedule, op_times)
     assert measured.time_s > 0 and measured.busbw_mbps > 0

@@ -14,6 +14,7 @@ from emulator.emulation.tc_commands import parse_htb_rates
 from emulator.model import topology
 from emulator.model.latency import Curve, Intrinsic
 from emulator.model.topology import tcp_goodput_factor
+from emulator.runs.metrics import LAG_SHARE, AgentLag
 from emulator.runs.results import Fidelity
 
 
@@ -74,6 +75,18 @@ def test_assess_writes_the_fidelity_document_of_results_json():
     assert doc["flags"] == ["cpu_saturated", "over_capacity", "latency_floor"] and doc["trusted"] is False
     assert doc["latency_floor_switches"] == [5] and doc["late_fraction"] == 0.5
     assert Fidelity.from_json(doc) == fid
+
+
+def test_an_agent_lagging_more_than_its_share_is_flagged_even_with_idle_cpu():
+    calib = calibration(100.0)
+    behind = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1000, calib, lag=AgentLag(rank=3, share=0.25))
+    assert behind.flags == ["emulator_lag"] and not behind.trusted
+    assert (behind.lag_share, behind.lag_rank) == (0.25, 3)
+    assert Fidelity.from_json(behind.to_json()) == behind
+    within = fidelity.assess(snap(0, 0, 0), snap(1, 50, 100), 1.0, 1000, calib,
+                             lag=AgentLag(rank=0, share=LAG_SHARE * 0.9))
+    assert within.flags == [] and within.trusted
+    assert "emulator_lag" in fidelity.flag_text(behind)
 
 
 def test_link_records_are_deltas():

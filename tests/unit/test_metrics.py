@@ -9,7 +9,15 @@ from emulator.model import fabric, topology
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule import check as scheck
 from emulator.model.schedule import cost, generators
-from emulator.runs.metrics import nccl_table, repetition_metrics, send_lateness, send_paths, timeline_records
+from emulator.runs.metrics import (
+    AgentLag,
+    agent_lag,
+    nccl_table,
+    repetition_metrics,
+    send_lateness,
+    send_paths,
+    timeline_records,
+)
 from emulator.runs.results import Repetition
 
 TOPO = topology.build("star:hosts=2")
@@ -94,3 +102,18 @@ def test_the_nccl_table_has_one_row_per_repetition_and_the_mean():
     assert len(rows) == 2 and rows[0].split()[-1] == "0" and rows[1].split()[-1] == "1"
     assert lines[-1] == f"# Avg bus bandwidth    : {reps[0].busbw_mbps:.2f} Mb/s"
     assert "Avg" not in nccl_table(RING, [])
+
+
+def test_agent_lag_is_the_worst_ranks_share_of_time_behind_the_fabric():
+    # rank 0: a receive whose last byte came at 1.0 and was done at 1.3, a send 0.2 late at 2.0;
+    # rank 1: two receives whose lags overlap (1.0-1.4 and 1.2-1.5): 0.5 s, counted once
+    op_times = {0: {1: (0.5, 1.3), 2: (1.5, 2.5)}, 1: {1: (0.5, 1.4), 2: (0.6, 1.5)}}
+    sends = {0: {2: [1.5, 1.6, 2.0, 0.2]}, 1: {}}
+    arrivals = {0: {1: 1.0}, 1: {1: 1.0, 2: 1.2}}
+    lag = agent_lag(op_times, sends, arrivals, elapsed_s=2.0)
+    assert lag is not None and lag.rank == 0 and lag.share == pytest.approx((0.3 + 0.2) / 2.0)
+    assert agent_lag(op_times, {}, {1: arrivals[1]}, 2.0) == AgentLag(1, pytest.approx(0.25))
+    # sends on time and no stamps: no lag; nothing reported or no time: unknown
+    assert agent_lag(op_times, {0: {2: [1.5, 1.6, 2.0, 0.0]}}, {}, 2.0) == AgentLag(0, 0.0)
+    assert agent_lag(op_times, {}, {}, 2.0) is None
+    assert agent_lag(op_times, sends, arrivals, 0.0) is None

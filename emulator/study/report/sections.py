@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from emulator.model import fabric, paper_scale
 from emulator.model.schedule.format import format_size
+from emulator.runs.metrics import LAG_SHARE
 from emulator.study.report import answers, plots
 from emulator.study.report.doc import Doc
 from emulator.study.report.families import ScalingKey, ScalingPoint, TrainingKey, TrainingPoint
@@ -515,7 +516,10 @@ def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
              "iteration's. " if any(r.is_training for r in rows) else "")
           + "Fidelity flags per repetition "
           "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
-          "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `uncalibrated` = `emu "
+          "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `latency_floor` = messages "
+          "could not meet the fabric's latency (this machine's own latency is above it, or the agents sent "
+          "late), `emulator_lag` = an agent was behind the fabric (bytes already in its host, or a send past "
+          "its deadline) for over " f"{LAG_SHARE:.0%} of the repetition, `uncalibrated` = `emu "
           "calibrate` never ran here (the capacity is the documented default), `probe_failed` = its network "
           "failed its probe again after a rebuild, `network_damaged` = its controller exited or Open vSwitch "
           "was restarted while it ran. A cell with any flag but `uncalibrated` is not trusted: it measures the "
