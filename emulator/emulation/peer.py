@@ -115,20 +115,34 @@ class _InFlight:
     end: int
 
 
-def recv_exact(sock: socket.socket, view: memoryview, readable: Callable[[], bool] | None = None) -> None:
-    """Fill ``view`` from ``sock``; ``readable()``, when given, is asked before every read (False: ask again).
+def recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
+               readable: Callable[[], bool] | None = None) -> float | None:
+    """Fill ``view`` from ``sock``; return when its last byte reached this host, on ``CLOCK_MONOTONIC``, where the
+    socket has ``SO_TIMESTAMPNS`` on (None: no stamp came with the reads).
 
-    Raises :class:`PeerError` when the peer closes the connection first.
+    ``readable()``, when given, is asked before every read (False: ask
+    again). ``quickack`` re-arms ``TCP_QUICKACK`` before every read (the
+    kernel leaves quick-ACK mode on its own), so the sender learns of
+    delivery at once. Raises :class:`PeerError` when the peer closes the
+    connection first.
     """
-    got = 0
-    total = len(view)
+    got, total, arrived = 0, len(view), None
     while got < total:
         if readable is not None and not readable():
             continue
-        n = sock.recv_into(view[got:], total - got)
+        if quickack:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        n, ancillary, _, _ = sock.recvmsg_into([view[got:]], _TIMESTAMP_CMSG_BYTES)
         if n == 0:
             raise PeerError("connection closed by peer")
         got += n
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                arrived = sec + nsec * 1e-9
+    if arrived is None:
+        return None
+    return arrived - (time.time() - time.monotonic())  # the realtime stamp on the monotonic clock
 
 
 class DeliveryTracker:
@@ -252,31 +266,6 @@ class SendChannel:
         _close(self.sock)
 
 
-def recv_exact_timestamped(sock: socket.socket, view: memoryview) -> float | None:
-    """Fill ``view`` from ``sock`` (which has ``SO_TIMESTAMPNS`` on); return when its last byte reached this host,
-    on ``CLOCK_MONOTONIC`` (None: the kernel gave no timestamp).
-
-    ``TCP_QUICKACK`` is re-armed before every read (the kernel leaves
-    quick-ACK mode on its own), so the sender learns of delivery at once.
-
-    Raises :class:`PeerError` when the peer closes the connection first.
-    """
-    got, total, arrived = 0, len(view), None
-    while got < total:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-        n, ancillary, _, _ = sock.recvmsg_into([view[got:]], _TIMESTAMP_CMSG_BYTES)
-        if n == 0:
-            raise PeerError("connection closed by peer")
-        got += n
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(data)
-                arrived = sec + nsec * 1e-9
-    if arrived is None:
-        return None
-    return arrived - (time.time() - time.monotonic())  # the realtime stamp on the monotonic clock
-
-
 class RecvChannel:
     """Our end of the connection from a rank we receive from: clears to send out, messages in.
 
@@ -304,7 +293,7 @@ class RecvChannel:
     def payload_into(self, view: memoryview) -> float | None:
         """Read the message's payload into ``view``, acknowledging every segment at once (the sender's
         send completes on the last ACK); return when its last byte reached this host (monotonic; None: unknown)."""
-        return recv_exact_timestamped(self.sock, view)
+        return recv_exact(self.sock, view, quickack=True)
 
     def close(self) -> None:
         _close(self.sock)
