@@ -130,12 +130,14 @@ class SendTiming:
 @dataclass(frozen=True)
 class RepetitionResult:
     """What :meth:`Agent.run_once` found: every operation's times, the data check, every send's rendezvous,
-    and when every receive's last byte reached the host (``arrivals``, the kernel's stamp, monotonic)."""
+    when every receive's last byte reached the host (``arrivals``, the kernel's stamp, monotonic), and the CPU
+    seconds this agent process spent on the repetition (``cpu_s``, all its threads, user and system)."""
 
     ops: dict[int, Completed]
     wrong: str | None  # None: the buffers hold the collective's result
     sends: dict[int, SendTiming]
     arrivals: dict[int, float] = field(default_factory=dict)
+    cpu_s: float | None = None
 
     @property
     def correct(self) -> bool:
@@ -146,7 +148,7 @@ class RepetitionResult:
         id as text)."""
         return {"ops": [[i, c.start, c.end] for i, c in sorted(self.ops.items())], "correct": self.correct,
                 "wrong": self.wrong, "sends": {str(i): v.to_json() for i, v in sorted(self.sends.items())},
-                "arrivals": {str(i): t for i, t in sorted(self.arrivals.items())}}
+                "arrivals": {str(i): t for i, t in sorted(self.arrivals.items())}, "cpu_s": self.cpu_s}
 
 
 @dataclass
@@ -341,6 +343,7 @@ class Agent:
         run = _Repetition(rep, Dispatcher(self.program),
                           {key: queue.Queue() for key in self.send_keys},
                           {key: queue.Queue() for key in self.recv_keys}, queue.Queue(), set(watch_steps), on_step)
+        cpu_before = time.process_time()
         self._start_workers(self.channels, run)
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.monotonic()))
@@ -356,7 +359,8 @@ class Agent:
                 self._hand(run, run.dispatcher.apply(event))
         finally:
             run.stop()
-        return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings, run.arrivals)
+        cpu_s = time.process_time() - cpu_before  # before the data check: the repetition's own work
+        return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings, run.arrivals, cpu_s)
 
     def _start_workers(self, channels: Channels, run: _Repetition) -> None:
         workers = [threading.Thread(target=_Sender(channels.send[key], self.latency[key.peer], self.buffers, run),

@@ -15,6 +15,9 @@ intrinsic latency (:meth:`Calibration.intrinsic`). The layout (version
   rung of the ladder failed) with its ``datapath_capacity_unit``, and the
   ``recommended_link_mbps`` derived from it;
 * ``one_link_ratio``, ``agent_over_iperf3`` -- in a full calibration only;
+* ``agent_costs`` -- the agents' CPU seconds per message and per byte
+  (:class:`emulator.runs.dilation.AgentCosts`); absent from a file made before
+  they were measured (:meth:`Calibration.costs` then gives the defaults);
 * ``latency`` -- the intrinsic latency per path length (:class:`LatencyCalibration`,
   what :func:`emulator.selfcheck.intrinsic_latency.summarise` returns);
 * ``measurements`` -- every measurement's own document, as its function in
@@ -40,6 +43,7 @@ from emulator.base.files import read_json, write_json_atomic
 from emulator.emulation.system import machine_identity
 from emulator.model.latency import Intrinsic
 from emulator.model.topology import DEFAULT_MTU
+from emulator.runs.dilation import DEFAULT_AGENT_COSTS, AgentCosts, Envelope
 
 CALIBRATION_VERSION = 2
 CAPACITY_UNIT = "switch-hop Mbit/s: sum of bytes x switches traversed x 8 / seconds / 1e6"
@@ -203,6 +207,7 @@ class Calibration:
     duration_s: float | None = None
     one_link_ratio: float | None = None
     agent_over_iperf3: float | None = None
+    agent_costs: AgentCosts | None = None  # None: measured before the agents' costs were
     #: a document's keys this version does not know, written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -226,7 +231,13 @@ class Calibration:
         for key in _OPTIONAL_RATIOS:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
+        if self.agent_costs is not None:
+            out["agent_costs"] = self.agent_costs.to_json()
         return out
+
+    def costs(self) -> AgentCosts:
+        """The agents' measured costs, else this project's defaults (a calibration made before they were measured)."""
+        return self.agent_costs if self.agent_costs is not None else DEFAULT_AGENT_COSTS
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
@@ -241,9 +252,23 @@ class Calibration:
                   measurements=dict(data.get("measurements") or {}),
                   duration_s=_optional_number(data, "duration_s", WHERE),
                   one_link_ratio=_optional_number(data, "one_link_ratio", WHERE),
-                  agent_over_iperf3=_optional_number(data, "agent_over_iperf3", WHERE))
+                  agent_over_iperf3=_optional_number(data, "agent_over_iperf3", WHERE),
+                  agent_costs=_agent_costs(data.get("agent_costs")))
         known = {f.name for f in fields(cls)} - {"extra"}
         return replace(cal, extra={k: v for k, v in data.items() if k not in known})
+
+
+def _agent_costs(data: Any) -> AgentCosts | None:
+    if data is None:
+        return None
+    where = f"{WHERE} agent_costs"
+    if not isinstance(data, Mapping):
+        raise FieldError(WHERE, "agent_costs", "a mapping of per_message_s and per_byte_s", data)
+    costs = AgentCosts(_number(data, "per_message_s", where), _number(data, "per_byte_s", where),
+                       str(data.get("source", "")))
+    if costs.per_message_s < 0 or costs.per_byte_s < 0:
+        raise FieldError(where, "per_message_s", "CPU seconds of at least 0", data)
+    return costs
 
 
 def save_calibration(calibration: Calibration, mtu: int) -> str:
@@ -278,3 +303,10 @@ def load_calibration(mtu: int = DEFAULT_MTU, identity: Mapping[str, Any] | None 
                                                             else identity) is not None:
         return None
     return Calibration.from_json(data)
+
+
+def envelope(calibration: Calibration | None, cores: int | None) -> Envelope:
+    """What ``calibration`` says this machine gives an emulation on ``cores`` cores (no calibration: no capacity
+    known, the default agent costs)."""
+    return Envelope(calibration.datapath_capacity_mbps if calibration is not None else None,
+                    calibration.costs() if calibration is not None else DEFAULT_AGENT_COSTS, cores or 1)

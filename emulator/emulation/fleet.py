@@ -133,13 +133,15 @@ class RankReport:
     correct: bool
     wrong: str | None = None  # what was wrong, when not correct
     arrivals: dict[int, float] = field(default_factory=dict)  # receive op id -> its last byte reached the host
+    cpu_s: float | None = None  # the agent process's CPU seconds in the repetition
 
     @classmethod
     def from_message(cls, msg: Mapping[str, Any]) -> RankReport:
         return cls(rank=int(msg["rank"]), ops={int(i): (float(s), float(e)) for i, s, e in msg["ops"]},
                    sends={int(i): list(v) for i, v in (msg.get("sends") or {}).items()},
                    correct=bool(msg["correct"]), wrong=msg.get("wrong"),
-                   arrivals={int(i): float(t) for i, t in (msg.get("arrivals") or {}).items()})
+                   arrivals={int(i): float(t) for i, t in (msg.get("arrivals") or {}).items()},
+                   cpu_s=float(msg["cpu_s"]) if msg.get("cpu_s") is not None else None)
 
 
 class Fleet:

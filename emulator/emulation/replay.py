@@ -457,6 +457,8 @@ class ReplaySession:
         sends = {r: d.sends for r, d in done.items()}
         measured = repetition_metrics(schedule, op_times, plan.report, rep=rep)
         measured.correct = all(d.correct for d in done.values())
+        cpu = [d.cpu_s for d in done.values()]
+        measured.agents_cpu_s = sum(c for c in cpu if c is not None) if None not in cpu else None
         transfers = timeline_records(schedule, rep, op_times, sends)
         # the same records as in results.faults: the affected transfers' durations land in both
         measured.faults = [f for f in results.faults if f["rep_index"] == rep and f["fired_s"] is not None]

@@ -80,8 +80,9 @@ class FabricProfile:
     # ------------------------------------------------------------ mapping
     @property
     def emulated_link_mbps(self) -> float:
-        """The emulated rate of its links: ``link_gbps · 1000 / dilation`` Mbit/s."""
-        return self.link_gbps * 1000.0 / self.dilation
+        """The emulated rate of its links: ``link_gbps · 1000 / dilation`` Mbit/s (to 12 significant digits, so
+        that a dilation made from a rate gives that rate back: 100000 / (100000 / 5.9) is 5.8999999999999995)."""
+        return float(f"{self.link_gbps * 1000.0 / self.dilation:.12g}")
 
     def dilation_for(self, emulated_mbps: float) -> float:
         """The dilation that maps this fabric's links onto ``emulated_mbps`` (the inverse of :attr:`emulated_link_mbps`)."""

@@ -9,9 +9,11 @@ its MTU (:class:`Load`) -- and :func:`admit` compares it with the
 :class:`Machine` (available memory, cores) and the user's :class:`Policy`
 (``--max-time``, ``--allow-untrusted``). A refusal is one line naming both
 numbers and what would fit (:class:`emulator.base.errors.UserError`, exit status
-2), raised before anything starts or is written. More ranks than
-:data:`MAX_RANKS_PER_CORE` per core, like a load beyond the capacity, is
-refused unless untrusted runs are allowed.
+2), raised before anything starts or is written. Agents whose
+work (messages and bytes at the calibrated CPU costs) takes more than
+:data:`emulator.runs.dilation.CPU_FRACTION` of the cores in a step, like a
+load beyond the capacity, are refused unless untrusted runs are allowed; so
+are more MPI ranks than :data:`MAX_MPI_RANKS_PER_CORE` per core.
 
 The same estimates size the confinement: :func:`agent_limit_bytes` is the
 memory limit (``RLIMIT_DATA``) every agent runs under, so a runaway fails its
@@ -41,8 +43,9 @@ from emulator.model.buffers import rank_bytes
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.check import CheckReport
 from emulator.model.schedule.format import Schedule
-from emulator.model.topology import Topology
+from emulator.model.topology import Topology, switch_ports
 from emulator.runs import allreduce_bench as mpi_bench
+from emulator.runs.dilation import CPU_FRACTION, AgentsShare, Envelope, agents_share
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -71,9 +74,9 @@ AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
 RESERVE_FRACTION = 0.10
 RESERVE_MIN_BYTES = 1 * GiB
 DEFAULT_MAX_TIME_S = 30 * 60.0
-#: Ranks per core this machine has run trusted: 64 agents on 2 cores stayed within 1.0-1.46x of the model
-#: (docs/fidelity.md); a 128-rank ring on them ran cpu_saturated at 2.2x, and a 128-host fat-tree at 5.3x.
-MAX_RANKS_PER_CORE = 32
+#: Open MPI ranks per core (no model predicts an MPI program's load, so no calibrated rule applies to them):
+#: what 64 agents on 2 cores ran trusted before the agents' costs were calibrated (docs/fidelity.md).
+MAX_MPI_RANKS_PER_CORE = 32
 #: Bring-up of a network: fixed cost plus per switch port, an upper bound of what was measured with static entries
 #: (docs/fidelity.md, 2026-12-02 evening): 16 hosts, 64 ports: 1.6 s; 32 hosts, 96 ports: 2.7 s; 64 hosts, 256
 #: ports: 6.2 s; fat-tree k=8, 768 ports: 22.7 s (61 s before bring-up was batched); 256 hosts, 1024 ports: 31.2 s.
@@ -221,18 +224,33 @@ class Policy:
 
 @dataclass(frozen=True)
 class Load:
-    """The model's busiest step against the datapath's calibrated capacity (at the run's MTU), and the rates it
-    was computed at (to say what would fit)."""
+    """The model's busiest step against the datapath's calibrated capacity (at the run's MTU), the agents'
+    busiest share of the CPU against what their calibrated costs allow, and the rates it was computed at (to
+    say what would fit)."""
 
     peak_mbps: float  # switch-hop Mbit/s
-    capacity_mbps: float | None  # None: this machine was never calibrated at the run's MTU
+    capacity_mbps: float | None  # at the network's switch ports; None: never calibrated at the run's MTU
     where: str  # which run or cell offers it
     link_mbps: float  # the emulated host link rate of that run
     profile: FabricProfile | None = None
+    agents: AgentsShare | None = None  # None: not checked
+    cpu_fraction: float = CPU_FRACTION
 
     @property
     def over(self) -> bool:
         return self.capacity_mbps is not None and self.peak_mbps > self.capacity_mbps
+
+    @property
+    def agents_over(self) -> bool:
+        return self.agents is not None and self.agents.share > self.cpu_fraction
+
+
+def load_of(report: CheckReport, env: Envelope, where: str, topo: Topology,
+            profile: FabricProfile | None) -> Load:
+    """A prediction's :class:`Load` on ``topo`` (its switch ports, its host links' rate) on a machine of envelope
+    ``env``."""
+    return Load(report.peak_load_mbps(), env.capacity_for(switch_ports(topo)), where, topo.host_bw, profile,
+                agents_share([report], env.costs, env.cores), env.cpu_fraction)
 
 
 @dataclass(frozen=True)
@@ -264,8 +282,9 @@ class Verdict:
         return not self.refusals
 
 
-def fitting_rate(load: Load) -> str:
-    """What would bring ``load`` within its capacity: the link rate, and the same fabric profile dilated to it.
+def fitting_rate(load: Load, ratio: float | None = None) -> str:
+    """What would bring ``load`` within its capacity (or, given ``ratio``, scale its rate by that): the link
+    rate, and the same fabric profile dilated to it.
 
     The busiest step's load is its bytes over its span; when every time of the
     span dilates with the rate, the load scales with the rate it was predicted
@@ -276,8 +295,10 @@ def fitting_rate(load: Load) -> str:
     rounded up, so its links are no faster and its latencies dilate with
     them. A spec's ``bw`` keeps the latencies as they were: close, not exact.
     """
-    assert load.capacity_mbps is not None
-    rate = load.link_mbps * load.capacity_mbps / load.peak_mbps
+    if ratio is None:
+        assert load.capacity_mbps is not None
+        ratio = load.capacity_mbps / load.peak_mbps
+    rate = load.link_mbps * ratio
     rate = math.floor(rate * 100) / 100  # rounded down: the rate printed must fit
     text = f"link rates of at most {rate:g} Mbit/s"
     if load.profile is not None and rate > 0:
@@ -317,8 +338,9 @@ def capacity_lines(req: Request, policy: Policy) -> tuple[list[str], list[str]]:
         return [], warnings
     worst = max(over, key=lambda ld: ld.peak_mbps)
     text = (f"the busiest step offers the switch datapath {worst.peak_mbps:.0f} switch-hop Mbit/s ({worst.where}"
-            f"{f' and {len(over) - 1} more' if len(over) > 1 else ''}), above this machine's calibrated capacity "
-            f"{worst.capacity_mbps:.0f}; it would fit at {fitting_rate(worst)}")
+            f"{f' and {len(over) - 1} more' if len(over) > 1 else ''}), above the datapath's capacity at its switch "
+            f"ports {worst.capacity_mbps:.0f} (from this machine's calibrated capacity); it would fit at "
+            f"{fitting_rate(worst)}")
     if policy.allow_untrusted:
         return [], warnings + [f"{req.command}: {text}; running anyway (--allow-untrusted): such repetitions are "
                                "flagged over_capacity and not trusted"]
@@ -327,18 +349,31 @@ def capacity_lines(req: Request, policy: Policy) -> tuple[list[str], list[str]]:
 
 
 def cpu_lines(req: Request, machine: Machine, policy: Policy) -> tuple[list[str], list[str]]:
-    """A refusal (a warning with ``--allow-untrusted``) for more ranks than this machine's cores have run
-    trusted."""
-    if machine.cores is None or req.memory.ranks <= machine.cores * MAX_RANKS_PER_CORE:
+    """A refusal (a warning with ``--allow-untrusted``) for agents whose work does not fit the CPU share their
+    calibrated costs allow, or for more MPI ranks than :data:`MAX_MPI_RANKS_PER_CORE` per core."""
+    text = None
+    over = [ld for ld in req.loads if ld.agents_over]
+    if over:
+        worst = max(over, key=lambda ld: ld.agents.share if ld.agents else 0.0)
+        assert worst.agents is not None
+        text = (f"the agents' busiest step takes {worst.agents.share:.0%} of {machine.cores or '?'} cores "
+                f"({worst.where}: {worst.agents.where}), above the {worst.cpu_fraction:.0%} their calibrated costs "
+                f"are allowed; it would fit at {fitting_rate(worst, worst.cpu_fraction / worst.agents.share)}")
+        field = "agents"
+    elif (req.memory.what == "MPI ranks" and machine.cores is not None
+          and req.memory.ranks > machine.cores * MAX_MPI_RANKS_PER_CORE):
+        most = machine.cores * MAX_MPI_RANKS_PER_CORE
+        text = (f"{req.memory.ranks} MPI ranks on {machine.cores} cores, where at most {most} ran trusted "
+                f"({MAX_MPI_RANKS_PER_CORE} per core, docs/fidelity.md): their rounds would be paced by the CPU, "
+                "not the fabric; use fewer hosts")
+        field = "ranks"
+    if text is None:
         return [], []
-    most = machine.cores * MAX_RANKS_PER_CORE
-    text = (f"{req.memory.ranks} {req.memory.what} on {machine.cores} cores, where at most {most} ran trusted "
-            f"({MAX_RANKS_PER_CORE} per core, docs/fidelity.md): their rounds would be paced by the CPU, not the "
-            "fabric")
     if policy.allow_untrusted:
-        return [], [f"{req.command}: {text}; running anyway (--allow-untrusted): expect cpu_saturated"]
-    return [f"{req.command}: field 'ranks': expected at most {most} ranks on this machine, got {req.memory.ranks}: "
-            f"{text}; use fewer hosts, or pass --allow-untrusted"], []
+        return [], [f"{req.command}: {text}; running anyway (--allow-untrusted): expect cpu_saturated or "
+                    "emulator_lag"]
+    return [f"{req.command}: field '{field}': expected work this machine's CPU keeps up with, got more: {text}; "
+            "or pass --allow-untrusted"], []
 
 
 def verdict(req: Request, machine: Machine, policy: Policy) -> Verdict:
@@ -374,13 +409,13 @@ def admit(req: Request, machine: Machine, policy: Policy, echo=print) -> Verdict
 
 # ------------------------------------------------------------------ requests
 def replay_request(command: str, schedule: Schedule, topo: Topology, report: CheckReport, repetitions: int,
-                   profile: FabricProfile | None, capacity_mbps: float | None) -> Request:
+                   profile: FabricProfile | None, env: Envelope) -> Request:
     """One replay on its own network (``emu replay``): bring-up, then ``repetitions`` at the model's time."""
     bringup = bringup_estimate_s(topo)
     run_s = replay_time_s(report, repetitions)
     return Request(command, replay_memory(schedule, topo), bringup + run_s,
                    f"the model's {report.predicted_time_s:.1f} s x {repetitions} repetitions, bring-up "
-                   f"{bringup:.0f} s", (Load(report.peak_load_mbps(), capacity_mbps, command, topo.host_bw, profile),))
+                   f"{bringup:.0f} s", (load_of(report, env, command, topo, profile),))
 
 
 def mpirun_request(ranks: int, program: Sequence[str], topo: Topology, timeout_s: float) -> Request:

@@ -158,6 +158,7 @@ class Repetition:
     fidelity: Fidelity | None = None
     faults: list[FaultRecord] = field(default_factory=list)
     iteration: Iteration | None = None
+    agents_cpu_s: float | None = None  # every agent's CPU seconds in the repetition, summed (None: not reported)
 
     @property
     def trusted(self) -> bool:
@@ -174,6 +175,8 @@ class Repetition:
             out["fidelity"] = self.fidelity.to_json()
         if self.iteration is not None:
             out.update(self.iteration.to_json())
+        if self.agents_cpu_s is not None:
+            out["agents_cpu_s"] = self.agents_cpu_s
         return out
 
     @classmethod
@@ -186,7 +189,8 @@ class Repetition:
                    predicted_time_s=data.get("predicted_time_s"),
                    measured_over_predicted=data.get("measured_over_predicted"),
                    fidelity=Fidelity.from_json(fid) if isinstance(fid, Mapping) else None,
-                   faults=list(data.get("faults") or []), iteration=Iteration.from_json(data))
+                   faults=list(data.get("faults") or []), iteration=Iteration.from_json(data),
+                   agents_cpu_s=float(data["agents_cpu_s"]) if data.get("agents_cpu_s") is not None else None)
 
 
 @dataclass(frozen=True)

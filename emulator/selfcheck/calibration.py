@@ -1,6 +1,6 @@
 """``emu calibrate``: what this machine's emulation can be trusted to do.
 
-Four measurements (``docs/domain.md`` §4, Mininet-HiFi's lesson) at one MTU, written
+Five measurements (``docs/domain.md`` §4, Mininet-HiFi's lesson) at one MTU, written
 to that MTU's calibration file (:func:`emulator.emulation.calibration_file.calibration_path`),
 which replay's fidelity check and the timing model read:
 
@@ -26,12 +26,15 @@ which replay's fidelity check and the timing model read:
 3. **agents vs iperf3** -- on the same kind of link, a 2-rank ring allreduce
    replayed by the host agents (both directions at once; per-direction
    goodput = busbw) against ``iperf3 --bidir``'s per-direction goodput.
-4. **intrinsic latency** per path length (:mod:`emulator.selfcheck.intrinsic_latency`): what
+4. **agents' costs** (:func:`measure_agent_costs`): the CPU seconds the host
+   agents spend per message and per byte, which ``dilation: auto``
+   (:mod:`emulator.runs.dilation`) sizes the dilation by;
+5. **intrinsic latency** per path length (:mod:`emulator.selfcheck.intrinsic_latency`): what
    this machine adds to every message by itself, which the agents subtract
    from the fabric profile's latency and the model takes as a floor.
 
 ``emu run`` and ``emu bench`` make a *minimal* calibration (capacity on a
-short ladder, and latency; about a minute) when none exists for this
+short ladder, the agents' costs and latency; about a minute) when none exists for this
 machine at their MTU (:func:`ensure_calibration`).
 
 Pure parts (:func:`parse_iperf3`, :class:`CapacityPoint`,
@@ -68,6 +71,7 @@ from emulator.model import fabric, routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators
 from emulator.model.topology import Topology
+from emulator.runs.dilation import CostSample, fit_agent_costs, traffic
 from emulator.selfcheck import intrinsic_latency as latency_probe
 
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
@@ -88,6 +92,11 @@ MINIMAL_LADDER_MBPS = (16, 32, 40, 48, 64, 96)
 #: they are this close (a ratio), at most BISECTIONS rungs more (each measured like a ladder rung).
 BISECTION_RESOLUTION = 0.10
 BISECTIONS = {"minimal": 3, "quick": 0, "full": 2}
+#: The agents' cost measurement: ring allreduces on one switch, at a rate the datapath carries easily, of a
+#: small size (latency-bound: the messages' own cost) and a large one (the same messages, 256 times the bytes).
+AGENT_COST_RANKS = 8
+AGENT_COST_LINK_MBPS = 20.0
+AGENT_COST_SIZES = (8 << 10, 2 << 20)
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
@@ -473,6 +482,29 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
             "agent_over_link": agent / bw_mbps, "iperf3_over_link": iperf / bw_mbps}
 
 
+def measure_agent_costs(datapath: str = "auto", mtu: int = topology.DEFAULT_MTU, repeat: int = 2,
+                        echo: Callable[[str], None] = print) -> dict[str, Any]:
+    """The agents' CPU per message and per byte (:func:`emulator.runs.dilation.fit_agent_costs`): ring allreduces
+    by :data:`AGENT_COST_RANKS` agents on one switch, one with small messages and one with large ones (the
+    same messages), each repetition's summed agent CPU seconds against its messages and bytes."""
+    topo = topology.build(f"star:hosts={AGENT_COST_RANKS}", AGENT_COST_LINK_MBPS)
+    samples: list[CostSample] = []
+    with tempfile.TemporaryDirectory(prefix="ef-calibrate-") as tmp:
+        with ReplaySession(topo, "shortest", datapath=datapath, mtu=mtu, work_dir=os.path.join(tmp, "session"),
+                           echo=lambda s: None) as session:
+            for size in AGENT_COST_SIZES:
+                schedule = generators.generate("ring", topo, size)
+                messages, nbytes = traffic(schedule)
+                results = session.run(schedule, os.path.join(tmp, f"agents-{size}"), repeat=repeat, warmup=1)
+                samples += [CostSample(messages, nbytes, r.agents_cpu_s) for r in results.repetitions
+                            if r.agents_cpu_s is not None]
+    costs = fit_agent_costs(samples, source=f"emu calibrate of {datetime.date.today().isoformat()}")
+    echo(f"  agents' CPU: {costs.per_message_s * 1e3:.3f} ms per message, {costs.per_byte_s * 1e9:.3f} ns per byte "
+         f"({len(samples)} repetitions of {AGENT_COST_RANKS}-rank rings)")
+    return {"topology": topo.spec, "link_mbps": AGENT_COST_LINK_MBPS, "sizes": list(AGENT_COST_SIZES),
+            "samples": [asdict(s) for s in samples], **costs.to_json()}
+
+
 def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str = "auto", mtu: int = topology.DEFAULT_MTU,
               echo: Callable[[str], None] = print, write: bool = True, latency_mbps: float | None = None,
               minimal: bool = False) -> Calibration:
@@ -510,6 +542,9 @@ def calibrate(bw_mbps: float | None = None, quick: bool = False, datapath: str =
              f"{agents['iperf3_mbps']:.2f} Mbit/s per direction = {agents['ratio']:.3f}")
         measurements.update(one_link=one, agents_vs_iperf3=agents)
         data.update(one_link_ratio=one["ratio"], agent_over_iperf3=agents["ratio"])
+    agent_costs = measure_agent_costs(datapath, mtu, repeat=2 if quick or minimal else 3, echo=echo)
+    measurements["agent_costs"] = agent_costs
+    data["agent_costs"] = {k: agent_costs[k] for k in ("per_message_s", "per_byte_s", "source")}
     data["latency"] = latency_probe.measure(latency_mbps or bw, mtu, datapath, echo=echo)
     data["machine"] = {**info, "loadavg_after": load_average()}
     data["duration_s"] = time.monotonic() - t0
@@ -550,6 +585,11 @@ def summary_table(data: dict[str, Any]) -> str:
         f"within {HEADROOM:.0%} of capacity; time dilation to {real.link_gbps:g} Gbit/s links: "
         f"x{real.dilation_for(data['recommended_link_mbps']):g}",
     ]
+    costs = m.get("agent_costs")
+    if costs:
+        lines.append(f"{'agents CPU per message (ms)':<34} {costs['per_message_s'] * 1e3:>12.3f}  and "
+                     f"{costs['per_byte_s'] * 1e9:.2f} ns per byte, {AGENT_COST_RANKS}-rank rings on "
+                     f"{costs['topology']} (dilation: auto sizes the dilation by them)")
     one, ag = m.get("one_link"), m.get("agents_vs_iperf3")
     if one:
         lines.append(f"{'one link goodput / rate':<34} {one['ratio']:>12.3f}  {one['goodput_mbps']:.2f} of "

@@ -9,6 +9,9 @@
 * ``run.json`` -- the run's status (``running``, ``interrupted``,
   ``incomplete`` with failed cells, or ``complete``), when it was created and
   last updated, and its wall time over every invocation (:class:`RunRecord`);
+* ``dilation.json`` -- every run's dilation: chosen from this machine's
+  calibration (``dilation: auto``) or the file's own, with the rule that set
+  it (:class:`emulator.study.experiment.RunDilation`);
 * ``state.json`` -- every cell's last outcome, wall time and error
   (:class:`CellState`);
 * ``run.log`` -- one time-stamped line per event (cell ran, skipped or failed;
@@ -161,6 +164,10 @@ class RunFolder:
         write_json_atomic(os.path.join(session_dir, "probe.json"), {"attempts": [v.to_json() for v in verdicts]})
 
     # ------------------------------------------------------ the run's files
+    def write_dilations(self, dilations: Sequence[Mapping[str, Any]]) -> None:
+        """``dilation.json``: every run's dilation, chosen (``dilation: auto``) or the file's own, and why."""
+        write_json_atomic(self._file("dilation.json"), {"runs": list(dilations)})
+
     def write_plan(self, exp: xp.Experiment, prepared: Sequence[xp.PreparedCell],
                    source_text: str | None = None) -> None:
         """``cells/``, ``experiment.yaml`` (when the text is given) and ``experiment.json`` (cells, predictions)."""

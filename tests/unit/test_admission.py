@@ -35,6 +35,7 @@ from emulator.model.schedule.check import predict
 from emulator.model.schedule.format import RECV_REDUCE, save
 from emulator.runs import admission
 from emulator.runs.admission import GiB, MiB
+from emulator.runs.dilation import AgentCosts, Envelope
 from emulator.study import experiment as xp
 from emulator.study import runner
 
@@ -148,6 +149,11 @@ def test_every_refusal_is_in_the_one_line():
     assert "field 'memory'" in str(err.value) and "field 'max-time'" in str(err.value)
 
 
+def envelope(capacity: float | None) -> Envelope:
+    """A calibration's envelope with agents too cheap to matter: the datapath rule alone."""
+    return Envelope(capacity, AgentCosts(0.0, 0.0), 2)
+
+
 def load(peak: float, capacity: float | None) -> admission.Load:
     return admission.Load(peak, capacity, "hd 16MiB", 20.0, None)
 
@@ -163,14 +169,40 @@ def test_load_beyond_the_calibrated_capacity_is_refused_unless_untrusted_runs_ar
     assert v.admitted and any("over_capacity" in line for line in lines)
 
 
-def test_more_ranks_than_the_cores_ran_trusted_are_refused_unless_untrusted_runs_are_allowed():
+def _agents_load(ranks: int, mbps: float, costs: AgentCosts) -> admission.Load:
+    topo = topology.build(f"star:hosts={ranks},bw={mbps:g}")
+    report = predict(generators.generate("hd", topo, MiB), topo, "shortest",
+                     latency=LatencyModel())
+    return admission.load_of(report, Envelope(None, costs, 2), "hd 1MiB", topo, None)
+
+
+def test_agents_whose_work_the_cores_cannot_keep_up_with_are_refused_unless_untrusted_runs_are_allowed():
     two_cores = admission.Machine(20 * GiB, 24 * GiB, cores=2)
-    many = admission.Request("replay", admission.MemoryEstimate(128, MiB, 128 * MiB, 0, 0), 60.0, "x")
-    with pytest.raises(UserError, match="field 'ranks': expected at most 64 ranks on this machine, got 128"):
+    costly = AgentCosts(per_message_s=1e-3, per_byte_s=20e-9)
+    fast = _agents_load(64, 100.0, costly)
+    assert fast.agents is not None and fast.agents.share > admission.CPU_FRACTION
+    req = admission.Request("replay", admission.MemoryEstimate(64, MiB, 64 * MiB, 0, 0), 60.0, "x", loads=(fast,))
+    with pytest.raises(UserError, match="field 'agents': expected work this machine's CPU keeps up with") as err:
+        admission.admit(req, two_cores, admission.Policy())
+    rate = float(str(err.value).split("at most ")[1].split(" ")[0])
+    assert rate < 100.0 and not _agents_load(64, rate, costly).agents_over  # the advice fits when predicted again
+    v = admission.admit(req, two_cores, admission.Policy(allow_untrusted=True), echo=lambda x: None)
+    assert v.admitted and "emulator_lag" in v.warnings[-1]
+    slow = _agents_load(64, rate, costly)
+    ok = admission.Request("replay", admission.MemoryEstimate(256, MiB, 256 * MiB, 0, 0), 60.0, "x", loads=(slow,))
+    assert admission.admit(ok, two_cores, admission.Policy(), echo=lambda x: None).admitted  # ranks alone: no limit
+
+
+def test_more_mpi_ranks_than_the_cores_ran_trusted_are_refused_unless_untrusted_runs_are_allowed():
+    two_cores = admission.Machine(20 * GiB, 24 * GiB, cores=2)
+    many = admission.Request("mpirun", admission.MemoryEstimate(128, MiB, 128 * MiB, 0, 0, what="MPI ranks"),
+                             60.0, "x")
+    with pytest.raises(UserError, match="field 'ranks': .*128 MPI ranks on 2 cores, where at most 64 ran trusted"):
         admission.admit(many, two_cores, admission.Policy())
     v = admission.admit(many, two_cores, admission.Policy(allow_untrusted=True), echo=lambda x: None)
     assert v.admitted and "cpu_saturated" in v.warnings[0]
-    fewer = admission.Request("replay", admission.MemoryEstimate(64, MiB, 64 * MiB, 0, 0), 60.0, "x")
+    fewer = admission.Request("mpirun", admission.MemoryEstimate(64, MiB, 64 * MiB, 0, 0, what="MPI ranks"), 60.0,
+                              "x")
     assert admission.admit(fewer, two_cores, admission.Policy(), echo=lambda x: None).admitted
 
 
@@ -232,12 +264,12 @@ def test_one_rate_gives_one_load_whether_the_profile_or_the_spec_sets_it_and_the
     capacity = 0.9 * spec.peak_load_mbps()  # below both 20 Mbit/s cells: both refused, alike
 
     def refusal(pc: xp.PreparedCell) -> str:
-        verdict = admission.verdict(xp.experiment_request([pc], lambda mtu: capacity), MACHINE, admission.Policy())
+        verdict = admission.verdict(xp.experiment_request([pc], lambda mtu: envelope(capacity)), MACHINE, admission.Policy())
         return " ".join(r for r in verdict.refusals if "field 'load'" in r).replace(pc.cell.id, "CELL")
 
     assert refusal(profile) and refusal(profile) == refusal(spec)
     # the advice is computed from the figure refused, at the rate it was predicted at
-    worst = xp.experiment_request([own], lambda mtu: capacity).loads[0]
+    worst = xp.experiment_request([own], lambda mtu: envelope(capacity)).loads[0]
     line = refusal(own)
     assert f"offers the switch datapath {worst.peak_mbps:.0f} switch-hop Mbit/s" in line
     rate = float(line.split("at most ")[1].split(" ")[0])
@@ -255,8 +287,8 @@ def test_one_rate_gives_one_load_whether_the_profile_or_the_spec_sets_it_and_the
 def test_an_experiment_request_counts_only_the_cells_given_and_each_networks_bringup():
     exp = xp.load(os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "tiny.yaml"))
     prepared = xp.prepare(exp)
-    whole = xp.experiment_request(prepared, lambda mtu: 1500.0)
-    rest = xp.experiment_request(prepared[1:], lambda mtu: 1500.0)
+    whole = xp.experiment_request(prepared, lambda mtu: envelope(1500.0))
+    rest = xp.experiment_request(prepared[1:], lambda mtu: envelope(1500.0))
     assert whole.time_s is not None and rest.time_s is not None
     assert rest.time_s == pytest.approx(whole.time_s - xp.estimate_s(prepared[0], xp.CELL_OVERHEAD_S))
     assert len(whole.loads) == len(prepared) and all(ld.capacity_mbps == 1500.0 for ld in whole.loads)
@@ -298,7 +330,7 @@ def test_cgroup_headroom_reads_v2_and_v1_limits(tmp_path):
 def small_machine(monkeypatch):
     """A machine with 4 GiB available and no calibration, whatever this one has."""
     monkeypatch.setattr(admit, "machine", lambda: admission.Machine(4 * GiB, 8 * GiB))
-    monkeypatch.setattr(admit, "capacity", lambda mtu: 1500.0)
+    monkeypatch.setattr(admit, "envelope", lambda mtu: envelope(1500.0))
 
 
 def test_replay_that_does_not_fit_exits_2_with_one_line_and_writes_nothing(tmp_path, small_machine, capsys):

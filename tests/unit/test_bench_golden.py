@@ -18,6 +18,7 @@ import pytest
 from emulator.emulation import fidelity
 from emulator.model import fabric
 from emulator.model.latency import LatencyModel
+from emulator.runs.dilation import DEFAULT_AGENT_COSTS, Envelope
 from emulator.selfcheck import bench
 from emulator.selfcheck.bench import bringup, mpi_pairs, replays, run
 from emulator.selfcheck.bench.cases import DEFAULT_CASES, DEFAULT_SIZES, Size
@@ -89,7 +90,9 @@ def test_a_run_whose_sections_fail_prints_and_writes_what_it_did(monkeypatch):
 
 def test_the_admission_request_is_unchanged():
     bw_only = bench.bench_profile(fabric.PRESETS["bandwidth-only"], 20.0)
-    requests = [bench.admission_request(fabric.default(), DEFAULT_SIZES, LatencyModel(fabric.default()), 1500.0),
-                bench.admission_request(bw_only, (Size(1 << 20, 1, 3),), LatencyModel(bw_only), None,
+    requests = [bench.admission_request(fabric.default(), DEFAULT_SIZES, LatencyModel(fabric.default()),
+                                        Envelope(1500.0, DEFAULT_AGENT_COSTS, 2)),
+                bench.admission_request(bw_only, (Size(1 << 20, 1, 3),), LatencyModel(bw_only),
+                                        Envelope(None, DEFAULT_AGENT_COSTS, 2),
                                         bringup_rounds=3)]
     assert "".join(repr(r) + "\n" for r in requests) == sc.golden("admission.txt")

@@ -14,6 +14,7 @@ import os
 from emulator.cli.arguments import duration
 from emulator.emulation import calibration_file, system
 from emulator.runs import admission
+from emulator.runs.dilation import Envelope
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse a run predicted to take longer, e.g. 2h, 90m, 600s (default 30m)")
     p.add_argument("--allow-untrusted", action="store_true",
                    help="run even when the model's load exceeds this machine's calibrated datapath capacity, or "
-                        "there are more ranks than its cores have run trusted (the results are flagged and not "
+                        "the agents' work exceeds what its cores keep up with (the results are flagged and not "
                         "trusted)")
 
 
@@ -36,10 +37,9 @@ def machine() -> admission.Machine:
     return admission.Machine(available_bytes=available, total_bytes=total, cores=os.cpu_count())
 
 
-def capacity(mtu: int) -> float | None:
-    """The datapath capacity calibrated here at ``mtu`` (None: never calibrated)."""
-    calibration = calibration_file.load_calibration(mtu)
-    return calibration.datapath_capacity_mbps if calibration is not None else None
+def envelope(mtu: int) -> Envelope:
+    """What this machine's calibration at ``mtu`` gives an emulation (capacity, agents' costs, cores)."""
+    return calibration_file.envelope(calibration_file.load_calibration(mtu), os.cpu_count())
 
 
 def check(req: admission.Request, args: argparse.Namespace, echo=print) -> admission.Verdict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from emulator.base.errors import UserError
 from emulator.cli.arguments import int_at_least
@@ -52,8 +53,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     sizes = _sizes(args.sizes, args.repeat)
     profile = bench_profile(fabric.parse(args.fabric, where="bench: fabric"), args.bw)  # --fabric and --bw, parsed once
     calibration = calibration_file.load_calibration(profile.emulated_mtu)
-    capacity = calibration.datapath_capacity_mbps if calibration is not None else None
-    admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration), capacity,
+    admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration),
+                                  calibration_file.envelope(calibration, os.cpu_count()),
                                   bringup_rounds=args.bringup_rounds), args)
     require_root()
     interrupt_on_sigterm()

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from emulator.base.errors import UserError
 from emulator.cli.commands import admit
 from emulator.emulation import calibration_file, fidelity, replay, system
 from emulator.emulation.calibration_file import Calibration
 from emulator.emulation.system import interrupt_on_sigterm
+from emulator.model.fabric import FabricProfile
+from emulator.model.latency import LatencyModel
 from emulator.runs import admission
 from emulator.runs import mpi_plan as mpi
+from emulator.runs.dilation import Envelope
 from emulator.selfcheck.calibration import ensure_calibration
 from emulator.study import experiment as xp
 from emulator.study import run_folder, runner
@@ -61,25 +65,41 @@ def _predicting(cells: int) -> None:
     print(f"proving and predicting {cells} cells ...", flush=True)
 
 
-def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]) -> list[xp.PreparedCell]:
-    """Every cell proven and predicted with this machine's calibration at its MTU (None: no intrinsic latency)."""
+def _envelopes(calibrations: dict[int, Calibration | None]) -> Callable[[int], Envelope]:
+    """Per MTU, what this machine's calibration there gives an emulation (no calibration: the defaults)."""
+    cores = os.cpu_count()
+    return lambda mtu: calibration_file.envelope(calibrations.get(mtu), cores)
+
+
+def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]
+             ) -> tuple[list[xp.PreparedCell], list[xp.RunDilation]]:
+    """Every cell proven and predicted with this machine's calibration at its MTU (None: no intrinsic latency),
+    the runs under ``dilation: auto`` at the dilation chosen from it; and every run's dilation."""
     _predicting(len(xp.expand(exp)))
-    return xp.prepare(exp, latency_of=lambda p: fidelity.latency_model(p, calibrations[p.emulated_mtu]))
+
+    def latency_of(profile: FabricProfile) -> LatencyModel:
+        return fidelity.latency_model(profile, calibrations[profile.emulated_mtu])
+
+    return xp.choose_dilations(exp, xp.prepare(exp, latency_of=latency_of), _envelopes(calibrations), latency_of)
 
 
 def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str | None,
            calibrations: dict[int, Calibration | None]) -> tuple[admission.Request, admission.Verdict]:
-    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine; the load is
-    held against ``calibrations`` (per MTU)."""
+    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine; the load and
+    the agents' work are held against ``calibrations`` (per MTU)."""
     folder = run_folder.RunFolder(out) if out is not None else None
     todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
-
-    def capacity(mtu: int) -> float | None:
-        calibration = calibrations.get(mtu)
-        return calibration.datapath_capacity_mbps if calibration is not None else None
-
-    request = xp.experiment_request(todo, capacity)
+    request = xp.experiment_request(todo, _envelopes(calibrations))
     return request, admit.check(request, args, echo=lambda line: None)
+
+
+def _print_dilations(dilations: list[xp.RunDilation], calibrated: bool) -> None:
+    """Each run's dilation: chosen, or the file's own and whether this machine keeps up with it."""
+    for d in dilations:
+        print(f"# {d.line()}")
+    if not calibrated and any(d.auto for d in dilations):
+        print("# (no calibration of this machine yet: chosen from the default agent costs and no datapath "
+              "capacity; `emu run` calibrates first and chooses again)")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -89,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     networks = len(xp.groups(cells))
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     if args.check:
-        prepared = _prepare(exp, existing)
+        prepared, dilations = _prepare(exp, existing)
+        _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it
         request, verdict = _admit(args, prepared, args.out, existing)
         for pc in prepared:
             if pc.report is None:
@@ -119,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
         out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
-    prepared = _prepare(exp, existing)
+    prepared, dilations = _prepare(exp, existing)
     _, verdict = _admit(args, prepared, out, existing)  # memory and time before anything starts; the load where calibrated
     system.require_root()
     if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
@@ -127,7 +148,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
     calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
-        prepared = _prepare(exp, calibrations)
+        prepared, dilations = _prepare(exp, calibrations)
         _, verdict = _admit(args, prepared, out, calibrations)
     try:
         os.makedirs(out, exist_ok=True)
@@ -141,6 +162,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
     _print_fabrics(exp)
+    _print_dilations(dilations, True)
+    run_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
     for line in verdict.lines:
         print(f"# {line}")
     summary = runner.Runner(exp, out, session_factory=replay.ReplaySession, source_text=text,

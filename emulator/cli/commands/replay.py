@@ -56,7 +56,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
     request = admission.replay_request("replay", schedule, topo, report, args.warmup + args.repeat, prep.profile,
-                                       admit.capacity(prep.profile.emulated_mtu))
+                                       admit.envelope(prep.profile.emulated_mtu))
     verdict = admit.check(request, args, echo=lambda line: None)
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")

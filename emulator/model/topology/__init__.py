@@ -111,6 +111,7 @@ from emulator.model.topology.model import (
     all_host_pairs,
     last_segment_bytes,
     node_sort_key,
+    switch_ports,
     tcp_goodput_factor,
     tcp_payload_bytes,
 )
@@ -120,6 +121,7 @@ from emulator.model.topology.spec import (
     MAX_LINK_MBPS,
     MAX_SWITCHES,
     NIC_PLACEMENTS,
+    at_link_rate,
     fabric_keys,
     format_spec,
     hdrm_problem,
@@ -146,6 +148,7 @@ __all__ = [
     "Topology",
     "TopologyKind",
     "all_host_pairs",
+    "at_link_rate",
     "build",
     "fabric_keys",
     "format_spec",
@@ -161,6 +164,7 @@ __all__ = [
     "parse_spec",
     "sets_link_rate",
     "split_spec",
+    "switch_ports",
     "tcp_goodput_factor",
     "tcp_payload_bytes",
 ]

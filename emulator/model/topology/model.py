@@ -396,6 +396,12 @@ def node_sort_key(name: str) -> tuple[str, int]:
     return (head, int(tail) if tail else -1)
 
 
+def switch_ports(topo: Topology) -> int:
+    """The ports of every switch together: one per host link, two per link between switches."""
+    switches = {s.name for s in topo.switches}
+    return sum((link.a in switches) + (link.b in switches) for link in topo.links)
+
+
 def all_host_pairs(topo: Topology) -> Iterable[tuple[str, str]]:
     """Every ordered pair of distinct hosts."""
     names = [h.name for h in topo.hosts]

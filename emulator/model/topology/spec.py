@@ -243,3 +243,14 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
         if params["nic_placement"] != "packed":
             parts.append(f"nic_placement={params['nic_placement']}")
     return f"{kind}:{','.join(parts)}"
+
+
+def at_link_rate(spec: str, mbps: float) -> str:
+    """The same topology with every link at ``mbps``: for a spec whose rates all came from a fabric profile (a
+    server's PCIe links keep their ratio to the host links)."""
+    kind, params = parse_spec(spec)
+    old = params["host_bw"]
+    params.update(bw=mbps, host_bw=mbps, switch_bw=mbps)
+    if "servers" in params:
+        params["pcie_bw"] = params["pcie_bw"] * mbps / old
+    return format_spec(kind, params)

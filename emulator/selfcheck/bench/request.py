@@ -11,6 +11,7 @@ from emulator.model.schedule import generators
 from emulator.model.schedule.check import predict
 from emulator.model.schedule.format import format_size
 from emulator.runs import admission
+from emulator.runs.dilation import Envelope
 from emulator.selfcheck.bench.cases import (
     BRINGUP_TOPOLOGY,
     DEFAULT_CASES,
@@ -43,8 +44,8 @@ def bench_profile(profile: fabric.FabricProfile, bw: float | None) -> fabric.Fab
 class _Tally:
     """What admission adds up over the bench's networks: memory, time, and every replay's load."""
 
-    def __init__(self, profile: fabric.FabricProfile, latency: LatencyModel, capacity_mbps: float | None) -> None:
-        self.profile, self.latency, self.capacity_mbps = profile, latency, capacity_mbps
+    def __init__(self, profile: fabric.FabricProfile, latency: LatencyModel, env: Envelope) -> None:
+        self.profile, self.latency, self.env = profile, latency, env
         self.memory: list[admission.MemoryEstimate] = []
         self.loads: list[admission.Load] = []
         self.time_s = AGENTS_VS_IPERF_S
@@ -58,9 +59,8 @@ class _Tally:
             report = predict(schedule, topo, case.routing, seed=case.seed, latency=self.latency,
                              mtu=self.profile.emulated_mtu)
             self.memory.append(admission.replay_memory(schedule, topo))
-            self.loads.append(admission.Load(report.peak_load_mbps(), self.capacity_mbps,
-                                             f"{algo} {format_size(size.bytes)} on {case.label}", topo.host_bw,
-                                             self.profile))
+            self.loads.append(admission.load_of(report, self.env, f"{algo} {format_size(size.bytes)} on "
+                                                f"{case.label}", topo, self.profile))
             self.time_s += admission.replay_time_s(report, size.warmup + size.repeat)
 
     def mpi_pairs(self) -> None:
@@ -75,12 +75,12 @@ class _Tally:
 
 
 def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], latency: LatencyModel,
-                      capacity_mbps: float | None, cases: tuple[Case, ...] = DEFAULT_CASES, bringup_rounds: int = 2,
+                      env: Envelope, cases: tuple[Case, ...] = DEFAULT_CASES, bringup_rounds: int = 2,
                       bringup_topology: str = BRINGUP_TOPOLOGY,
                       scale_bringups: tuple[str, ...] = SCALE_BRINGUP_TOPOLOGIES) -> admission.Request:
     """The whole bench as admission sees it: its largest replay's memory, every section's time, every replay's
     load (each replay is predicted, as ``schedule check`` would)."""
-    tally = _Tally(profile, latency, capacity_mbps)
+    tally = _Tally(profile, latency, env)
     for case in cases:
         tally.case(case, sizes)
     tally.mpi_pairs()

@@ -8,8 +8,9 @@ without root. Its modules, each one job (each imports only those before it):
   :class:`Series`, :class:`Run`, a run's :class:`Workload` or
   :class:`MpiProgram`, and the grid's :class:`Cell`;
 * :mod:`~emulator.study.experiment.fields` -- the file's field readers;
-* :mod:`~emulator.study.experiment.fabric_keys` -- the ``fabric:`` and
-  ``link_mbps:`` keys, where the file's fabric profile is parsed;
+* :mod:`~emulator.study.experiment.fabric_keys` -- the ``fabric:``,
+  ``link_mbps:`` and ``dilation:`` keys, where the file's fabric profile is
+  parsed;
 * :mod:`~emulator.study.experiment.mpi_keys` -- a run's ``mpi:`` key (an
   Open MPI program as the cell's workload, checked with
   :mod:`emulator.runs.mpi_plan`'s functions);
@@ -23,7 +24,10 @@ without root. Its modules, each one job (each imports only those before it):
   cell's schedule and the model's prediction, which ``emu run --check``
   validates without starting anything;
 * :mod:`~emulator.study.experiment.estimates` -- each cell's expected wall
-  time and ``emu run``'s admission request.
+  time and ``emu run``'s admission request;
+* :mod:`~emulator.study.experiment.auto_dilation` -- ``dilation: auto``: each
+  run's dilation chosen from the machine's calibration
+  (:func:`choose_dilations`).
 
 Callers use the names re-exported here (``from emulator.study import
 experiment as xp; xp.load(...)``). The results folder and its resume
@@ -32,6 +36,8 @@ bookkeeping are in :mod:`emulator.study.run_folder`, the live loop in
 """
 
 from emulator.base.errors import UserError as UserError
+from emulator.study.experiment.auto_dilation import RunDilation
+from emulator.study.experiment.auto_dilation import choose as choose_dilations
 from emulator.study.experiment.cells import (
     DEFAULT_REFERENCE,
     DEFAULT_REPEAT,
@@ -59,6 +65,8 @@ from emulator.study.experiment.prediction import LatencyOf, PreparedCell, cell_p
 from emulator.study.experiment.run_keys import RUN_KEYS
 
 __all__ = [
+    "RunDilation",
+    "choose_dilations",
     "CELL_OVERHEAD_S",
     "DEFAULT_REFERENCE",
     "DEFAULT_REPEAT",

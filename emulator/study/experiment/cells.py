@@ -50,6 +50,7 @@ class Run:
     collective: str = "allreduce"
     workload: Workload | None = None  # a training iteration instead of one collective per size
     mpi: MpiProgram | None = None  # an MPI program instead of algorithms (then ``algorithms`` is empty)
+    dilation_auto: bool | None = None  # ``dilation: auto`` (True), a rate of its own (False), else the series'
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class Series:
     sizes: tuple[int, ...] | None = None
     description: str = ""
     fabric: FabricProfile | None = None  # the series' own fabric (dilation), else the experiment's
+    dilation_auto: bool | None = None  # as Run.dilation_auto: None, the experiment's
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,7 @@ class Experiment:
     timeout_s: float | None = None
     reference: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REFERENCE))
     source: str = "experiment"
+    dilation_auto: bool = True  # ``dilation: auto``, the default (emulator.runs.dilation)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -162,6 +165,16 @@ class Experiment:
     def profile_of(self, series: Series, run: Run) -> FabricProfile:
         """The fabric a run's cells emulate: the run's own, else its series', else the experiment's."""
         return run.fabric or series.fabric or self.fabric
+
+    def auto_of(self, series: Series, run: Run) -> bool:
+        """Whether a run's dilation is chosen from the calibration when it starts (``dilation: auto``); never for
+        an MPI program (no model predicts its load)."""
+        if run.mpi is not None:
+            return False
+        for level in (run.dilation_auto, series.dilation_auto):
+            if level is not None:
+                return level
+        return self.dilation_auto
 
     def fingerprint(self) -> str:
         """A short hash of everything that decides what runs (not the name, description or source)."""

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from emulator.model.schedule.check import CheckReport
 from emulator.runs import admission
+from emulator.runs.dilation import Envelope
 from emulator.study.experiment.grid import groups
 from emulator.study.experiment.prediction import PreparedCell
 
@@ -30,17 +31,17 @@ def estimate_s(pc: PreparedCell, overhead_s: float) -> float:
     return (pc.cell.warmup + pc.cell.repeat) * pc.predicted_s + overhead_s
 
 
-def cell_load(pc: PreparedCell, report: CheckReport, capacity_of: Callable[[int], float | None]) -> admission.Load:
-    """A replay cell's busiest step (its ``report``'s) against the capacity calibrated at its MTU, at the rate of
-    its topology's host links: the rate the load was predicted at."""
+def cell_load(pc: PreparedCell, report: CheckReport, envelope_of: Callable[[int], Envelope]) -> admission.Load:
+    """A replay cell's busiest step (its ``report``'s) against the machine's envelope at its MTU (capacity,
+    agents' costs), at the rate of its topology's host links: the rate the load was predicted at."""
     profile = pc.cell.fabric
-    return admission.Load(report.peak_load_mbps(), capacity_of(profile.emulated_mtu), pc.cell.id, pc.topo.host_bw,
-                          profile)
+    return admission.load_of(report, envelope_of(profile.emulated_mtu), pc.cell.id, pc.topo, profile)
 
 
-def experiment_request(todo: Sequence[PreparedCell], capacity_of: Callable[[int], float | None]) -> admission.Request:
+def experiment_request(todo: Sequence[PreparedCell], envelope_of: Callable[[int], Envelope]) -> admission.Request:
     """The unfinished cells of ``emu run``: one network at a time, so memory is the largest cell's; time the sum
-    of every cell and every network's bring-up and probe. ``capacity_of(mtu)``: the calibrated capacity."""
+    of every cell and every network's bring-up and probe. ``envelope_of(mtu)``: what the calibration at that MTU
+    gives."""
     memory: list[admission.MemoryEstimate] = []
     loads: list[admission.Load] = []
     cells_s = 0.0
@@ -50,7 +51,7 @@ def experiment_request(todo: Sequence[PreparedCell], capacity_of: Callable[[int]
             memory.append(admission.mpi_memory(pc.cell.ranks, admission.mpi_program_bytes(pc.cell.mpi.program), pc.topo))
         elif pc.schedule is not None and pc.report is not None:
             memory.append(admission.replay_memory(pc.schedule, pc.topo))
-            loads.append(cell_load(pc, pc.report, capacity_of))
+            loads.append(cell_load(pc, pc.report, envelope_of))
     networks = groups([pc.cell for pc in todo])
     by_id = {pc.cell.id: pc for pc in todo}
     networks_s = sum(admission.bringup_estimate_s(by_id[cells[0].id].topo) + admission.PROBE_S for _, cells in networks)

@@ -1,8 +1,17 @@
-"""The ``fabric:`` and ``link_mbps:`` keys of an experiment file, at its top level, in a series or in a run.
+"""The ``fabric:``, ``link_mbps:`` and ``dilation:`` keys of an experiment file, at its top level, in a series
+or in a run.
 
 This is where the experiment file's fabric profile is parsed (the file is one
 of the edges where a profile enters, with the command line): everything
 after it holds the :class:`~emulator.model.fabric.FabricProfile`.
+
+``dilation:`` is ``auto`` (the default) or a number. Under ``auto`` the
+dilation of each run is chosen from this machine's calibration when the run
+starts (:mod:`emulator.runs.dilation`); the profile's own dilation is then
+only where the prediction starts from. A number, a ``link_mbps``, a
+``fabric`` that names its ``dilation``, or a topology spec that sets a link
+rate is explicit, and wins for its level and the levels inside it (a level
+inside may say ``dilation: auto`` again).
 """
 
 from __future__ import annotations
@@ -14,10 +23,44 @@ from emulator.base.errors import FieldError
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
 
+AUTO = "auto"
+
 
 def has_fabric_keys(data: Mapping[str, Any]) -> bool:
     """Whether a series or a run sets a fabric of its own."""
-    return "fabric" in data or "link_mbps" in data
+    return "fabric" in data or "link_mbps" in data or _dilation_number(data) is not None
+
+
+def _dilation_number(data: Mapping[str, Any]) -> float | None:
+    value = data.get("dilation")
+    return None if value is None or value == AUTO else value
+
+
+def _names_dilation(raw: object) -> bool:
+    """Whether a ``fabric`` value sets ``dilation`` itself (a preset name alone does not)."""
+    if isinstance(raw, Mapping):
+        return "dilation" in raw
+    return isinstance(raw, str) and any(part.split("=", 1)[0].strip() == "dilation" for part in raw.split(","))
+
+
+def auto_dilation_field(where: str, data: Mapping[str, Any], prefix: str) -> bool | None:
+    """Whether this level's dilation is chosen automatically: True for ``dilation: auto``, False where the level
+    sets a rate or a dilation itself, None where it says nothing (the enclosing level's choice holds)."""
+    value = data.get("dilation")
+    explicit = "link_mbps" in data or _names_dilation(data.get("fabric"))
+    if value == AUTO:
+        if explicit:
+            raise FieldError(where, f"{prefix}dilation", "auto without link_mbps or a fabric that sets its "
+                             "dilation (or leave dilation out)", value)
+        return True
+    if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise FieldError(where, f"{prefix}dilation", "auto or a positive number", value)
+        if explicit:
+            raise FieldError(where, f"{prefix}dilation", "one of dilation, link_mbps or a fabric's own dilation, "
+                             "not several", value)
+        return False
+    return False if explicit else None
 
 
 def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: FabricProfile) -> FabricProfile:
@@ -40,6 +83,9 @@ def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: Fa
         return profile
     if link is not None:
         return fabric.at_link_rate(enclosing, link, where=f"{where}: {prefix}link_mbps")
+    dilation = _dilation_number(data)
+    if dilation is not None:
+        return enclosing.changed(f"{where}: {prefix}dilation", dilation=dilation)
     return enclosing
 
 

@@ -31,7 +31,7 @@ from emulator.study.experiment.cells import (
     Experiment,
     Series,
 )
-from emulator.study.experiment.fabric_keys import fabric_field, has_fabric_keys
+from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys
 from emulator.study.experiment.fields import (
     choices_field,
     list_field,
@@ -46,9 +46,9 @@ from emulator.study.experiment.fields import (
 from emulator.study.experiment.grid import expand
 from emulator.study.experiment.run_keys import run_entry
 
-TOP_KEYS = ("name", "description", "fabric", "link_mbps", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
+TOP_KEYS = ("name", "description", "fabric", "link_mbps", "dilation", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
             "reference", "series")
-SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "sizes", "runs")
+SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "dilation", "sizes", "runs")
 REFERENCE_KEYS = ("algorithm", "routing")
 
 
@@ -80,6 +80,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     reject_unknown(where, "", top, TOP_KEYS)
     name = name_field(where, "name", top.get("name", default_name))
     description = string_field(where, "description", top.get("description", ""))
+    auto = auto_dilation_field(where, top, "")
     profile = fabric_field(where, top, "", fabric.default())
     repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
@@ -95,7 +96,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
                                    {s.name for s in series_list}))
     exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile,
                      link_mbps=profile.emulated_link_mbps, repeat=repeat, warmup=warmup, ecmp_seeds=seeds,
-                     sizes=sizes, timeout_s=timeout, reference=ref, source=where)
+                     sizes=sizes, timeout_s=timeout, reference=ref, source=where, dilation_auto=auto is not False)
     expand(exp)  # duplicate cells are an error of the file
     return exp
 
@@ -124,10 +125,11 @@ def _series(where: str, sp: str, raw: object, profile: FabricProfile, repeat: in
     if sname in taken:
         raise FieldError(where, f"{sp}.name", "a name no other series has", sname)
     sdesc = string_field(where, f"{sp}.description", ser.get("description", ""))
+    sauto = auto_dilation_field(where, ser, f"{sp}.")
     sprofile = fabric_field(where, ser, f"{sp}.", profile) if has_fabric_keys(ser) else None
     ssizes = sizes_field(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
     if "runs" not in ser:
         raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)", MISSING)
     runs = tuple(run_entry(where, f"{sp}.runs[{ri}]", raw_run, sprofile or profile, repeat)
                  for ri, raw_run in enumerate(list_field(where, f"{sp}.runs", ser["runs"])))
-    return Series(name=sname, runs=runs, sizes=ssizes, description=sdesc, fabric=sprofile)
+    return Series(name=sname, runs=runs, sizes=ssizes, description=sdesc, fabric=sprofile, dilation_auto=sauto)

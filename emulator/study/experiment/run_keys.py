@@ -16,7 +16,7 @@ from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators, training
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Run, Workload
-from emulator.study.experiment.fabric_keys import fabric_field, has_fabric_keys
+from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys
 from emulator.study.experiment.fields import (
     choices_field,
     list_field,
@@ -28,6 +28,7 @@ from emulator.study.experiment.fields import (
 from emulator.study.experiment.mpi_keys import mpi_run, reject_beside_mpi
 
 RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps",
+            "dilation",
             "collective", "model", "batch", "scale", "mpi")
 
 
@@ -40,6 +41,7 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
     for key in ("topology", "routing") if "mpi" in run else ("topology", "routing", "algorithms"):
         if key not in run:
             raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
+    auto = _run_auto(where, rp, run)
     rprofile = fabric_field(where, run, f"{rp}.", enclosing) if has_fabric_keys(run) else None
     topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
@@ -52,7 +54,22 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
                seeds=seeds_field(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
                sizes=sizes_field(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
                faults=_faults(where, f"{rp}.faults", run["faults"], topo, repeat) if "faults" in run else (),
-               fabric=rprofile, collective=collective, workload=workload)
+               fabric=rprofile, collective=collective, workload=workload, dilation_auto=auto)
+
+
+def _run_auto(where: str, rp: str, run: Mapping[str, Any]) -> bool | None:
+    """The run's ``dilation`` setting (:func:`auto_dilation_field`); a topology spec that sets a link rate (or a
+    server's PCIe rate) is explicit too."""
+    auto = auto_dilation_field(where, run, f"{rp}.")
+    spec = run.get("topology")
+    try:
+        rated = isinstance(spec, str | Mapping) and (topology.sets_link_rate(spec) or "pcie_bw" in spec)
+    except FieldError:  # a malformed spec: the topology field says so
+        rated = False
+    if rated and auto:
+        raise FieldError(where, f"{rp}.dilation", "auto with a topology spec that sets no link rate "
+                         "(or leave dilation out)", run.get("dilation"))
+    return False if rated else auto
 
 
 def _topology(where: str, name: str, value: object, link_mbps: float) -> topology.Topology:
