@@ -12,6 +12,8 @@ cells fit an :class:`Envelope`, each rule giving a lower bound on ``D``:
   :attr:`AgentCosts.per_message_s` + bytes x :attr:`AgentCosts.per_byte_s`)
   within :data:`CPU_FRACTION` of the step's dilated span on all cores, and the
   whole repetition's work within the same share of its makespan;
+* **messages**: one message's agent work within :data:`MESSAGE_FRACTION` of
+  the shortest step's span (it delays the step whatever the cores);
 * **latency**: the profile's dilated latencies at least this machine's own
   (no ``latency_floor`` on the paths the cells use);
 * the link rate within what the shapers emulate (``fabric.MAX_LINK_MBPS``).
@@ -49,6 +51,10 @@ from emulator.model.schedule.format import SEND, Schedule
 #: more offered 0.51 or more, or had agents at 0.19 (a 64-host ring at 20 Mbit/s).
 LOAD_FRACTION = 0.5
 CPU_FRACTION = 0.15
+#: Share of every step's span one message's agent work may take (it lies on the step's critical path: the
+#: sender's and the receiver's handling, in series). Measured on 4 hosts (docs/fidelity.md, 2026-12-03): at
+#: 0.04-0.05 of the shortest step the replay was 1.09-1.16 of the model, at 0.02 1.02-1.06, at 0.01 1.00-1.04.
+MESSAGE_FRACTION = 0.01
 #: Switch ports of the network the datapath capacity is calibrated on (emulator.selfcheck.calibration's
 #: CAPACITY_TOPOLOGY, leaf-spine 4 x 4 x 4: 16 host links and 16 links between switches).
 CALIBRATION_PORTS = 48
@@ -116,6 +122,7 @@ class Envelope:
     cores: int
     load_fraction: float = LOAD_FRACTION
     cpu_fraction: float = CPU_FRACTION
+    message_fraction: float = MESSAGE_FRACTION
     calibration_ports: int = CALIBRATION_PORTS
 
     def capacity_for(self, ports: int) -> float | None:
@@ -231,6 +238,18 @@ def agents_bound(reports: Sequence[CheckReport], d0: float, env: Envelope) -> Bo
                  f"(agent costs: {env.costs.source})")
 
 
+def message_bound(reports: Sequence[CheckReport], d0: float, env: Envelope) -> Bound | None:
+    """The least dilation at which one message's agent work is within the message fraction of every step."""
+    spans = [(w.span_s, r.schedule.algorithm, w.step) for r in reports for w in step_work(r)]
+    if not spans or env.costs.per_message_s <= 0:
+        return None
+    span, algo, step = min(spans)
+    return Bound("messages", d0 * env.costs.per_message_s / (env.message_fraction * span),
+                 f"{env.costs.per_message_s * 1e3:.2f} ms of agent work per message within "
+                 f"{env.message_fraction:.0%} of the shortest step ({algo} step {step}, {span * 1e3:.1f} ms at "
+                 f"dilation {d0:g})")
+
+
 def latency_bound(reports: Sequence[CheckReport], profile: FabricProfile) -> Bound | None:
     """The least dilation (to 1%) at which no path the cells use is below this machine's own latency."""
     models = [r.latency for r in reports if r.latency.profile is not None]
@@ -270,6 +289,7 @@ def choose_dilation(reports: Sequence[CheckReport], profile: FabricProfile, env:
     even the slowest rate does not."""
     d0 = profile.dilation
     bounds = [b for b in (datapath_bound(reports, d0, env, ports), agents_bound(reports, d0, env),
+                          message_bound(reports, d0, env),
                           latency_bound(reports, profile)) if b is not None]
     fastest = profile.link_gbps * 1000.0 / fabric.MAX_LINK_MBPS
     bounds.append(Bound("link rate", fastest, f"at most {fabric.MAX_LINK_MBPS:g} Mbit/s per link"))

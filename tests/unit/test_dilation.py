@@ -147,7 +147,7 @@ def test_auto_is_the_default_and_a_rate_of_the_runs_own_is_explicit():
     ({"dilation": -1}, "field 'dilation': expected auto or a positive number"),
     ({"dilation": "auto", "link_mbps": 10}, "field 'dilation': expected auto without link_mbps"),
     ({"dilation": 100, "link_mbps": 10}, "field 'dilation': expected one of dilation, link_mbps"),
-    ({"dilation": "auto", "fabric": "roce100,dilation=100"}, "field 'dilation': expected auto without"),
+    ({"dilation": "auto", "fabric": "preset=roce100,dilation=100"}, "field 'dilation': expected auto without"),
 ])
 def test_bad_dilation_keys_name_the_field(top, expected):
     with pytest.raises(FieldError, match=expected):

@@ -85,6 +85,9 @@ def test_the_fabric_profile_sets_the_link_rate_and_every_cell_records_it():
                 "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
     assert old.fabric.emulated_link_mbps == pytest.approx(25) and old.fabric.link_gbps == fabric.default().link_gbps
     assert exp.fingerprint() != old.fingerprint()
+    named = parse("fabric: bandwidth-only\nlink_mbps: 25\n"  # a preset names the real fabric; link_mbps its dilation
+                  "series: [{name: s, runs: [{topology: 'star:hosts=2', routing: shortest, algorithms: [ring]}]}]")
+    assert named.fabric.preset == "bandwidth-only" and named.fabric.emulated_link_mbps == pytest.approx(25)
     pc = xp.prepare(exp)[0]
     assert pc.report.latency.profile == exp.fabric and pc.report.real_time_s == pytest.approx(pc.predicted_s / 1e4)
 
@@ -110,7 +113,7 @@ def test_defaults():
     ({"fabric": {"alpha_us": -1}}, "fabric.alpha_us"),
     ({"fabric": "dilation=10"}, "fabric.dilation"),
     ({"fabric": 7}, "fabric"),
-    ({"fabric": "roce100", "link_mbps": 10}, "link_mbps"),
+    ({"fabric": "preset=roce100,dilation=5000", "link_mbps": 10}, "link_mbps"),
 ])
 def test_bad_top_level_fields_are_named(patch, field):
     data = yaml.safe_load(GOOD)
@@ -465,7 +468,7 @@ def test_a_series_or_run_can_emulate_at_its_own_dilation():
 
 @pytest.mark.parametrize("edit, field", [
     (("    link_mbps: 5\n", "    link_mbps: 5000\n"), "series[1].link_mbps"),
-    (("    link_mbps: 5\n", "    fabric: roce100\n    link_mbps: 5\n"), "series[1].link_mbps"),
+    (("    link_mbps: 5\n", "    fabric: {preset: roce100, dilation: 5000}\n    link_mbps: 5\n"), "series[1].link_mbps"),
     (("        link_mbps: 2\n", "        fabric: {dilation: -1}\n"), "series[1].runs[1].fabric.dilation"),
 ])
 def test_bad_series_or_run_fabric_names_its_field(edit, field):

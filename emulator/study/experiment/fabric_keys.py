@@ -66,27 +66,29 @@ def auto_dilation_field(where: str, data: Mapping[str, Any], prefix: str) -> boo
 def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: FabricProfile) -> FabricProfile:
     """The fabric profile from the ``fabric:`` and ``link_mbps:`` keys of ``data`` (top level, a series or a run).
 
-    ``fabric`` alone sets it; ``link_mbps`` alone keeps the enclosing
-    profile's real fabric (the experiment's, or the default one at the top
-    level) and sets the dilation that maps it onto that rate; both must agree.
+    ``fabric`` alone sets it; ``link_mbps`` (or a numeric ``dilation``) keeps
+    the real fabric (``fabric``'s, else the enclosing profile's: the
+    experiment's, or the default one at the top level) and sets the dilation
+    that maps it onto that rate; beside a ``fabric`` that names its own
+    ``dilation``, the two must agree.
     """
     link = data.get("link_mbps")
     if link is not None and (isinstance(link, bool) or not isinstance(link, int | float)
                              or not fabric.MIN_LINK_MBPS <= link <= fabric.MAX_LINK_MBPS):
         raise FieldError(where, f"{prefix}link_mbps", f"a rate in Mbit/s from {fabric.MIN_LINK_MBPS:g} to "
                          f"{fabric.MAX_LINK_MBPS:g}", link)
-    if "fabric" in data:
-        profile = _profile(where, prefix, data["fabric"])
-        if link is not None and abs(link - profile.emulated_link_mbps) > 1e-9 * link:
-            raise FieldError(where, f"{prefix}link_mbps", f"the fabric's emulated rate "
-                             f"{profile.emulated_link_mbps:g} (or leave link_mbps out)", link)
-        return profile
+    base = _profile(where, prefix, data["fabric"]) if "fabric" in data else enclosing
     if link is not None:
-        return fabric.at_link_rate(enclosing, link, where=f"{where}: {prefix}link_mbps")
+        if "fabric" in data and _names_dilation(data["fabric"]):
+            if abs(link - base.emulated_link_mbps) > 1e-9 * link:
+                raise FieldError(where, f"{prefix}link_mbps", f"the fabric's emulated rate "
+                                 f"{base.emulated_link_mbps:g} (or leave link_mbps out)", link)
+            return base
+        return fabric.at_link_rate(base, link, where=f"{where}: {prefix}link_mbps")
     dilation = _dilation_number(data)
     if dilation is not None:
-        return enclosing.changed(f"{where}: {prefix}dilation", dilation=dilation)
-    return enclosing
+        return base.changed(f"{where}: {prefix}dilation", dilation=dilation)
+    return base
 
 
 def _profile(where: str, prefix: str, raw: object) -> FabricProfile:
