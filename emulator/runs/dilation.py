@@ -46,15 +46,22 @@ from emulator.model.schedule.format import SEND, Schedule
 
 #: Share of the datapath capacity (at the network's ports) the busiest step may offer, and share of the machine's
 #: CPU time (all cores) the agents' work may take, per step and per repetition. Both set from the runs measured
-#: on this machine (docs/fidelity.md, 2026-12-03): every run within 5% of the model offered at most 0.49 of the
+#: on this machine (docs/fidelity.md, 2026-12-03): every run within 5% of the model offered at most 0.45 of the
 #: capacity at its ports with agents at most 0.10 of the CPU (`make bench`'s 16 MiB hdrm); every run off by 10% or
-#: more offered 0.51 or more, or had agents at 0.19 (a 64-host ring at 20 Mbit/s).
+#: more offered 0.57 or more, or had agents at 0.19 (a 64-host ring at 20 Mbit/s).
 LOAD_FRACTION = 0.5
 CPU_FRACTION = 0.15
 #: Share of every step's span one message's agent work may take (it lies on the step's critical path: the
 #: sender's and the receiver's handling, in series). Measured on 4 hosts (docs/fidelity.md, 2026-12-03): at
 #: 0.04-0.05 of the shortest step the replay was 1.09-1.16 of the model, at 0.02 1.02-1.06, at 0.01 1.00-1.04.
 MESSAGE_FRACTION = 0.01
+#: How the datapath's capacity shrinks beyond the calibration network's ports: as (ports / calibrated ports) to
+#: this power. An empirical fit to the runs measured here (docs/fidelity.md, 2026-12-03): with it, every run within
+#: 5% of the model offered at most 0.45 of the capacity at its ports (16 hosts on 48 ports at 20 Mbit/s, 64 on
+#: 192 at 2.5, 256 on 768 at 0.5), and every run off by 10% or more 0.57 or more (32 hosts on 64 ports at 20, 64
+#: on 192 at 5 and 10). Capacity in inverse proportion to the ports (a power of 1) refused the 256-host run that
+#: measured 1.02.
+PORT_EXPONENT = 0.5
 #: Switch ports of the network the datapath capacity is calibrated on (emulator.selfcheck.calibration's
 #: CAPACITY_TOPOLOGY, leaf-spine 4 x 4 x 4: 16 host links and 16 links between switches).
 CALIBRATION_PORTS = 48
@@ -126,13 +133,12 @@ class Envelope:
     calibration_ports: int = CALIBRATION_PORTS
 
     def capacity_for(self, ports: int) -> float | None:
-        """The datapath capacity of a network of ``ports`` switch ports: the calibrated one, shrunk in proportion
-        beyond the calibration network's ports. The userspace datapath's one thread polls every port in each
-        pass, so its cost per packet grows with them; fitted to the runs measured here (docs/fidelity.md,
-        2026-12-03: 64 hosts on 192 ports kept up with a quarter of the load 16 hosts on 48 did)."""
+        """The datapath capacity of a network of ``ports`` switch ports: the calibrated one, shrunk by
+        :data:`PORT_EXPONENT` beyond the calibration network's ports (the userspace datapath's one thread passes
+        over every port, so its cost per packet grows with them)."""
         if self.capacity_mbps is None:
             return None
-        return self.capacity_mbps * min(1.0, self.calibration_ports / max(ports, 1))
+        return self.capacity_mbps * min(1.0, self.calibration_ports / max(ports, 1)) ** PORT_EXPONENT
 
 
 @dataclass(frozen=True)
