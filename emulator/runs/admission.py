@@ -49,8 +49,11 @@ from emulator.runs.dilation import CPU_FRACTION, AgentsShare, Envelope, agents_s
 
 MiB = 1 << 20
 GiB = 1 << 30
-#: An agent before its buffers: the launcher's pre-imported Python, numpy and sockets (about 50 MiB measured).
-AGENT_BASE_BYTES = 64 * MiB
+#: An agent before its buffers: what the agent forked from the launcher's pre-imported Python and numpy holds of
+#: its own (the pages it shares with the launcher count once). Measured as proportional set size (PSS) during
+#: experiments/scale.yaml (docs/fidelity.md, 2026-12-03): 14.3 MiB per agent with 128 agents of 1 MiB, 25 MiB with
+#: 256 (bigger schedules, more connections and threads); 64 MiB before, counted from each agent's whole RSS.
+AGENT_BASE_BYTES = 32 * MiB
 #: Virtual memory of one thread's stack (glibc's default, ``ulimit -s``); ``RLIMIT_DATA`` counts it.
 THREAD_STACK_BYTES = 8 * MiB
 #: One emulated host: its Mininet shell and mnexec.
