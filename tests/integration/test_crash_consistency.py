@@ -45,6 +45,7 @@ pytestmark = pytest.mark.integration
 TINY = """
 name: crash-tiny
 fabric: roce100
+dilation: 5000  # 20 Mbit/s: the rate these rounds were timed at (not chosen per machine)
 repeat: 1
 warmup: 0
 sizes: [64KiB]
@@ -60,6 +61,7 @@ series:
 FAULTED = """
 name: crash-faulted
 fabric: roce100
+dilation: 5000  # 20 Mbit/s: the first cell must run long enough to be hit
 repeat: 2
 warmup: 0
 sizes: [{size}]

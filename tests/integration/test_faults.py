@@ -93,6 +93,7 @@ def test_agent_killed_by_a_fault_fails_the_run_naming_the_rank(tmp_path):
 #: reliably: these take about 4 s (1 MiB on 4 hosts, 1 warm-up + 2 repetitions).
 SLOW = """
 name: slow
+dilation: 5000  # 20 Mbit/s: cells long enough to interrupt
 repeat: 2
 warmup: 1
 sizes: [1MiB]
