@@ -38,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from emulator.base.errors import UserError
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
@@ -288,11 +289,22 @@ def readable_rate(mbps: float) -> float:
     return round(digits * 10.0 ** exponent, max(0, -exponent))
 
 
+class NoDilationFits(UserError):
+    """The rules ask for a link rate below what the shapers emulate; says what they ask for and what a repetition
+    would then take."""
+
+    def __init__(self, need: float, rate_mbps: float, binding: Bound, repetition_s: float):
+        self.need, self.rate_mbps, self.binding, self.repetition_s = need, rate_mbps, binding, repetition_s
+        super().__init__(f"dilation: auto: the rules ask for dilation {need:.4g}, {rate_mbps:.3g} Mbit/s links, "
+                         f"below the {fabric.MIN_LINK_MBPS:g} Mbit/s the shapers emulate (set by the {binding.rule}: "
+                         f"{binding.why}); a repetition there would take about {repetition_s / 3600:.1f} h")
+
+
 def choose_dilation(reports: Sequence[CheckReport], profile: FabricProfile, env: Envelope,
                     ports: int) -> DilationChoice:
     """The least dilation at which every one of ``reports`` (one network's cells, predicted at ``profile``'s own
-    dilation, on a network of ``ports`` switch ports) fits ``env``; see the module docstring. ``FieldError`` when
-    even the slowest rate does not."""
+    dilation, on a network of ``ports`` switch ports) fits ``env``; see the module docstring.
+    :class:`NoDilationFits` when even the slowest rate does not."""
     d0 = profile.dilation
     bounds = [b for b in (datapath_bound(reports, d0, env, ports), agents_bound(reports, d0, env),
                           message_bound(reports, d0, env),
@@ -301,5 +313,8 @@ def choose_dilation(reports: Sequence[CheckReport], profile: FabricProfile, env:
     bounds.append(Bound("link rate", fastest, f"at most {fabric.MAX_LINK_MBPS:g} Mbit/s per link"))
     need = max(b.dilation for b in bounds)
     rate = readable_rate(profile.link_gbps * 1000.0 / need)
+    if rate < fabric.MIN_LINK_MBPS:
+        slowest = max(r.predicted_time_s for r in reports) * need / d0
+        raise NoDilationFits(need, profile.link_gbps * 1000.0 / need, max(bounds, key=lambda b: b.dilation), slowest)
     chosen = fabric.at_link_rate(profile, rate, where="dilation: auto")
     return DilationChoice(chosen, rate, tuple(bounds))

@@ -119,11 +119,13 @@ def test_this_machines_own_latency_sets_a_floor_on_the_dilation():
     assert not LatencyModel(choice.profile, slow).floors(report.costs.switch_counts)
 
 
-def test_when_no_rate_fits_the_error_names_auto():
+def test_when_no_rate_fits_the_error_says_what_the_rules_ask_for_and_how_long_it_would_take():
     profile = fabric.default()
     reports, topo = reports_at(BIGRAPH, profile)
-    with pytest.raises(FieldError, match="dilation: auto"):
+    with pytest.raises(dilation.NoDilationFits, match=r"dilation: auto: the rules ask for dilation .* below the 0.1 "
+                                                      r"Mbit/s the shapers emulate \(set by the datapath") as err:
         choose_dilation(reports, profile, Envelope(1e-6, FREE, 2), topology.switch_ports(topo))
+    assert err.value.repetition_s == pytest.approx(reports[0].predicted_time_s * err.value.need / profile.dilation)
 
 
 # ------------------------------------------------------- the experiment file

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from emulator.base.errors import FieldError
+from emulator.base.errors import UserError
 from emulator.model import topology
 from emulator.runs.dilation import DilationChoice, Envelope, choose_dilation
 from emulator.study.experiment.cells import Experiment, Run
@@ -49,7 +49,7 @@ class RunDilation:
     def line(self) -> str:
         """What ``emu run`` prints for this run."""
         if self.error is not None:
-            return f"{self.field}: no dilation fits this machine: {self.error}"
+            return f"{self.field}: no rate fits this machine: {self.error}"
         if self.choice is None:
             return f"{self.field}: {self.link_mbps:g} Mbit/s (an MPI program: no model of its load to choose by)"
         if self.auto:
@@ -85,7 +85,7 @@ def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Calla
             try:
                 choice = choose_dilation([pc.report for pc in pcs if pc.report is not None], profile,
                                          envelope_of(profile.emulated_mtu), topology.switch_ports(pcs[0].topo))
-            except FieldError as exc:
+            except UserError as exc:  # NoDilationFits, or a rate the profile refuses
                 decisions.append(RunDilation(where, False, rate, None, error=str(exc)))
                 continue
             if auto:
