@@ -16,14 +16,17 @@ cells fit an :class:`Envelope`, each rule giving a lower bound on ``D``:
   the shortest step's span (it delays the step whatever the cores);
 * **latency**: the profile's dilated latencies at least this machine's own
   (no ``latency_floor`` on the paths the cells use);
-* the link rate within what the shapers emulate (``fabric.MAX_LINK_MBPS``).
+* **link rate**: at most what the shapers emulate (``fabric.MAX_LINK_MBPS``);
+  below ``fabric.MIN_LINK_MBPS`` nothing fits (:class:`NoDilationFits` says
+  what the rules ask for).
 
 Under dilation every time the model predicts scales with ``D`` and every
 load with ``1/D`` (both bandwidth and the profile's latencies dilate), so the
 cells are predicted once, at the profile's own dilation ``D0``, and each rule
 is solved for ``D`` from that prediction. The dilation is then rounded up so
 that the emulated link rate has two significant digits (a rate people can
-read, never faster than the rules allow).
+read, never faster than the rules allow); the caller predicts the cells again
+at it (:mod:`emulator.study.experiment.auto_dilation`).
 
 :func:`fit_agent_costs` turns the calibration's measured repetitions (the
 agents' summed CPU seconds against their messages and bytes) into
@@ -49,7 +52,7 @@ from emulator.model.schedule.format import SEND, Schedule
 #: CPU time (all cores) the agents' work may take, per step and per repetition. Both set from the runs measured
 #: on this machine (docs/fidelity.md, 2026-12-03): every run within 5% of the model offered at most 0.45 of the
 #: capacity at its ports with agents at most 0.10 of the CPU (`make bench`'s 16 MiB hdrm); every run off by 10% or
-#: more offered 0.57 or more, or had agents at 0.19 (a 64-host ring at 20 Mbit/s).
+#: more offered 0.57 or more, or had agents at 0.17 or more (a 32-host hd on ECMP and a 64-host ring at 20 Mbit/s).
 LOAD_FRACTION = 0.5
 CPU_FRACTION = 0.15
 #: Share of every step's span one message's agent work may take (it lies on the step's critical path: the

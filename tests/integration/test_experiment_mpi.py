@@ -25,7 +25,6 @@ pytestmark = pytest.mark.integration
 EMU = [sys.executable, "-m", "emulator"]
 EXPERIMENT = """
 name: mpi-cell
-dilation: 5000  # one rate for both runs, so they share one network (an MPI run's dilation is never chosen)
 repeat: 1
 warmup: 0
 sizes: [64KiB]

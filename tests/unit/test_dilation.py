@@ -177,3 +177,15 @@ def test_auto_runs_take_the_chosen_rate_and_explicit_ones_are_held_against_it():
     assert not fixed.auto and fixed.link_mbps == 5
     assert fixed.outside == (5 > fixed.choice.link_mbps) and "as the file sets" in fixed.line()
     assert "dilation auto" in auto.line() and auto.to_json()["choice"]["link_mbps"] == auto.link_mbps
+
+
+def test_an_mpi_run_under_auto_takes_the_rate_of_the_replay_run_on_its_topology_and_shares_its_network():
+    replay = {"topology": "star:hosts=4", "routing": "shortest", "algorithms": ["hd"]}
+    mpi = {"topology": "star:hosts=4", "routing": "shortest",
+           "mpi": {"program": ["emu-allreduce-bench", "--algo", "ring", "--sizes", "256KiB"]}}
+    exp = xp.from_dict({"name": "t", "sizes": ["64KiB"], "series": [{"name": "s", "runs": [replay, mpi]}]})
+    prepared = xp.prepare(exp)
+    chosen, (first, second) = xp.choose_dilations(exp, prepared, lambda mtu: Envelope(60.0, FREE, 2), LatencyModel)
+    assert first.auto and second.follows == "series[0].runs[0]" and second.link_mbps == first.link_mbps
+    assert "the rate chosen for series[0].runs[0]" in second.line()
+    assert len(xp.groups([pc.cell for pc in chosen])) == 1  # one network for both

@@ -106,7 +106,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
     cells = xp.expand(exp)
-    networks = len(xp.groups(cells))
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     if args.check:
         prepared, dilations = _prepare(exp, existing)
@@ -125,9 +124,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         est = request.time_s or 0.0
         n_mpi = sum(pc.report is None for pc in prepared)
         guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
-        print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {networks} networks; "
+        print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks; "
               f"about {format_duration(est)} if the network met the model{guess}")
-        _print_fabrics(exp)
+        _print_fabrics(prepared)
         for line in verdict.lines:
             print(f"# {line}")
         return 0
@@ -160,8 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
     interrupt_on_sigterm()
-    print(f"experiment {exp.name!r}: {len(prepared)} cells on {networks} networks, results in {out}")
-    _print_fabrics(exp)
+    print(f"experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks, results in {out}")
+    _print_fabrics(prepared)
     _print_dilations(dilations, True)
     run_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
     for line in verdict.lines:
@@ -211,8 +210,14 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
               f"({busiest.cell.id})")
 
 
-def _print_fabrics(exp: xp.Experiment) -> None:
-    for profile in xp.profiles(exp):
+def _networks(prepared: list[xp.PreparedCell]) -> int:
+    """How many networks the cells come up on (after ``dilation: auto`` chose their rates)."""
+    return len(xp.groups([pc.cell for pc in prepared]))
+
+
+def _print_fabrics(prepared: list[xp.PreparedCell]) -> None:
+    """Every fabric profile the cells emulate (the chosen dilations included), in file order."""
+    for profile in dict.fromkeys(pc.cell.fabric for pc in prepared):
         print(f"fabric: {profile.describe()}")
 
 

@@ -13,7 +13,9 @@ predicted them (at the profile's own dilation), and per run of the file:
 
 One dilation per run, not per network: the cells of a run (its routings,
 seeds, algorithms, sizes) are compared with each other, so they share one
-rate. MPI runs keep their profile's dilation (no model predicts their load).
+rate. No model predicts an MPI program's load: an ``auto`` MPI run takes the
+rate chosen for the first ``auto`` replay run of the same topology (so they
+share its network), else keeps its profile's dilation.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 from emulator.base.errors import UserError
 from emulator.model import topology
 from emulator.runs.dilation import DilationChoice, Envelope, choose_dilation
-from emulator.study.experiment.cells import Experiment, Run
+from emulator.study.experiment.cells import Experiment, Run, Series
 from emulator.study.experiment.grid import expand
 from emulator.study.experiment.prediction import LatencyOf, PreparedCell, prepare
 
@@ -39,6 +41,7 @@ class RunDilation:
     link_mbps: float  # the rate the run's cells run at
     choice: DilationChoice | None  # None: nothing to choose from (an MPI run)
     error: str | None = None  # why no rate fits (then the run keeps its own)
+    follows: str | None = None  # an MPI run under auto: the replay run whose rate it takes
 
     @property
     def outside(self) -> bool:
@@ -50,6 +53,9 @@ class RunDilation:
         """What ``emu run`` prints for this run."""
         if self.error is not None:
             return f"{self.field}: no rate fits this machine: {self.error}"
+        if self.follows is not None:
+            return (f"{self.field}: {self.link_mbps:g} Mbit/s, the rate chosen for {self.follows} on the same "
+                    "topology (an MPI program: no model of its load to choose by)")
         if self.choice is None:
             return f"{self.field}: {self.link_mbps:g} Mbit/s (an MPI program: no model of its load to choose by)"
         if self.auto:
@@ -60,7 +66,29 @@ class RunDilation:
 
     def to_json(self) -> dict[str, Any]:
         return {"field": self.field, "auto": self.auto, "link_mbps": self.link_mbps, "outside": self.outside,
-                "error": self.error, "choice": self.choice.to_json() if self.choice is not None else None}
+                "error": self.error, "follows": self.follows,
+                "choice": self.choice.to_json() if self.choice is not None else None}
+
+
+def _decide(exp: Experiment, ser: Series, run: Run, where: str, pcs: Sequence[PreparedCell],
+            envelope_of: Callable[[int], Envelope]) -> tuple[RunDilation, Run | None]:
+    """One run's dilation, and the run at its chosen rate when it is ``auto`` (else None: it stays as it is)."""
+    auto = exp.auto_of(ser, run)
+    reports = [pc.report for pc in pcs if pc.report is not None]
+    if not reports:  # an MPI run: see _follow
+        return RunDilation(where, False, exp.profile_of(ser, run).emulated_link_mbps, None), None
+    rate = pcs[0].topo.host_bw
+    profile = pcs[0].cell.fabric  # the run's, with a workload's latencies scaled
+    try:
+        choice = choose_dilation(reports, profile, envelope_of(profile.emulated_mtu),
+                                 topology.switch_ports(pcs[0].topo))
+    except UserError as exc:  # NoDilationFits, or a rate the profile refuses
+        return RunDilation(where, False, rate, None, error=str(exc)), None
+    if not auto:
+        return RunDilation(where, False, rate, choice), None
+    chosen = replace(run, fabric=exp.profile_of(ser, run).changed(where, dilation=choice.profile.dilation),
+                     topology=topology.at_link_rate(run.topology, choice.link_mbps))
+    return RunDilation(where, True, choice.link_mbps, choice), chosen
 
 
 def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Callable[[int], Envelope],
@@ -72,33 +100,43 @@ def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Calla
         by_field.setdefault(pc.cell.field, []).append(pc)
     decisions: list[RunDilation] = []
     new_runs: dict[str, Run] = {}
+    by_topology: dict[str, RunDilation] = {}  # the first auto replay run's choice per topology
     for si, ser in enumerate(exp.series):
         for ri, run in enumerate(ser.runs):
             where = f"series[{si}].runs[{ri}]"
-            pcs = [pc for pc in by_field.get(where, []) if pc.report is not None]
-            auto = exp.auto_of(ser, run)
-            rate = pcs[0].topo.host_bw if pcs else exp.profile_of(ser, run).emulated_link_mbps
-            if not pcs:
-                decisions.append(RunDilation(where, False, rate, None))
-                continue
-            profile = pcs[0].cell.fabric
-            try:
-                choice = choose_dilation([pc.report for pc in pcs if pc.report is not None], profile,
-                                         envelope_of(profile.emulated_mtu), topology.switch_ports(pcs[0].topo))
-            except UserError as exc:  # NoDilationFits, or a rate the profile refuses
-                decisions.append(RunDilation(where, False, rate, None, error=str(exc)))
-                continue
-            if auto:
-                rate = choice.link_mbps
-                new_runs[where] = replace(run, fabric=exp.profile_of(ser, run).changed(
-                    where, dilation=choice.profile.dilation), topology=topology.at_link_rate(run.topology, rate))
-            decisions.append(RunDilation(where, auto, rate, choice))
+            decision, chosen = _decide(exp, ser, run, where, by_field.get(where, []), envelope_of)
+            if chosen is not None:
+                new_runs[where] = chosen
+                by_topology.setdefault(run.topology, decision)
+            decisions.append(decision)
+    _follow(exp, decisions, new_runs, by_topology)
     if not new_runs:
         return list(prepared), decisions
+    return _predict_again(exp, prepared, new_runs, latency_of), decisions
+
+
+def _follow(exp: Experiment, decisions: list[RunDilation], new_runs: dict[str, Run],
+            by_topology: dict[str, RunDilation]) -> None:
+    """MPI runs under ``auto`` take the rate of the first ``auto`` replay run of their topology (in place)."""
+    for si, ser in enumerate(exp.series):
+        for ri, run in enumerate(ser.runs):
+            where = f"series[{si}].runs[{ri}]"
+            leader = by_topology.get(run.topology)
+            if run.mpi is None or not exp.auto_of(ser, run) or leader is None or leader.choice is None:
+                continue
+            new_runs[where] = replace(run, fabric=exp.profile_of(ser, run).changed(
+                where, dilation=leader.choice.profile.dilation), topology=new_runs[leader.field].topology)
+            decisions[[d.field for d in decisions].index(where)] = RunDilation(
+                where, True, leader.link_mbps, None, follows=leader.field)
+
+
+def _predict_again(exp: Experiment, prepared: Sequence[PreparedCell], new_runs: dict[str, Run],
+                   latency_of: LatencyOf) -> list[PreparedCell]:
+    """The cells, those of the runs in ``new_runs`` (by field) replaced by theirs predicted again, in file order."""
     chosen = replace(exp, series=tuple(
         replace(ser, runs=tuple(new_runs.get(f"series[{si}].runs[{ri}]", run) for ri, run in enumerate(ser.runs)))
         for si, ser in enumerate(exp.series)))
     again = prepare(chosen, [c for c in expand(chosen) if c.field in new_runs], latency_of)
     kept = [pc for pc in prepared if pc.cell.field not in new_runs]
     order = {f"series[{si}].runs[{ri}]": (si, ri) for si, ser in enumerate(exp.series) for ri in range(len(ser.runs))}
-    return sorted([*kept, *again], key=lambda pc: order[pc.cell.field]), decisions
+    return sorted([*kept, *again], key=lambda pc: order[pc.cell.field])

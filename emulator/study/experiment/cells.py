@@ -167,10 +167,9 @@ class Experiment:
         return run.fabric or series.fabric or self.fabric
 
     def auto_of(self, series: Series, run: Run) -> bool:
-        """Whether a run's dilation is chosen from the calibration when it starts (``dilation: auto``); never for
-        an MPI program (no model predicts its load)."""
-        if run.mpi is not None:
-            return False
+        """Whether a run's dilation is chosen from the calibration when it starts (``dilation: auto``). An MPI
+        program's load has no model: such a run follows a replay run of the same topology
+        (:mod:`emulator.study.experiment.auto_dilation`)."""
         for level in (run.dilation_auto, series.dilation_auto):
             if level is not None:
                 return level
