@@ -62,7 +62,13 @@ def test_an_mpi_cell_runs_on_its_networks_session_beside_a_replay_cell(tmp_path)
     cdir = out / "cells" / mpi_cell.id
     doc = json.loads((cdir / "results.json").read_text())
     assert doc["kind"] == "mpirun" and doc["status"] == "ok" and doc["exit_status"] == 0
-    assert doc["config"]["cell"] == mpi_cell.to_json() and doc["probe"]["passed"]
+    # dilation: auto chose the replay run's rate, and the MPI run took it: the cell as the plan has it, on its topology
+    planned = {c["id"]: c for c in json.loads((out / "experiment.json").read_text())["cells"]}
+    rdoc = json.loads((out / "cells" / replay.id / "results.json").read_text())
+    assert doc["config"]["cell"] == {k: v for k, v in planned[mpi_cell.id].items() if k in doc["config"]["cell"]}
+    assert doc["config"]["cell"]["topology"] == rdoc["config"]["cell"]["topology"] and doc["probe"]["passed"]
+    assert {k: v for k, v in doc["config"]["cell"].items() if k not in ("topology", "fabric")} == \
+        {k: v for k, v in mpi_cell.to_json().items() if k not in ("topology", "fabric")}
     assert [r["host"] for r in doc["ranks"]] == ["h1", "h2", "h3", "h4"]
     assert [row["size"] for row in doc["bench"]] == [256 << 10]
     row = doc["bench"][0]
@@ -71,7 +77,6 @@ def test_an_mpi_cell_runs_on_its_networks_session_beside_a_replay_cell(tmp_path)
     assert os.path.getsize(cdir / "mpirun.log") > 0 and (cdir / "ranks" / "rank-3.stdout").exists()
     assert (cdir / "bench.json").exists() and (cdir / "hostfile").read_text().count("slots=1") == 4
 
-    rdoc = json.loads((out / "cells" / replay.id / "results.json").read_text())
     assert rdoc["status"] == "ok" and rdoc["repetitions"] and all(r["correct"] for r in rdoc["repetitions"])
 
     md = (out / "report.md").read_text()
