@@ -23,11 +23,12 @@ cells fit an :class:`Envelope`, each rule giving a lower bound on ``D``:
 Under dilation every time the model predicts scales with ``D`` and every
 load with ``1/D`` (both bandwidth and the profile's latencies dilate), so the
 cells are predicted once, at the profile's own dilation ``D0``, and each rule
-is solved for ``D`` from that prediction, with :data:`MARGIN` on top. The
-dilation is then rounded up so
-that the emulated link rate has two significant digits (a rate people can
-read, never faster than the rules allow); the caller predicts the cells again
-at it (:mod:`emulator.study.experiment.auto_dilation`).
+is solved for ``D`` from that prediction (its per-step loads,
+:attr:`~emulator.model.schedule.check.CheckReport.step_loads`), with
+:data:`MARGIN` on top. The dilation is then rounded up so that the emulated
+link rate has two significant digits (a rate people can read, never faster
+than the rules allow); the caller predicts the cells again at it
+(:mod:`emulator.study.experiment.auto_dilation`).
 
 :func:`fit_agent_costs` turns the calibration's measured repetitions (the
 agents' summed CPU seconds against their messages and bytes) into
@@ -154,7 +155,7 @@ class Envelope:
 class Bound:
     """One rule's least dilation, and why."""
 
-    rule: str  # "datapath", "agents", "latency", "link rate"
+    rule: str  # "datapath", "agents", "messages", "latency", "link rate"
     dilation: float
     why: str
 
@@ -184,27 +185,6 @@ class DilationChoice:
                 "bounds": [{"rule": b.rule, "dilation": b.dilation, "why": b.why} for b in self.bounds]}
 
 
-@dataclass(frozen=True)
-class StepWork:
-    """One step of a prediction: its messages, bytes and span (emulated seconds)."""
-
-    step: int
-    messages: int
-    nbytes: int
-    span_s: float
-
-
-def step_work(report: CheckReport) -> list[StepWork]:
-    """Per step of ``report``: the transfers' count and bytes, and the model's span."""
-    spans = report.step_times()
-    count: dict[int, int] = {}
-    nbytes: dict[int, int] = {}
-    for t in report.costs.transfers:
-        count[t.step] = count.get(t.step, 0) + 1
-        nbytes[t.step] = nbytes.get(t.step, 0) + t.bytes
-    return [StepWork(s, count[s], nbytes[s], spans[s]) for s in sorted(count) if spans.get(s)]
-
-
 def datapath_bound(reports: Sequence[CheckReport], d0: float, env: Envelope, ports: int) -> Bound | None:
     capacity = env.capacity_for(ports)
     if capacity is None:
@@ -230,7 +210,7 @@ def agents_share(reports: Sequence[CheckReport], costs: AgentCosts, cores: int) 
     repetition's work over its makespan: the largest."""
     worst = AgentsShare(0.0, "no messages")
     for r in reports:
-        for w in step_work(r):
+        for w in r.step_loads:
             share = costs.work_s(w.messages, w.nbytes) / (cores * w.span_s)
             if share > worst.share:
                 worst = AgentsShare(share, f"{r.schedule.algorithm} step {w.step}: {w.messages} messages, "
@@ -255,7 +235,7 @@ def agents_bound(reports: Sequence[CheckReport], d0: float, env: Envelope) -> Bo
 
 def message_bound(reports: Sequence[CheckReport], d0: float, env: Envelope) -> Bound | None:
     """The least dilation at which one message's agent work is within the message fraction of every step."""
-    spans = [(w.span_s, r.schedule.algorithm, w.step) for r in reports for w in step_work(r)]
+    spans = [(w.span_s, r.schedule.algorithm, w.step) for r in reports for w in r.step_loads]
     if not spans or env.costs.per_message_s <= 0:
         return None
     span, algo, step = min(spans)

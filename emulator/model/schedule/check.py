@@ -22,6 +22,7 @@ compute).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from emulator.base.errors import UserError
@@ -31,6 +32,18 @@ from emulator.model.schedule import cost, executor, timing
 from emulator.model.schedule.collectives import MIXED
 from emulator.model.schedule.format import Schedule, check_hosts
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_payload_bytes
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """One step of a prediction: its transfers' count and bytes, those bytes times the switches each crosses, and
+    the timing model's span (emulated seconds)."""
+
+    step: int
+    messages: int
+    nbytes: int
+    switch_hop_bytes: int
+    span_s: float
 
 
 @dataclass
@@ -88,14 +101,23 @@ class CheckReport:
             return {st.step: st.maxmin_s for st in self.costs.steps}
         return {step: b - a for step, (a, b) in self.timing.step_spans().items()}
 
+    @cached_property
+    def step_loads(self) -> tuple[StepLoad, ...]:
+        """Per step with a span, in step order: what its transfers carry (computed once per report)."""
+        spans = self.step_times()
+        count: dict[int, int] = {}
+        nbytes: dict[int, int] = {}
+        hops: dict[int, int] = {}
+        for t in self.costs.transfers:
+            count[t.step] = count.get(t.step, 0) + 1
+            nbytes[t.step] = nbytes.get(t.step, 0) + t.bytes
+            hops[t.step] = hops.get(t.step, 0) + t.bytes * (len(t.path) - 2)
+        return tuple(StepLoad(s, count[s], nbytes[s], hops[s], spans[s]) for s in sorted(count) if spans.get(s))
+
     def peak_load_mbps(self) -> float:
         """The busiest step's load on the switch datapath: switch-hop Mbit/s (bytes x switches crossed / the
         step's span), the unit of the calibrated datapath capacity (:mod:`emulator.selfcheck.calibration`)."""
-        spans = self.step_times()
-        by_step: dict[int, int] = {}
-        for t in self.costs.transfers:
-            by_step[t.step] = by_step.get(t.step, 0) + t.bytes * (len(t.path) - 2)
-        return max((b * 8 / spans[s] / 1e6 for s, b in by_step.items() if spans.get(s)), default=0.0)
+        return max((s.switch_hop_bytes * 8 / s.span_s / 1e6 for s in self.step_loads), default=0.0)
 
     def latency_floors(self) -> list[int]:
         """Path lengths (switches) of this schedule where the machine cannot reach the profile's latency."""

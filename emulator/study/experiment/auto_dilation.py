@@ -98,7 +98,7 @@ def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Calla
     by_field: dict[str, list[PreparedCell]] = {}
     for pc in prepared:
         by_field.setdefault(pc.cell.field, []).append(pc)
-    decisions: list[RunDilation] = []
+    decisions: dict[str, RunDilation] = {}  # by field, in file order
     new_runs: dict[str, Run] = {}
     by_topology: dict[str, RunDilation] = {}  # the first auto replay run's choice per topology
     for si, ser in enumerate(exp.series):
@@ -108,14 +108,14 @@ def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Calla
             if chosen is not None:
                 new_runs[where] = chosen
                 by_topology.setdefault(run.topology, decision)
-            decisions.append(decision)
+            decisions[where] = decision
     _follow(exp, decisions, new_runs, by_topology)
     if not new_runs:
-        return list(prepared), decisions
-    return _predict_again(exp, prepared, new_runs, latency_of), decisions
+        return list(prepared), list(decisions.values())
+    return _predict_again(exp, prepared, new_runs, latency_of), list(decisions.values())
 
 
-def _follow(exp: Experiment, decisions: list[RunDilation], new_runs: dict[str, Run],
+def _follow(exp: Experiment, decisions: dict[str, RunDilation], new_runs: dict[str, Run],
             by_topology: dict[str, RunDilation]) -> None:
     """MPI runs under ``auto`` take the rate of the first ``auto`` replay run of their topology (in place)."""
     for si, ser in enumerate(exp.series):
@@ -126,8 +126,7 @@ def _follow(exp: Experiment, decisions: list[RunDilation], new_runs: dict[str, R
                 continue
             new_runs[where] = replace(run, fabric=exp.profile_of(ser, run).changed(
                 where, dilation=leader.choice.profile.dilation), topology=new_runs[leader.field].topology)
-            decisions[[d.field for d in decisions].index(where)] = RunDilation(
-                where, True, leader.link_mbps, None, follows=leader.field)
+            decisions[where] = RunDilation(where, True, leader.link_mbps, None, follows=leader.field)
 
 
 def _predict_again(exp: Experiment, prepared: Sequence[PreparedCell], new_runs: dict[str, Run],
