@@ -16,8 +16,23 @@ import os
 import tempfile
 from typing import Any
 
+from emulator.base.errors import UserError
+
 #: The checkout this package runs from (its ``results/`` folder, and the ``PYTHONPATH`` of the processes it starts).
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def read_text(path: str, where: str) -> str:
+    """A user's UTF-8 text file; :class:`UserError` naming it (``where``) when it cannot be read as such."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{where}: not a UTF-8 text file") from None
+    except ValueError as exc:  # a NUL in the path
+        raise UserError(f"{where}: cannot read it ({exc})") from None
 
 
 def write_atomic(path: str, text: str) -> None:

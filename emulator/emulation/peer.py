@@ -61,6 +61,16 @@ CONNECT_RETRY_S = 0.05
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("@qq")
 _TIMESTAMP_CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+#: ``SO_TIMESTAMPING`` (``SO_TIMESTAMPING_OLD``, as ``SO_TIMESTAMPNS``) with the flags that make the kernel queue,
+#: on the socket's error queue, when the peer's ACK covered the last byte of each write (software clock, no
+#: payload echoed, tagged with that byte's offset in the stream): the time a send was delivered, however late
+#: the agent looks (linux/net_tstamp.h: SOFTWARE 1<<4, OPT_ID 1<<7, TX_ACK 1<<9, OPT_TSONLY 1<<11).
+SO_TIMESTAMPING = 37
+ACK_TIMESTAMPING_FLAGS = (1 << 4) | (1 << 7) | (1 << 9) | (1 << 11)
+_SO_EE_ORIGIN_TIMESTAMPING = 4
+_SCM_TSTAMP_ACK = 2
+_EXTENDED_ERR = struct.Struct("@IBBBBII")  # struct sock_extended_err: errno, origin, type, code, pad, info, data
+_ACK_CMSG_BYTES = socket.CMSG_SPACE(3 * _TIMESPEC.size) + socket.CMSG_SPACE(_EXTENDED_ERR.size + 16)
 
 T = TypeVar("T")
 
@@ -142,7 +152,35 @@ def recv_exact(sock: socket.socket, view: memoryview, quickack: bool = False,
                 arrived = sec + nsec * 1e-9
     if arrived is None:
         return None
-    return arrived - (time.time() - time.monotonic())  # the realtime stamp on the monotonic clock
+    return on_monotonic(arrived)
+
+
+def on_monotonic(realtime: float) -> float:
+    """A kernel's ``CLOCK_REALTIME`` stamp on the monotonic clock."""
+    return realtime - (time.time() - time.monotonic())
+
+
+def ack_stamps(sock: socket.socket) -> list[tuple[int, float]]:
+    """The ACK timestamps the kernel queued on ``sock``'s error queue (:data:`ACK_TIMESTAMPING_FLAGS`), oldest
+    first: for each, the stream offset just past the acknowledged write's last byte (modulo 2**32, counted from
+    when stamping was switched on) and when the ACK came (monotonic)."""
+    out: list[tuple[int, float]] = []
+    while True:
+        try:
+            _, ancillary, _, _ = sock.recvmsg(0, _ACK_CMSG_BYTES, socket.MSG_ERRQUEUE | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return out
+        stamp, offset = None, None
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(data)
+                stamp = sec + nsec * 1e-9
+            elif len(data) >= _EXTENDED_ERR.size:
+                _, origin, _, _, _, info, key = _EXTENDED_ERR.unpack_from(data)
+                if origin == _SO_EE_ORIGIN_TIMESTAMPING and info == _SCM_TSTAMP_ACK:
+                    offset = (key + 1) & 0xFFFFFFFF
+        if stamp is not None and offset is not None:
+            out.append((offset, on_monotonic(stamp)))
 
 
 class DeliveryTracker:
@@ -150,7 +188,10 @@ class DeliveryTracker:
 
     ``written`` counts every byte written on the connection since it opened;
     :meth:`watch` marks the sends written so far whose delivery matters, and
-    :meth:`poll` reports those the peer acknowledged, oldest first.
+    :meth:`poll` reports those the peer acknowledged, oldest first, as of
+    when the ACK came: the kernel stamps it (:func:`ack_stamps`), so how
+    often the agent looks sets how soon it learns, not the time it
+    records (where the kernel cannot stamp, the time it looked).
     """
 
     def __init__(self, sock: socket.socket, link_bps: float, written: int = 0):
@@ -159,10 +200,31 @@ class DeliveryTracker:
         self.written = written
         self._watched: deque[_InFlight] = deque()
         self._mss: int | None = None  # the connection's TCP MSS, asked once it matters
+        self._stamps: deque[tuple[int, float]] = deque()  # (offset past an acknowledged write, ACK time)
+        self._stamped_from: int | None = written  # the stream offset stamps count from (None: no stamps)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, ACK_TIMESTAMPING_FLAGS)
+        except OSError:
+            self._stamped_from = None
 
     def wrote(self, nbytes: int) -> None:
         """``nbytes`` more were written on the connection."""
         self.written += nbytes
+        self._collect_stamps()  # every write is stamped: keep the error queue short
+
+    def _collect_stamps(self) -> None:
+        if self._stamped_from is None:
+            return
+        for offset, at in ack_stamps(self.sock):
+            last = self._stamps[-1][0] if self._stamps else self._stamped_from
+            self._stamps.append((last + ((offset - (last - self._stamped_from)) & 0xFFFFFFFF), at))
+        oldest = self._watched[0].end if self._watched else self.written
+        while self._stamps and self._stamps[0][0] < oldest:
+            self._stamps.popleft()
+
+    def _acknowledged_at(self, end: int, now: float) -> float:
+        """When the ACK covering stream offset ``end`` came (``now`` when no stamp says)."""
+        return next((at for offset, at in self._stamps if offset >= end), now)
 
     def watch(self, op: Op, start: float) -> None:
         """``op`` (which started at ``start``) is complete once every byte written so far is acknowledged."""
@@ -193,9 +255,11 @@ class DeliveryTracker:
         fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, buf)
         acked = self.written - int.from_bytes(buf, sys.byteorder)
         now = time.monotonic()
+        if self._watched and self._watched[0].end <= acked:
+            self._collect_stamps()
         while self._watched and self._watched[0].end <= acked:
             done = self._watched.popleft()
-            on_delivered(Delivered(done.op, done.start, now))
+            on_delivered(Delivered(done.op, done.start, min(now, self._acknowledged_at(done.end, now))))
         if not self._watched:
             return 0.0
         if self._mss is None:

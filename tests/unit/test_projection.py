@@ -137,7 +137,7 @@ def test_hdrm_at_512_hosts_is_the_contention_free_closed_form():
     assert profile is not None
     pr = project("hdrm", topo, "bigraph", size, latency=PROFILE)
     expected = allreduce_formula("hdrm", 512, size, profile.alpha_s, _beta(topo), switches=2,
-                                 switch_latency=profile.switch_latency_s, frame=tcp_payload_bytes())
+                                 switch_latency=profile.switch_latency_s, frame=tcp_payload_bytes(), acks=True)
     assert pr.time_s == pytest.approx(expected, rel=1e-9)
     assert pr.distinct_steps == 9
 

@@ -57,7 +57,7 @@ def test_the_timing_model_is_the_closed_form_on_a_star(algo, p, n, alpha_us, swi
     report = check(generate(algo, topo, n), topo, "shortest", latency=model)
     assert model.profile is not None
     expected = allreduce_formula(algo, p, n, model.profile.alpha_s, _beta(topo), switches=1,
-                                 switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes())
+                                 switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes(), acks=True)
     assert report.predicted_time_s == pytest.approx(expected, rel=1e-9)
     assert report.real_time_s == pytest.approx(expected / 10000, rel=1e-9)
 
@@ -75,13 +75,22 @@ def test_the_latency_terms_alone_are_2_p_minus_1_alphas_for_ring_and_2_log_p_for
 
 
 def test_gamma_adds_the_reductions_on_the_critical_path():
+    """A ring adds every reduction; halving-doubling's overlap the wait for the round's ACK (the closed form)."""
     topo = topology.build("star:hosts=8")
     n = 8 << 10
-    for algo in ("ring", "hd"):
-        sched = generate(algo, topo, n)
-        without = check(sched, topo, "shortest").predicted_time_s
-        with_gamma = check(sched, topo, "shortest", gamma=1e-6).predicted_time_s
-        assert with_gamma - without == pytest.approx(7 / 8 * n * 1e-6, rel=1e-9)
+    sched = generate("ring", topo, n)
+    without = check(sched, topo, "shortest").predicted_time_s
+    with_gamma = check(sched, topo, "shortest", gamma=1e-6).predicted_time_s
+    assert with_gamma - without == pytest.approx(7 / 8 * n * 1e-6, rel=1e-9)
+    sched = generate("hd", topo, n)
+    for gamma in (1e-6, 1e-7):
+        with_gamma = check(sched, topo, "shortest", gamma=gamma).predicted_time_s
+        expected = allreduce_formula("hd", 8, n, 0.0, _beta(topo), gamma, switches=1, frame=tcp_payload_bytes(),
+                                    acks=True)
+        assert with_gamma == pytest.approx(expected, rel=1e-9)
+    # gamma 1e-6 s/B adds more than the ACKs' waits (a frame of 4 KiB at 10 Mbit/s): the excess shows
+    without = check(sched, topo, "shortest").predicted_time_s
+    assert 0 < check(sched, topo, "shortest", gamma=1e-6).predicted_time_s - without < 7 / 8 * n * 1e-6
 
 
 def test_lockstep_rounds_wait_for_the_slowest_pair_and_rings_pipeline():
@@ -150,10 +159,11 @@ FORMULA_CASES = [(c, a, p) for c, a in RECIPES if c != "allreduce" and a != "hdr
                  for p in (2, 3, 4, 8) if not RECIPES[(c, a)].power_of_two or p != 3]
 
 
-def _formula(sched, topo, model, switches=1, gamma=0.0):
+def _formula(sched, topo, model, switches=1, gamma=0.0, acks=False):
+    """The closed form: the step model's sum, or with ``acks`` the timing model's time."""
     return collective_formula(sched.collective, sched.algorithm, sched.p, sched.size, model.profile.alpha_s,
                               _beta(topo), gamma, chunks=sched.chunks, switches=switches,
-                              switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes())
+                              switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes(), acks=acks)
 
 
 @pytest.mark.parametrize(("collective", "algo", "p"), FORMULA_CASES)
@@ -198,7 +208,7 @@ def test_the_timing_model_is_the_closed_form_for_rings_and_lockstep_rounds(colle
     model = _profile(alpha_us, switch_us)
     report = check(generate(algo, topo, 64 << 10, collective=collective), topo, "shortest", latency=model)
     assert report.valid
-    assert report.predicted_time_s == pytest.approx(_formula(report.schedule, topo, model), rel=1e-9)
+    assert report.predicted_time_s == pytest.approx(_formula(report.schedule, topo, model, acks=True), rel=1e-9)
 
 
 def test_pipelined_chains_overlap_their_latencies_in_the_timing_model():

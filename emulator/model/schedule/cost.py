@@ -35,6 +35,7 @@ modelled).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -292,8 +293,34 @@ def _halving_rounds(p: int, n: float) -> list[float]:
     return [n / 2 ** (s + 1) for s in range(k)]
 
 
+@dataclass(frozen=True)
+class _Round:
+    """One lockstep round of a closed form: its message bytes, whether every receiver also sends in it (so its
+    ACK leaves behind a frame of its own) and whether the receivers add what they got."""
+
+    bytes: float
+    two_way: bool = True
+    reduces: bool = False
+
+
+def _lockstep(rounds: list[_Round], message: Callable[[float], float], rendezvous: float, beta: float,
+              frame: float, gamma: float, acks: bool) -> float:
+    """Lockstep rounds in order. Each pays its message, and starts once the previous round's reduction and its
+    own rendezvous are done; with ``acks``, also no sooner than the previous round's ACK is back, which leaves a
+    two-way round's receiver behind that receiver's own last frame (``last·beta``: the timing model's rule 6).
+    The last round's reduction ends the time."""
+    total, ack_wait, reduce = 0.0, 0.0, 0.0
+    for r in rounds:
+        total += max(ack_wait, reduce + rendezvous) + message(r.bytes)
+        last = last_segment_bytes(r.bytes, int(frame)) if frame else 0.0
+        ack_wait = last * beta if acks and r.two_way else 0.0
+        reduce = r.bytes * gamma if r.reduces else 0.0
+    return total + reduce
+
+
 def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
-                      switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0) -> float:
+                      switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0,
+                      acks: bool = False) -> float:
     """Closed-form contention-free allreduce time (``docs/domain.md`` §2, §3) for ``ring`` and ``hd``/``hdrm``.
 
     Every message of ``b`` bytes over a path of ``switches`` switches costs
@@ -303,9 +330,14 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
     frames of ``frame`` bytes, see :func:`~emulator.model.topology.last_segment_bytes`). A ring pipelines: its receives
     are posted before its messages come, so it pays one rendezvous
     (``switches·switch_latency``) in all; halving-doubling's lockstep rounds
-    pay one per round. With ``switches = 0`` these are the textbook
-    ``2(p-1)·alpha + 2(p-1)/p·n·beta + (p-1)/p·n·gamma`` and
-    ``2·log2(p)·alpha + ...`` (``p`` a power of two).
+    pay one per round. With ``acks`` (the timing model's time, not the
+    step model's sum) a round's send also waits for the previous one's ACK,
+    which leaves its receiver behind that receiver's own last frame of the
+    previous round (``last·beta``, the timing model's rule 6): a round starts
+    ``max(rendezvous, last·beta)`` after the previous one's data arrived.
+    With ``switches = 0`` these are the textbook ``2(p-1)·alpha +
+    2(p-1)/p·n·beta + (p-1)/p·n·gamma`` and ``2·log2(p)·alpha + ...`` (``p`` a
+    power of two).
     """
     def message(b: float) -> float:
         return _message(b, alpha, beta, switches, switch_latency, frame)
@@ -315,13 +347,15 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
     if algo == "ring":
         return rendezvous + 2 * (p - 1) * message(n / p) + reduce
     if algo in ("hd", "hdrm"):
-        return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+        halving = _halving_rounds(p, n)
+        rounds = [_Round(b, reduces=True) for b in halving] + [_Round(b) for b in halving[::-1]]
+        return _lockstep(rounds, message, rendezvous, beta, frame, gamma, acks)
     raise ValueError(f"no closed form for {algo}")
 
 
 def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
                        *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
-                       frame: float = 0.0) -> float:
+                       frame: float = 0.0, acks: bool = False) -> float:
     """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
 
     ``n`` is nccl-tests' size of the collective (each rank's ``data``
@@ -357,7 +391,7 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     """
     if collective == ALLREDUCE:
         return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
-                                 frame=frame)
+                                 frame=frame, acks=acks)
 
     def message(b: float) -> float:
         return _message(b, alpha, beta, switches, switch_latency, frame)
@@ -367,13 +401,24 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
         if algo == "ring" and collective != ALLTOALL:
             return rendezvous + (p - 1) * message(n / p) + reduce
+        reduces = collective == REDUCE_SCATTER
         if algo == "direct":
-            return (p - 1) * (rendezvous + message(n / p)) + reduce
+            return _lockstep([_Round(n / p, reduces=reduces)] * (p - 1), message, rendezvous, beta, frame, gamma,
+                             acks)
         if algo in ("hd", "hdrm") and collective != ALLTOALL:
-            return sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+            halving = _halving_rounds(p, n)
+            sizes = halving if reduces else halving[::-1]
+            return _lockstep([_Round(b, reduces=reduces) for b in sizes], message, rendezvous, beta, frame, gamma,
+                             acks)
     elif collective in (BROADCAST, REDUCE_TO_ROOT):
         if algo in ("hd", "hdrm"):
-            return 2 * sum(rendezvous + message(b) for b in _halving_rounds(p, n)) + reduce
+            halving = _halving_rounds(p, n)
+            if collective == BROADCAST:  # a scatter (one way), then an all-gather
+                rounds = [_Round(b, two_way=False) for b in halving] + [_Round(b) for b in halving[::-1]]
+            else:  # a reduce-scatter, then a gather (one way)
+                rounds = ([_Round(b, reduces=True) for b in halving]
+                          + [_Round(b, two_way=False) for b in halving[::-1]])
+            return _lockstep(rounds, message, rendezvous, beta, frame, gamma, acks)
         if algo in ("ring", "dbtree"):
             if not chunks:
                 raise ValueError(f"the {algo} {collective} formula needs the schedule's chunks")

@@ -38,7 +38,7 @@ from typing import Any
 import yaml
 
 from emulator.base.errors import FieldError, UserError, int_field
-from emulator.base.files import write_atomic
+from emulator.base.files import read_text, write_atomic
 from emulator.model.schedule.collectives import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
 
 FORMAT_NAME = "eflops-emulator-schedule"
@@ -711,14 +711,7 @@ def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
 def load(path: str) -> Schedule:
     """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``)."""
     where = f"schedule {path!r}"
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise UserError(f"{where}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{where}: not a text file") from None
-    return loads(text, where, format_of(path))
+    return loads(read_text(path, where), where, format_of(path))
 
 
 # ---------------------------------------------------------------------------

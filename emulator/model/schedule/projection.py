@@ -86,6 +86,7 @@ from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.schedule import generators
 from emulator.model.schedule.cost import Link, bus_bandwidth_mbps, maxmin_rates, physical_links
 from emulator.model.schedule.format import check_chunking, is_power_of_two
+from emulator.model.schedule.timing import ack_departure, is_reverse
 from emulator.model.topology import (
     DEFAULT_MTU,
     MAX_HOSTS,
@@ -354,6 +355,7 @@ class _RoundSimulation:
     def __init__(self, transfers: list[_Transfer], paths: list[_Path], p: int, mss: int):
         self.transfers = transfers
         self.paths = paths
+        self.mss = mss
         self.tails = [path.tail_s(t.bytes, mss) for t, path in zip(transfers, paths, strict=True)]
         self.state = [_TransferState() for _ in transfers]
         self.rounds: list[list[_Round]] = [[] for _ in range(p)]
@@ -430,13 +432,27 @@ class _RoundSimulation:
             if st.arrived is None or st.drained is None:
                 return None
             send_written = st.drained
-            send_done = st.arrived + self.paths[rnd.send].latency.ack_s if awaited else st.drained
+            send_done = self._acknowledged(rnd, st) if awaited else st.drained
         if rnd.recv is not None:
             arrived = self.state[rnd.recv].arrived
             if arrived is None:
                 return None
             recv_done = arrived
         return send_done, send_written, recv_done
+
+    def _acknowledged(self, rnd: _Round, st: _TransferState) -> float:
+        """When the round's (awaited) send is acknowledged: the ACK leaves behind the partner's own send of the
+        round where that takes the ACK's link (timing model rule 6)."""
+        assert rnd.send is not None and st.arrived is not None and st.drained is not None
+        path = self.paths[rnd.send]
+        leaves = st.arrived
+        if rnd.recv is not None and self.transfers[rnd.recv].src == self.transfers[rnd.send].dst:
+            back, back_state = self.paths[rnd.recv], self.state[rnd.recv]
+            if back_state.drained is not None and is_reverse(path.links[-1], back.links[0]):
+                last_frame_s = last_segment_bytes(self.transfers[rnd.recv].bytes, self.mss) / back.caps[0]
+                leaves = ack_departure(st.arrived, st.drained, [(back_state.drained, last_frame_s)],
+                                       self.mss / back.caps[0])
+        return leaves + path.latency.ack_s
 
     # -------------------------------------------------------- transfers
     def _try_start(self, i: int) -> None:

@@ -25,8 +25,15 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    after the first, one frame time per link (store-and-forward), and then
    its data has arrived.
 6. A send completes when written; an awaited one ``ack`` after its data
-   arrived. Local operations, and a ``recv_reduce``'s addition after its
-   data arrived, take ``gamma`` seconds per byte.
+   arrived, or later: the receiver's ACK leaves its host behind that host's
+   own outgoing frames (one FIFO shaper per link). If flows leave the
+   receiver on the link its ACK takes, the ACK waits until they have
+   drained, at most one full frame time of that link: the shaper holds
+   about one frame of each sender's data at a time, so that is what an ACK
+   finds ahead of it. (In halving-doubling's exchanges this is a frame per
+   round, which weighs ``scale`` times more in a scaled-down workload.)
+   Local operations, and a ``recv_reduce``'s addition after its data
+   arrived, take ``gamma`` seconds per byte.
 7. A ``compute`` operation takes its ``seconds`` times ``compute_dilation``
    (the fabric profile's dilation ``D``: a replay sleeps ``D·seconds``; 1
    for the real system's time) and then completes like a local operation.
@@ -51,8 +58,9 @@ the makespan.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from emulator.model.latency import ZERO, PathLatency
@@ -111,6 +119,35 @@ PathOf = Callable[[int, int, int], tuple[list[Link], list[float], int]]
 Conn = tuple[int, int, int]
 
 
+def is_reverse(link: Link, back: Link) -> bool:
+    """Whether ``back`` runs along ``link`` the other way (a link's first name may carry its sending port,
+    ``s17-eth6``: :func:`emulator.model.schedule.cost.physical_links`)."""
+    return back[0].split("-eth")[0] == link[1] and back[1] == link[0].split("-eth")[0]
+
+
+def ack_departure(arrived: float, drained: float, behind: Iterable[tuple[float, float]], frame_s: float) -> float:
+    """When the ACK of a message leaves its receiver's host (rule 6).
+
+    ``arrived`` and ``drained`` are the message's (seconds); ``behind``
+    holds, for each flow leaving the receiver by the link the ACK takes
+    (that flowed while the message did), when it drained (``inf``: not yet)
+    and its last frame's time on that link; ``frame_s`` is a full frame's.
+    A flow that drained before the message did holds nothing up; one whose
+    last frame left while the message's was on its way holds the ACK for
+    that frame; one still flowing when the message arrived, until it
+    drains, at most a frame time.
+    """
+    leaves = arrived
+    for other_drained, last_frame_s in behind:
+        if other_drained < drained - _EPS:
+            continue
+        if other_drained <= arrived + _EPS:
+            leaves = max(leaves, arrived + last_frame_s)
+        else:
+            leaves = max(leaves, min(other_drained, arrived + frame_s))
+    return leaves
+
+
 def free_path(src: int, dst: int, lane: int) -> tuple[list[Link], list[float], int]:
     """A path that costs nothing: no links and no switches (its transfers take no time at all)."""
     return [], [], 0
@@ -123,6 +160,7 @@ class _Simulation:
                  mss: int, gamma: float, compute_dilation: float):
         self.gamma = gamma
         self.compute_dilation = compute_dilation
+        self.mss = mss
         self.dispatch = {r.rank: Dispatcher(r) for r in schedule.ranks}
         self.capacity: dict[Link, float] = {}
         self.transfers: list[TransferTiming] = []
@@ -148,6 +186,15 @@ class _Simulation:
         self.rates: dict[int, float] = {}
         self.op_end: dict[tuple[int, int], float] = {}
         self.compute_free: dict[int, float] = {}  # per rank: when its compute stream is free
+        # rule 6: the transfers leaving by each link; awaited transfers whose ACK has not left yet (the link it
+        # takes, the flows on it it still waits for, those it found there); when their data arrived
+        self.leaving: dict[Link, list[int]] = defaultdict(list)
+        for i, tr in enumerate(self.transfers):
+            if tr.links:
+                self.leaving[tr.links[0]].append(i)
+        self.ack_behind: dict[int, tuple[Link | None, set[int], set[int]]] = {}  # (its link, active now, at first)
+        self.arrived_at: dict[int, float] = {}
+        self.exit_link: dict[Link, Link | None] = {}
 
     def push(self, when: float, kind: str, rank: int, op_id: int) -> None:
         self.seq += 1
@@ -208,15 +255,53 @@ class _Simulation:
         elif kind == "arrived":
             tr = self.transfers[self.by_recv[(rank, op_id)]]
             if tr.send_id in self.dispatch[tr.src].awaited:
-                self.push(self.now + tr.latency.ack_s, "done", tr.src, tr.send_id)
+                self.acknowledge(self.by_recv[(rank, op_id)])
             reduce_s = self.gamma * tr.bytes if self.dispatch[rank].ops[op_id].kind == RECV_REDUCE else 0.0
             if reduce_s > 0:
                 self.push(self.now + reduce_s, "reduced", rank, op_id)
             else:
                 self.handle("reduced", rank, op_id)
+        elif kind == "ack_due":
+            self.settle_ack(self.by_send[(rank, op_id)])
         elif kind == "reduced":
             self.transfers[self.by_recv[(rank, op_id)]].end = self.now
             self.done(rank, op_id)
+
+    def reverse(self, link: Link) -> Link | None:
+        """The directed link back along ``link``, if some transfer uses it."""
+        if link not in self.exit_link:
+            self.exit_link[link] = next((lk for lk in self.capacity if is_reverse(link, lk)), None)
+        return self.exit_link[link]
+
+    def acknowledge(self, i: int) -> None:
+        """Transfer ``i``'s data arrived: its receiver sends the ACK its (awaited) send completes on (rule 6)."""
+        tr = self.transfers[i]
+        out = self.reverse(tr.links[-1]) if tr.links else None
+        self.arrived_at[i] = self.now
+        ahead = {j for j in self.leaving[out] if j in self.active} if out is not None else set()
+        self.ack_behind[i] = (out, ahead, set(ahead))
+        if ahead and out is not None:
+            self.push(self.now + self.mss / self.capacity[out], "ack_due", tr.src, tr.send_id)
+        else:
+            self.settle_ack(i)
+
+    def settle_ack(self, i: int) -> None:
+        """The flows transfer ``i``'s ACK waited behind have drained, or a frame time passed: when it leaves."""
+        if i not in self.ack_behind:
+            return
+        out, _, ahead = self.ack_behind.pop(i)
+        tr = self.transfers[i]
+        leaves = self.arrived_at[i]
+        if out is not None:
+            assert tr.drained is not None
+            behind = []
+            for j in self.leaving[out]:
+                other = self.transfers[j]
+                if j in ahead or (other.drained is not None and other.drained <= leaves + _EPS):
+                    behind.append((math.inf if other.drained is None else other.drained,
+                                   last_segment_bytes(other.bytes, self.mss) / self.capacity[out]))
+            leaves = ack_departure(leaves, tr.drained, behind, self.mss / self.capacity[out])
+        self.push(max(self.now, leaves) + tr.latency.ack_s, "done", tr.src, tr.send_id)
 
     def flow(self, i: int) -> None:
         """Transfer ``i``'s bytes start to flow (its connection is now busy with it); on a free path they are
@@ -230,6 +315,11 @@ class _Simulation:
     def drained(self, i: int) -> None:
         tr = self.transfers[i]
         tr.drained = self.now
+        for waiting, (_, active, _) in list(self.ack_behind.items()):
+            if i in active:
+                active.discard(i)
+                if not active:
+                    self.settle_ack(waiting)
         if tr.send_id in self.dispatch[tr.src].awaited:
             self.hand(tr.src, self.dispatch[tr.src].written(tr.send_id, self.now))
         else:

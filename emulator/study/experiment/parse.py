@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.files import read_text
 from emulator.model import fabric, routing
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators
@@ -54,13 +55,7 @@ REFERENCE_KEYS = ("algorithm", "routing")
 
 def load(path: str) -> Experiment:
     """Read and validate an experiment file; :class:`UserError` for anything wrong."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise UserError(f"experiment file {path!r}: cannot read it ({exc.strerror})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"experiment file {path!r}: not a UTF-8 text file") from None
+    text = read_text(path, f"experiment file {path!r}")
     try:
         data = yaml.safe_load(text)
     except PARSE_ERRORS as exc:
