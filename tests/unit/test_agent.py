@@ -269,6 +269,25 @@ def test_an_awaited_send_completes_only_once_the_peer_has_acknowledged_it(tcp_pa
     assert tracker.poll(delivered.append) == 0.0  # nothing watched: no need to look again
 
 
+def test_a_delivery_is_dated_by_the_kernels_ack_stamp_not_by_the_poll(tcp_pair):
+    """Looking late does not make a send late: it completed when the ACK came (SO_TIMESTAMPING TX_ACK)."""
+    client, server = tcp_pair
+    op = _send_op()
+    tracker = peer.DeliveryTracker(client, link_bps=10e6)
+    client.sendall(b"x" * 1000)
+    tracker.wrote(1000)
+    tracker.watch(op, start=0.0)
+    assert server.recv(1000) == b"x" * 1000  # read: the loopback ACK comes at once
+    time.sleep(0.2)
+    polled = time.monotonic()
+    delivered: list[peer.Delivered] = []
+    deadline = polled + 5
+    while tracker.watching and time.monotonic() < deadline:
+        time.sleep(tracker.poll(delivered.append))
+    assert [d.op for d in delivered] == [op]
+    assert delivered[0].at < polled - 0.15  # the ACK's time, 0.2 s before anyone looked
+
+
 def test_the_delivery_poll_is_quick_near_the_tail_and_slow_far_from_it(tcp_pair):
     """Far from the last frames: half the remainder's time at the link rate (at most 20 ms); close: often."""
     client, _ = tcp_pair
