@@ -97,6 +97,11 @@ BISECTIONS = {"minimal": 3, "quick": 0, "full": 2}
 AGENT_COST_RANKS = 8
 AGENT_COST_LINK_MBPS = 20.0
 AGENT_COST_SIZES = (8 << 10, 2 << 20)
+#: Agents against iperf3 with every flow at once: a ring of this many hosts on one switch (one flow per host,
+#: each crossing one switch), each link at the calibrated capacity shared out (at most 1000 Mbit/s; without a
+#: calibrated capacity, AGGREGATE_DEFAULT_MBPS).
+AGGREGATE_HOSTS = 16
+AGGREGATE_DEFAULT_MBPS = 100.0
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
@@ -480,6 +485,50 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
             "agent_mbps": agent, "agent_reps_mbps": [r.busbw_mbps for r in results.repetitions],
             "iperf3_mbps": iperf, "iperf3": ip, "ratio": agent / iperf if iperf else None,
             "agent_over_link": agent / bw_mbps, "iperf3_over_link": iperf / bw_mbps}
+
+
+def aggregate_link_mbps(capacity_mbps: float | None, flows: int = AGGREGATE_HOSTS) -> float:
+    """Each link's rate when ``flows`` one-switch flows share the datapath's capacity (two significant digits,
+    rounded down; at most 1000 Mbit/s)."""
+    if capacity_mbps is None:
+        return AGGREGATE_DEFAULT_MBPS
+    share = min(capacity_mbps / flows, 1000.0)
+    digits = 10 ** (math.floor(math.log10(share)) - 1)
+    return math.floor(share / digits) * digits
+
+
+def measure_agents_aggregate(capacity_mbps: float | None, seconds: float = 4.0, repeat: int = 2,
+                             datapath: str = "auto", mtu: int = topology.DEFAULT_MTU) -> dict[str, Any]:
+    """The agents' aggregate goodput with every flow at once against iperf3's on the same flows.
+
+    A ring allreduce of :data:`AGGREGATE_HOSTS` ranks on one switch (each rank
+    sends to the next: one flow per host) at :func:`aggregate_link_mbps`, sized
+    to last about ``seconds``, then one iperf3 flow along each of the ring's
+    hops at once. The agents' aggregate is their busbw (each flow's goodput)
+    times the flows; iperf3's the sum of its flows.
+    """
+    link = aggregate_link_mbps(capacity_mbps)
+    topo = topology.build(f"star:hosts={AGGREGATE_HOSTS}", link)
+    p = AGGREGATE_HOSTS
+    size = 1 << 20
+    while size * 2 * 2 * (p - 1) / p <= link * 1e6 / 8 * seconds:  # each rank sends 2(p-1)/p of the size
+        size *= 2
+    schedule = generators.generate("ring", topo, size)
+    hops = [(f"h{i + 1}", f"h{(i + 1) % p + 1}") for i in range(p)]
+    with tempfile.TemporaryDirectory(prefix="ef-calibrate-") as tmp:
+        with ReplaySession(topo, "shortest", datapath=datapath, mtu=mtu, work_dir=os.path.join(tmp, "session"),
+                           echo=lambda s: None) as session:
+            results = session.run(schedule, os.path.join(tmp, "agents"), repeat=repeat, warmup=1)
+            flows = run_iperf_flows(session.en, topo, hops, seconds)
+    agent = statistics.median(r.busbw_mbps for r in results.repetitions) * p
+    iperf = sum(r["received_mbps"] for r in flows.reports)
+    return {"topology": topo.spec, "link_mbps": link, "flows": p, "size": size, "repeat": repeat,
+            "capacity_mbps": capacity_mbps, "agent_mbps": agent,
+            "agent_reps_mbps": [r.busbw_mbps * p for r in results.repetitions],
+            "agent_flags": sorted({f for r in results.repetitions for f in (r.fidelity.flags if r.fidelity else ())}),
+            "iperf3_mbps": iperf, "iperf3_flows_mbps": [r["received_mbps"] for r in flows.reports],
+            "iperf3_cpu_idle": flows.cpu_idle, "ratio": agent / iperf if iperf else None,
+            "agent_over_offered": agent / (link * p), "iperf3_over_offered": iperf / (link * p)}
 
 
 def measure_agent_costs(datapath: str = "auto", mtu: int = topology.DEFAULT_MTU, repeat: int = 2,

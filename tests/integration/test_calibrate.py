@@ -14,6 +14,7 @@ from emulator.model import routing, topology
 from emulator.model.schedule import format as sformat
 from emulator.model.schedule import generators
 from emulator.model.topology import DEFAULT_MTU
+from emulator.selfcheck import calibration
 
 pytestmark = pytest.mark.integration
 
@@ -49,6 +50,15 @@ def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_STATE_DIR", str(state))
     calibration = calibration_file.load_calibration(DEFAULT_MTU)  # made on this machine: it counts here
     assert calibration is not None and calibration.to_json() == data
+
+
+def test_agents_against_iperf3_with_every_flow_at_once():
+    """The bench's aggregate row on a small share (20 Mbit/s links): both carry about what is offered."""
+    row = calibration.measure_agents_aggregate(320.0, seconds=1.5, repeat=1)
+    assert row["link_mbps"] == 20.0 and row["flows"] == calibration.AGGREGATE_HOSTS
+    assert len(row["iperf3_flows_mbps"]) == row["flows"] and len(row["agent_reps_mbps"]) == 1
+    assert 0.85 <= row["iperf3_over_offered"] <= 1.02, row
+    assert 0.7 <= row["agent_over_offered"] <= 1.02 and 0.7 <= row["ratio"] <= 1.1, row
 
 
 def test_replay_pcap_then_analyze_finds_the_agent_flows(tmp_path):

@@ -58,6 +58,8 @@ def run_bench(mp: pytest.MonkeyPatch, agents: Any, broken: tuple[str, ...], fail
     mp.setattr(bringup, "our_bringup", _times(ours) if bring_ok else sc.failing)
     mp.setattr(bringup, "plain_mininet_bringup", _times(plain))
     mp.setattr(run, "measure_agents_vs_iperf", agents)
+    mp.setattr(run, "measure_agents_aggregate",
+               sc.fake_agents_aggregate if agents is sc.fake_agents_vs_iperf else sc.failing)
     mp.setattr(run, "ensure_calibration", lambda profile, datapath, echo: sc.calibration())
     mp.setattr(run, "machine_info", sc.machine_info)
     mp.setattr(run, "choose_datapath", lambda d: "user")

@@ -128,6 +128,13 @@ def test_agent_size_keeps_the_ring_busy():
     assert cal.agent_size_bytes(1, 0.1) == 1 << 20
 
 
+def test_the_aggregate_rows_links_share_out_the_capacity():
+    assert cal.aggregate_link_mbps(2041.0) == 120.0  # 127.6 per flow, two digits, down
+    assert cal.aggregate_link_mbps(50.0) == pytest.approx(3.1)
+    assert cal.aggregate_link_mbps(1e6) == 1000.0
+    assert cal.aggregate_link_mbps(None) == cal.AGGREGATE_DEFAULT_MBPS
+
+
 def test_summary_table_mentions_every_measurement():
     cap = {"capacity_mbps": 1200.0, "flows": 16, "switch_hops": [3] * 16, "topology": "leafspine", "at_link_mbps": 30.0,
            "limited_by": "flows"}

@@ -11,7 +11,10 @@ minute) when there is none.
 Sections, in order:
 
 1. **agents / iperf3** on one link: :func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`
-   (target >= :data:`~cases.TARGET_AGENT`).
+   (target >= :data:`~cases.TARGET_AGENT`); then with every flow at once
+   (:func:`~emulator.selfcheck.calibration.measure_agents_aggregate`: a 16-host ring on one switch, each
+   link at the calibrated datapath capacity shared out, against iperf3 on the ring's hops; target >=
+   :data:`~cases.TARGET_AGENT_AGGREGATE`): how much of what the machine carries the agents carry.
 2. **replays**: every algorithm of :data:`~cases.DEFAULT_CASES` on its fabric, one
    :class:`~emulator.emulation.replay.ReplaySession` per (topology, routing, seed), at
    every size of :data:`~cases.DEFAULT_SIZES` (latency-bound to bandwidth-bound):

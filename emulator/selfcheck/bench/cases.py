@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 TARGET_AGENT = 0.97
+#: The agents' aggregate goodput with every flow at once over iperf3's on the same flows.
+TARGET_AGENT_AGGREGATE = 0.90
 TARGET_HDRM = 0.90
 TARGET_PREDICTION = 0.10
 TARGET_WITHIN_SHARE = 0.90
@@ -90,7 +92,7 @@ MODEL_SWEEP = tuple(1 << k for k in range(14, 29))
 
 def targets_json() -> dict[str, object]:
     """The targets as the results document lists them."""
-    return {"agent_over_iperf3": TARGET_AGENT, "hdrm_busbw_over_link": TARGET_HDRM,
+    return {"agent_over_iperf3": TARGET_AGENT, "agent_aggregate_over_iperf3": TARGET_AGENT_AGGREGATE, "hdrm_busbw_over_link": TARGET_HDRM,
             "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
             "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
             "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI}

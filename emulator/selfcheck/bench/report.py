@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
-from emulator.selfcheck.bench.cases import TARGET_AGENT, TARGET_HDRM
+from emulator.selfcheck.bench.cases import TARGET_AGENT, TARGET_AGENT_AGGREGATE, TARGET_HDRM
 from emulator.selfcheck.bench.crossovers import CrossoverCurve, CrossoverRow
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import (
@@ -46,6 +46,17 @@ def agents_line(ag: AgentsVsIperf | SectionError | None) -> RatioLine:
         return RatioLine(name, f"{ag.ratio:.3f}", ">= 0.97", verdict(ag.ratio >= TARGET_AGENT),
                          f"{ag.agent_mbps:.2f} vs {ag.iperf3_mbps:.2f} Mbit/s per direction")
     return RatioLine(name, "error", ">= 0.97", "MISS", f"{ag.error if isinstance(ag, SectionError) else None}")
+
+
+def aggregate_line(ag: AgentsVsIperf | SectionError | None) -> RatioLine:
+    flows = ag.document.get("flows") if isinstance(ag, AgentsVsIperf) else None
+    name = f"agent / iperf3 goodput, {flows or 'all'} flows at once"
+    target = f">= {TARGET_AGENT_AGGREGATE:.2f}"
+    if isinstance(ag, AgentsVsIperf) and ag.ratio is not None:
+        return RatioLine(name, f"{ag.ratio:.3f}", target, verdict(ag.ratio >= TARGET_AGENT_AGGREGATE),
+                         f"{ag.agent_mbps:.0f} vs {ag.iperf3_mbps:.0f} Mbit/s in all, "
+                         f"{ag.document.get('link_mbps'):g} Mbit/s links")
+    return RatioLine(name, "error", target, "MISS", f"{ag.error if isinstance(ag, SectionError) else None}")
 
 
 def hdrm_line(results: BenchResults) -> RatioLine:
@@ -91,7 +102,7 @@ def bringup_line(b: BringupSummary) -> RatioLine:
 
 def ratio_lines(results: BenchResults) -> list[RatioLine]:
     """Every figure of the run, in the table's order."""
-    lines = [agents_line(results.agents), hdrm_line(results), prediction_line(PredictionSummary.of(results.replays))]
+    lines = [agents_line(results.agents), aggregate_line(results.agents_aggregate), hdrm_line(results), prediction_line(PredictionSummary.of(results.replays))]
     lines += [crossover_line(c) for c in results.crossovers or []]
     lines += [mpi_line(r, results.link_mbps) for r in results.mpi or []]
     bringups = [results.bringup, *(results.bringup_at_scale or [])]

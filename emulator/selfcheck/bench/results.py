@@ -39,6 +39,7 @@ class BenchResults:
     runs_dir: str
     duration_s: float | None = None
     agents: AgentsVsIperf | SectionError | None = None
+    agents_aggregate: AgentsVsIperf | SectionError | None = None
     replays: list[ReplayRow] = field(default_factory=list)
     hdrm: ReplayRow | HdrmMissing | None = None
     crossovers: list[CrossoverRow] | None = None
@@ -66,7 +67,8 @@ class BenchResults:
         }
         if self.duration_s is not None:
             out["duration_s"] = self.duration_s
-        for key, section in (("agents", self.agents), ("hdrm", self.hdrm), ("bringup", self.bringup)):
+        for key, section in (("agents", self.agents), ("agents_aggregate", self.agents_aggregate),
+                             ("hdrm", self.hdrm), ("bringup", self.bringup)):
             if section is not None:
                 out[key] = section.to_json()
         rows_of: tuple[tuple[str, Sequence[Any] | None], ...] = (

@@ -133,8 +133,10 @@ class PredictionSummary:
 
 @dataclass(frozen=True)
 class AgentsVsIperf:
-    """Agents against ``iperf3 --bidir`` on one link (:func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`'s
-    document, which the results keep whole)."""
+    """Agents against iperf3 on the same flows: ``--bidir`` on one link
+    (:func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`), or every flow of a ring at once
+    (:func:`~emulator.selfcheck.calibration.measure_agents_aggregate`); its document, which the results keep
+    whole."""
 
     ratio: float | None
     agent_mbps: float

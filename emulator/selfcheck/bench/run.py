@@ -30,7 +30,12 @@ from emulator.selfcheck.bench.mpi_pairs import failed_pairs, run_mpi_pairs
 from emulator.selfcheck.bench.replays import failed_case, run_case
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, SectionError
-from emulator.selfcheck.calibration import ensure_calibration, machine_info, measure_agents_vs_iperf
+from emulator.selfcheck.calibration import (
+    ensure_calibration,
+    machine_info,
+    measure_agents_aggregate,
+    measure_agents_vs_iperf,
+)
 
 Echo = Callable[[str], None]
 
@@ -45,6 +50,18 @@ def agents_section(results: BenchResults, datapath: str, echo: Echo) -> None:
         echo(f"  {agents.agent_mbps:.2f} vs {agents.iperf3_mbps:.2f} Mbit/s per direction")
     except Exception as exc:  # a benchmark reports and goes on
         results.agents = SectionError.of(exc)
+        echo(f"  failed: {exc}")
+
+
+def aggregate_section(results: BenchResults, datapath: str, echo: Echo) -> None:
+    echo("agents vs iperf3, every flow at once:")
+    try:
+        agents = AgentsVsIperf.of(measure_agents_aggregate(results.calibration_capacity_mbps, datapath=datapath,
+                                                           mtu=results.mtu))
+        results.agents_aggregate = agents
+        echo(f"  {agents.agent_mbps:.0f} vs {agents.iperf3_mbps:.0f} Mbit/s in all")
+    except Exception as exc:
+        results.agents_aggregate = SectionError.of(exc)
         echo(f"  failed: {exc}")
 
 
@@ -123,6 +140,8 @@ def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bring
 
     echo(f"bench: {profile.describe()}; sizes {', '.join(format_size(s.bytes) for s in sizes)}")
     agents_section(results, datapath, echo)
+    save()
+    aggregate_section(results, datapath, echo)
     save()
     replays_section(results, cases, datapath, echo, save)
     figures_of_replays(results, crossovers)
