@@ -156,6 +156,14 @@ class FabricProfile:
                 f"{self.switch_latency_us:g} us -> {self.switch_latency_s * 1e3:g} ms")
 
 
+def names_dilation(raw: object) -> bool:
+    """Whether a fabric value as a user wrote it (``key=value,...`` or a mapping) sets ``dilation`` itself (a
+    preset name alone does not)."""
+    if isinstance(raw, Mapping):
+        return "dilation" in raw
+    return isinstance(raw, str) and any(part.split("=", 1)[0].strip() == "dilation" for part in raw.split(","))
+
+
 def at_link_rate(profile: FabricProfile, emulated_mbps: float, where: str = "fabric") -> FabricProfile:
     """The same real fabric with the dilation that maps its links onto ``emulated_mbps`` (checked as :func:`parse` checks)."""
     return profile.changed(where, dilation=profile.dilation_for(emulated_mbps))

@@ -418,3 +418,21 @@ def test_a_resume_is_admitted_on_the_cells_still_to_run(tmp_path, small_machine)
     runner.Runner(exp, str(out), session_factory=factory(flags=()), stream=io.StringIO(), prepared=prepared).run()
     done, verdict = cmd._admit(args, prepared, str(out), {})
     assert done.time_s == 0 and done.memory.total_bytes == 0 and verdict.admitted
+
+
+def test_a_replay_on_a_topology_with_its_own_rate_maps_the_fabric_onto_it(tmp_path, small_machine, capsys):
+    """Half the profile's rate is twice its dilation: a latency-bound schedule's predicted time doubles (the
+    refusal for --max-time quotes it), unless the profile names its dilation."""
+    path = tmp_path / "s.json"
+    save(generators.generate("hd", topology.build("star:hosts=4"), 1024), str(path))
+
+    def predicted(spec: str, *fabric_args: str) -> float:
+        assert main(["replay", str(path), "--topology", spec, "--routing", "shortest", "--out",
+                     str(tmp_path / "out"), "--max-time", "0.01s", *fabric_args]) == 2
+        err = capsys.readouterr().err
+        return float(err.split("the model's ")[1].split(" s")[0])
+
+    at_20 = predicted("star:hosts=4")
+    assert predicted("star:hosts=4,bw=10") == pytest.approx(2 * at_20, rel=0.1)
+    assert predicted("star:hosts=4,bw=10", "--fabric", "preset=roce100,dilation=5000") < 1.3 * at_20
+    assert not (tmp_path / "out").exists()

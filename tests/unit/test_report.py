@@ -499,3 +499,20 @@ def test_cells_csv_has_the_columns_in_order_and_a_row_per_planned_cell(tmp_path)
     assert [line.split(",")[0] for line in lines[1:]] == [r.id for r in rows]
     flagged = next(r for r in rows if r.flags)
     assert f",{' '.join(flagged.flags)}," in lines[1 + rows.index(flagged)]
+
+
+def test_runs_at_their_own_rates_are_each_said_what_they_stand_for(tmp_path):
+    """A run with its own rate (or ``dilation: auto``'s choice): the overview lists each rate and dilation,
+    never the experiment's 20 Mbit/s for every cell."""
+    data = yaml.safe_load(EXP)
+    data["series"][1]["runs"][0]["link_mbps"] = 10
+    exp = xp.from_dict(data, where="synth.yaml")
+    out = str(tmp_path / "run")
+    runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
+    report.write_report(out)
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    links = next(line for line in text.splitlines() if line.startswith("- Links"))
+    assert "per run" in links and "10 Mbit/s (1 cell)" in links and "20 Mbit/s (" in links
+    fabrics = next(line for line in text.splitlines() if line.startswith("- Fabric"))
+    assert "time dilation 10000" in fabrics and "time dilation 5000" in fabrics

@@ -10,7 +10,7 @@ from emulator.cli.arguments import int_at_least, positive
 from emulator.cli.commands import admit
 from emulator.emulation.replay import ReplayConfig, ReplayFailed, prepare, replay
 from emulator.emulation.system import interrupt_on_sigterm, require_root
-from emulator.model import fabric
+from emulator.model import fabric, topology
 from emulator.model.schedule import training
 from emulator.runs import admission
 from emulator.runs.fault_plan import fault_line
@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
     p.add_argument("--fabric", default=None, metavar="PROFILE",
                    help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
-                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); links the "
+                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology whose host "
+                   "links have a rate of their own maps the fabric onto it (the dilation follows) unless the "
+                   "profile names its dilation; links the "
                    "topology spec leaves unset run at its emulated rate")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
@@ -46,6 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     profile = fabric.parse(args.fabric, where="replay: fabric")
+    spec_mbps = topology.load(args.topology, profile.emulated_link_mbps).host_bw
+    if not fabric.names_dilation(args.fabric) and abs(spec_mbps - profile.emulated_link_mbps) > 1e-9 * spec_mbps:
+        # the spec's own rate stands for the fabric's: the dilation follows, latencies and bandwidth alike
+        profile = fabric.at_link_rate(profile, spec_mbps, where="replay: topology")
     cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
                        repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
                        pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,

@@ -36,18 +36,11 @@ def _dilation_number(data: Mapping[str, Any]) -> float | None:
     return None if value is None or value == AUTO else value
 
 
-def _names_dilation(raw: object) -> bool:
-    """Whether a ``fabric`` value sets ``dilation`` itself (a preset name alone does not)."""
-    if isinstance(raw, Mapping):
-        return "dilation" in raw
-    return isinstance(raw, str) and any(part.split("=", 1)[0].strip() == "dilation" for part in raw.split(","))
-
-
 def auto_dilation_field(where: str, data: Mapping[str, Any], prefix: str) -> bool | None:
     """Whether this level's dilation is chosen automatically: True for ``dilation: auto``, False where the level
     sets a rate or a dilation itself, None where it says nothing (the enclosing level's choice holds)."""
     value = data.get("dilation")
-    explicit = "link_mbps" in data or _names_dilation(data.get("fabric"))
+    explicit = "link_mbps" in data or fabric.names_dilation(data.get("fabric"))
     if value == AUTO:
         if explicit:
             raise FieldError(where, f"{prefix}dilation", "auto without link_mbps or a fabric that sets its "
@@ -79,7 +72,7 @@ def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: Fa
                          f"{fabric.MAX_LINK_MBPS:g}", link)
     base = _profile(where, prefix, data["fabric"]) if "fabric" in data else enclosing
     if link is not None:
-        if "fabric" in data and _names_dilation(data["fabric"]):
+        if "fabric" in data and fabric.names_dilation(data["fabric"]):
             if abs(link - base.emulated_link_mbps) > 1e-9 * link:
                 raise FieldError(where, f"{prefix}link_mbps", f"the fabric's emulated rate "
                                  f"{base.emulated_link_mbps:g} (or leave link_mbps out)", link)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections import Counter
 from collections.abc import Sequence
 
 from emulator.model import fabric, paper_scale
@@ -95,6 +96,30 @@ def fabric_sentence(profile: fabric.FabricProfile | None, link_mbps: float) -> s
             f"{profile.real_mbps(link_mbps * 0.9) / 1000:.0f} Gbit/s there.")
 
 
+def links_sentence(plan: Plan, rows: Sequence[CellRow]) -> str:
+    """The link rates the cells ran at: the experiment's, or each run's (``dilation: auto``, a run's own rate)."""
+    rates = Counter(r.link_mbps for r in rows)
+    if set(rates) <= {plan.link_mbps}:
+        return f"Links: {plan.link_mbps:g} Mbit/s (host and switch links unless a topology sets its own)"
+    per = ", ".join(f"{rate:g} Mbit/s ({n} cell{'s' if n > 1 else ''})" for rate, n in sorted(rates.items()))
+    return f"Links, per run (`dilation: auto` or a run's own rate): {per}"
+
+
+def fabric_sentences(plan: Plan, rows: Sequence[CellRow]) -> str:
+    """What the emulated figures stand for: one sentence, or one per dilation the cells ran at."""
+    profiles: dict[float, tuple[fabric.FabricProfile, int]] = {}
+    for r in rows:
+        if r.fabric is not None:
+            known, n = profiles.get(r.fabric.dilation, (r.fabric, 0))
+            profiles[r.fabric.dilation] = (known, n + 1)
+    if len(profiles) <= 1:
+        return fabric_sentence(plan.fabric, plan.link_mbps)
+    per = "; ".join(f"{n} cell{'s' if n > 1 else ''}: {p.describe()}"
+                    for p, n in sorted(profiles.values(), key=lambda pn: pn[0].dilation))
+    return (f"Fabric, per run: {per}. Divide a cell's emulated time by its own dilation (multiply a rate by it) "
+            "for the real fabric's.")
+
+
 def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
     """How many cells finished (every kind's), the links and datapath, what busbw and the model are, the
     fabric; a caution when the model's contention-free cells ran much slower than predicted."""
@@ -110,7 +135,7 @@ def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
     doc.ul([
         f"**{n_ok} of {len(statuses)} cells finished**, {failed} failed or interrupted, {not_run} not run"
         + ("" if n_ok == len(statuses) else " (run `emu run` again to finish them)") + ".",
-        f"Links: {plan.link_mbps:g} Mbit/s (host and switch links unless a topology sets its own); Open vSwitch "
+        f"{links_sentence(plan, rows)}; Open vSwitch "
         f"datapath: {', '.join(datapaths) or 'unknown'}; repetitions per cell: {plan.warmup} warm-up + "
         f"{plan.repeat} measured; ECMP seeds: {', '.join(map(str, plan.ecmp_seeds))}.",
         "busbw is the nccl-tests bus bandwidth (algbw x 2(p-1)/p), the median of the measured repetitions; a "
@@ -126,7 +151,7 @@ def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
         *([f"MPI programs: {len(mpi_rows)} cells ran an Open MPI program instead of a schedule; they have no "
            "model prediction and are in \"MPI programs\" only, never in a busbw comparison, a table of the "
            "model or an answer."] if mpi_rows else []),
-        fabric_sentence(plan.fabric, plan.link_mbps),
+        fabric_sentences(plan, rows),
     ])
     clean_ratios = [r.measured_over_predicted for r in rows
                     if r.measured_over_predicted and r.max_flows_per_link <= 1]
