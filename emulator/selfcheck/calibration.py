@@ -494,7 +494,7 @@ def aggregate_link_mbps(capacity_mbps: float | None, flows: int = AGGREGATE_HOST
         return AGGREGATE_DEFAULT_MBPS
     share = min(capacity_mbps / flows, 1000.0)
     digits = 10 ** (math.floor(math.log10(share)) - 1)
-    return math.floor(share / digits) * digits
+    return float(math.floor(share / digits) * digits)
 
 
 def measure_agents_aggregate(capacity_mbps: float | None, seconds: float = 4.0, repeat: int = 2,

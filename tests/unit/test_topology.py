@@ -185,6 +185,14 @@ def test_json_round_trip(spec, tmp_path):
     assert again.to_json() == topo.to_json()
 
 
+def test_json_round_trip_of_a_rate_given_as_an_integer(tmp_path):
+    """A default rate passed as an int (20, not 20.0) exports as the rebuild does: the file loads again."""
+    topo = build("star:hosts=16", 20)
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(topo.to_json()))
+    assert topology.load(str(path)) == topo
+
+
 def test_json_edited_into_inconsistency_is_rejected(tmp_path):
     data = build("star:hosts=3").to_json()
     data["links"][0]["b_port"] = 9

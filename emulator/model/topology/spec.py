@@ -118,7 +118,8 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
     for key in KINDS[kind].even_keys:
         if params[key] % 2:
             raise FieldError(where, key, f"an even integer >= {keys[key]}", items[key])
-    bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else (default_mbps or DEFAULT_LINK_MBPS)
+    # a rate is a float wherever it came from: the JSON export and its rebuild must write it alike
+    bw = _parse_rate(where, "bw", items["bw"]) if "bw" in items else float(default_mbps or DEFAULT_LINK_MBPS)
     params["bw"] = bw
     params["host_bw"] = _parse_rate(where, "host_bw", items["host_bw"]) if "host_bw" in items else bw
     params["switch_bw"] = _parse_rate(where, "switch_bw", items["switch_bw"]) if "switch_bw" in items else bw
