@@ -71,7 +71,7 @@ from emulator.model import fabric, routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule import generators
 from emulator.model.topology import Topology
-from emulator.runs.dilation import CostSample, fit_agent_costs, traffic
+from emulator.runs.dilation import LOAD_FRACTION, CostSample, fit_agent_costs, readable_rate, traffic
 from emulator.selfcheck import intrinsic_latency as latency_probe
 
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
@@ -98,10 +98,13 @@ AGENT_COST_RANKS = 8
 AGENT_COST_LINK_MBPS = 20.0
 AGENT_COST_SIZES = (8 << 10, 2 << 20)
 #: Agents against iperf3 with every flow at once: a ring of this many hosts on one switch (one flow per host,
-#: each crossing one switch), each link at the calibrated capacity shared out (at most 1000 Mbit/s; without a
-#: calibrated capacity, AGGREGATE_DEFAULT_MBPS).
+#: each crossing one switch), the links together at the share of the calibrated capacity that `dilation: auto`
+#: lets a run's busiest step offer (LOAD_FRACTION: full fidelity by the emulator's own rule), at most 1000
+#: Mbit/s each; without a calibrated capacity, AGGREGATE_DEFAULT_MBPS.
 AGGREGATE_HOSTS = 16
-AGGREGATE_DEFAULT_MBPS = 100.0
+AGGREGATE_DEFAULT_MBPS = 50.0
+#: How often the rate is halved looking for one at which iperf3 keeps up on every flow.
+AGGREGATE_HALVINGS = 3
 #: Fraction of the capacity a recommended default link rate may use.
 HEADROOM = 0.8
 IPERF_BASE_PORT = 5201
@@ -488,33 +491,60 @@ def measure_agents_vs_iperf(bw_mbps: float, seconds: float = 5.0, repeat: int = 
 
 
 def aggregate_link_mbps(capacity_mbps: float | None, flows: int = AGGREGATE_HOSTS) -> float:
-    """Each link's rate when ``flows`` one-switch flows share the datapath's capacity (two significant digits,
-    rounded down; at most 1000 Mbit/s)."""
+    """Each link's first rate when ``flows`` one-switch flows share :data:`LOAD_FRACTION` of the datapath's
+    capacity (two significant digits, rounded down; at most 1000 Mbit/s)."""
     if capacity_mbps is None:
         return AGGREGATE_DEFAULT_MBPS
-    share = min(capacity_mbps / flows, 1000.0)
-    digits = 10 ** (math.floor(math.log10(share)) - 1)
-    return float(math.floor(share / digits) * digits)
+    return readable_rate(min(capacity_mbps * LOAD_FRACTION / flows, 1000.0))
+
+
+def iperf_keeps_up(flows: FlowRun, link_mbps: float) -> bool:
+    """Whether every iperf3 flow got :data:`FLOW_OK_RATIO` of its link (the calibration's test of a rung)."""
+    return min(r["received_mbps"] for r in flows.reports) >= FLOW_OK_RATIO * link_mbps
+
+
+def faithful_aggregate_rate(topo: Topology, pairs: Sequence[tuple[str, str]], start_mbps: float, seconds: float,
+                            datapath: str, mtu: int) -> tuple[float, list[dict[str, Any]]]:
+    """The first rate, from ``start_mbps`` halving at most :data:`AGGREGATE_HALVINGS` times, at which iperf3
+    on every one of ``pairs`` at once keeps up (:func:`iperf_keeps_up`); and what each try measured."""
+    rate, tried = start_mbps, []
+    with EmulatedNetwork(topo, routing="shortest", datapath=datapath, mtu=mtu, label="calibrate") as en:
+        for attempt in range(AGGREGATE_HALVINGS + 1):
+            if attempt:
+                rate = readable_rate(rate / 2)
+                reshape(en, topo, rate)
+            flows = run_iperf_flows(en, topo, pairs, seconds)
+            tried.append({"link_mbps": rate, "iperf3_mbps": sum(r["received_mbps"] for r in flows.reports),
+                          "worst_flow_mbps": min(r["received_mbps"] for r in flows.reports),
+                          "cpu_idle": flows.cpu_idle})
+            if iperf_keeps_up(flows, rate):
+                break
+    return rate, tried
 
 
 def measure_agents_aggregate(capacity_mbps: float | None, seconds: float = 4.0, repeat: int = 2,
                              datapath: str = "auto", mtu: int = topology.DEFAULT_MTU) -> dict[str, Any]:
-    """The agents' aggregate goodput with every flow at once against iperf3's on the same flows.
+    """The agents' aggregate goodput at full fidelity with every flow at once, against iperf3's on the same flows.
 
-    A ring allreduce of :data:`AGGREGATE_HOSTS` ranks on one switch (each rank
-    sends to the next: one flow per host) at :func:`aggregate_link_mbps`, sized
-    to last about ``seconds``, then one iperf3 flow along each of the ring's
-    hops at once. The agents' aggregate is their busbw (each flow's goodput)
-    times the flows; iperf3's the sum of its flows.
+    The flows are a ring's hops on one switch (:data:`AGGREGATE_HOSTS` hosts,
+    each sending to the next). Their rate is the first, from
+    :func:`aggregate_link_mbps` down, at which iperf3 keeps up on all of them
+    (:func:`faithful_aggregate_rate`): what this machine carries faithfully.
+    At that rate a ring allreduce by the agents, sized to last about
+    ``seconds``, then iperf3 again on the same network. The agents' aggregate
+    is their busbw (each flow's goodput) times the flows; iperf3's the sum of
+    its flows.
     """
-    link = aggregate_link_mbps(capacity_mbps)
-    topo = topology.build(f"star:hosts={AGGREGATE_HOSTS}", link)
     p = AGGREGATE_HOSTS
+    hops = [(f"h{i + 1}", f"h{(i + 1) % p + 1}") for i in range(p)]
+    first = aggregate_link_mbps(capacity_mbps)
+    link, tried = faithful_aggregate_rate(topology.build(f"star:hosts={p}", first), hops, first, seconds,
+                                          datapath, mtu)
+    topo = topology.build(f"star:hosts={p}", link)
     size = 1 << 20
-    while size * 2 * 2 * (p - 1) / p <= link * 1e6 / 8 * seconds:  # each rank sends 2(p-1)/p of the size
+    while size * 2 * (p - 1) / p < link * 1e6 / 8 * seconds:  # each rank sends 2(p-1)/p of the size
         size *= 2
     schedule = generators.generate("ring", topo, size)
-    hops = [(f"h{i + 1}", f"h{(i + 1) % p + 1}") for i in range(p)]
     with tempfile.TemporaryDirectory(prefix="ef-calibrate-") as tmp:
         with ReplaySession(topo, "shortest", datapath=datapath, mtu=mtu, work_dir=os.path.join(tmp, "session"),
                            echo=lambda s: None) as session:
@@ -523,8 +553,9 @@ def measure_agents_aggregate(capacity_mbps: float | None, seconds: float = 4.0, 
     agent = statistics.median(r.busbw_mbps for r in results.repetitions) * p
     iperf = sum(r["received_mbps"] for r in flows.reports)
     return {"topology": topo.spec, "link_mbps": link, "flows": p, "size": size, "repeat": repeat,
-            "capacity_mbps": capacity_mbps, "agent_mbps": agent,
+            "capacity_mbps": capacity_mbps, "rates_tried": tried, "agent_mbps": agent,
             "agent_reps_mbps": [r.busbw_mbps * p for r in results.repetitions],
+            "agent_measured_over_predicted": [r.measured_over_predicted for r in results.repetitions],
             "agent_flags": sorted({f for r in results.repetitions for f in (r.fidelity.flags if r.fidelity else ())}),
             "iperf3_mbps": iperf, "iperf3_flows_mbps": [r["received_mbps"] for r in flows.reports],
             "iperf3_cpu_idle": flows.cpu_idle, "ratio": agent / iperf if iperf else None,
