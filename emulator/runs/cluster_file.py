@@ -1,0 +1,183 @@
+"""The cluster file: the servers one emulation spreads over (Mininet Cluster Edition), parsed and checked.
+
+Pure: :func:`from_dict` validates a parsed file and :func:`load` reads one;
+every bad field is one :class:`~emulator.base.errors.FieldError` line naming
+it. The edges (``emu cluster check``, the remote bring-up) take the
+:class:`Cluster` this returns and nothing else. The format::
+
+    name: lab                  # optional: the file's name without .yaml
+    head: a                    # the server that runs the controller and collects the results
+    underlay_mtu: 9100         # the underlay's MTU: a VXLAN tunnel needs the fabric's MTU + 50
+    servers:
+      - name: a                # letters, digits and -, starting with a letter, at most 15
+        ssh: 192.0.2.10        # where its sshd listens: an IPv4 address or a host name
+        port: 22               # optional, default 22
+        user: root             # optional, default root
+        key: /root/.ssh/ef_lab # the private key to log in with: an absolute path, never a default key
+        underlay: 10.77.0.1    # its address on the underlay, where tunnels end (IPv4, unique)
+      - name: b
+        ...
+
+Every server needs a ``key`` of its own naming: the project never writes
+to, or relies on, a user's default keys.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.files import read_text
+
+TOP_KEYS = ("name", "head", "underlay_mtu", "servers")
+SERVER_KEYS = ("name", "ssh", "port", "user", "key", "underlay")
+#: What a VXLAN tunnel adds to a frame (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8).
+VXLAN_OVERHEAD = 50
+#: Underlay MTUs accepted: a tunnel of the smallest emulated MTU (1280 + 50) up to jumbo frames.
+MIN_UNDERLAY_MTU = 1330
+MAX_UNDERLAY_MTU = 9216
+#: A server's name becomes part of interface and bridge names, which Linux limits to 15 characters.
+SERVER_NAME = re.compile(r"[a-z][a-z0-9-]{0,14}")
+HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
+USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+#: Linux's key file names that ssh tries by itself: a cluster file must name a key of its own.
+DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
+
+
+@dataclass(frozen=True)
+class Server:
+    """One machine of the cluster: how to reach it over ssh, and its address on the underlay."""
+
+    name: str
+    ssh: str
+    user: str
+    key: str
+    underlay: str
+    port: int = 22
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "ssh": self.ssh, "port": self.port, "user": self.user, "key": self.key,
+                "underlay": self.underlay}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The servers, which of them is the head, and the underlay's MTU."""
+
+    name: str
+    head: str
+    underlay_mtu: int
+    servers: tuple[Server, ...]
+
+    def server(self, name: str) -> Server:
+        return next(s for s in self.servers if s.name == name)
+
+    @property
+    def names(self) -> list[str]:
+        return [s.name for s in self.servers]
+
+    def check_mtu(self, fabric_mtu: int, where: str = "cluster") -> None:
+        """:class:`FieldError` unless a tunnel across the underlay carries frames of ``fabric_mtu`` whole."""
+        need = fabric_mtu + VXLAN_OVERHEAD
+        if self.underlay_mtu < need:
+            raise FieldError(where, "underlay_mtu", f"at least {need} (the fabric's MTU {fabric_mtu} + "
+                             f"{VXLAN_OVERHEAD} for VXLAN), or a fabric with a smaller mtu", self.underlay_mtu)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "head": self.head, "underlay_mtu": self.underlay_mtu,
+                "servers": [s.to_json() for s in self.servers]}
+
+
+def load(path: str) -> Cluster:
+    """Read and validate a cluster file; :class:`UserError` (one line) for anything wrong."""
+    text = read_text(path, f"cluster file {path!r}")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UserError(f"cluster file {printable(path)}: not valid YAML ({' '.join(str(exc).split())[:200]})") \
+            from None
+    return from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0])
+
+
+def from_dict(data: object, where: str = "cluster", default_name: str = "cluster") -> Cluster:
+    """Validate a parsed cluster file (the module docstring's format), fields in file order."""
+    if not isinstance(data, Mapping):
+        raise FieldError(where, "cluster", "a mapping with head, underlay_mtu and servers", data)
+    _no_unknown(where, "", data, TOP_KEYS)
+    name = data.get("name", default_name)
+    if not isinstance(name, str) or not name.strip():
+        raise FieldError(where, "name", "a non-empty string", name)
+    head = data.get("head", MISSING)
+    mtu = int_field(where, "underlay_mtu", data.get("underlay_mtu", MISSING), MIN_UNDERLAY_MTU, MAX_UNDERLAY_MTU)
+    raw = data.get("servers", MISSING)
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+        raise FieldError(where, "servers", "a non-empty list of servers", raw)
+    servers = tuple(_server(where, i, entry) for i, entry in enumerate(raw))
+    _unique(where, servers)
+    names = [s.name for s in servers]
+    if head not in names:
+        raise FieldError(where, "head", f"the name of one of the servers ({', '.join(names)})", head)
+    return Cluster(name.strip(), str(head), mtu, servers)
+
+
+def _server(where: str, i: int, entry: object) -> Server:
+    prefix = f"servers[{i}]."
+    if not isinstance(entry, Mapping):
+        raise FieldError(where, f"servers[{i}]", "a mapping of name, ssh, key and underlay", entry)
+    _no_unknown(where, prefix, entry, SERVER_KEYS)
+    name = entry.get("name", MISSING)
+    if not isinstance(name, str) or not SERVER_NAME.fullmatch(name):
+        raise FieldError(where, f"{prefix}name", "a name of letters, digits and -, starting with a letter, "
+                         "at most 15 characters", name)
+    ssh = entry.get("ssh", MISSING)
+    if not isinstance(ssh, str) or not (_is_ipv4(ssh) or HOST_NAME.fullmatch(ssh)):
+        raise FieldError(where, f"{prefix}ssh", "the address its sshd listens on (IPv4 or a host name)", ssh)
+    port = int_field(where, f"{prefix}port", entry.get("port", 22), 1, 65535)
+    user = entry.get("user", "root")
+    if not isinstance(user, str) or not USER_NAME.fullmatch(user):
+        raise FieldError(where, f"{prefix}user", "a user name", user)
+    key = entry.get("key", MISSING)
+    if not isinstance(key, str) or not os.path.isabs(key) or os.path.basename(key) in DEFAULT_KEYS:
+        raise FieldError(where, f"{prefix}key", "the absolute path of a private key of its own (not one of ssh's "
+                         "default key files)", key)
+    underlay = entry.get("underlay", MISSING)
+    if not isinstance(underlay, str) or not _is_ipv4(underlay) or ipaddress.IPv4Address(underlay).is_loopback:
+        raise FieldError(where, f"{prefix}underlay", "its IPv4 address on the underlay (not loopback)", underlay)
+    return Server(name, ssh, user, key, underlay, port)
+
+
+def _unique(where: str, servers: Sequence[Server]) -> None:
+    for attr in ("name", "underlay"):
+        seen: set[str] = set()
+        for i, s in enumerate(servers):
+            value = getattr(s, attr)
+            if value in seen:
+                raise FieldError(where, f"servers[{i}].{attr}", f"a {attr} no other server has", value)
+            seen.add(value)
+    endpoints: set[tuple[str, int]] = set()
+    for i, s in enumerate(servers):
+        if (s.ssh, s.port) in endpoints:
+            raise FieldError(where, f"servers[{i}].ssh", "an ssh address and port no other server has",
+                             f"{s.ssh}:{s.port}")
+        endpoints.add((s.ssh, s.port))
+
+
+def _no_unknown(where: str, prefix: str, data: Mapping[Any, Any], keys: Sequence[str]) -> None:
+    for key in data:
+        if key not in keys:
+            raise FieldError(where, f"{prefix}{key}", f"one of {', '.join(keys)}", f"unknown key {key}")
+
+
+def _is_ipv4(text: str) -> bool:
+    try:
+        ipaddress.IPv4Address(text)
+    except ValueError:
+        return False
+    return True

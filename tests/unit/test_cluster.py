@@ -1,0 +1,178 @@
+"""The cluster file (emulator/runs/cluster_file.py) and the placement of a topology on its servers
+(emulator/model/placement.py): parsing with one line per bad field, and placements whose cross-server links are
+the fewest any balanced placement has (checked against every placement of small fabrics)."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from emulator.base.errors import FieldError, UserError
+from emulator.model import placement, topology
+from emulator.runs import cluster_file
+
+GOOD = {
+    "name": "lab",
+    "head": "a",
+    "underlay_mtu": 9100,
+    "servers": [
+        {"name": "a", "ssh": "192.0.2.10", "user": "root", "key": "/root/.ssh/ef_lab", "underlay": "10.77.0.1"},
+        {"name": "b", "ssh": "node-b.example", "port": 2222, "key": "/root/.ssh/ef_lab", "underlay": "10.77.0.2"},
+    ],
+}
+
+
+def test_a_good_file_parses_and_round_trips(tmp_path):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    cluster = cluster_file.load(str(path))
+    assert cluster.names == ["a", "b"] and cluster.head == "a" and cluster.underlay_mtu == 9100
+    assert cluster.server("b").port == 2222 and cluster.server("b").user == "root"
+    assert cluster_file.from_dict(cluster.to_json()) == cluster
+    cluster.check_mtu(9000)
+    with pytest.raises(FieldError, match="underlay_mtu.*at least 9050"):
+        cluster_file.from_dict({**GOOD, "underlay_mtu": 9000}).check_mtu(9000)
+
+
+def _with(path: str, value: object) -> dict:
+    data = copy.deepcopy(GOOD)
+    node: dict = data
+    keys = path.split(".")
+    for key in keys[:-1]:
+        node = node["servers"][int(key[8:-1])] if key.startswith("servers[") else node[key]
+    if value is None:
+        node.pop(keys[-1], None)
+    else:
+        node[keys[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize("path, value, field", [
+    ("head", "c", "head"),
+    ("head", None, "head"),
+    ("underlay_mtu", 1000, "underlay_mtu"),
+    ("underlay_mtu", "9100", "underlay_mtu"),
+    ("servers", [], "servers"),
+    ("colour", "blue", "colour"),
+    ("servers[0].name", "A b", "servers[0].name"),
+    ("servers[0].name", "a-very-long-server-name", "servers[0].name"),
+    ("servers[1].name", "a", "servers[1].name"),
+    ("servers[0].ssh", "not an address!", "servers[0].ssh"),
+    ("servers[0].port", 0, "servers[0].port"),
+    ("servers[0].user", "Root Admin", "servers[0].user"),
+    ("servers[0].key", "~/.ssh/ef_lab", "servers[0].key"),
+    ("servers[0].key", "/root/.ssh/id_ed25519", "servers[0].key"),
+    ("servers[0].key", None, "servers[0].key"),
+    ("servers[0].underlay", "127.0.0.1", "servers[0].underlay"),
+    ("servers[1].underlay", "10.77.0.1", "servers[1].underlay"),
+    ("servers[0].password", "x", "servers[0].password"),
+])
+def test_every_bad_field_is_one_line_naming_it(path, value, field):
+    with pytest.raises(FieldError) as info:
+        cluster_file.from_dict(_with(path, value), where="lab.yaml")
+    assert info.value.field == field and "\n" not in str(info.value)
+
+
+def test_unreadable_and_unparsable_files_are_one_line(tmp_path):
+    with pytest.raises(UserError, match="cannot read it"):
+        cluster_file.load(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("servers: [\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        cluster_file.load(str(bad))
+
+
+_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(max_size=12),
+                    st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=4), st.integers(), max_size=2))
+
+
+@settings(max_examples=300, deadline=None)
+@given(path=st.sampled_from(["name", "head", "underlay_mtu", "servers", *[f"servers[{i}].{k}" for i in (0, 1)
+                                                                          for k in cluster_file.SERVER_KEYS]]),
+       value=_values)
+def test_any_changed_field_parses_or_is_refused_with_a_user_error(path, value):
+    """Whatever one field holds, the parser returns a cluster that round-trips or raises UserError: never
+    another exception."""
+    data = _with(path, value) if value is not None or path != "servers" else _with(path, [])
+    try:
+        cluster = cluster_file.from_dict(data)
+    except UserError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert cluster_file.from_dict(cluster.to_json()) == cluster
+
+
+# ---------------------------------------------------------------- placement
+def _best_balanced_cut(topo: topology.Topology, servers: list[str]) -> int:
+    """The fewest cross-server links of every placement of whole groups within the same limits as place()."""
+    parts = placement.groups(topo)
+    sizes = [len(p) for p in parts]
+    total, biggest = sum(sizes), max(sizes)
+    limit = -(-total // len(servers)) + biggest - 1
+    best = None
+    for assignment in itertools.product(range(len(servers)), repeat=len(parts)):
+        loads = [0] * len(servers)
+        for g, s in enumerate(assignment):
+            loads[s] += sizes[g]
+        if max(loads) > limit:
+            continue
+        of = {n: servers[s] for g, s in enumerate(assignment) for n in parts[g]}
+        c = placement.cut(topo, of)
+        best = c if best is None else min(best, c)
+    assert best is not None
+    return best
+
+
+@pytest.mark.parametrize("spec, servers", [
+    ("bigraph:upper=2,lower=2,hosts_per_switch=2", ["a", "b"]),
+    ("bigraph:upper=4,lower=4,hosts_per_switch=2", ["a", "b"]),
+    ("bigraph:upper=4,lower=4,hosts_per_switch=2", ["a", "b", "c"]),
+    ("leafspine:leaves=4,spines=2,hosts_per_leaf=2", ["a", "b"]),
+    ("leafspine:leaves=4,spines=4,hosts_per_leaf=4", ["a", "b"]),
+    ("leafspine:leaves=4,spines=2,hosts_per_leaf=2", ["a", "b", "c"]),
+])
+def test_placement_crosses_servers_as_little_as_any_balanced_placement(spec, servers):
+    topo = topology.build(spec)
+    placed = placement.place(topo, servers)
+    assert placed.cross_links == placement.cut(topo, placed.of) == _best_balanced_cut(topo, servers)
+    for host in topo.hosts:  # a host runs where its switch does
+        assert placed.of[host.name] == placed.of[host.switch]
+    # no server beyond its share by more than a group (groups do not split); fewer tunnels may leave one empty
+    biggest = max(len(g) for g in placement.groups(topo))
+    share = -(-len(placed.of) // len(servers))
+    assert all(len(placed.nodes_on(s)) <= share + biggest - 1 for s in servers)
+    assert set(placed.of) == {h.name for h in topo.hosts} | {s.name for s in topo.switches}
+
+
+def test_one_server_has_everything_and_no_tunnel():
+    topo = topology.build("fattree:k=4")
+    placed = placement.place(topo, ["only"])
+    assert placed.cross_links == 0 and set(placed.of.values()) == {"only"}
+
+
+def test_a_server_of_accelerators_stays_whole_and_weights_share_the_nodes():
+    topo = topology.build("bigraph:upper=4,lower=4,hosts_per_switch=2,servers=4,accels_per_server=4,"
+                          "nics_per_server=4,nic_placement=hdrm")
+    placed = placement.place(topo, ["a", "b"])
+    for server_hosts in topo.servers():
+        assert len({placed.of[h] for h in server_hosts}) == 1
+    big = placement.place(topology.build("leafspine:leaves=4,spines=2,hosts_per_leaf=4"), ["a", "b"],
+                          weights={"a": 3, "b": 1})
+    assert len(big.nodes_on("a")) > len(big.nodes_on("b"))
+
+
+def test_a_placement_file_overrides_and_names_what_is_wrong():
+    topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
+    placed = placement.place(topo, ["a", "b"])
+    moved = placement.overridden(placed, topo, {"b": ["h1"]})
+    assert moved.of["h1"] == "b" and moved.cross_links == placement.cut(topo, moved.of)
+    for data, field in [({"c": ["h1"]}, "c"), ({"a": ["h99"]}, "a[0]"), ({"a": ["h1"], "b": ["h1"]}, "b[0]"),
+                        ({"a": "h1"}, "a"), (["h1"], "placement")]:
+        with pytest.raises(FieldError) as info:
+            placement.overridden(placed, topo, data)
+        assert info.value.field == field
