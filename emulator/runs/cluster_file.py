@@ -154,12 +154,12 @@ def _server(where: str, i: int, entry: object) -> Server:
 
 
 def _unique(where: str, servers: Sequence[Server]) -> None:
-    for attr in ("name", "underlay"):
+    for attr, what in (("name", "a name"), ("underlay", "an underlay address")):
         seen: set[str] = set()
         for i, s in enumerate(servers):
             value = getattr(s, attr)
             if value in seen:
-                raise FieldError(where, f"servers[{i}].{attr}", f"a {attr} no other server has", value)
+                raise FieldError(where, f"servers[{i}].{attr}", f"{what} no other server has", value)
             seen.add(value)
     endpoints: set[tuple[str, int]] = set()
     for i, s in enumerate(servers):

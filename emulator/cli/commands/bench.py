@@ -16,7 +16,8 @@ from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("bench", help="agent/iperf3, hdrm busbw, measured/predicted and bring-up, in one run")
+    p = subparsers.add_parser("bench", help="agents/iperf3 (one link, every flow at once), hdrm busbw, "
+                               "measured/predicted, Open MPI beside the agents and bring-up, in one run")
     p.add_argument("--fabric", default=None, metavar="PROFILE",
                    help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
                    f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
