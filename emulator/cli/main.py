@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "emulator.cli.commands.calibrate",
     "emulator.cli.commands.analyze",
     "emulator.cli.commands.bench",
+    "emulator.cli.commands.cluster",
 )
 
 

@@ -129,8 +129,8 @@ def test_agent_size_keeps_the_ring_busy():
 
 
 def test_the_aggregate_rows_links_share_out_the_capacity():
-    assert cal.aggregate_link_mbps(2041.0) == 120.0  # 127.6 per flow, two digits, down
-    assert cal.aggregate_link_mbps(50.0) == pytest.approx(3.1)
+    assert cal.aggregate_link_mbps(2041.0) == 63.0  # half the capacity, 63.8 per flow, two digits, down
+    assert cal.aggregate_link_mbps(100.0) == pytest.approx(3.1)
     assert cal.aggregate_link_mbps(1e6) == 1000.0
     assert cal.aggregate_link_mbps(None) == cal.AGGREGATE_DEFAULT_MBPS
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 
 import pytest
 import yaml
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError, UserError
+from emulator.cli.main import main
 from emulator.model import placement, topology
 from emulator.runs import cluster_file
 
@@ -176,3 +178,21 @@ def test_a_placement_file_overrides_and_names_what_is_wrong():
         with pytest.raises(FieldError) as info:
             placement.overridden(placed, topo, data)
         assert info.value.field == field
+
+
+def test_cli_place_prints_each_servers_nodes_and_refuses_bad_files_in_one_line(tmp_path, capsys):
+
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(GOOD))
+    assert main(["cluster", "place", str(path), "--topology", "bigraph:upper=4,lower=4,hosts_per_switch=2"]) == 0
+    out = capsys.readouterr().out
+    assert "8 of 32 links cross servers" in out and "a (head): 8 hosts, 4 switches" in out
+    override = tmp_path / "place.yaml"
+    override.write_text("b: [h1]\n")
+    assert main(["cluster", "place", str(path), "--topology", "bigraph:upper=2,lower=2,hosts_per_switch=2",
+                 "--placement", str(override), "--json"]) == 0
+    assert "h1" in json.loads(capsys.readouterr().out)["servers"]["b"]
+    path.write_text(yaml.safe_dump({**GOOD, "head": "z"}))
+    assert main(["cluster", "place", str(path), "--topology", "star:hosts=2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'head'" in err
