@@ -255,8 +255,7 @@ class DeliveryTracker:
         fcntl.ioctl(self.sock.fileno(), termios.TIOCOUTQ, buf)
         acked = self.written - int.from_bytes(buf, sys.byteorder)
         now = time.monotonic()
-        if self._watched and self._watched[0].end <= acked:
-            self._collect_stamps()
+        self._collect_stamps()  # also keeps the error queue from waking a wait for data
         while self._watched and self._watched[0].end <= acked:
             done = self._watched.popleft()
             on_delivered(Delivered(done.op, done.start, min(now, self._acknowledged_at(done.end, now))))
@@ -309,7 +308,16 @@ class SendChannel:
             if not self.delivery.watching:
                 return True  # nothing to watch: a blocking read is fine
             wait = self.delivery.poll(on_delivered)
-            return not self.delivery.watching or bool(select.select([self.sock], [], [], wait)[0])
+            if not self.delivery.watching:
+                return True
+            if not select.select([self.sock], [], [], wait)[0]:
+                return False
+            # an ACK stamp on the error queue wakes select too: read only when data (or the end) is there
+            try:
+                self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return False
+            return True
 
         recv_exact(self.sock, memoryview(self._clear), readable=readable)
         return ClearToSend(*CLEAR_TO_SEND.unpack(self._clear))

@@ -288,6 +288,34 @@ def test_a_delivery_is_dated_by_the_kernels_ack_stamp_not_by_the_poll(tcp_pair):
     assert delivered[0].at < polled - 0.15  # the ACK's time, 0.2 s before anyone looked
 
 
+def test_a_sender_waiting_for_a_clear_to_send_reports_a_delivery_as_its_ack_comes(tcp_pair):
+    """The ACK's stamp on the error queue wakes the wait like data would; the wait must not then block in a read
+    until the clear to send comes, but report the delivery at once."""
+    client, server = tcp_pair
+    op = _send_op()
+    channel = peer.SendChannel(client, peer.ConnKey(1), link_bps=10e6)
+    channel.send(0, op.step, memoryview(b"x" * (1 << 20)))  # beyond the receiver's window: ACKed as it reads
+    channel.delivery.watch(op, start=0.0)
+    reported: list[float] = []
+    cleared_at: list[float] = []
+
+    def read_then_clear_later() -> None:
+        time.sleep(0.2)  # the sender is waiting for its clear to send by now: the last ACK comes during the wait
+        got = 0
+        while got < peer.HEADER.size + (1 << 20):
+            got += len(server.recv(1 << 16))
+        time.sleep(0.5)
+        cleared_at.append(time.monotonic())
+        server.sendall(peer.CLEAR_TO_SEND.pack(0, op.step + 1, 0.0))
+
+    thread = threading.Thread(target=read_then_clear_later)
+    thread.start()
+    clear = channel.clear_to_send(lambda d: reported.append(time.monotonic()))
+    thread.join()
+    assert clear.step == op.step + 1
+    assert reported and reported[0] < cleared_at[0] - 0.3, (reported, cleared_at)
+
+
 def test_the_delivery_poll_is_quick_near_the_tail_and_slow_far_from_it(tcp_pair):
     """Far from the last frames: half the remainder's time at the link rate (at most 20 ms); close: often."""
     client, _ = tcp_pair
