@@ -246,15 +246,19 @@ def message_bound(reports: Sequence[CheckReport], d0: float, env: Envelope) -> B
 
 
 def latency_bound(reports: Sequence[CheckReport], profile: FabricProfile) -> Bound | None:
-    """The least dilation (to 1%) at which no path the cells use is below this machine's own latency."""
-    models = [r.latency for r in reports if r.latency.profile is not None]
-    if not models:
+    """The least dilation (to 1%) at which no path the cells use is below this machine's own latency.
+
+    Each cell is held to its own profile's latencies (a training iteration's are divided by its workload
+    scale: :func:`emulator.model.fabric.for_workload_scale`), at the dilation tried."""
+    cells = [(r.latency.profile, r.latency.intrinsic, r.costs.switch_counts) for r in reports
+             if r.latency.profile is not None]
+    if not cells:
         return None
-    intrinsic = models[0].intrinsic
-    switches = sorted({s for r in reports for s in r.costs.switch_counts})
+    switches = sorted({s for _, _, counts in cells for s in counts})
 
     def fits(d: float) -> bool:
-        return not LatencyModel(profile.changed(dilation=d), intrinsic).floors(switches)
+        return not any(LatencyModel(own.changed(dilation=d), intrinsic).floors(counts)
+                       for own, intrinsic, counts in cells)
 
     lo, hi = profile.link_gbps * 1000.0 / fabric.MAX_LINK_MBPS, profile.link_gbps * 1000.0 / fabric.MIN_LINK_MBPS
     if fits(lo):  # no bound: the profile's latencies stay above this machine's at any rate

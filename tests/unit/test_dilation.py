@@ -119,6 +119,23 @@ def test_this_machines_own_latency_sets_a_floor_on_the_dilation():
     assert not LatencyModel(choice.profile, slow).floors(report.costs.switch_counts)
 
 
+def test_a_scaled_workloads_latencies_set_the_latency_floor_not_the_runs_profile():
+    """A training iteration at scale 10 runs on the profile with its latencies divided by 10: the chosen rate
+    keeps those, not the run's own, above this machine's latency (measured: 8-host ResNet-50 cells at 37-40
+    Mbit/s were flagged latency_floor)."""
+    profile = fabric.default()
+    topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2", profile.emulated_link_mbps)
+    schedule = generators.generate("hdrm", topo, 64 << 10)
+    slow = Intrinsic(Curve(((1, 2e-3), (2, 2e-3))), Curve(((1, 2e-3), (2, 2e-3))), Curve(((1, 1e-3), (2, 1e-3))),
+                     source="test")
+    scaled = fabric.for_workload_scale(profile, 10)
+    report = predict(schedule, topo, "bigraph", latency=LatencyModel(scaled, slow), mtu=profile.emulated_mtu)
+    choice = choose_dilation([report], profile, Envelope(None, FREE, 2), topology.switch_ports(topo))
+    assert choice.binding.rule == "latency"
+    cell = LatencyModel(scaled.changed(dilation=choice.profile.dilation), slow)
+    assert not cell.floors(report.costs.switch_counts)
+
+
 def test_when_no_rate_fits_the_error_says_what_the_rules_ask_for_and_how_long_it_would_take():
     profile = fabric.default()
     reports, topo = reports_at(BIGRAPH, profile)
