@@ -26,12 +26,14 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    its data has arrived.
 6. A send completes when written; an awaited one ``ack`` after its data
    arrived, or later: the receiver's ACK leaves its host behind that host's
-   own outgoing frames (one FIFO shaper per link). If flows leave the
-   receiver on the link its ACK takes, the ACK waits until they have
-   drained, at most one full frame time of that link: the shaper holds
-   about one frame of each sender's data at a time, so that is what an ACK
-   finds ahead of it. (In halving-doubling's exchanges this is a frame per
-   round, which weighs ``scale`` times more in a scaled-down workload.)
+   own outgoing frames on the link it takes (:func:`ack_departure`). A
+   shaper lets a frame go and then holds the link for the frame's time: a
+   flow there whose last frame left while the message's last one was on
+   its way holds the ACK for that frame; one still flowing when the
+   message arrived, until it drains, at most a full frame time. (In
+   halving-doubling's exchanges both sides finish together: a last frame
+   per round, which weighs ``scale`` times more in a scaled-down workload;
+   docs/fidelity.md has the capture that showed it.)
    Local operations, and a ``recv_reduce``'s addition after its data
    arrived, take ``gamma`` seconds per byte.
 7. A ``compute`` operation takes its ``seconds`` times ``compute_dilation``
