@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError, UserError
@@ -181,6 +181,25 @@ def replay_memory(schedule: Schedule, topo: Topology) -> MemoryEstimate:
     per_rank = [agent_bytes(schedule, r) for r in range(schedule.p)]
     return MemoryEstimate(ranks=schedule.p, rank_bytes=max(per_rank, default=0), programs_bytes=sum(per_rank),
                           network_bytes=network_bytes(topo))
+
+
+def replay_memory_per_server(schedule: Schedule, topo: Topology, server_of: Mapping[str, str],
+                             head: str) -> dict[str, MemoryEstimate]:
+    """A replay spread over a cluster (``server_of``: every host and switch's server, e.g.
+    :attr:`emulator.model.placement.Placement.of`): what each server holds. A rank's agent runs on its host's
+    server, a node's share of the network on its own; the session (controller, results) on the ``head``."""
+    servers = sorted({*server_of.values(), head})
+    out = {}
+    for server in servers:
+        ranks = [r for r in range(schedule.p) if server_of[schedule.ranks[r].host] == server]
+        per_rank = [agent_bytes(schedule, r) for r in ranks]
+        hosts = sum(1 for h in topo.hosts if server_of[h.name] == server)
+        switches = sum(1 for sw in topo.switches if server_of[sw.name] == server)
+        out[server] = MemoryEstimate(ranks=len(ranks), rank_bytes=max(per_rank, default=0),
+                                     programs_bytes=sum(per_rank),
+                                     network_bytes=hosts * HOST_BYTES + switches * SWITCH_BYTES,
+                                     session_bytes=SESSION_BYTES if server == head else 0)
+    return out
 
 
 def mpi_memory(ranks: int, program_bytes: int, topo: Topology) -> MemoryEstimate:

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError, UserError
 from emulator.cli.main import main
 from emulator.model import placement, topology
-from emulator.runs import cluster_file
+from emulator.model.schedule import generators
+from emulator.runs import admission, cluster_file
 
 GOOD = {
     "name": "lab",
@@ -196,3 +197,19 @@ def test_cli_place_prints_each_servers_nodes_and_refuses_bad_files_in_one_line(t
     assert main(["cluster", "place", str(path), "--topology", "star:hosts=2"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "field 'head'" in err
+
+
+def test_a_replays_memory_spread_over_servers_adds_up_to_the_one_machines():
+    """Each server holds its hosts' agents and its nodes' share of the network; the head the session too."""
+    topo = topology.build("bigraph:upper=4,lower=4,hosts_per_switch=2")
+    schedule = generators.generate("hdrm", topo, 1 << 20)
+    placed = placement.place(topo, ["a", "b"])
+    per = admission.replay_memory_per_server(schedule, topo, placed.of, head="a")
+    whole = admission.replay_memory(schedule, topo)
+    assert sum(e.ranks for e in per.values()) == whole.ranks == 16
+    assert sum(e.programs_bytes for e in per.values()) == whole.programs_bytes
+    assert sum(e.network_bytes for e in per.values()) == whole.network_bytes
+    assert sum(e.total_bytes for e in per.values()) == whole.total_bytes
+    assert per["a"].session_bytes == whole.session_bytes and per["b"].session_bytes == 0
+    for server, estimate in per.items():
+        assert estimate.ranks == sum(1 for h in topo.hosts if placed.of[h.name] == server)
