@@ -31,10 +31,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import yaml
-
-from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.errors import MISSING, FieldError, int_field, printable
 from emulator.base.files import read_text
+from emulator.model.schedule.format import parse_text
 
 TOP_KEYS = ("name", "head", "underlay_mtu", "servers")
 SERVER_KEYS = ("name", "ssh", "port", "user", "key", "underlay")
@@ -97,12 +96,7 @@ class Cluster:
 
 def load(path: str) -> Cluster:
     """Read and validate a cluster file; :class:`UserError` (one line) for anything wrong."""
-    text = read_text(path, f"cluster file {path!r}")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"cluster file {printable(path)}: not valid YAML ({' '.join(str(exc).split())[:200]})") \
-            from None
+    data = parse_text(read_text(path, f"cluster file {path!r}"), f"cluster file {printable(path)}")
     return from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0])
 
 

@@ -85,9 +85,11 @@ def test_unreadable_and_unparsable_files_are_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot read it"):
         cluster_file.load(str(tmp_path / "missing.yaml"))
     bad = tmp_path / "bad.yaml"
-    bad.write_text("servers: [\n")
-    with pytest.raises(UserError, match="not valid YAML"):
-        cluster_file.load(str(bad))
+    for text in ("servers: [\n", "head: !!float x\n"):  # a parser error, and a constructor's ValueError
+        bad.write_text(text)
+        with pytest.raises(UserError, match="not valid YAML") as info:
+            cluster_file.load(str(bad))
+        assert "\n" not in str(info.value)
 
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-5, 70000), st.text(max_size=12),
@@ -193,6 +195,10 @@ def test_cli_place_prints_each_servers_nodes_and_refuses_bad_files_in_one_line(t
     assert main(["cluster", "place", str(path), "--topology", "bigraph:upper=2,lower=2,hosts_per_switch=2",
                  "--placement", str(override), "--json"]) == 0
     assert "h1" in json.loads(capsys.readouterr().out)["servers"]["b"]
+    override.write_text("b: !!float x\n")
+    assert main(["cluster", "place", str(path), "--topology", "star:hosts=2", "--placement", str(override)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not valid YAML" in err
     path.write_text(yaml.safe_dump({**GOOD, "head": "z"}))
     assert main(["cluster", "place", str(path), "--topology", "star:hosts=2"]) == 2
     err = capsys.readouterr().err

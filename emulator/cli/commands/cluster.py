@@ -5,11 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 
-import yaml
-
-from emulator.base.errors import UserError, printable
+from emulator.base.errors import printable
 from emulator.base.files import read_text
 from emulator.model import placement, topology
+from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_file
 
 
@@ -30,11 +29,8 @@ def cmd_place(args: argparse.Namespace) -> int:
     topo = topology.load(args.topology)
     placed = placement.place(topo, cluster.names)
     if args.placement:
-        text = read_text(args.placement, f"placement file {args.placement!r}")
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise UserError(f"placement file {printable(args.placement)}: not valid YAML") from None
+        where = f"placement file {printable(args.placement)}"
+        data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
         placed = placement.overridden(placed, topo, data, where=printable(args.placement))
     if args.json:
         print(json.dumps({"cluster": cluster.name, "topology": topo.spec, **placed.to_json()}, sort_keys=True))
