@@ -173,7 +173,12 @@ class MemoryEstimate:
 
 
 def network_bytes(topo: Topology) -> int:
-    return len(topo.hosts) * HOST_BYTES + len(topo.switches) * SWITCH_BYTES
+    return nodes_bytes(len(topo.hosts), len(topo.switches))
+
+
+def nodes_bytes(hosts: int, switches: int) -> int:
+    """What ``hosts`` hosts and ``switches`` switches of a network hold (their share on one server)."""
+    return hosts * HOST_BYTES + switches * SWITCH_BYTES
 
 
 def replay_memory(schedule: Schedule, topo: Topology) -> MemoryEstimate:
@@ -197,7 +202,7 @@ def replay_memory_per_server(schedule: Schedule, topo: Topology, server_of: Mapp
         switches = sum(1 for sw in topo.switches if server_of[sw.name] == server)
         out[server] = MemoryEstimate(ranks=len(ranks), rank_bytes=max(per_rank, default=0),
                                      programs_bytes=sum(per_rank),
-                                     network_bytes=hosts * HOST_BYTES + switches * SWITCH_BYTES,
+                                     network_bytes=nodes_bytes(hosts, switches),
                                      session_bytes=SESSION_BYTES if server == head else 0)
     return out
 

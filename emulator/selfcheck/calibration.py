@@ -307,6 +307,11 @@ class FlowRun:
     seconds: float
     raw: list[str] = field(default_factory=list, repr=False)
 
+    @property
+    def flows_mbps(self) -> list[float]:
+        """Each flow's received Mbit/s, in the order of the pairs."""
+        return [r["received_mbps"] for r in self.reports]
+
 
 def run_iperf_flows(en: Any, topo: Topology, pairs: Sequence[tuple[str, str]], seconds: float, *,
                     omit: int = 1, bidir: bool = False, base_port: int = IPERF_BASE_PORT) -> FlowRun:
@@ -421,7 +426,7 @@ def _measure_rung(en: Any, topo: Topology, pairs: Sequence[tuple[str, str]], hop
     point = None
     for attempt in range(2):
         fr = run_iperf_flows(en, topo, pairs, seconds)
-        p = CapacityPoint(rate, [r["received_mbps"] for r in fr.reports], hops, fr.cpu_idle, fr.vswitchd_cpu)
+        p = CapacityPoint(rate, fr.flows_mbps, hops, fr.cpu_idle, fr.vswitchd_cpu)
         if point is not None:
             retried.append(point.to_json() if p.min_ratio >= point.min_ratio else p.to_json())
         point = p if point is None or p.min_ratio >= point.min_ratio else point
@@ -500,7 +505,7 @@ def aggregate_link_mbps(capacity_mbps: float | None, flows: int = AGGREGATE_HOST
 
 def iperf_keeps_up(flows: FlowRun, link_mbps: float) -> bool:
     """Whether every iperf3 flow got :data:`FLOW_OK_RATIO` of its link (the calibration's test of a rung)."""
-    return min(r["received_mbps"] for r in flows.reports) >= FLOW_OK_RATIO * link_mbps
+    return min(flows.flows_mbps) >= FLOW_OK_RATIO * link_mbps
 
 
 def faithful_aggregate_rate(topo: Topology, pairs: Sequence[tuple[str, str]], start_mbps: float, seconds: float,
@@ -514,8 +519,8 @@ def faithful_aggregate_rate(topo: Topology, pairs: Sequence[tuple[str, str]], st
                 rate = readable_rate(rate / 2)
                 reshape(en, topo, rate)
             flows = run_iperf_flows(en, topo, pairs, seconds)
-            tried.append({"link_mbps": rate, "iperf3_mbps": sum(r["received_mbps"] for r in flows.reports),
-                          "worst_flow_mbps": min(r["received_mbps"] for r in flows.reports),
+            tried.append({"link_mbps": rate, "iperf3_mbps": sum(flows.flows_mbps),
+                          "worst_flow_mbps": min(flows.flows_mbps),
                           "cpu_idle": flows.cpu_idle})
             if iperf_keeps_up(flows, rate):
                 break
@@ -551,13 +556,13 @@ def measure_agents_aggregate(capacity_mbps: float | None, seconds: float = 4.0, 
             results = session.run(schedule, os.path.join(tmp, "agents"), repeat=repeat, warmup=1)
             flows = run_iperf_flows(session.en, topo, hops, seconds)
     agent = statistics.median(r.busbw_mbps for r in results.repetitions) * p
-    iperf = sum(r["received_mbps"] for r in flows.reports)
+    iperf = sum(flows.flows_mbps)
     return {"topology": topo.spec, "link_mbps": link, "flows": p, "size": size, "repeat": repeat,
             "capacity_mbps": capacity_mbps, "rates_tried": tried, "agent_mbps": agent,
             "agent_reps_mbps": [r.busbw_mbps * p for r in results.repetitions],
             "agent_measured_over_predicted": [r.measured_over_predicted for r in results.repetitions],
             "agent_flags": sorted({f for r in results.repetitions for f in (r.fidelity.flags if r.fidelity else ())}),
-            "iperf3_mbps": iperf, "iperf3_flows_mbps": [r["received_mbps"] for r in flows.reports],
+            "iperf3_mbps": iperf, "iperf3_flows_mbps": flows.flows_mbps,
             "iperf3_cpu_idle": flows.cpu_idle, "ratio": agent / iperf if iperf else None,
             "agent_over_offered": agent / (link * p), "iperf3_over_offered": iperf / (link * p)}
 

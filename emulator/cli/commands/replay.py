@@ -33,10 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
     p.add_argument("--fabric", default=None, metavar="PROFILE",
                    help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
-                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology whose host "
-                   "links have a rate of their own maps the fabric onto it (the dilation follows) unless the "
-                   "profile names its dilation; links the "
-                   "topology spec leaves unset run at its emulated rate")
+                   f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology "
+                   "whose host links have a rate of their own maps the fabric onto it (the dilation follows) "
+                   "unless the profile names its dilation; links the topology spec leaves unset run at its "
+                   "emulated rate")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
                         "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "

@@ -92,7 +92,8 @@ MODEL_SWEEP = tuple(1 << k for k in range(14, 29))
 
 def targets_json() -> dict[str, object]:
     """The targets as the results document lists them."""
-    return {"agent_over_iperf3": TARGET_AGENT, "agent_aggregate_over_iperf3": TARGET_AGENT_AGGREGATE, "hdrm_busbw_over_link": TARGET_HDRM,
+    return {"agent_over_iperf3": TARGET_AGENT, "agent_aggregate_over_iperf3": TARGET_AGENT_AGGREGATE,
+            "hdrm_busbw_over_link": TARGET_HDRM,
             "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
             "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
             "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI}

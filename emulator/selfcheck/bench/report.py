@@ -102,7 +102,8 @@ def bringup_line(b: BringupSummary) -> RatioLine:
 
 def ratio_lines(results: BenchResults) -> list[RatioLine]:
     """Every figure of the run, in the table's order."""
-    lines = [agents_line(results.agents), aggregate_line(results.agents_aggregate), hdrm_line(results), prediction_line(PredictionSummary.of(results.replays))]
+    lines = [agents_line(results.agents), aggregate_line(results.agents_aggregate), hdrm_line(results),
+             prediction_line(PredictionSummary.of(results.replays))]
     lines += [crossover_line(c) for c in results.crossovers or []]
     lines += [mpi_line(r, results.link_mbps) for r in results.mpi or []]
     bringups = [results.bringup, *(results.bringup_at_scale or [])]
