@@ -8,6 +8,8 @@ it. The edges (``emu cluster check``, the remote bring-up) take the
     name: lab                  # optional: the file's name without .yaml
     head: a                    # the server that runs the controller and collects the results
     underlay_mtu: 9100         # the underlay's MTU: a VXLAN tunnel needs the fabric's MTU + 50
+    known_hosts: lab.known_hosts  # optional: the servers' host keys, as ssh records them on first contact
+                               # (default: NAME.known_hosts beside the cluster file; relative to it)
     servers:
       - name: a                # letters, digits and -, starting with a letter, at most 15
         ssh: 192.0.2.10        # where its sshd listens: an IPv4 address or a host name
@@ -35,7 +37,7 @@ from emulator.base.errors import MISSING, FieldError, int_field, printable
 from emulator.base.files import read_text
 from emulator.model.schedule.format import parse_text
 
-TOP_KEYS = ("name", "head", "underlay_mtu", "servers")
+TOP_KEYS = ("name", "head", "underlay_mtu", "known_hosts", "servers")
 SERVER_KEYS = ("name", "ssh", "port", "user", "key", "underlay")
 #: What a VXLAN tunnel adds to a frame (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8).
 VXLAN_OVERHEAD = 50
@@ -74,6 +76,8 @@ class Cluster:
     head: str
     underlay_mtu: int
     servers: tuple[Server, ...]
+    #: ssh's record of the servers' host keys (never the user's own ``~/.ssh/known_hosts``); "" until loaded
+    known_hosts: str = ""
 
     def server(self, name: str) -> Server:
         return next(s for s in self.servers if s.name == name)
@@ -91,17 +95,24 @@ class Cluster:
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "head": self.head, "underlay_mtu": self.underlay_mtu,
-                "servers": [s.to_json() for s in self.servers]}
+                "known_hosts": self.known_hosts, "servers": [s.to_json() for s in self.servers]}
+
+    @property
+    def others(self) -> list[Server]:
+        """Every server but the head."""
+        return [s for s in self.servers if s.name != self.head]
 
 
 def load(path: str) -> Cluster:
     """Read and validate a cluster file; :class:`UserError` (one line) for anything wrong."""
     data = parse_text(read_text(path, f"cluster file {path!r}"), f"cluster file {printable(path)}")
-    return from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0])
+    return from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0],
+                     folder=os.path.dirname(os.path.abspath(path)))
 
 
-def from_dict(data: object, where: str = "cluster", default_name: str = "cluster") -> Cluster:
-    """Validate a parsed cluster file (the module docstring's format), fields in file order."""
+def from_dict(data: object, where: str = "cluster", default_name: str = "cluster", folder: str = "") -> Cluster:
+    """Validate a parsed cluster file (the module docstring's format), fields in file order; a relative
+    ``known_hosts`` is taken in ``folder`` (the cluster file's)."""
     if not isinstance(data, Mapping):
         raise FieldError(where, "cluster", "a mapping with head, underlay_mtu and servers", data)
     _no_unknown(where, "", data, TOP_KEYS)
@@ -110,6 +121,10 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
         raise FieldError(where, "name", "a non-empty string", name)
     head = data.get("head", MISSING)
     mtu = int_field(where, "underlay_mtu", data.get("underlay_mtu", MISSING), MIN_UNDERLAY_MTU, MAX_UNDERLAY_MTU)
+    known_hosts = data.get("known_hosts", f"{name.strip()}.known_hosts")
+    if not isinstance(known_hosts, str) or not known_hosts.strip() or "\0" in known_hosts:
+        raise FieldError(where, "known_hosts", "a file name (where ssh records the servers' host keys)",
+                         known_hosts)
     raw = data.get("servers", MISSING)
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise FieldError(where, "servers", "a non-empty list of servers", raw)
@@ -118,7 +133,7 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
     names = [s.name for s in servers]
     if head not in names:
         raise FieldError(where, "head", f"the name of one of the servers ({', '.join(names)})", head)
-    return Cluster(name.strip(), str(head), mtu, servers)
+    return Cluster(name.strip(), str(head), mtu, servers, os.path.join(folder, known_hosts) if folder else known_hosts)
 
 
 def _server(where: str, i: int, entry: object) -> Server:

@@ -1,0 +1,83 @@
+"""Commands on a cluster's servers over ssh: the one place that builds an ssh command line.
+
+Every remote command of the project (``emu cluster check``, the remote
+bring-up, the agent launchers, the cluster lock, cleanup) goes through
+:func:`ssh_argv`, so every one logs in the same way:
+
+* with the key the cluster file names and no other (``IdentitiesOnly``, no
+  agent, ``-F none``: neither the user's ssh configuration nor default keys
+  take part);
+* recording the servers' host keys in the cluster's own ``known_hosts``
+  (:attr:`emulator.runs.cluster_file.Cluster.known_hosts`; accepted on first
+  contact, checked after), never in the user's;
+* in batch mode (a password prompt fails instead of hanging), with a
+  connection timeout and keep-alives, so a lost server ends the command.
+
+The remote command is one shell word list, quoted with :func:`shlex.join`;
+the remote user's login shell runs it. A non-root user runs it through
+``sudo -n`` (never a password).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Sequence
+from functools import partial
+
+from emulator.emulation.system import Result, Runner, run
+from emulator.runs.cluster_file import Cluster, Server
+
+#: Seconds ssh waits for a server to answer before it gives up.
+CONNECT_TIMEOUT_S = 10
+#: Keep-alive: a server silent for ALIVE_INTERVAL_S * ALIVE_COUNT seconds is lost, and the command ends.
+ALIVE_INTERVAL_S = 3
+ALIVE_COUNT = 3
+
+
+def ssh_options(server: Server, known_hosts: str) -> list[str]:
+    """ssh's options for ``server``: its key only, the cluster's known hosts, batch mode, keep-alives."""
+    return ["-F", "none", "-p", str(server.port), "-i", server.key, "-o", "IdentitiesOnly=yes",
+            "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+            "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+            "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-o", "LogLevel=ERROR"]
+
+
+def remote_command(server: Server, command: Sequence[str]) -> str:
+    """The command line the server's shell runs: ``command`` quoted, under ``sudo -n`` for a non-root user."""
+    words = list(command) if server.user == "root" else ["sudo", "-n", "-E", *command]
+    return shlex.join(words)
+
+
+def ssh_argv(server: Server, command: Sequence[str], known_hosts: str, *, tty: bool = False) -> list[str]:
+    """The local argument list that runs ``command`` on ``server`` (``tty``: with a terminal, ``-tt``)."""
+    return ["ssh", *ssh_options(server, known_hosts), *(["-tt"] if tty else ["-T"]),
+            f"{server.user}@{server.ssh}", "--", remote_command(server, command)]
+
+
+def remote_runner(cluster: Cluster, server: Server, local: Runner = run) -> Runner:
+    """A :data:`~emulator.emulation.system.Runner` for ``server``: the head's own commands run locally (through
+    ``local``), every other server's through ssh."""
+    if server.name == cluster.head:
+        return local
+
+    def runner(command: Sequence[str]) -> Result:
+        return local(ssh_argv(server, command, cluster.known_hosts))
+    return runner
+
+
+def runners(cluster: Cluster, local: Runner = run) -> dict[str, Runner]:
+    """:func:`remote_runner` of every server, by name."""
+    return {s.name: remote_runner(cluster, s, local) for s in cluster.servers}
+
+
+def popen(cluster: Cluster, server: Server, command: Sequence[str], **kwargs: object) -> subprocess.Popen[str]:
+    """A long-lived process on ``server`` (local on the head), its standard streams as ``kwargs`` say (text)."""
+    argv = list(command) if server.name == cluster.head else ssh_argv(server, command, cluster.known_hosts)
+    return subprocess.Popen(argv, text=True, **kwargs)  # type: ignore[call-overload]
+
+
+def run_with_timeout(timeout: float) -> Runner:
+    """:func:`~emulator.emulation.system.run` with another timeout (a Runner)."""
+    return partial(run, timeout=timeout)
