@@ -10,7 +10,7 @@ SYSTEM_PYTHON ?= /usr/bin/python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps openmpi-bin python3-mpi4py \
-	python3-venv python3-dev gcc
+	python3-venv python3-dev gcc openssh-server openssh-client
 VENV_STAMP := $(VENV)/.installed
 TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2
 POLICY ?= bigraph
@@ -29,13 +29,29 @@ help:
 
 setup: debian-packages openvswitch venv
 
+# openssh-server is for the integration tests' namespace "servers" (tests/integration/cluster_servers.py), each
+# running an sshd of its own. Its package would start a machine-wide sshd through invoke-rc.d: a policy-rc.d
+# that refuses every start (exit 101) is put in place for the install if none exists, and removed after it.
+# An sshd that starts in the machine's network namespace during the install all the same is ended by its pid.
+POLICY_RC_D := /usr/sbin/policy-rc.d
 debian-packages:
 	@if [ "$$(id -u)" != 0 ]; then echo "make setup: run as root (sudo make ...)" >&2; exit 2; fi
 	@missing=$$(for p in $(DEB_PACKAGES); do \
 		dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:" $$missing; \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+		machine_sshds() { for p in $$(pgrep -x sshd); do \
+			[ "$$(readlink /proc/$$p/ns/net)" = "$$(readlink /proc/$$$$/ns/net)" ] && echo $$p; done; }; \
+		before=" $$(machine_sshds | tr '\n' ' ')"; \
+		made_policy=; if [ ! -e $(POLICY_RC_D) ]; then \
+			made_policy=1; trap 'rm -f $(POLICY_RC_D)' EXIT; trap 'exit 130' INT TERM HUP; \
+			printf '#!/bin/sh\nexit 101\n' > $(POLICY_RC_D); chmod 755 $(POLICY_RC_D); \
+		fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; status=$$?; \
+		[ -z "$$made_policy" ] || rm -f $(POLICY_RC_D); \
+		for p in $$(machine_sshds); do case "$$before" in *" $$p "*) ;; *) \
+			echo "stopping the sshd the install started (pid $$p)"; kill $$p;; esac; done; \
+		exit $$status; \
 	fi
 
 # Works without the openvswitch kernel module: switches then use the
