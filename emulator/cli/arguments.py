@@ -18,6 +18,12 @@ import argparse
 import math
 from collections.abc import Callable
 
+from emulator.base.errors import UserError, printable
+from emulator.base.files import read_text
+from emulator.model.schedule.format import parse_text
+from emulator.runs import cluster_file
+from emulator.runs.cluster_file import ClusterRun
+
 
 def _refuse(expected: str, text: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
@@ -83,3 +89,25 @@ def duration(text: str) -> float:
     if not 0 < value < math.inf:
         raise _refuse(expected, text)
     return value
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cluster CLUSTER`` and ``--placement FILE``: run over a cluster's servers (docs/cluster.md)."""
+    parser.add_argument("--cluster", metavar="CLUSTER", default=None,
+                        help="spread the network over this cluster file's servers (docs/cluster.md); run on its head")
+    parser.add_argument("--placement", metavar="FILE", default=None,
+                        help="with --cluster: a placement file ({server: [node, ...]}) on top of the computed one")
+
+
+def cluster_run(args: argparse.Namespace) -> ClusterRun | None:
+    """The cluster file and placement file the arguments name, read and checked (None without ``--cluster``)."""
+    if args.placement and not args.cluster:
+        raise UserError("field 'placement': expected it with --cluster, got a placement file alone")
+    if not args.cluster:
+        return None
+    cluster = cluster_file.load(args.cluster)
+    if not args.placement:
+        return ClusterRun(cluster)
+    where = f"placement file {printable(args.placement)}"
+    data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
+    return ClusterRun(cluster, data, printable(args.placement))

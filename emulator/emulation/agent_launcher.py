@@ -25,22 +25,34 @@ Protocol: one JSON line per request on the launcher's stdin
 (``{"netns_pid", "argv", "output", "cwd", "memory_limit"}``), one JSON line
 per answer on its stdout (``{"pid": N}`` or ``{"error": "..."}``); end of
 input ends it.
+
+On a cluster's other servers (:mod:`emulator.emulation.cluster_agents`) the
+head reaches a launcher over ssh, and the launcher runs with ``--adopt``: it
+is itself the agents' subreaper, records them in a run state of its server
+(so that ``emu clean`` there ends them if the head is lost), first answers
+``{"workdir": PATH}`` (that run state's folder, where the agents' files go),
+and takes these requests too: ``{"op": "poll", "pid"}`` ->
+``{"status": N or null}``, ``{"op": "kill", "pid"}``, ``{"op": "clock"}`` ->
+``{"monotonic": T}``, ``{"op": "write", "path", "text"}`` and
+``{"op": "read", "path"}`` -> ``{"text": ...}``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from typing import IO, Any
 
 from emulator.base.waiting import wait_until
-from emulator.emulation import agent, confinement
+from emulator.emulation import agent, agent_protocol, confinement
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -87,6 +99,7 @@ def _run_agent(request: dict[str, Any]) -> None:
     status = 1
     try:
         os.setsid()
+        argv = agent_protocol.preconnect(list(request["argv"]))  # from this server's namespace, not the host's
         join_namespaces(int(request["netns_pid"]))  # entering a mount namespace moves to its root directory
         os.chdir(request["cwd"])
         out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -99,7 +112,7 @@ def _run_agent(request: dict[str, Any]) -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         if request.get("memory_limit") is not None:
             confinement.limit_data(int(request["memory_limit"]))
-        status = agent.main(list(request["argv"]))
+        status = agent.main(argv)
     except SystemExit as exc:  # argparse
         status = exc.code if isinstance(exc.code, int) else 1
     except BaseException as exc:
@@ -144,20 +157,100 @@ def _fork_agent(request: dict[str, Any]) -> int:
     return int(data)
 
 
-def serve(requests: IO[str], answers: IO[str]) -> None:
+def serve(requests: IO[str], answers: IO[str], adopted: Adopted | None = None) -> None:
     """Answer every request line (see the module docstring) until end of input."""
     for line in requests:
         try:
-            answer: dict[str, Any] = {"pid": _fork_agent(json.loads(line))}
+            request = json.loads(line)
+            if "op" in request:
+                if adopted is None:
+                    raise LauncherError("this launcher does not adopt its agents (--adopt)")
+                answer: dict[str, Any] = adopted.handle(request)
+            else:
+                answer = {"pid": _fork_agent(request)}
+                if adopted is not None:
+                    adopted.record(answer["pid"])
         except Exception as exc:
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         answers.write(json.dumps(answer) + "\n")
         answers.flush()
 
 
-def main() -> int:
+class Adopted:
+    """A launcher's own agents (``--adopt``): recorded in a run state of this server, polled and killed here."""
+
+    def __init__(self) -> None:
+        from emulator.emulation.runstate import RunState
+
+        become_subreaper()
+        self.state = RunState.create("agents")
+        os.makedirs(os.path.join(self.state.path, "logs"))
+        self.status: dict[int, int] = {}
+
+    def record(self, pid: int) -> None:
+        self.state.record_process("agent", pid)
+
+    def handle(self, request: dict[str, Any]) -> dict[str, Any]:
+        op = request["op"]
+        if op == "clock":
+            return {"monotonic": time.monotonic()}
+        if op == "poll":
+            return {"status": self.poll(int(request["pid"]))}
+        if op == "kill":
+            if self.poll(int(request["pid"])) is None:
+                os.kill(int(request["pid"]), signal.SIGKILL)
+            return {"ok": True}
+        if op == "write":
+            path = self._inside(request["path"])
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(request["text"])
+            return {"ok": True}
+        if op == "read":
+            with open(self._inside(request["path"]), encoding="utf-8", errors="replace") as fh:
+                return {"text": fh.read()}
+        raise LauncherError(f"unknown request {op!r}")
+
+    def _inside(self, path: str) -> str:
+        """``path`` when it lies in this launcher's folder (the head writes and reads nothing else here)."""
+        full = os.path.realpath(path)
+        if not full.startswith(os.path.realpath(self.state.path) + os.sep):
+            raise LauncherError(f"{path}: outside this launcher's folder {self.state.path}")
+        return full
+
+    def poll(self, pid: int) -> int | None:
+        if pid not in self.status:
+            try:
+                done, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                return -1
+            if done:
+                self.status[pid] = os.waitstatus_to_exitcode(status)
+        return self.status.get(pid)
+
+    def close(self) -> None:
+        """Kill the agents still running (the head is gone or done), reap them, and remove the run state."""
+        for record in self.state.processes():
+            pid = int(record["pid"])
+            if self.poll(pid) is None:
+                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, 0)
+        self.state.remove()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the session stops the launcher; Ctrl-C is the session's
-    serve(sys.stdin, sys.stdout)
+    if "--adopt" not in (sys.argv[1:] if argv is None else argv):
+        serve(sys.stdin, sys.stdout)
+        return 0
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a lost ssh session ends our input: we clean up then
+    adopted = Adopted()
+    try:
+        print(json.dumps({"workdir": adopted.state.path}), flush=True)
+        serve(sys.stdin, sys.stdout, adopted)
+    finally:
+        adopted.close()
     return 0
 
 

@@ -1,6 +1,8 @@
 """The control protocol between the orchestrator (``emu replay``) and its agents.
 
-One Unix stream socket; each side sends JSON objects, one per line, each
+One stream socket: a Unix socket on one machine, or TCP to the head's
+underlay address (``tcp:IP:PORT``) when agents run on a cluster's other
+servers (:func:`connect`). Each side sends JSON objects, one per line, each
 with a ``type`` from :class:`Msg`. An agent connects and says ``hello`` with
 its rank, then ``ready`` when its peer connections are up. The orchestrator
 answers with ``go`` (a repetition: ``rep``, ``start_at`` on the shared
@@ -19,6 +21,7 @@ import enum
 import json
 import select
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -62,12 +65,55 @@ class LineBuffer:
         return [decode(line) for line in lines if line.strip()]
 
 
+TCP_PREFIX = "tcp:"
+
+
+def tcp_address(text: str) -> tuple[str, int]:
+    """``tcp:IP:PORT`` as (IP, PORT)."""
+    host, _, port = text.removeprefix(TCP_PREFIX).rpartition(":")
+    return host, int(port)
+
+
+FD_PREFIX = "fd:"
+
+
+def connect(address: str) -> socket.socket:
+    """A connected stream socket to the control address: ``tcp:IP:PORT``, a Unix socket's path, or ``fd:N``, a
+    connection already open on descriptor N (:func:`preconnect`)."""
+    if address.startswith(FD_PREFIX):
+        return socket.socket(fileno=int(address.removeprefix(FD_PREFIX)))
+    if address.startswith(TCP_PREFIX):
+        sock = socket.create_connection(tcp_address(address), timeout=30)
+        sock.settimeout(None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(address)
+    return sock
+
+
+def preconnect(argv: list[str]) -> list[str]:
+    """``argv`` with a TCP ``--control`` address replaced by ``fd:N``, a connection opened now.
+
+    An agent joins its host's network namespace, which reaches only the
+    emulated fabric; the head's underlay address, where the control server
+    of a cluster listens, is reachable from the server's own namespace. The
+    launcher connects there before the agent enters its host, and the socket
+    keeps the namespace it was made in.
+    """
+    if "--control" not in argv:
+        return argv
+    i = argv.index("--control") + 1
+    if i < len(argv) and argv[i].startswith(TCP_PREFIX):
+        argv = [*argv[:i], f"{FD_PREFIX}{connect(argv[i]).detach()}", *argv[i + 1:]]
+    return argv
+
+
 class AgentChannel:
     """An agent's end: connect, send, and block for the orchestrator's next message."""
 
-    def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+    def __init__(self, address: str):
+        self.sock = connect(address)
         self.reader = self.sock.makefile("r", encoding="utf-8")
 
     def send(self, kind: Msg, **fields: Any) -> None:
@@ -87,10 +133,18 @@ class AgentChannel:
 class ControlServer:
     """The orchestrator's end: accepts agents, learns their ranks from ``hello``, and multiplexes them."""
 
-    def __init__(self, path: str, expected: int):
+    def __init__(self, path: str, expected: int, tcp_host: str | None = None):
+        """Listen on the Unix socket ``path``, or with ``tcp_host`` on a free TCP port of that address instead
+        (:attr:`address` says where agents connect)."""
         self.path = path
-        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.server.bind(path)
+        if tcp_host is None:
+            self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.server.bind(path)
+            self.address = path
+        else:
+            self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.server.bind((tcp_host, 0))
+            self.address = f"{TCP_PREFIX}{tcp_host}:{self.server.getsockname()[1]}"
         self.server.listen(expected)
         self.conns: dict[int, socket.socket] = {}
         self.buffers: dict[socket.socket, LineBuffer] = {}
@@ -101,12 +155,13 @@ class ControlServer:
             conn.close()
         self.server.close()
 
-    def send_all(self, kind: Msg, **fields: Any) -> None:
-        """Send one message to every agent; :class:`ControlError` names the first rank that cannot take it."""
+    def send_all(self, kind: Msg, per_rank: Mapping[int, Mapping[str, Any]] | None = None, **fields: Any) -> None:
+        """Send one message to every agent (``per_rank``: fields that differ by rank); :class:`ControlError`
+        names the first rank that cannot take it."""
         data = encode(kind, **fields)
         for rank, conn in self.conns.items():
             try:
-                conn.sendall(data)
+                conn.sendall(encode(kind, **{**fields, **per_rank[rank]}) if per_rank and rank in per_rank else data)
             except OSError as exc:
                 raise ControlError(f"rank {rank}: control connection lost ({exc})") from None
 
@@ -118,6 +173,8 @@ class ControlServer:
         for sock in readable:
             if sock is self.server:
                 conn, _ = self.server.accept()
+                if conn.family == socket.AF_INET:
+                    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 self.unknown.append(conn)
             else:
                 messages += self._read(sock)

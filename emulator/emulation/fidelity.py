@@ -163,20 +163,52 @@ def parse_tcp_retrans(text: str) -> int:
 
 def snapshot(en: Any, topo: Topology) -> Snapshot:
     """Counters of the live network ``en`` (an :class:`emulator.emulation.network.EmulatedNetwork`) now."""
-    qdiscs = {dev: v for dev, v in parse_tc_json(run(["tc", "-s", "-j", "qdisc", "show"]).stdout).items()
-              if dev.startswith("efs")}
-    retrans = {}
-    for h in topo.hosts:
-        node = en.host(h.name)
-        res = run(["mnexec", "-a", str(node.pid), "tc", "-s", "-j", "qdisc", "show", "dev", host_intf(h.name)])
-        qdiscs.update(parse_tc_json(res.stdout))
-        try:
-            with open(f"/proc/{node.pid}/net/snmp", encoding="ascii") as fh:
-                retrans[h.name] = parse_tcp_retrans(fh.read())
-        except OSError:
-            retrans[h.name] = 0
+    if getattr(en, "cluster", None) is not None:
+        qdiscs, retrans = _cluster_counters(en, topo)
+    else:
+        qdiscs = {dev: v for dev, v in parse_tc_json(run(["tc", "-s", "-j", "qdisc", "show"]).stdout).items()
+                  if dev.startswith("efs")}
+        retrans = {}
+        for h in topo.hosts:
+            node = en.host(h.name)
+            res = run(["mnexec", "-a", str(node.pid), "tc", "-s", "-j", "qdisc", "show", "dev", host_intf(h.name)])
+            qdiscs.update(parse_tc_json(res.stdout))
+            try:
+                with open(f"/proc/{node.pid}/net/snmp", encoding="ascii") as fh:
+                    retrans[h.name] = parse_tcp_retrans(fh.read())
+            except OSError:
+                retrans[h.name] = 0
     idle, total = cpu_times()
     return Snapshot(time=time.monotonic(), qdisc=qdiscs, retrans=retrans, cpu_idle=idle, cpu_total=total)
+
+
+#: Separates the parts of :func:`_cluster_counters`' output (a line of its own).
+PART_MARK = "@@ef-part "
+
+
+def _cluster_counters(en: Any, topo: Topology) -> tuple[dict[str, QdiscCounters], dict[str, int]]:
+    """The same counters on every server of a cluster network, one command per server: its root namespace's
+    qdiscs, then each of its hosts' qdisc and TCP counters (the host's pid is on that server)."""
+    qdiscs: dict[str, QdiscCounters] = {}
+    retrans: dict[str, int] = {}
+    for server, runner in en.runners.items():
+        hosts = [h.name for h in topo.hosts if en.placement.of[h.name] == server]
+        script = [f"echo '{PART_MARK}root'; tc -s -j qdisc show"]
+        for name in hosts:
+            pid = en.host(name).pid
+            script.append(f"echo '{PART_MARK}tc {name}'; mnexec -a {pid} tc -s -j qdisc show dev {host_intf(name)}; "
+                          f"echo '{PART_MARK}snmp {name}'; mnexec -a {pid} cat /proc/net/snmp")
+        out = runner(["sh", "-c", "; ".join(script)]).stdout
+        for part in out.split(PART_MARK)[1:]:
+            head, _, body = part.partition("\n")
+            kind, _, name = head.partition(" ")
+            if kind == "root":
+                qdiscs.update((dev, v) for dev, v in parse_tc_json(body).items() if dev.startswith("efs"))
+            elif kind == "tc":
+                qdiscs.update(parse_tc_json(body))
+            elif kind == "snmp":
+                retrans[name] = parse_tcp_retrans(body)
+    return qdiscs, retrans
 
 
 def link_records(before: Snapshot, after: Snapshot, rep: int) -> list[dict[str, Any]]:

@@ -50,6 +50,8 @@ QUIT_GRACE_S = 5.0
 #: How long :meth:`Fleet.close` gives the agents before it kills them.
 CLOSE_GRACE_S = 0.5
 POLL_S = 0.2
+#: How often :meth:`Fleet.wait_for` asks its ``health`` check (a cluster's servers still there).
+HEALTH_INTERVAL_S = 2.0
 #: How long an agent whose connection closed gets to end its process, so that its exit status (its memory
 #: limit's, say) names the cause; a loaded machine took longer than one poll (a flaky unit test, seen once).
 EXIT_GRACE_S = 2.0
@@ -85,10 +87,12 @@ class Control(Protocol):
     """The orchestrator's end of the control socket (:class:`emulator.emulation.agent_protocol.ControlServer`)."""
 
     path: str
+    address: str  # where agents connect: the Unix socket's path, or tcp:IP:PORT
 
     def poll(self, timeout: float) -> list[dict[str, Any]]: ...
 
-    def send_all(self, kind: Msg, **fields: Any) -> None: ...
+    def send_all(self, kind: Msg, per_rank: Mapping[int, Mapping[str, Any]] | None = None,
+                 **fields: Any) -> None: ...
 
     def close(self) -> None: ...
 
@@ -135,6 +139,16 @@ class RankReport:
     arrivals: dict[int, float] = field(default_factory=dict)  # receive op id -> its last byte reached the host
     cpu_s: float | None = None  # the agent process's CPU seconds in the repetition
 
+    def shifted(self, offset: float) -> RankReport:
+        """The same report with every time moved by ``-offset`` (from the agent's clock to the head's, when the
+        agent's clock is ``offset`` seconds ahead)."""
+        if offset == 0:
+            return self
+        return RankReport(rank=self.rank, ops={i: (s - offset, e - offset) for i, (s, e) in self.ops.items()},
+                          sends={i: [*(t - offset for t in v[:3]), *v[3:]] for i, v in self.sends.items()},
+                          correct=self.correct, wrong=self.wrong,
+                          arrivals={i: t - offset for i, t in self.arrivals.items()}, cpu_s=self.cpu_s)
+
     @classmethod
     def from_message(cls, msg: Mapping[str, Any]) -> RankReport:
         return cls(rank=int(msg["rank"]), ops={int(i): (float(s), float(e)) for i, s, e in msg["ops"]},
@@ -153,22 +167,27 @@ class Fleet:
         self.agents: dict[int, Process] = dict(agents or {})
         self.clock = clock
         self.memory_limits: dict[int, int] = dict(memory_limits or {})  # rank -> RLIMIT_DATA bytes
+        #: rank -> how far its agent's monotonic clock is ahead of this process's (another server's clock)
+        self.clock_offsets: dict[int, float] = {}
+        #: called every HEALTH_INTERVAL_S while waiting: a line saying what was lost (a server), or None
+        self.health: Callable[[], str | None] | None = None
 
     @classmethod
     def start(cls, socket_path: str, hosts: Mapping[int, int], spawner: Spawner, files: AgentFiles,
               on_spawn: Callable[[int, Process], None] = lambda rank, proc: None,
-              memory_limits: Mapping[int, int] | None = None) -> Fleet:
-        """Listen on ``socket_path`` and spawn one agent per rank of ``hosts`` (rank -> its host's namespace pid),
+              memory_limits: Mapping[int, int] | None = None, control_host: str | None = None) -> Fleet:
+        """Listen on ``socket_path`` (with ``control_host``: on a TCP port of that address, where agents on
+        other servers reach it) and spawn one agent per rank of ``hosts`` (rank -> its host's namespace pid),
         each under its ``memory_limits`` entry (bytes of ``RLIMIT_DATA``; a rank without one: no limit).
 
         ``on_spawn(rank, process)`` runs after each spawn (to record the
         process). When a spawn fails, the agents spawned so far are reaped
         and the socket closed before the error propagates.
         """
-        fleet = cls(ControlServer(socket_path, len(hosts)), memory_limits=memory_limits)
+        fleet = cls(ControlServer(socket_path, len(hosts), tcp_host=control_host), memory_limits=memory_limits)
         try:
             for rank, netns_pid in hosts.items():
-                proc = spawner.spawn(netns_pid, files.argv(rank, socket_path), files.stderr(rank),
+                proc = spawner.spawn(netns_pid, files.argv(rank, fleet.control.address), files.stderr(rank),
                                      fleet.memory_limits.get(rank))
                 fleet.agents[rank] = proc
                 on_spawn(rank, proc)
@@ -196,12 +215,18 @@ class Fleet:
         want = set(self.agents) if ranks is None else set(ranks)
         got: dict[int, dict[str, Any]] = {}
         deadline = self.clock() + timeout
+        next_health = self.clock() + HEALTH_INTERVAL_S
         while set(got) != want:
             for msg in self.control.poll(POLL_S):
                 self._take(msg, kind, got, on_step)
             for rank, proc in self.agents.items():
                 if rank in want and rank not in got and proc.poll() is not None:
                     raise ReplayFailed(self._exited(rank, proc.returncode, kind))
+            if self.health is not None and self.clock() > next_health:
+                lost = self.health()
+                if lost is not None:
+                    raise ReplayFailed(lost)
+                next_health = self.clock() + HEALTH_INTERVAL_S
             if self.clock() > deadline:
                 missing = sorted(want - set(got))
                 raise ReplayFailed(f"rank {missing[0]} (of {len(missing)} missing: {missing[:8]}) did not report "
@@ -240,20 +265,22 @@ class Fleet:
 
     def wait_done(self, timeout: float, on_step: Callable[[int], None] | None = None) -> dict[int, RankReport]:
         """Every rank's report of the repetition under way (see :meth:`wait_for`)."""
-        return {rank: RankReport.from_message(msg) for rank, msg in self.wait_for(Msg.DONE, timeout,
-                                                                                  on_step=on_step).items()}
+        return {rank: RankReport.from_message(msg).shifted(self.clock_offsets.get(rank, 0.0))
+                for rank, msg in self.wait_for(Msg.DONE, timeout, on_step=on_step).items()}
 
     # ------------------------------------------------------------- commands
-    def _send_all(self, kind: Msg, **fields: Any) -> None:
+    def _send_all(self, kind: Msg, per_rank: Mapping[int, Mapping[str, Any]] | None = None, **fields: Any) -> None:
         try:
-            self.control.send_all(kind, **fields)
+            self.control.send_all(kind, per_rank, **fields)
         except ControlError as exc:
             raise ReplayFailed(str(exc)) from None
 
     def go(self, rep: int, start_at: float, watch_steps: Sequence[int] = ()) -> None:
         """Start repetition ``rep`` on every rank at ``start_at`` (shared monotonic clock); agents report
-        ``step`` for each of ``watch_steps``."""
-        self._send_all(Msg.GO, rep=rep, start_at=start_at, watch_steps=list(watch_steps))
+        ``step`` for each of ``watch_steps``. An agent on another server gets ``start_at`` on its own clock
+        (:attr:`clock_offsets`); the ``go`` message is the barrier every rank waits for."""
+        per_rank = {rank: {"start_at": start_at + offset} for rank, offset in self.clock_offsets.items()}
+        self._send_all(Msg.GO, per_rank, rep=rep, start_at=start_at, watch_steps=list(watch_steps))
 
     def quit(self, grace_s: float = QUIT_GRACE_S) -> None:
         """Tell every agent to exit, and reap them (killing those still there after ``grace_s``)."""
@@ -280,7 +307,8 @@ class Fleet:
         """Reap the agents (:data:`CLOSE_GRACE_S`), close the control socket and remove its file. Safe twice."""
         self.reap(CLOSE_GRACE_S)
         self.control.close()
-        try:
-            os.unlink(self.control.path)
-        except OSError:
-            pass
+        if self.control.address == self.control.path:
+            try:
+                os.unlink(self.control.path)
+            except OSError:
+                pass

@@ -242,37 +242,51 @@ class EmulatedNetwork:
         return path
 
     def _configure_hosts(self) -> None:
-        """Every host's set-up, its shaping and queues and its static ARP, in one round trip to its shell;
-        then the root-namespace link ends."""
+        """Every host's set-up (:meth:`_configure_host`); then the root-namespace link ends."""
         for h in self.topo.hosts:
-            intf = host_intf(h.name)
-            queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(h.name).bw_mbps),
-                               *host_queue_commands(intf, self.queue_packets)])
-            commands = [*host_setup_commands(self.topo, h.name, self.datapath, self.mtu, self.tsq_bytes),
-                        ["tc", "-batch", self._write_batch(f"queues-{h.name}.batch", queues)],
-                        ["ip", "-batch", self._write_batch(f"arp-{h.name}", static_arp_batch(self.topo, h.name))]]
-            self._host_run(self.host(h.name), commands)
+            self._configure_host(h.name)
         self._configure_root_interfaces()
 
+    def _configure_host(self, name: str) -> None:
+        """A host's set-up, its shaping and queues and its static ARP, in one round trip to its shell."""
+        intf = host_intf(name)
+        queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(name).bw_mbps),
+                           *host_queue_commands(intf, self.queue_packets)])
+        commands = [*host_setup_commands(self.topo, name, self.datapath, self.mtu, self.tsq_bytes),
+                    ["tc", "-batch", self._write_batch(f"queues-{name}.batch", queues)],
+                    ["ip", "-batch", self._write_batch(f"arp-{name}", static_arp_batch(self.topo, name))]]
+        self._host_run(self.host(name), commands)
+
     def _configure_root_interfaces(self) -> None:
-        """Root-namespace ends of the links: the MTU, shaping and queues, and no IPv6 chatter into the fabric."""
-        names = root_interfaces(self.topo)
-        path = self._write_batch("mtu.batch", "".join(f"link set dev {n} mtu {self.mtu}\n" for n in names))
-        res = self.runner(["ip", "-batch", path])
-        if res.returncode != 0:
-            raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
-        shaping = [cmd for n, rate in root_interface_rates(self.topo).items() for cmd in shaping_tree_commands(n, rate)]
-        queues = switch_port_queue_commands(self.topo, self.mtu, self.queue_packets, self.switch_delay_s)
-        res = self.runner(["tc", "-batch", self._write_batch("queues.batch", tc_batch([*shaping, *queues]))])
-        if res.returncode != 0:
-            raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")
+        self._configure_interfaces(self.runner, root_interface_rates(self.topo), self._file_batch)
+
+    def _file_batch(self, tool: str, name: str, text: str) -> list[list[str]]:
+        """``tool -batch`` of ``text``, from a file of the run-state directory."""
+        return [[tool, "-batch", self._write_batch(name, text)]]
+
+    def _configure_interfaces(self, runner: Runner, rates: dict[str, float],
+                              batch: Callable[[str, str, str], list[list[str]]]) -> None:
+        """Root-namespace link ends (``rates``: name -> Mbit/s): the MTU, shaping and queues, and no IPv6 chatter
+        into the fabric; ``batch(tool, file name, text)`` gives the commands that feed a batch to ``tool``."""
+        names = list(rates)
+        for cmd in batch("ip", "mtu.batch", "".join(f"link set dev {n} mtu {self.mtu}\n" for n in names)):
+            res = runner(cmd)
+            if res.returncode != 0:
+                raise UserError(f"network: cannot set MTU {self.mtu}: {res.stderr.strip()[:200]}")
+        shaping = [cmd for n, rate in rates.items() for cmd in shaping_tree_commands(n, rate)]
+        queues = [cmd for cmd in switch_port_queue_commands(self.topo, self.mtu, self.queue_packets,
+                                                            self.switch_delay_s) if cmd[cmd.index("dev") + 1] in rates]
+        for cmd in batch("tc", "queues.batch", tc_batch([*shaping, *queues])):
+            res = runner(cmd)
+            if res.returncode != 0:
+                raise UserError(f"network: cannot set queue limits: {res.stderr.strip()[:200]}")
         cmd = ["ovs-vsctl", "--timeout=20"]
         for n in names:
             cmd += ["--", "set", "Interface", n, f"mtu_request={self.mtu}"]
-        self.runner(cmd)
+        runner(cmd)
         settings = [f"net.ipv6.conf.{n}.disable_ipv6=1" for n in names]
         for i in range(0, len(settings), 200):
-            self.runner(["sysctl", "-qw", *settings[i:i + 200]])
+            runner(["sysctl", "-qw", *settings[i:i + 200]])
 
     def _enlarge_datapath_sockets(self) -> None:
         """See :mod:`emulator.emulation.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a packet:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import sys
 import time
+from typing import IO
 
 from emulator.base.errors import UserError
 from emulator.emulation.runstate import state_root
@@ -65,3 +67,24 @@ class NetworkLock:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+def hold(stdin: IO[str], stdout: IO[str]) -> int:
+    """Take the lock, say ``locked`` on ``stdout``, and keep it until ``stdin`` ends (its holder went away: the
+    head of a cluster, over ssh; :mod:`emulator.emulation.cluster_lock`)."""
+    lock = NetworkLock()
+    try:
+        lock.acquire()
+    except UserError as exc:
+        print(f"error: {exc}", file=stdout, flush=True)
+        return 2
+    try:
+        print("locked", file=stdout, flush=True)
+        stdin.read()
+    finally:
+        lock.release()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(hold(sys.stdin, sys.stdout))

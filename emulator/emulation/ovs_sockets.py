@@ -20,6 +20,7 @@ import ctypes
 import errno
 import os
 import socket
+import sys
 from collections.abc import Container, Iterator, Sequence
 
 #: The buffer each of those sockets gets (bytes).
@@ -123,3 +124,20 @@ def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES
     finally:
         os.close(pidfd)
     return done
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m emulator.emulation.ovs_sockets INTERFACE...``: enlarge this server's Open vSwitch sockets
+    (how a cluster's head does it on the other servers); prints ``send=N receive=M``."""
+    names = list(sys.argv[1:] if argv is None else argv)
+    try:
+        done = enlarge_ovs_sockets(names)
+    except OSError as exc:
+        print(f"ovs_sockets: {exc}", file=sys.stderr)
+        return 1
+    print(" ".join(f"{kind}={count}" for kind, count in done.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -56,8 +56,10 @@ from emulator.base.errors import UserError, int_field
 from emulator.base.files import PROJECT_ROOT, append_jsonl, write_json_atomic
 from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.agent import latency_plan
-from emulator.emulation.agent_launcher import AgentLauncher
+from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
 from emulator.emulation.calibration_file import Calibration
+from emulator.emulation.cluster_agents import ClockOffset, ClusterSpawner, RemoteAgentProcess
+from emulator.emulation.cluster_network import ClusterNetwork
 from emulator.emulation.controller_process import ControllerProcess
 from emulator.emulation.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.emulation.fleet import AgentFiles, Fleet, RankReport
@@ -66,6 +68,7 @@ from emulator.emulation.network import EmulatedNetwork
 from emulator.emulation.ovs_sockets import vswitchd_pid
 from emulator.model import fabric, routing, topology
 from emulator.model.latency import LatencyModel, PathLatency
+from emulator.model.placement import Placement
 from emulator.model.schedule import check as scheck
 from emulator.model.schedule import cost as scost
 from emulator.model.schedule import format as sformat
@@ -73,6 +76,7 @@ from emulator.model.schedule import training
 from emulator.model.schedule.format import Schedule
 from emulator.runs import admission
 from emulator.runs import fault_plan as faults
+from emulator.runs.cluster_file import Cluster, ClusterRun
 from emulator.runs.fault_plan import Fault, Injector
 from emulator.runs.metrics import (
     agent_lag,
@@ -214,7 +218,8 @@ class ReplaySession:
                  latency: LatencyModel | None = None, mtu: int = topology.DEFAULT_MTU, stats_interval_s: float = 0.5,
                  work_dir: str | None = None, echo=print, network_options: dict[str, Any] | None = None,
                  lanes: int = 1, agents: bool = True,
-                 agent_memory_limit: Callable[[Schedule, int], int | None] = admission.agent_limit_bytes):
+                 agent_memory_limit: Callable[[Schedule, int], int | None] = admission.agent_limit_bytes,
+                 cluster: Cluster | None = None, placement: Placement | None = None):
         routing.check_policy(topo, policy)
         self.topo = topo
         self.policy = policy
@@ -229,9 +234,12 @@ class ReplaySession:
         self.network_options = network_options or {}
         self.agents = agents  # False: no agent launcher (emu mpirun runs its own programs in the hosts)
         self.agent_memory_limit = agent_memory_limit
+        self.cluster = cluster  # None: this machine alone
+        self.placement = placement
+        self.clock_offsets: list[ClockOffset] = []  # the other servers' clocks at the last fleet's start
         self.ctl: Any = None
         self.en: Any = None
-        self.launcher: AgentLauncher | None = None
+        self.launcher: AgentLauncher | ClusterSpawner | None = None
         self.topo_path = ""
         self.stats_file = ""
         self.vswitchd_pid: int | None = None  # the ovs-vswitchd the network was built on
@@ -263,23 +271,47 @@ class ReplaySession:
             self.ctl = ControllerProcess.for_network(self.topo_path, self.policy, self.seed, stats_file=self.stats_file,
                                                      stats_interval_s=self.stats_interval_s,
                                                      log_file=os.path.join(self.work_dir, "controller.log"),
-                                                     lanes=self.lanes)
+                                                     lanes=self.lanes, **self._controller_host())
             self.ctl.start()
-            self.en = EmulatedNetwork(self.topo, controller=self.ctl.address, datapath=self.datapath,
-                                      label="replay", mtu=self.mtu,
-                                      switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
+            self.en = self._network()
             self.en.start()
             self.vswitchd_pid = vswitchd_pid()
             self.ctl.wait_installed()
             if not self.agents:
                 return
-            self.launcher = AgentLauncher(dict(os.environ, PYTHONPATH=PROJECT_ROOT), PROJECT_ROOT,
-                                          os.path.join(self.work_dir, "launcher.stderr")).start()
-            assert self.launcher.proc is not None
-            self.en.state.record_process("launcher", self.launcher.proc.pid)
+            launcher = AgentLauncher(dict(os.environ, PYTHONPATH=PROJECT_ROOT), PROJECT_ROOT,
+                                     os.path.join(self.work_dir, "launcher.stderr")).start()
+            self.launcher = launcher
+            assert launcher.proc is not None
+            self.en.state.record_process("launcher", launcher.proc.pid)
+            if self.cluster is not None:
+                spawner = ClusterSpawner(self.cluster, launcher, self.work_dir)
+                self.launcher = spawner
+                spawner.start()
+                for pid in spawner.pids():
+                    self.en.state.record_process("ssh", pid)
         except BaseException:
             self.stop()
             raise
+
+    def _lost_server(self, exc: BaseException) -> str | None:
+        """Why a run on a cluster failed when a server was lost under it (the agents saw only their side)."""
+        if not isinstance(exc, (ReplayFailed, LauncherError, OSError)) or not isinstance(self.en, ClusterNetwork):
+            return None
+        lost = self.en.lost()
+        return None if lost is None or lost in str(exc) else lost
+
+    def _controller_host(self) -> dict[str, str]:
+        """Where the controller listens: loopback, or on a cluster the head's underlay address."""
+        return {} if self.cluster is None else {"host": self.cluster.server(self.cluster.head).underlay}
+
+    def _network(self) -> EmulatedNetwork:
+        options = dict(controller=self.ctl.address, datapath=self.datapath, label="replay", mtu=self.mtu,
+                       switch_delay_s=self.latency.link_delay_per_switch_s, **self.network_options)
+        if self.cluster is None:
+            return EmulatedNetwork(self.topo, **options)
+        assert self.placement is not None
+        return ClusterNetwork(self.topo, self.cluster, self.placement, **options)
 
     def stop(self) -> None:
         en, self.en = self.en, None
@@ -301,6 +333,8 @@ class ReplaySession:
         now = vswitchd_pid()
         if self.vswitchd_pid is not None and now != self.vswitchd_pid:
             return f"Open vSwitch was restarted under it (ovs-vswitchd pid {self.vswitchd_pid} -> {now})"
+        if isinstance(self.en, ClusterNetwork):
+            return self.en.lost()
         return None
 
     def stats_offset(self) -> int:
@@ -343,12 +377,19 @@ class ReplaySession:
         except BaseException as exc:
             results.status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             results.outcome = results.status
-            results.error = str(exc) or type(exc).__name__
+            lost = self._lost_server(exc)
+            results.error = lost or str(exc) or type(exc).__name__
+            if lost is not None:
+                raise ReplayFailed(lost) from exc
             raise
         finally:
             fidelity.stop_captures(captures)
             if fleet is not None:
                 fleet.close()
+            if isinstance(self.launcher, ClusterSpawner):
+                for problem in self.launcher.collect():
+                    self.echo(f"  warning: {problem}")
+                results.clocks = [c.to_json() for c in self.clock_offsets]
             if actions is not None:
                 actions.restore()
             self.copy_port_stats(stats_offset, plan.path("links.jsonl"))
@@ -407,15 +448,32 @@ class ReplaySession:
             raise RuntimeError("ReplaySession.run() on a session that is not started")
         en = self.en
         hosts = {prog.rank: en.host(prog.host).pid for prog in plan.schedule.ranks}
+        control_host = None
+        if isinstance(self.launcher, ClusterSpawner):
+            assert self.cluster is not None and self.placement is not None
+            self.launcher.rank_server = {p.rank: self.placement.of[p.host] for p in plan.schedule.ranks}
+            control_host = self.cluster.server(self.cluster.head).underlay
         fleet = Fleet.start(os.path.join(en.state.path, "control.sock"), hosts, self.launcher, plan.files,
-                            on_spawn=lambda rank, proc: en.state.record_process("agent", proc.pid, rank=rank),
-                            memory_limits=plan.memory_limits)
+                            on_spawn=self._record_agent, memory_limits=plan.memory_limits,
+                            control_host=control_host)
+        if isinstance(en, ClusterNetwork):
+            fleet.health = en.lost
         try:
             fleet.wait_ready()
+            if isinstance(self.launcher, ClusterSpawner):
+                self.clock_offsets = self.launcher.clock_offsets()
+                ahead = {c.server: c.offset_s for c in self.clock_offsets}
+                fleet.clock_offsets = {rank: ahead[server] for rank, server in self.launcher.rank_server.items()
+                                       if server in ahead}
         except BaseException:
             fleet.close()
             raise
         return fleet
+
+    def _record_agent(self, rank: int, proc: Any) -> None:
+        """A head's agent in the run state (another server's launcher records its own)."""
+        if not isinstance(proc, RemoteAgentProcess):
+            self.en.state.record_process("agent", proc.pid, rank=rank)
 
     def _run_repetition(self, plan: RunPlan, results: CellResults, fleet: Fleet, actions: FaultActions | None,
                         rep: int) -> None:
@@ -495,7 +553,16 @@ def lanes_of(schedule: Schedule) -> int:
     return 1 + max((op.lane for r in schedule.ranks for op in r.ops if op.is_comm), default=0)
 
 
-def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> CellResults:
+def on_cluster(run: ClusterRun) -> Callable[..., ReplaySession]:
+    """A session factory (as ``emu run``'s runner takes one) whose sessions spread over ``run``'s cluster."""
+
+    def factory(topo: topology.Topology, policy: str, **options: Any) -> ReplaySession:
+        return ReplaySession(topo, policy, cluster=run.cluster, placement=run.placement(topo), **options)
+    return factory
+
+
+def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None,
+           cluster: ClusterRun | None = None) -> CellResults:
     """``emu replay``: check, bring up, run one schedule, tear down. Returns the results.
 
     Raises :class:`UserError` for bad input (nothing started) and
@@ -503,9 +570,11 @@ def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None) -> CellR
     """
     prep = prep or prepare(cfg)
     os.makedirs(cfg.out, exist_ok=True)
-    with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
-                       stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
-                       echo=echo, lanes=lanes_of(prep.schedule)) as session:
+    factory = on_cluster(cluster) if cluster is not None else ReplaySession
+    config = {**cfg.to_json(), **({"cluster": cluster.cluster.name} if cluster is not None else {})}
+    with factory(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
+                 stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
+                 echo=echo, lanes=lanes_of(prep.schedule)) as session:
         plan = faults.parse_faults(cfg.faults, prep.topo, prep.schedule.p, prep.schedule.steps, cfg.repeat)
         return session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                           pcap=cfg.pcap, config=cfg.to_json(), report=prep.report, fault_plan=plan)
+                           pcap=cfg.pcap, config=config, report=prep.report, fault_plan=plan)

@@ -43,6 +43,15 @@ class Placement:
     def to_json(self) -> dict[str, Any]:
         return {"servers": {s: sorted(self.nodes_on(s)) for s in self.servers}, "cross_links": self.cross_links}
 
+    def describe(self, topo: Topology, head: str) -> str:
+        """One line: the links that cross servers, and each server's share (the head marked)."""
+        shares = []
+        for server in self.servers:
+            nodes = self.nodes_on(server)
+            hosts = sum(1 for n in nodes if topo.is_host(n))
+            shares.append(f"{server}{' (head)' if server == head else ''} {hosts} hosts + {len(nodes) - hosts} switches")
+        return f"{self.cross_links} of {len(topo.links)} links cross servers (VXLAN); " + ", ".join(shares)
+
 
 def groups(topo: Topology) -> list[list[str]]:
     """The nodes that must share a server (see the module docstring), each group led by its switch."""

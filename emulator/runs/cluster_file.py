@@ -35,7 +35,10 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, int_field, printable
 from emulator.base.files import read_text
+from emulator.model import placement
+from emulator.model.placement import Placement
 from emulator.model.schedule.format import parse_text
+from emulator.model.topology import Topology
 
 TOP_KEYS = ("name", "head", "underlay_mtu", "known_hosts", "servers")
 SERVER_KEYS = ("name", "ssh", "port", "user", "key", "underlay")
@@ -190,3 +193,19 @@ def _is_ipv4(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+@dataclass(frozen=True)
+class ClusterRun:
+    """A run spread over ``cluster``: where each topology's nodes go (:func:`emulator.model.placement.place`,
+    with a placement file's choices on top when one was given: ``overrides``, as parsed)."""
+
+    cluster: Cluster
+    overrides: object = None
+    where: str = "placement file"
+
+    def placement(self, topo: Topology) -> Placement:
+        placed = placement.place(topo, self.cluster.names)
+        if self.overrides is not None:
+            placed = placement.overridden(placed, topo, self.overrides, where=self.where)
+        return placed

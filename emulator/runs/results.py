@@ -253,6 +253,8 @@ class CellResults:
     error: str | None = None
     faults: list[FaultRecord] = field(default_factory=list)
     probe: ProbeVerdict | None = None
+    #: on a cluster: each other server's clock against the head's when the agents started (ClockOffset.to_json)
+    clocks: list[dict[str, Any]] = field(default_factory=list)
     #: a document's keys this version does not know, written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -318,6 +320,8 @@ class CellResults:
                            scaling_efficiency_median=summary.scaling_efficiency)
         if self.probe is not None:
             out["probe"] = self.probe.to_json()
+        if self.clocks:
+            out["clocks"] = self.clocks
         return out
 
     @classmethod
@@ -337,7 +341,8 @@ class CellResults:
                       status=str(data.get("status", "running")), outcome=str(data.get("outcome") or data.get("status")
                                                                              or "running"),
                       error=data.get("error"), faults=list(data.get("faults") or []),
-                      probe=ProbeVerdict.from_json(probe) if isinstance(probe, Mapping) else None)
+                      probe=ProbeVerdict.from_json(probe) if isinstance(probe, Mapping) else None,
+                      clocks=list(data.get("clocks") or []))
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise SchemaError(f"not a results document ({type(exc).__name__}: {exc})") from None
         known = {f.name for f in fields(cls)} | set(_SUMMARY_KEYS) | {"schema"}

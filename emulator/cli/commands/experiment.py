@@ -18,6 +18,7 @@ import os
 from collections.abc import Callable
 
 from emulator.base.errors import UserError
+from emulator.cli.arguments import add_cluster_arguments, cluster_run
 from emulator.cli.commands import admit
 from emulator.emulation import calibration_file, fidelity, replay, system
 from emulator.emulation.calibration_file import Calibration
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--check", action="store_true", help="validate the file and every cell, start nothing")
     p.add_argument("--new", action="store_true", help="start a new results folder even if one is unfinished")
     admit.add_arguments(p)
+    add_cluster_arguments(p)
     p.set_defaults(func=cmd_run)
 
     r = subparsers.add_parser("report", help="(re)write the report of a results folder")
@@ -107,6 +109,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     exp = xp.load(args.file)
     cells = xp.expand(exp)
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
+    cluster = cluster_run(args)
+    if cluster is not None:  # every network's placement and MTU, before anything starts
+        for p in xp.profiles(exp):
+            cluster.cluster.check_mtu(p.emulated_mtu, f"cluster file {cluster.cluster.name}")
     if args.check:
         prepared, dilations = _prepare(exp, existing)
         _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it
@@ -165,7 +171,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     run_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
     for line in verdict.lines:
         print(f"# {line}")
-    summary = runner.Runner(exp, out, session_factory=replay.ReplaySession, source_text=text,
+    if cluster is not None:
+        for spec, topo in {pc.topo.spec: pc.topo for pc in prepared}.items():
+            print(f"# {spec} on cluster {cluster.cluster.name}: "
+                  f"{cluster.placement(topo).describe(topo, cluster.cluster.head)}")
+    factory = replay.on_cluster(cluster) if cluster is not None else replay.ReplaySession
+    summary = runner.Runner(exp, out, session_factory=factory, source_text=text,
                             prepared=prepared).run()
     try:
         path = _write_report(out)

@@ -11,6 +11,7 @@ from emulator.cli.arguments import int_at_least
 from emulator.emulation.network import EmulatedNetwork
 from emulator.emulation.system import choose_datapath, interrupt_on_sigterm, require_root
 from emulator.model import routing, topology
+from emulator.runs import cluster_file
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -27,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     clean = subparsers.add_parser("clean", help="remove the bridges, links and processes this project left")
     clean.add_argument("--force", action="store_true", help="also tear down runs whose owner is still alive")
+    clean.add_argument("--cluster", metavar="CLUSTER", default=None,
+                       help="also on every other server of this cluster file, over ssh (after a head was killed)")
     clean.set_defaults(func=cmd_clean)
 
 
@@ -76,7 +79,18 @@ def cmd_clean(args: argparse.Namespace) -> int:
     from emulator.emulation.cleanup import clean
 
     require_root()
+    cluster = cluster_file.load(args.cluster) if args.cluster else None
     report = clean(force=args.force)
     for line in report:
-        print(line)
+        print(f"{cluster.head}: {line}" if cluster is not None else line)
+    if cluster is not None:
+        from emulator.emulation.cluster_network import clean_server
+
+        failed = False
+        for server in cluster.others:
+            ok, lines = clean_server(cluster, server, force=args.force)
+            failed |= not ok
+            for line in lines:
+                print(line)
+        return 1 if failed else 0
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from emulator.base.errors import UserError
-from emulator.cli.arguments import int_at_least, positive
+from emulator.cli.arguments import add_cluster_arguments, cluster_run, int_at_least, positive
 from emulator.cli.commands import admit
 from emulator.emulation.replay import ReplayConfig, ReplayFailed, prepare, replay
 from emulator.emulation.system import interrupt_on_sigterm, require_root
@@ -42,6 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
                         "(see emulator/runs/fault_plan.py)")
     admit.add_arguments(p)
+    add_cluster_arguments(p)
     p.set_defaults(func=cmd_replay)
 
 
@@ -58,6 +59,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
                        fabric=profile, faults=args.fault)
     prep = prepare(cfg)
     schedule, topo, report = prep.schedule, prep.topo, prep.report
+    cluster = cluster_run(args)
+    if cluster is not None:
+        cluster.cluster.check_mtu(prep.profile.emulated_mtu, f"cluster file {cluster.cluster.name}")
+        placed = cluster.placement(topo)
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
@@ -67,6 +72,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
     print(f"# {prep.profile.describe()}")
+    if cluster is not None:
+        print(f"# on cluster {cluster.cluster.name}: {placed.describe(topo, cluster.cluster.head)}")
     for line in verdict.lines:
         print(f"# {line}")
     require_root()
@@ -76,7 +83,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"# a training iteration at scale {scale:g}: the fabric's latencies are divided by {scale:g} as its "
               "gradients and compute are, so the replay stands for the full iteration (docs/schedule-format.md)")
     try:
-        results = replay(cfg, prep=prep)
+        results = replay(cfg, prep=prep, cluster=cluster)
     except ReplayFailed as exc:
         print(f"emu: replay failed: {exc} (partial results in {args.out})")
         return 1
