@@ -106,6 +106,7 @@ def cluster_run(args: argparse.Namespace) -> ClusterRun | None:
     if not args.cluster:
         return None
     cluster = cluster_file.load(args.cluster)
+    cluster.require_private_underlay(f"cluster file {printable(args.cluster)}")
     if not args.placement:
         return ClusterRun(cluster)
     where = f"placement file {printable(args.placement)}"

@@ -35,10 +35,17 @@ ALIVE_INTERVAL_S = 3
 ALIVE_COUNT = 3
 
 
+def ssh_path(path: str) -> str:
+    """``path`` as an ssh option's value: quoted (ssh splits a known-hosts list at blanks) and with ``%``
+    doubled (ssh expands ``%`` tokens in file names)."""
+    return '"' + path.replace("%", "%%") + '"'
+
+
 def ssh_options(server: Server, known_hosts: str) -> list[str]:
     """ssh's options for ``server``: its key only, the cluster's known hosts, batch mode, keep-alives."""
-    return ["-F", "none", "-p", str(server.port), "-i", server.key, "-o", "IdentitiesOnly=yes",
-            "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+    return ["-F", "none", "-p", str(server.port), "-o", f"IdentityFile={ssh_path(server.key)}",
+            "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
+            "-o", f"UserKnownHostsFile={ssh_path(known_hosts)}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=accept-new",
             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
             "-o", f"ServerAliveCountMax={ALIVE_COUNT}", "-o", "LogLevel=ERROR"]

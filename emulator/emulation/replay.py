@@ -74,7 +74,7 @@ from emulator.model.schedule import cost as scost
 from emulator.model.schedule import format as sformat
 from emulator.model.schedule import training
 from emulator.model.schedule.format import Schedule
-from emulator.runs import admission
+from emulator.runs import admission, clocks
 from emulator.runs import fault_plan as faults
 from emulator.runs.cluster_file import Cluster, ClusterRun
 from emulator.runs.fault_plan import Fault, Injector
@@ -294,6 +294,19 @@ class ReplaySession:
             self.stop()
             raise
 
+    def _collect(self, spawner: ClusterSpawner, results: CellResults) -> None:
+        """From the other servers: the agents' logs, and their clocks again (flagged ``clock_offset`` when they
+        are not small against the shortest step: :mod:`emulator.runs.clocks`)."""
+        for problem in spawner.collect():
+            self.echo(f"  warning: {problem}")
+        try:
+            after = [c.to_json() for c in spawner.clock_offsets()]
+        except (LauncherError, OSError):  # a lost server: the cell failed already
+            after = []
+        results.clocks = clocks.clock_records([c.to_json() for c in self.clock_offsets], after)
+        if results.repetitions and not clocks.trusted(results.clocks, results.prediction.get("per_step") or []):
+            results.flag_all(clocks.FLAG)
+
     def _lost_server(self, exc: BaseException) -> str | None:
         """Why a run on a cluster failed when a server was lost under it (the agents saw only their side)."""
         if not isinstance(exc, (ReplayFailed, LauncherError, OSError)) or not isinstance(self.en, ClusterNetwork):
@@ -387,9 +400,7 @@ class ReplaySession:
             if fleet is not None:
                 fleet.close()
             if isinstance(self.launcher, ClusterSpawner):
-                for problem in self.launcher.collect():
-                    self.echo(f"  warning: {problem}")
-                results.clocks = [c.to_json() for c in self.clock_offsets]
+                self._collect(self.launcher, results)
             if actions is not None:
                 actions.restore()
             self.copy_port_stats(stats_offset, plan.path("links.jsonl"))

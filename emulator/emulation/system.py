@@ -35,7 +35,8 @@ Runner = Callable[[Sequence[str]], Result]
 def run(cmd: Sequence[str], timeout: float = 60.0) -> Result:
     """Run a command (argument list, never through a shell) and capture its output."""
     try:
-        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)  # never the caller's input (ssh would forward it)
     except FileNotFoundError:
         return Result(127, "", f"{cmd[0]}: command not found")
     except subprocess.TimeoutExpired:

@@ -8,6 +8,7 @@ it. The edges (``emu cluster check``, the remote bring-up) take the
     name: lab                  # optional: the file's name without .yaml
     head: a                    # the server that runs the controller and collects the results
     underlay_mtu: 9100         # the underlay's MTU: a VXLAN tunnel needs the fabric's MTU + 50
+    private_underlay: true     # the underlay is a network of these servers alone (see below)
     known_hosts: lab.known_hosts  # optional: the servers' host keys, as ssh records them on first contact
                                # (default: NAME.known_hosts beside the cluster file; relative to it)
     servers:
@@ -19,6 +20,12 @@ it. The edges (``emu cluster check``, the remote bring-up) take the
         underlay: 10.77.0.1    # its address on the underlay, where tunnels end (IPv4, unique)
       - name: b
         ...
+
+``private_underlay`` states that the underlay carries nothing but these
+servers' traffic: the OpenFlow channel (head's controller to every
+server's switches) and the agents' control connections cross it in clear
+(this version has no TLS on them), so runs are refused without it
+(:meth:`Cluster.require_private_underlay`).
 
 Every server needs a ``key`` of its own naming: the project never writes
 to, or relies on, a user's default keys.
@@ -40,7 +47,7 @@ from emulator.model.placement import Placement
 from emulator.model.schedule.format import parse_text
 from emulator.model.topology import Topology
 
-TOP_KEYS = ("name", "head", "underlay_mtu", "known_hosts", "servers")
+TOP_KEYS = ("name", "head", "underlay_mtu", "private_underlay", "known_hosts", "servers")
 SERVER_KEYS = ("name", "ssh", "port", "user", "key", "underlay")
 #: What a VXLAN tunnel adds to a frame (outer Ethernet 14, IPv4 20, UDP 8, VXLAN 8).
 VXLAN_OVERHEAD = 50
@@ -81,6 +88,8 @@ class Cluster:
     servers: tuple[Server, ...]
     #: ssh's record of the servers' host keys (never the user's own ``~/.ssh/known_hosts``); "" until loaded
     known_hosts: str = ""
+    #: the file states that the underlay carries these servers' traffic alone (the control channels are clear)
+    private_underlay: bool = False
 
     def server(self, name: str) -> Server:
         return next(s for s in self.servers if s.name == name)
@@ -96,8 +105,17 @@ class Cluster:
             raise FieldError(where, "underlay_mtu", f"at least {need} (the fabric's MTU {fabric_mtu} + "
                              f"{VXLAN_OVERHEAD} for VXLAN), or a fabric with a smaller mtu", self.underlay_mtu)
 
+    def require_private_underlay(self, where: str = "cluster") -> None:
+        """:class:`FieldError` unless the file states a private underlay: runs send the OpenFlow channel and the
+        agents' control connections across it in clear."""
+        if not self.private_underlay:
+            raise FieldError(where, "private_underlay", "true: a run sends the OpenFlow channel and the agents' "
+                             "control connections across the underlay unencrypted (no TLS in this version), so "
+                             "it must be a network of these servers alone", self.private_underlay)
+
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "head": self.head, "underlay_mtu": self.underlay_mtu,
+                "private_underlay": self.private_underlay,
                 "known_hosts": self.known_hosts, "servers": [s.to_json() for s in self.servers]}
 
     @property
@@ -128,6 +146,9 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
     if not isinstance(known_hosts, str) or not known_hosts.strip() or "\0" in known_hosts:
         raise FieldError(where, "known_hosts", "a file name (where ssh records the servers' host keys)",
                          known_hosts)
+    private = data.get("private_underlay", False)
+    if not isinstance(private, bool):
+        raise FieldError(where, "private_underlay", "true or false", private)
     raw = data.get("servers", MISSING)
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise FieldError(where, "servers", "a non-empty list of servers", raw)
@@ -136,7 +157,8 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
     names = [s.name for s in servers]
     if head not in names:
         raise FieldError(where, "head", f"the name of one of the servers ({', '.join(names)})", head)
-    return Cluster(name.strip(), str(head), mtu, servers, os.path.join(folder, known_hosts) if folder else known_hosts)
+    return Cluster(name.strip(), str(head), mtu, servers, os.path.join(folder, known_hosts) if folder else known_hosts,
+                   private)
 
 
 def _server(where: str, i: int, entry: object) -> Server:

@@ -179,6 +179,10 @@ class NamespaceServers:
         """SIGKILL server ``name``'s ovs-vswitchd and ovsdb-server."""
         _end([self._servers[name].daemons[d] for d in OVS_DAEMONS])
 
+    def restart_ovs(self, name: str) -> None:
+        """Start server ``name``'s Open vSwitch again (after :meth:`kill_ovs`), on its database as it was."""
+        self._start_ovs(self._servers[name])
+
     # --- what is left ---
 
     def leftovers(self) -> list[str]:
@@ -276,7 +280,8 @@ class NamespaceServers:
 
     def _start_ovs(self, server: _Server) -> None:
         logs = os.path.join(self.folder, server.name)
-        self._check(server.name, ["ovsdb-tool", "create", OVS_DB, OVS_SCHEMA])
+        if not os.path.exists(f"/proc/{server.holder.pid}/root{OVS_DB}"):  # the server's own /etc/openvswitch
+            self._check(server.name, ["ovsdb-tool", "create", OVS_DB, OVS_SCHEMA])
         # --detach returns once the daemon is ready; each pid is recorded before the next step can fail.
         self._check(server.name, ["ovsdb-server", OVS_DB, "--remote=punix:/run/openvswitch/db.sock", "--pidfile",
                                   "--detach", f"--log-file={logs}/ovsdb-server.log"])
@@ -315,7 +320,9 @@ class NamespaceServers:
     def _write_cluster_file(self) -> None:
         servers = [{"name": s.name, "ssh": s.address, "key": self.key, "underlay": s.address}
                    for s in self._servers.values()]
-        data = {"name": self.cluster_name, "head": self.head, "underlay_mtu": self.underlay_mtu, "servers": servers}
+        # private: the underlay is a bridge in a namespace of its own, which nothing else reaches
+        data = {"name": self.cluster_name, "head": self.head, "underlay_mtu": self.underlay_mtu,
+                "private_underlay": True, "servers": servers}
         Path(self.cluster_path).write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
 
     @property

@@ -547,7 +547,8 @@ def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
           "its deadline) for over " f"{LAG_SHARE:.0%} of the repetition, `uncalibrated` = `emu "
           "calibrate` never ran here (the capacity is the documented default), `probe_failed` = its network "
           "failed its probe again after a rebuild, `network_damaged` = its controller exited or Open vSwitch "
-          "was restarted while it ran. A cell with any flag but `uncalibrated` is not trusted: it measures the "
+          "was restarted while it ran, `clock_offset` = on a cluster, a server's clock was not known to within "
+          "1% of the shortest step. A cell with any flag but `uncalibrated` is not trusted: it measures the "
           "emulator (or a broken network), not the fabric.")
 
 

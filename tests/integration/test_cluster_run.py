@@ -1,0 +1,155 @@
+"""``emu run --cluster`` on servers made of namespaces (tests/integration/cluster_servers.py).
+
+* experiments/tiny.yaml split over two servers gives every cell within 10 %
+  of the same run on this machine alone, over the same routes, and leaves
+  nothing of ours in any server;
+* a server lost in the middle of a cell (its Open vSwitch killed) fails that
+  cell with one line naming the server, keeps the cell finished before, and
+  the same command resumes once the server is back;
+* after the head is killed (SIGKILL), ``emu clean --cluster`` removes
+  everything from every server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from emulator.base.waiting import wait_until
+
+from .cluster_servers import REPO_ROOT, NamespaceServers
+
+pytestmark = pytest.mark.integration
+
+TINY = os.path.join(REPO_ROOT, "experiments", "tiny.yaml")
+#: How far a cell on the cluster may sit from the same cell on one machine (the issue's bound).
+SAME_RUN_TOLERANCE = 0.10
+#: Bytes a link must carry in a cell to count as one of its routes (the controller's port counters).
+ROUTE_BYTES = 10_000
+
+#: A short cell, then one long enough (about 5 s a repetition) to lose a server in.
+TWO_CELLS = """\
+name: cluster-fault
+fabric: roce100
+dilation: 5000
+repeat: 3
+warmup: 0
+sizes: {sizes}
+series:
+  - name: s
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        algorithms: [ring]
+"""
+
+
+def _cells(out: str) -> dict[str, dict]:
+    """Every cell's results.json in a results folder, by cell id."""
+    found = {}
+    for path in Path(out, "cells").glob("*/results.json"):
+        found[path.parent.name] = json.loads(path.read_text(encoding="utf-8"))
+    return found
+
+
+def _routes(out: str, cell: str) -> set[str]:
+    """The links (``s3->s1``) that carried the cell's traffic, by the controller's port counters."""
+    most: dict[str, int] = {}
+    for line in Path(out, "cells", cell, "links.jsonl").read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec.get("source") == "controller":
+            most[rec["link"]] = max(most.get(rec["link"], 0), int(rec["bytes"]))
+    return {link for link, count in most.items() if count >= ROUTE_BYTES}
+
+
+def _one_machine(out: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "emulator", "run", TINY, "--out", out], cwd=REPO_ROOT, text=True,
+                          capture_output=True, timeout=300)
+
+
+def test_tiny_on_two_servers_matches_one_machine(tmp_path):
+    alone = _one_machine(str(tmp_path / "alone"))
+    assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-2000:]
+    with NamespaceServers(str(tmp_path / "servers")) as servers:
+        check = servers.emu("a", ["cluster", "check", servers.cluster_path], timeout=120)
+        assert check.returncode == 0, check.stdout + check.stderr
+        out = str(tmp_path / "cluster")
+        res = servers.emu("a", ["run", TINY, "--cluster", servers.cluster_path, "--out", out], timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "2 of 8 links cross servers" in res.stdout
+        assert servers.leftovers() == []
+    one, spread = _cells(str(tmp_path / "alone")), _cells(out)
+    assert sorted(one) == sorted(spread) and len(one) == 3
+    for cell, alone_results in one.items():
+        ratio = spread[cell]["time_s_median"] / alone_results["time_s_median"]
+        assert abs(ratio - 1) <= SAME_RUN_TOLERANCE, (cell, ratio)
+        assert spread[cell]["trusted"], cell
+        assert _routes(out, cell) == _routes(str(tmp_path / "alone"), cell), cell
+        clocks = spread[cell]["clocks"]
+        assert [c["server"] for c in clocks] == ["b"] and abs(clocks[0]["offset_s"]) <= clocks[0]["error_s"] + 1e-3
+
+
+def _start_run(servers: NamespaceServers, experiment: str, out: str) -> subprocess.Popen[str]:
+    argv = servers.command("a", [sys.executable, "-m", "emulator", "run", experiment, "--cluster",
+                                 servers.cluster_path, "--out", out])
+    # nsenter execs in place (no pid namespace), so this pid is emu's own
+    return subprocess.Popen(argv, cwd=REPO_ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _running_cell(out: str) -> str | None:
+    """The id of a cell whose results.json says it is running, if any."""
+    return next((cell for cell, res in _cells(out).items() if res.get("status") == "running"), None)
+
+
+def test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes(tmp_path):
+    experiment = tmp_path / "fault.yaml"
+    experiment.write_text(TWO_CELLS.format(sizes="[64KiB, 8MiB]"), encoding="utf-8")
+    out = str(tmp_path / "out")
+    with NamespaceServers(str(tmp_path / "servers")) as servers:
+        run = _start_run(servers, str(experiment), out)
+        try:
+            assert wait_until(lambda: any(res.get("status") == "ok" for res in _cells(out).values())
+                              and _running_cell(out) is not None, 120, 0.2), "the second cell never started"
+            servers.kill_ovs("b")
+            output, _ = run.communicate(timeout=240)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode != 0, output[-3000:]
+        assert "server b of cluster nslab is lost" in output, output[-3000:]
+        done = _cells(out)
+        assert sorted(res["status"] for res in done.values()) == ["failed", "ok"], done
+        servers.restart_ovs("b")
+        resumed = servers.emu("a", ["run", str(experiment), "--cluster", servers.cluster_path, "--out", out],
+                              timeout=300)
+        assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+        assert "1 skipped" in resumed.stdout, resumed.stdout[-2000:]
+        assert all(res["status"] == "ok" for res in _cells(out).values())
+        assert wait_until(lambda: servers.leftovers() == [], 10, 0.2), servers.leftovers()
+
+
+def test_emu_clean_cluster_after_a_killed_head_removes_everything(tmp_path):
+    experiment = tmp_path / "long.yaml"
+    experiment.write_text(TWO_CELLS.format(sizes="[8MiB]"), encoding="utf-8")
+    out = str(tmp_path / "out")
+    with NamespaceServers(str(tmp_path / "servers")) as servers:
+        run = _start_run(servers, str(experiment), out)
+        try:
+            assert wait_until(lambda: _running_cell(out) is not None, 120, 0.2), "no cell started"
+            os.kill(run.pid, signal.SIGKILL)
+            run.wait(10)
+        finally:
+            if run.poll() is None:
+                run.kill()
+            if run.stdout is not None:
+                run.stdout.close()
+        assert servers.leftovers() != []  # the killed head left its network behind
+        clean = servers.emu("a", ["clean", "--cluster", servers.cluster_path], timeout=120)
+        assert clean.returncode == 0, clean.stdout + clean.stderr
+        assert wait_until(lambda: servers.leftovers() == [], 15, 0.2), servers.leftovers()

@@ -1,0 +1,181 @@
+"""The cluster's edges without a cluster: ssh command lines, inline batches, interfaces per server, VXLAN set-up,
+control over TCP (connected before an agent enters its host), clocks per rank, the adopting launcher's requests,
+and the refusals of ``--cluster`` before anything starts."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+
+import pytest
+import yaml
+
+from emulator.cli.main import main
+from emulator.emulation import agent_launcher, cluster_network, remote_shell
+from emulator.emulation.agent_protocol import AgentChannel, ControlServer, Msg, preconnect
+from emulator.emulation.fleet import RankReport
+from emulator.emulation.system import Result
+from emulator.emulation.tc_commands import root_interface_rates
+from emulator.model import placement, topology
+from emulator.runs import clocks, cluster_file
+
+SERVERS = [
+    {"name": "a", "ssh": "192.0.2.10", "key": "/keys/ef lab%1", "underlay": "10.77.0.1"},
+    {"name": "b", "ssh": "192.0.2.11", "user": "ops", "port": 2222, "key": "/keys/ef_lab", "underlay": "10.77.0.2"},
+]
+
+
+def cluster(private: bool = True, **extra: object) -> cluster_file.Cluster:
+    return cluster_file.from_dict({"name": "lab", "head": "a", "underlay_mtu": 9100, "private_underlay": private,
+                                   "known_hosts": "/state/lab hosts", "servers": SERVERS, **extra})
+
+
+def test_ssh_logs_in_with_the_files_key_and_known_hosts_only_quoting_paths_and_the_command():
+    lab = cluster()
+    argv = remote_shell.ssh_argv(lab.server("b"), ["tc", "-batch", "a file"], lab.known_hosts)
+    assert argv[0] == "ssh" and argv[argv.index("-F") + 1] == "none" and argv[argv.index("-p") + 1] == "2222"
+    options = [argv[i + 1] for i, word in enumerate(argv) if word == "-o"]
+    assert 'IdentityFile="/keys/ef_lab"' in options and "IdentitiesOnly=yes" in options
+    assert 'UserKnownHostsFile="/state/lab hosts"' in options and "BatchMode=yes" in options
+    assert "-T" in argv and "-tt" not in argv and argv[-3:-1] == ["ops@192.0.2.11", "--"]
+    assert shlex.split(argv[-1]) == ["sudo", "-n", "-E", "tc", "-batch", "a file"]  # not root: sudo, no password
+    root = remote_shell.ssh_argv(lab.server("a"), ["true"], lab.known_hosts, tty=True)
+    assert 'IdentityFile="/keys/ef lab%%1"' in root and "-tt" in root and root[-1] == "true"
+
+
+def test_the_heads_commands_run_locally_and_the_others_over_ssh():
+    seen: list[list[str]] = []
+
+    def local(cmd):
+        seen.append(list(cmd))
+        return Result(0, "", "")
+    runners = remote_shell.runners(cluster(), local)
+    runners["a"](["ovs-vsctl", "show"])
+    runners["b"](["ovs-vsctl", "show"])
+    assert seen[0] == ["ovs-vsctl", "show"] and seen[1][0] == "ssh" and seen[1][-1] == "sudo -n -E ovs-vsctl show"
+
+
+def test_inline_batches_keep_whole_lines_under_the_limit_and_add_up_to_the_text():
+    text = "".join(f"neigh replace 10.0.0.{i} lladdr 02:00:00:00:00:{i:02x} dev efh1-eth0\n" for i in range(200))
+    pieces = cluster_network.inline_batches(["ip"], text, limit=1000)
+    assert len(pieces) > 5
+    for cmd in pieces:
+        assert cmd[:3] == ["sh", "-c", 'printf %s "$1" | ip -batch -'] and cmd[3] == "sh"
+        assert len(cmd[4]) <= 1000 and cmd[4].endswith("\n")
+    assert "".join(cmd[4] for cmd in pieces) == text
+    assert cluster_network.inline_batches(["tc"], "") == []
+
+
+def test_each_link_end_is_set_up_on_the_server_of_its_switch():
+    topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=2")
+    placed = placement.place(topo, ["a", "b"])
+    grouped = cluster_network.interfaces_by_server(topo, placed)
+    assert sorted(grouped) == ["a", "b"]
+    merged = {name: rate for part in grouped.values() for name, rate in part.items()}
+    assert merged == root_interface_rates(topo)
+    for server, names in grouped.items():
+        assert all(placed.of[name.split("-")[0].removeprefix("ef")] == server for name in names)
+
+
+def test_a_tunnel_end_is_a_vxlan_device_of_its_own_id_at_the_fabrics_mtu_without_gro():
+    script = cluster_network.vxlan_commands("efs1-eth3", 7, "10.77.0.1", "10.77.0.2", 9000)[-1]
+    assert "ip link add efs1-eth3 mtu 9000 type vxlan id 7 local 10.77.0.1 remote 10.77.0.2 dstport 4789 " \
+           "nolearning" in script
+    assert "ethtool -K efs1-eth3 gro off" in script and script.startswith("ip link del efs1-eth3")
+
+
+def test_a_report_moves_onto_the_heads_clock_but_keeps_its_durations():
+    report = RankReport(rank=3, ops={1: (10.0, 12.0)}, sends={1: [10.0, 10.5, 11.0, 0.25]}, correct=True,
+                        arrivals={2: 11.5}, cpu_s=0.1)
+    moved = report.shifted(2.0)
+    assert moved.ops == {1: (8.0, 10.0)} and moved.sends == {1: [8.0, 8.5, 9.0, 0.25]}
+    assert moved.arrivals == {2: 9.5} and moved.cpu_s == 0.1 and report.shifted(0.0) is report
+
+
+def test_control_over_tcp_connected_before_the_agent_and_go_on_each_ranks_clock():
+    server = ControlServer("/unused", 2, tcp_host="127.0.0.1")
+    try:
+        assert server.address.startswith("tcp:127.0.0.1:")
+        argv = preconnect(["--rank", "0", "--control", server.address])
+        assert argv[3].startswith("fd:")
+        agents = [AgentChannel(argv[3]), AgentChannel(server.address)]
+        for rank, agent in enumerate(agents):
+            agent.send(Msg.HELLO, rank=rank)
+        while len(server.conns) < 2:
+            server.poll(1.0)
+        server.send_all(Msg.GO, {1: {"start_at": 7.5}}, rep=0, start_at=5.0)
+        assert [a.receive()["start_at"] for a in agents] == [5.0, 7.5]
+        for agent in agents:
+            agent.close()
+    finally:
+        server.close()
+    assert preconnect(["--control", "/run/x.sock"]) == ["--control", "/run/x.sock"]
+
+
+def test_an_adopting_launcher_answers_clock_and_files_inside_its_folder_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(agent_launcher, "become_subreaper", lambda: None)
+    adopted = agent_launcher.Adopted()
+    try:
+        assert isinstance(adopted.handle({"op": "clock"})["monotonic"], float)
+        path = os.path.join(adopted.state.path, "in", "f.json")
+        adopted.handle({"op": "write", "path": path, "text": "{}"})
+        assert adopted.handle({"op": "read", "path": path}) == {"text": "{}"}
+        with pytest.raises(agent_launcher.LauncherError, match="outside"):
+            adopted.handle({"op": "write", "path": str(tmp_path / "elsewhere"), "text": "x"})
+        with pytest.raises(agent_launcher.LauncherError, match="outside"):
+            adopted.handle({"op": "read", "path": os.path.join(adopted.state.path, "..", "x")})
+    finally:
+        adopted.close()
+    assert not os.path.exists(adopted.state.path)
+
+
+def test_clocks_are_trusted_while_error_and_drift_stay_under_a_hundredth_of_the_shortest_step():
+    records = clocks.clock_records([{"server": "b", "offset_s": 1.0, "error_s": 1e-4}],
+                                   [{"server": "b", "offset_s": 1.0002, "error_s": 2e-4}])
+    assert records == [{"server": "b", "offset_s": 1.0, "error_s": 2e-4, "offset_after_s": 1.0002,
+                        "drift_s": pytest.approx(2e-4)}]
+    assert clocks.uncertainty_s(records) == pytest.approx(4e-4)
+    assert clocks.trusted(records, [{"time_s": 0.05}, {"time_s": 0.1}])
+    assert not clocks.trusted(records, [{"time_s": 0.03}])
+    assert clocks.trusted(records, [])
+    lost = clocks.clock_records([{"server": "b", "offset_s": 0.0, "error_s": 1e-5}], [])
+    assert lost[0]["drift_s"] is None and clocks.uncertainty_s(lost) == 1e-5
+
+
+def test_a_cluster_run_needs_a_stated_private_underlay_and_a_placement_needs_a_cluster(tmp_path, capsys):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump({**cluster(private=False).to_json(), "known_hosts": "k"}))
+    schedule = tmp_path / "s.yaml"
+    assert main(["schedule", "gen", "--algo", "ring", "--topology", "star:hosts=4", "--size", "64KiB",
+                 "--out", str(schedule)]) == 0
+    base = ["replay", str(schedule), "--topology", "star:hosts=4", "--routing", "shortest", "--out",
+            str(tmp_path / "out")]
+    capsys.readouterr()
+    assert main([*base, "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "field 'private_underlay': expected true" in err[0]
+    assert main([*base, "--placement", str(path)]) == 2
+    assert "expected it with --cluster" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(cluster_file.FieldError, match="private_underlay"):
+        cluster_file.from_dict({**cluster().to_json(), "private_underlay": "yes"})
+
+
+def test_the_known_hosts_file_defaults_beside_the_cluster_file(tmp_path):
+    data = {**cluster().to_json()}
+    del data["known_hosts"]
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert cluster_file.load(str(path)).known_hosts == str(tmp_path / "lab.known_hosts")
+
+
+def test_tcp_prefix_is_what_the_server_listens_on():
+    server = ControlServer("/unused", 1, tcp_host="127.0.0.1")
+    try:
+        host, port = server.address.removeprefix("tcp:").rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=2):
+            pass
+    finally:
+        server.close()
