@@ -24,6 +24,9 @@ INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}[hs]\d+-eth\d+$")
 SWITCH_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}s\d+-eth\d+$")
 #: A host's one interface (how a host shell's namespace is recognised as ours).
 HOST_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}h\d+-eth0$")
+#: ``emu cluster check``'s MTU probe: a network namespace per server, a VXLAN device per tunnel end.
+CHECK_NAMESPACE_PREFIX = f"{NAME_PREFIX}chk-"
+CHECK_DEVICE_RE = re.compile(rf"^{NAME_PREFIX}vx[0-9a-f]+$")
 
 
 def bridge_name(switch: str) -> str:

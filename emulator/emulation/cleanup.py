@@ -21,7 +21,7 @@ import os
 import tempfile
 from collections.abc import Sequence
 
-from emulator.base.naming import BRIDGE_RE, INTERFACE_RE, NAME_PREFIX
+from emulator.base.naming import BRIDGE_RE, CHECK_DEVICE_RE, CHECK_NAMESPACE_PREFIX, INTERFACE_RE, NAME_PREFIX
 from emulator.emulation.runstate import all_runs, kill_recorded
 from emulator.emulation.system import Runner, run
 
@@ -70,6 +70,20 @@ def delete_links(runner: Runner, names: Sequence[str]) -> None:
         os.unlink(path)
 
 
+def remove_check_namespaces(runner: Runner) -> list[str]:
+    """Delete the network namespaces of ``emu cluster check``'s MTU probe (``efchk-*``) left by a killed check."""
+    res = runner(["ip", "-j", "netns", "list"])
+    try:
+        listed = json.loads(res.stdout or "[]")
+    except json.JSONDecodeError:
+        return []
+    names = [n["name"] for n in listed if isinstance(n, dict) and str(n.get("name", "")).startswith(
+        CHECK_NAMESPACE_PREFIX)]
+    for name in names:
+        runner(["ip", "netns", "delete", name])
+    return [f"deleted {len(names)} network namespaces of emu cluster check: {' '.join(names)}"] if names else []
+
+
 def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:
     """Remove leftovers; return one line per thing done.
 
@@ -97,6 +111,9 @@ def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = F
         remove_our_bridges(runner, bridges)
         report.append(f"deleted {len(bridges)} bridges: {' '.join(bridges[:8])}{' ...' if len(bridges) > 8 else ''}")
     stray = [name for name in links_with_prefix(runner, NAME_PREFIX) if INTERFACE_RE.match(name)]
+    if not network_lock_held:  # a user's `emu clean`: also what a killed `emu cluster check` left
+        stray += [name for name in links_with_prefix(runner, NAME_PREFIX) if CHECK_DEVICE_RE.match(name)]
+        report += remove_check_namespaces(runner)
     delete_links(runner, stray)
     if stray:
         report.append(f"deleted {len(stray)} interfaces")

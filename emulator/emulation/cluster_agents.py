@@ -30,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ from emulator.base.waiting import wait_until
 from emulator.emulation import remote_shell
 from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
 from emulator.emulation.fleet import Process
+from emulator.runs.cluster_check import ClockSample, offset_from
 from emulator.runs.cluster_file import Cluster, Server
 
 #: Flags of the agent's command line that name a file the head wrote (copied to the agent's server).
@@ -49,7 +50,7 @@ CLOCK_SAMPLES = 5
 
 
 @dataclass(frozen=True)
-class ClockOffset:
+class ServerClock:
     """How far a server's monotonic clock is ahead of the head's, and the measurement's bound (seconds)."""
 
     server: str
@@ -120,17 +121,17 @@ class RemoteLauncher:
             self._copied[key] = remote
         return self._copied[key]
 
-    def clock_offset(self) -> ClockOffset:
-        """The server's monotonic clock against this process's (:data:`CLOCK_SAMPLES` round trips)."""
-        best: tuple[float, float] | None = None
+    def clock_offset(self) -> ServerClock:
+        """The server's monotonic clock against this process's (:data:`CLOCK_SAMPLES` round trips, the shortest
+        counting: :func:`emulator.runs.cluster_check.offset_from`)."""
+        samples = []
         for _ in range(CLOCK_SAMPLES):
-            t0 = time.monotonic()
+            sent = time.monotonic()
             remote = float(self.request(op="clock")["monotonic"])
-            t1 = time.monotonic()
-            if best is None or t1 - t0 < best[1]:
-                best = (remote - (t0 + t1) / 2, t1 - t0)
-        assert best is not None
-        return ClockOffset(self.server.name, best[0], best[1] / 2)
+            samples.append(ClockSample(sent, remote, time.monotonic()))
+        found = offset_from(samples)
+        assert found.offset_s is not None and found.uncertainty_s is not None
+        return ServerClock(self.server.name, found.offset_s, found.uncertainty_s)
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
@@ -239,9 +240,8 @@ class ClusterSpawner:
         self._logs.clear()
         return problems
 
-    def clock_offsets(self, ranks: Mapping[int, str] | None = None) -> list[ClockOffset]:
+    def clock_offsets(self) -> list[ServerClock]:
         """Every other server's clock against the head's."""
-        del ranks
         return [launcher.clock_offset() for launcher in self.remote.values()]
 
     def stop(self) -> None:

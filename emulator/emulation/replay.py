@@ -58,7 +58,7 @@ from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.agent import latency_plan
 from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
 from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.cluster_agents import ClockOffset, ClusterSpawner, RemoteAgentProcess
+from emulator.emulation.cluster_agents import ClusterSpawner, RemoteAgentProcess, ServerClock
 from emulator.emulation.cluster_network import ClusterNetwork
 from emulator.emulation.controller_process import ControllerProcess
 from emulator.emulation.fault_injection import FaultActions, fault_records, measure_affected
@@ -236,7 +236,7 @@ class ReplaySession:
         self.agent_memory_limit = agent_memory_limit
         self.cluster = cluster  # None: this machine alone
         self.placement = placement
-        self.clock_offsets: list[ClockOffset] = []  # the other servers' clocks at the last fleet's start
+        self.clock_offsets: list[ServerClock] = []  # the other servers' clocks at the last fleet's start
         self.ctl: Any = None
         self.en: Any = None
         self.launcher: AgentLauncher | ClusterSpawner | None = None

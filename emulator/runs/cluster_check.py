@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.base.errors import FieldError, printable
+from emulator.base.naming import CHECK_NAMESPACE_PREFIX, NAME_PREFIX
 from emulator.runs.cluster_file import VXLAN_OVERHEAD, Cluster
 
 #: What a version check reads, by check name: (the column's title, what is run there).
@@ -165,7 +166,7 @@ def tunnel_names(server: str, index: int, pid: int) -> TunnelNames:
     """The probe's names for the tunnel to ``server`` (the ``index``-th server of the check run by process ``pid``):
     the project's prefix, a device name of at most 15 characters, a VNI no other check of the moment uses."""
     vni = PROBE_VNI_BASE + (pid * 64 + index) % 0x10000
-    return TunnelNames(f"efchk-{server}", f"efvx{vni:x}", vni)
+    return TunnelNames(f"{CHECK_NAMESPACE_PREFIX}{server}", f"{NAME_PREFIX}vx{vni:x}", vni)
 
 
 @dataclass(frozen=True)

@@ -132,3 +132,29 @@ def test_a_namespace_is_ours_when_it_holds_a_host_interface(tmp_path, name, ours
     dev.write_text("Inter-|   Receive\n face |bytes\n    lo: 0 0\n" + f"  {name}: 0 0\n")
     assert runstate.has_our_interface(7, proc=str(tmp_path)) is ours
     assert not runstate.has_our_interface(8, proc=str(tmp_path))
+
+
+class CheckLeftovers(FakeMachine):
+    """A machine where a killed ``emu cluster check`` left its probe's namespace and a VXLAN device."""
+
+    def __init__(self):
+        super().__init__([], ["lo", "efvxef0042", "efvxnot-hex", "vxlan0"])
+        self.netns = ["efchk-b", "blue"]
+
+    def __call__(self, cmd):
+        if list(cmd)[:4] == ["ip", "-j", "netns", "list"]:
+            self.ran.append(list(cmd))
+            return Result(0, json.dumps([{"name": n} for n in self.netns]), "")
+        if list(cmd)[:3] == ["ip", "netns", "delete"]:
+            self.netns.remove(cmd[3])
+        return super().__call__(cmd)
+
+
+def test_emu_clean_removes_what_a_killed_cluster_check_left_and_bring_up_does_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    machine = CheckLeftovers()
+    cleanup.clean(runner=machine, network_lock_held=True)  # a network's bring-up: a check may be running
+    assert machine.netns == ["efchk-b", "blue"] and "efvxef0042" in machine.links
+    report = cleanup.clean(runner=machine)
+    assert machine.netns == ["blue"] and machine.links == ["lo", "efvxnot-hex", "vxlan0"]
+    assert any("efchk-b" in line for line in report)
