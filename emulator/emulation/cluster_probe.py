@@ -298,3 +298,21 @@ def calibration(runner: Runner, profile_spec: str, mtu: int, make: bool = False,
     except (ValueError, FieldError) as exc:
         return CalibrationStatus("", mtu, False, error=f"unreadable report: {exc}")
 
+
+
+#: What a server prints of itself for admission: available and total bytes (cgroup-aware, as on the head), cores.
+MACHINE_SCRIPT = ("import os; from emulator.emulation.system import memory_available; "
+                  "a, t = memory_available(); print(a, t, os.cpu_count())")
+
+
+def machine(runner: Runner, python: str = sys.executable) -> tuple[int, int, int] | None:
+    """A server's memory available and in all (bytes) and its cores, measured there by the project's own
+    code; None when it does not answer."""
+    res = runner([python, "-c", MACHINE_SCRIPT])
+    if res.returncode != 0:
+        return None
+    try:
+        available, total, cores = (int(x) for x in res.stdout.split())
+    except ValueError:
+        return None
+    return available, total, cores

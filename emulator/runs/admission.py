@@ -451,3 +451,31 @@ def mpirun_request(ranks: int, program: Sequence[str], topo: Topology, timeout_s
     return Request("mpirun", mpi_memory(ranks, mpi_program_bytes(program), topo), bringup + timeout_s,
                    f"bring-up {bringup:.0f} s and --timeout {timeout_s:g} s: no model predicts an MPI program",
                    time_hint="lower --timeout or raise --max-time")
+
+
+# ------------------------------------------------------------------- cluster
+def largest_per_server(estimates: Sequence[Mapping[str, MemoryEstimate]]) -> dict[str, MemoryEstimate]:
+    """Runs made one after another on a cluster (each a ``{server: estimate}``): each server's peak."""
+    out: dict[str, MemoryEstimate] = {}
+    for run in estimates:
+        for server, est in run.items():
+            if server not in out or est.total_bytes > out[server].total_bytes:
+                out[server] = est
+    return out
+
+
+def cluster_memory_refusals(command: str, estimates: Mapping[str, MemoryEstimate],
+                            machines: Mapping[str, Machine]) -> list[str]:
+    """One refusal per server whose share of a run (``estimates``) does not fit its usable memory."""
+    return [f"{command}: field 'memory': expected server {server}'s share to fit the "
+            f"{format_bytes(machines[server].usable_bytes)} it can give ({format_bytes(machines[server].available_bytes)}"
+            f" available, less a reserve), got {format_bytes(est.total_bytes)} ({est.describe()}): use more "
+            "servers, or smaller sizes or fewer ranks"
+            for server, est in estimates.items() if est.total_bytes > machines[server].usable_bytes]
+
+
+def cluster_memory_line(estimates: Mapping[str, MemoryEstimate], machines: Mapping[str, Machine]) -> str:
+    """What each server's share takes of its memory, in one line."""
+    return "memory per server: " + ", ".join(
+        f"{server} {format_bytes(est.total_bytes)} of {format_bytes(machines[server].usable_bytes)}"
+        for server, est in sorted(estimates.items()))

@@ -179,3 +179,32 @@ def test_tcp_prefix_is_what_the_server_listens_on():
             pass
     finally:
         server.close()
+
+
+def test_admission_holds_each_servers_share_to_its_own_memory():
+    topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=2")
+    from emulator.model.schedule import generators
+    from emulator.runs import admission
+
+    schedule = generators.generate("ring", topo, 64 << 20)
+    small = generators.generate("ring", topo, 1 << 20)
+    placed = placement.place(topo, ["a", "b"])
+    big = admission.replay_memory_per_server(schedule, topo, placed.of, "a")
+    little = admission.replay_memory_per_server(small, topo, placed.of, "a")
+    peak = admission.largest_per_server([little, big, little])
+    assert peak == big
+    roomy = admission.Machine(64 << 30, 64 << 30, 8)
+    tight = admission.Machine(big["b"].total_bytes, 64 << 30, 8)  # nothing left after the reserve
+    assert admission.cluster_memory_refusals("run", big, {"a": roomy, "b": roomy}) == []
+    refusals = admission.cluster_memory_refusals("run", big, {"a": roomy, "b": tight})
+    assert len(refusals) == 1 and refusals[0].startswith("run: field 'memory': expected server b's share")
+    line = admission.cluster_memory_line(big, {"a": roomy, "b": roomy})
+    assert line.startswith("memory per server: a ") and ", b " in line
+
+
+def test_a_servers_memory_is_measured_there_or_it_does_not_answer():
+    from emulator.emulation import cluster_probe
+
+    assert cluster_probe.machine(lambda cmd: Result(0, "100 200 4\n", "")) == (100, 200, 4)
+    assert cluster_probe.machine(lambda cmd: Result(255, "", "ssh: connect to host")) is None
+    assert cluster_probe.machine(lambda cmd: Result(0, "garbage", "")) is None

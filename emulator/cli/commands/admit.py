@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Mapping
 
+from emulator.base.errors import UserError
 from emulator.cli.arguments import duration
-from emulator.emulation import calibration_file, system
+from emulator.emulation import calibration_file, cluster_probe, remote_shell, system
 from emulator.runs import admission
+from emulator.runs.cluster_file import Cluster
 from emulator.runs.dilation import Envelope
 
 
@@ -35,6 +38,30 @@ def machine() -> admission.Machine:
     """This machine's memory, available now and in all."""
     available, total = system.memory_available()
     return admission.Machine(available_bytes=available, total_bytes=total, cores=os.cpu_count())
+
+
+def cluster_machines(cluster: Cluster) -> dict[str, admission.Machine]:
+    """Every server's memory and cores, measured on it (the head's here); :class:`UserError` for a server that
+    does not answer."""
+    machines = {}
+    for server in cluster.servers:
+        found = cluster_probe.machine(remote_shell.remote_runner(cluster, server))
+        if found is None:
+            raise UserError(f"cluster {cluster.name}: server {server.name} does not answer (its memory is needed "
+                            "before the run): `emu cluster check` says why")
+        available, total, cores = found
+        machines[server.name] = admission.Machine(available, total, cores)
+    return machines
+
+
+def check_cluster(command: str, estimates: Mapping[str, admission.MemoryEstimate], cluster: Cluster) -> str:
+    """Refuse a cluster run (:class:`UserError`, exit 2) when a server's share does not fit its memory; else the
+    line of what each takes."""
+    machines = cluster_machines(cluster)
+    refusals = admission.cluster_memory_refusals(command, estimates, machines)
+    if refusals:
+        raise UserError("; ".join(refusals))
+    return admission.cluster_memory_line(estimates, machines)
 
 
 def envelope(mtu: int) -> Envelope:

@@ -14,6 +14,7 @@ status: 0 all cells ok, 1 some cell failed, 2 bad input, 130 interrupted
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
 from emulator.runs import admission
 from emulator.runs import mpi_plan as mpi
+from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.dilation import Envelope
 from emulator.selfcheck.calibration import ensure_calibration
 from emulator.study import experiment as xp
@@ -86,13 +88,22 @@ def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]
 
 
 def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str | None,
-           calibrations: dict[int, Calibration | None]) -> tuple[admission.Request, admission.Verdict]:
-    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine; the load and
-    the agents' work are held against ``calibrations`` (per MTU)."""
+           calibrations: dict[int, Calibration | None],
+           cluster: ClusterRun | None = None) -> tuple[admission.Request, admission.Verdict]:
+    """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine (on a
+    ``cluster``: each server its share); the load and the agents' work are held against ``calibrations`` (per
+    MTU)."""
     folder = run_folder.RunFolder(out) if out is not None else None
     todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
     request = xp.experiment_request(todo, _envelopes(calibrations))
-    return request, admit.check(request, args, echo=lambda line: None)
+    if cluster is None:
+        return request, admit.check(request, args, echo=lambda line: None)
+    shares = xp.cluster_memory(todo, lambda topo: cluster.placement(topo).of, cluster.cluster.head)
+    line = admit.check_cluster("run", shares, cluster.cluster) if shares else ""
+    if shares:
+        request = dataclasses.replace(request, memory=shares[cluster.cluster.head])
+    verdict = admit.check(request, args, echo=lambda line: None)
+    return request, dataclasses.replace(verdict, warnings=(*verdict.warnings, line) if line else verdict.warnings)
 
 
 def _print_dilations(dilations: list[xp.RunDilation], calibrated: bool) -> None:
@@ -110,13 +121,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     cells = xp.expand(exp)
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     cluster = cluster_run(args)
-    if cluster is not None:  # every network's placement and MTU, before anything starts
+    if cluster is not None:  # every network's MTU, before anything starts
         for p in xp.profiles(exp):
             cluster.cluster.check_mtu(p.emulated_mtu, f"cluster file {cluster.cluster.name}")
+        mpi_cells = sum(c.mpi is not None for c in cells)
+        if mpi_cells:
+            raise UserError(f"run: field 'cluster': expected an experiment of replay cells (MPI programs do not run "
+                            f"on a cluster yet), got {mpi_cells} MPI cells")
     if args.check:
         prepared, dilations = _prepare(exp, existing)
         _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it
-        request, verdict = _admit(args, prepared, args.out, existing)
+        request, verdict = _admit(args, prepared, args.out, existing, cluster)
         for pc in prepared:
             if pc.report is None:
                 _print_mpi_cell(pc)
@@ -146,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
         out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
     prepared, dilations = _prepare(exp, existing)
-    _, verdict = _admit(args, prepared, out, existing)  # memory and time before anything starts; the load where calibrated
+    _, verdict = _admit(args, prepared, out, existing, cluster)  # memory and time before anything starts; the load where calibrated
     system.require_root()
     if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
         system.require_tools([mpi.MPIRUN, "mnexec"])
@@ -154,7 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
         prepared, dilations = _prepare(exp, calibrations)
-        _, verdict = _admit(args, prepared, out, calibrations)
+        _, verdict = _admit(args, prepared, out, calibrations, cluster)
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:

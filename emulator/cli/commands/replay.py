@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 
 from emulator.base.errors import UserError
@@ -60,20 +61,25 @@ def cmd_replay(args: argparse.Namespace) -> int:
     prep = prepare(cfg)
     schedule, topo, report = prep.schedule, prep.topo, prep.report
     cluster = cluster_run(args)
-    if cluster is not None:
-        cluster.cluster.check_mtu(prep.profile.emulated_mtu, f"cluster file {cluster.cluster.name}")
-        placed = cluster.placement(topo)
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
     request = admission.replay_request("replay", schedule, topo, report, args.warmup + args.repeat, prep.profile,
                                        admit.envelope(prep.profile.emulated_mtu))
+    spread = ""
+    if cluster is not None:  # each server holds its share; the head's is what this machine must fit
+        cluster.cluster.check_mtu(prep.profile.emulated_mtu, f"cluster file {cluster.cluster.name}")
+        placed = cluster.placement(topo)
+        shares = admission.replay_memory_per_server(schedule, topo, placed.of, cluster.cluster.head)
+        request = dataclasses.replace(request, memory=shares[cluster.cluster.head])
+        spread = (f"on cluster {cluster.cluster.name}: {placed.describe(topo, cluster.cluster.head)}; "
+                  f"{admit.check_cluster('replay', shares, cluster.cluster)}")
     verdict = admit.check(request, args, echo=lambda line: None)
     print(f"replay {schedule.algorithm}, {schedule.p} ranks, {schedule.size} B on {topo.spec} "
           f"({args.routing} routing); predicted {report.predicted_time_s:.3f} s")
     print(f"# {prep.profile.describe()}")
-    if cluster is not None:
-        print(f"# on cluster {cluster.cluster.name}: {placed.describe(topo, cluster.cluster.head)}")
+    if spread:
+        print(f"# {spread}")
     for line in verdict.lines:
         print(f"# {line}")
     require_root()

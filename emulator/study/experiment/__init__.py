@@ -55,6 +55,7 @@ from emulator.study.experiment.estimates import (
     CELL_OVERHEAD_S,
     MPI_ESTIMATE_S,
     cell_load,
+    cluster_memory,
     estimate_s,
     experiment_request,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "estimate_s",
     "expand",
     "experiment_request",
+    "cluster_memory",
     "from_dict",
     "groups",
     "load",

@@ -8,9 +8,10 @@ holds against this machine before anything starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from emulator.model.schedule.check import CheckReport
+from emulator.model.topology import Topology
 from emulator.runs import admission
 from emulator.runs.dilation import Envelope
 from emulator.study.experiment.grid import groups
@@ -61,3 +62,12 @@ def experiment_request(todo: Sequence[PreparedCell], envelope_of: Callable[[int]
     return admission.Request("run", admission.largest(memory) if memory else empty, cells_s + networks_s,
                              f"{len(todo)} cells left at the model's times, {len(networks)} bring-ups and probes"
                              f"{guess}", tuple(loads))
+
+
+def cluster_memory(todo: Sequence[PreparedCell], server_of: Callable[[Topology], Mapping[str, str]],
+                   head: str) -> dict[str, admission.MemoryEstimate]:
+    """The unfinished replay cells spread over a cluster (``server_of``: a topology's placement): each server's
+    largest share (one network at a time)."""
+    return admission.largest_per_server([
+        admission.replay_memory_per_server(pc.schedule, pc.topo, server_of(pc.topo), head)
+        for pc in todo if pc.schedule is not None])
