@@ -88,3 +88,4 @@ def popen(cluster: Cluster, server: Server, command: Sequence[str], **kwargs: ob
 def run_with_timeout(timeout: float) -> Runner:
     """:func:`~emulator.emulation.system.run` with another timeout (a Runner)."""
     return partial(run, timeout=timeout)
+

@@ -208,3 +208,26 @@ def test_a_servers_memory_is_measured_there_or_it_does_not_answer():
     assert cluster_probe.machine(lambda cmd: Result(0, "100 200 4\n", "")) == (100, 200, 4)
     assert cluster_probe.machine(lambda cmd: Result(255, "", "ssh: connect to host")) is None
     assert cluster_probe.machine(lambda cmd: Result(0, "garbage", "")) is None
+
+
+def test_calibrate_cluster_runs_each_servers_own_calibration_in_turn(tmp_path, monkeypatch, capsys):
+    from emulator.cli.commands import calibrate
+
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(cluster().to_json()))
+    seen: list[list[str]] = []
+
+    def fake(timeout):
+        def runner(cmd):
+            seen.append(list(cmd))
+            failing = cmd[0] == "ssh"  # server b
+            return Result(1 if failing else 0, "table\n", "ovs-vsctl: no Open vSwitch" if failing else "")
+        return runner
+    monkeypatch.setattr(calibrate.remote_shell, "run_with_timeout", fake)
+    assert main(["calibrate", "--cluster", str(path), "--quick", "--fabric", "roce100"]) == 1
+    assert seen[0][1:] == ["-m", "emulator", "calibrate", "--datapath", "auto", "--fabric", "roce100", "--quick"]
+    assert seen[1][0] == "ssh" and seen[1][-1].endswith("calibrate --datapath auto --fabric roce100 --quick")
+    out, err = capsys.readouterr()
+    assert "== a (head): emu calibrate" in out and "== b: emu calibrate" in out
+    assert err.strip() == "emu: server b: emu calibrate failed (status 1): ovs-vsctl: no Open vSwitch"
+    assert main(["calibrate", "--cluster", str(tmp_path / "none.yaml")]) == 2
