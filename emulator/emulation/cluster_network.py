@@ -70,6 +70,8 @@ log = logging.getLogger(__name__)
 VXLAN_PORT = 4789
 #: Where a server's ovs-vswitchd writes its pid (Debian's).
 VSWITCHD_PIDFILE = "/run/openvswitch/ovs-vswitchd.pid"
+#: Seconds a server's ovs-vswitchd has to answer on its control socket.
+VSWITCHD_ANSWER_S = 5
 #: Seconds a server has to answer a health check.
 HEALTH_TIMEOUT_S = 10.0
 #: A broadcast frame of a local experimental EtherType (0x88b5) that no host takes up.
@@ -360,9 +362,11 @@ class ClusterNetwork(EmulatedNetwork):
             self.vswitchd_pids[server.name] = self._vswitchd(server)[1]
 
     def _vswitchd(self, server: Server) -> tuple[bool, str]:
-        """Whether ``server`` answers over ssh, and its running ovs-vswitchd's pid ("" when none runs)."""
+        """Whether ``server`` answers over ssh, and the pid of its ovs-vswitchd if that answers on its control socket
+        ("" when none does: a killed daemon may linger as a zombie, which ``kill -0`` would take for alive)."""
         res = remote_shell.remote_runner(self.cluster, server, remote_shell.run_with_timeout(HEALTH_TIMEOUT_S))(
-            ["sh", "-c", f"p=$(cat {VSWITCHD_PIDFILE}) && kill -0 \"$p\" && echo \"$p\" || true"])
+            ["sh", "-c", f"ovs-appctl --timeout={VSWITCHD_ANSWER_S} -t ovs-vswitchd version >/dev/null 2>&1 && "
+             f"cat {VSWITCHD_PIDFILE} || true"])
         return res.returncode == 0, res.stdout.strip()
 
     def lost(self) -> str | None:

@@ -266,6 +266,8 @@ class ReplaySession:
         os.makedirs(self.work_dir, exist_ok=True)
         self.topo_path = os.path.abspath(os.path.join(self.work_dir, "topology.json"))
         write_json_atomic(self.topo_path, self.topo.to_json())
+        if self.cluster is not None:
+            write_json_atomic(os.path.join(self.work_dir, "placement.json"), self._cluster_config()["cluster"])
         self.stats_file = os.path.join(self.work_dir, "controller-ports.jsonl")
         try:
             self.ctl = ControllerProcess.for_network(self.topo_path, self.policy, self.seed, stats_file=self.stats_file,
@@ -306,6 +308,13 @@ class ReplaySession:
         results.clocks = clocks.clock_records([c.to_json() for c in self.clock_offsets], after)
         if results.repetitions and not clocks.trusted(results.clocks, results.prediction.get("per_step") or []):
             results.flag_all(clocks.FLAG)
+
+    def _cluster_config(self) -> dict[str, Any]:
+        """What a cell's results record of the cluster it ran on (nothing on one machine): the cluster, its head
+        and where each node ran."""
+        if self.cluster is None or self.placement is None:
+            return {}
+        return {"cluster": {"name": self.cluster.name, "head": self.cluster.head, **self.placement.to_json()}}
 
     def _lost_server(self, exc: BaseException) -> str | None:
         """Why a run on a cluster failed when a server was lost under it (the agents saw only their side)."""
@@ -446,7 +455,8 @@ class ReplaySession:
                     "topology": topo.spec, "routing": self.policy, "seed": self.seed, "repeat": plan.repeat,
                     "warmup": plan.warmup, "mtu": self.mtu,
                     "agent_memory_limit_bytes": max(plan.memory_limits.values(), default=None),
-                    "agent_memory_limits_bytes": {str(r): v for r, v in sorted(plan.memory_limits.items())}},
+                    "agent_memory_limits_bytes": {str(r): v for r, v in sorted(plan.memory_limits.items())},
+                    **self._cluster_config()},
             fabric=self.latency.profile.to_json() if self.latency.profile is not None else None,
             latency=self.latency.to_json(), prediction=plan.report.to_json(), link_mbps=topo.host_bw,
             switch_link_mbps=topo.switch_bw, datapath=self.en.datapath, bringup_s=self.en.bringup_s)
@@ -582,7 +592,7 @@ def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None,
     prep = prep or prepare(cfg)
     os.makedirs(cfg.out, exist_ok=True)
     factory = on_cluster(cluster) if cluster is not None else ReplaySession
-    config = {**cfg.to_json(), **({"cluster": cluster.cluster.name} if cluster is not None else {})}
+    config = cfg.to_json()
     with factory(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
                  stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
                  echo=echo, lanes=lanes_of(prep.schedule)) as session:

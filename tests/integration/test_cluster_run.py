@@ -71,6 +71,14 @@ def _port_bytes(out: str, cell: str) -> dict[str, int]:
     return {port: count for port, count in sent.items() if count >= ROUTE_BYTES}
 
 
+def _machine() -> tuple[list[str], list[str], list[str]]:
+    """What of ours this machine's own namespaces hold: Open vSwitch bridges, ``ef*`` interfaces, run states."""
+    bridges = subprocess.run(["ovs-vsctl", "--timeout=10", "list-br"], text=True, capture_output=True).stdout.split()
+    links = sorted(name for name in os.listdir("/sys/class/net") if name.startswith("ef"))
+    runs = sorted(os.listdir("/run/ef-emu")) if os.path.isdir("/run/ef-emu") else []
+    return bridges, links, [r for r in runs if r != "network.lock"]
+
+
 def _one_machine(out: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "emulator", "run", TINY, "--out", out], cwd=REPO_ROOT, text=True,
                           capture_output=True, timeout=300)
@@ -79,20 +87,24 @@ def _one_machine(out: str) -> subprocess.CompletedProcess[str]:
 def test_tiny_on_two_servers_matches_one_machine(tmp_path):
     alone = _one_machine(str(tmp_path / "alone"))
     assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-2000:]
+    before = _machine()
     with NamespaceServers(str(tmp_path / "servers")) as servers:
         check = servers.emu("a", ["cluster", "check", servers.cluster_path], timeout=120)
         assert check.returncode == 0, check.stdout + check.stderr
         out = str(tmp_path / "cluster")
         res = servers.emu("a", ["run", TINY, "--cluster", servers.cluster_path, "--out", out], timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        assert "2 of 8 links cross servers" in res.stdout
+        assert "2 of 8 links cross servers" in res.stdout and "memory per server: a " in res.stdout
         assert servers.leftovers() == []
+    assert _machine() == before  # nothing outside the servers was touched
     one, spread = _cells(str(tmp_path / "alone")), _cells(out)
     assert sorted(one) == sorted(spread) and len(one) == 3
     for cell, alone_results in one.items():
         ratio = spread[cell]["time_s_median"] / alone_results["time_s_median"]
         assert abs(ratio - 1) <= SAME_RUN_TOLERANCE, (cell, ratio)
         assert spread[cell]["trusted"], cell
+        placed = spread[cell]["config"]["cluster"]
+        assert placed["head"] == "a" and placed["cross_links"] == 2 and sorted(placed["servers"]) == ["a", "b"]
         ports, alone_ports = _port_bytes(out, cell), _port_bytes(str(tmp_path / "alone"), cell)
         assert sorted(ports) == sorted(alone_ports), cell  # the same routes
         assert all(abs(ports[p] / alone_ports[p] - 1) <= ROUTE_BYTES_TOLERANCE for p in ports), (ports, alone_ports)
@@ -143,6 +155,7 @@ def test_emu_clean_cluster_after_a_killed_head_removes_everything(tmp_path):
     experiment = tmp_path / "long.yaml"
     experiment.write_text(TWO_CELLS.format(sizes="[8MiB]"), encoding="utf-8")
     out = str(tmp_path / "out")
+    before = _machine()
     with NamespaceServers(str(tmp_path / "servers")) as servers:
         run = _start_run(servers, str(experiment), out)
         try:
@@ -158,3 +171,4 @@ def test_emu_clean_cluster_after_a_killed_head_removes_everything(tmp_path):
         clean = servers.emu("a", ["clean", "--cluster", servers.cluster_path], timeout=120)
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert wait_until(lambda: servers.leftovers() == [], 15, 0.2), servers.leftovers()
+    assert _machine() == before
