@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import glob
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -45,13 +46,14 @@ from dataclasses import dataclass
 
 from emulator.base.errors import FieldError, UserError
 from emulator.base.files import append_jsonl
-from emulator.emulation import calibration_file, confinement, fidelity, system
+from emulator.emulation import calibration_file, confinement, fidelity, remote_shell, system
 from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.replay import ReplaySession, on_cluster
 from emulator.model import fabric, routing, topology
 from emulator.model.latency import LatencyModel
 from emulator.runs import admission
 from emulator.runs import allreduce_bench as mpi_bench
+from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.mpi_plan import (
     BENCH_JSON,
     PRLIMIT,
@@ -60,7 +62,9 @@ from emulator.runs.mpi_plan import (
     MpiResults,
     MpiRunConfig,
     RankPlace,
+    RemoteLaunch,
     daemon_start_failed,
+    fetch_output_command,
     hostfile_text,
     launch_agent_script,
     mca_settings,
@@ -69,6 +73,7 @@ from emulator.runs.mpi_plan import (
     program_argv,
     rank_hosts,
     resolve_program,
+    split_fetched,
 )
 
 #: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
@@ -142,16 +147,18 @@ def memory_limit_bytes(program: Sequence[str], ranks: int,
     return admission.mpi_rank_limit_bytes(admission.mpi_program_bytes(program), ranks, usable)
 
 
-def run(prep: Prepared, echo: Callable[[str], None] = print) -> MpiResults:
-    """Bring up, run the program once, tear down; return (and write) the results.
+def run(prep: Prepared, echo: Callable[[str], None] = print, cluster: ClusterRun | None = None) -> MpiResults:
+    """Bring up (over ``cluster``'s servers when given: :func:`check_cluster` first), run the program once, tear
+    down; return (and write) the results.
 
     Raises :class:`KeyboardInterrupt` after recording an interrupted run; a
     program that fails is a result (``status`` failed, its ``exit_status``).
     """
     cfg = prep.cfg
     results, results_path = _begin(prep, cfg.to_json())
-    with ReplaySession(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
-                       work_dir=os.path.join(prep.out, "session"), echo=echo, agents=False) as session:
+    factory = on_cluster(cluster) if cluster is not None else ReplaySession
+    with factory(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
+                 work_dir=os.path.join(prep.out, "session"), echo=echo, agents=False) as session:
         _run_started(prep, session, results, results_path, echo)
     return results
 
@@ -192,6 +199,7 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
     command = _write_launch_files(prep, session)
     results.command = command
     results.save(results_path)
+    remote_outputs = _remote_output_folders(prep, session)
     learned_before = session.ctl.status().get("learned_total")
     offset = session.stats_offset()
     before = fidelity.snapshot(session.en, topo)
@@ -214,6 +222,7 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
         for rec in fidelity.link_records(before, after, 0):
             append_jsonl(os.path.join(out, "links.jsonl"), rec)
         session.copy_port_stats(offset, os.path.join(out, "links.jsonl"))
+        _fetch_remote_outputs(remote_outputs, out, echo)
         ran_out = out_of_memory_ranks(os.path.join(out, "ranks"), collect_rank_output(os.path.join(out, "ranks")))
         results.out_of_memory = sorted(ran_out)
         line = (confinement.mpi_rank_ran_out(ran_out.items(), prep.memory_limit_bytes)
@@ -229,13 +238,92 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
         results.save(results_path)
 
 
+def check_cluster(prep: Prepared, cluster: ClusterRun) -> None:
+    """:class:`UserError` unless rank 0's host runs on the head (mpirun runs there, in it)."""
+    placed = cluster.placement(prep.topo)
+    server = placed.of[prep.hosts[0]]
+    if server != cluster.cluster.head:
+        raise FieldError(WHERE, "cluster", f"rank 0's host {prep.hosts[0]} on the head {cluster.cluster.head} "
+                         "(mpirun runs in it): another rank placement (--placement), or a cluster file whose "
+                         f"head is {server}", server)
+
+
+def _remote_launches(prep: Prepared, session: ReplaySession) -> dict[str, RemoteLaunch]:
+    """On a cluster: how the launch agent reaches each host on another server (by the host's IP)."""
+    cluster, placed = session.cluster, session.placement
+    if cluster is None or placed is None:
+        return {}
+    out = {}
+    for h in prep.topo.hosts:
+        server = cluster.server(placed.of[h.name])
+        if server.name != cluster.head:
+            out[h.ip] = RemoteLaunch(os.getpid(), tuple(remote_shell.ssh_prefix(server, cluster.known_hosts)),
+                                     prep.memory_limit_bytes, server.user != "root")
+    return out
+
+
+def _remote_output_folders(prep: Prepared, session: ReplaySession) -> list[tuple[str, system.Runner]]:
+    """On a cluster, the run's folder on every other server with ranks, where Open MPI writes their output and
+    starts them (its working directory): the head's own where the servers share it (a mark the head writes is
+    there), else made now with the launch agent in it, and returned (server, runner) to be copied back and
+    removed afterwards."""
+    cluster, placed = session.cluster, session.placement
+    if cluster is None or placed is None:
+        return []
+    out = prep.out
+    mark = os.path.join(out, f".ef-here-{os.getpid()}")
+    open(mark, "w").close()
+    made = []
+    try:
+        for name in sorted({placed.of[h] for h in prep.hosts} - {cluster.head}):
+            runner = remote_shell.remote_runner(cluster, cluster.server(name))
+            q = shlex.quote
+            res = runner(["sh", "-c", f"if [ -e {q(mark)} ]; then echo shared; elif [ -e {q(out)} ]; then echo "
+                          f"exists; else mkdir -p {q(os.path.join(out, 'ranks'))} && echo made; fi"])
+            state = res.stdout.strip()
+            if state == "exists":
+                raise UserError(f"mpirun: server {name} already has {out} (not this run's): choose another --out")
+            if state not in ("shared", "made"):
+                raise UserError(f"mpirun: server {name}: cannot make {out} there: {res.stderr.strip()[-200:]}")
+            if state == "made":
+                made.append((name, runner))
+                _copy_launch_agent(runner, name, os.path.join(out, "launch-agent"))
+    finally:
+        os.unlink(mark)
+    return made
+
+
+def _copy_launch_agent(runner: system.Runner, server: str, path: str) -> None:
+    """The launch agent at its path on ``server`` too: every orted checks that the ``plm_rsh_agent`` it is
+    given exists, though only mpirun's runs it (no tree spawn)."""
+    with open(path, encoding="ascii") as fh:
+        text = fh.read()
+    res = runner(["sh", "-c", 'printf %s "$1" > "$2" && chmod 700 "$2"', "sh", text, path])
+    if res.returncode != 0:
+        raise UserError(f"mpirun: server {server}: cannot write the launch agent there: {res.stderr.strip()[-200:]}")
+
+
+def _fetch_remote_outputs(folders: Sequence[tuple[str, system.Runner]], out: str, echo: Callable[[str], None]) -> None:
+    """Every rank's output from the other servers' copies of the run's folder, into the head's; then remove them."""
+    ranks = os.path.join(out, "ranks")
+    for name, runner in folders:
+        res = runner(fetch_output_command(ranks))
+        for path, text in split_fetched(res.stdout).items():
+            local = os.path.join(ranks, path)
+            os.makedirs(os.path.dirname(local), exist_ok=True)
+            with open(local, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        if runner(["rm", "-rf", "--", out]).returncode != 0:
+            echo(f"# warning: server {name}: could not remove its copy of {out}")
+
+
 def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     """The launch agent and the hostfile in the run's folder; the mpirun command line that uses them."""
     out, topo = prep.out, prep.topo
     agent = os.path.join(out, "launch-agent")
     pids = [(h.ip, session.en.host(h.name).pid) for h in topo.hosts]
     with open(agent, "w", encoding="ascii") as fh:
-        fh.write(launch_agent_script(pids, os.path.join(out, "launch-agent.log")))
+        fh.write(launch_agent_script(pids, os.path.join(out, "launch-agent.log"), _remote_launches(prep, session)))
     os.chmod(agent, 0o700)  # root runs it; nobody else needs to
     hostfile = os.path.join(out, "hostfile")
     with open(hostfile, "w", encoding="ascii") as fh:

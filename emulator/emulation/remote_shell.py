@@ -57,10 +57,15 @@ def remote_command(server: Server, command: Sequence[str]) -> str:
     return shlex.join(words)
 
 
+def ssh_prefix(server: Server, known_hosts: str, *, tty: bool = False) -> list[str]:
+    """``ssh`` with its options up to the destination's ``--``: what a remote command line follows."""
+    return ["ssh", *ssh_options(server, known_hosts), *(["-tt"] if tty else ["-T"]), f"{server.user}@{server.ssh}",
+            "--"]
+
+
 def ssh_argv(server: Server, command: Sequence[str], known_hosts: str, *, tty: bool = False) -> list[str]:
     """The local argument list that runs ``command`` on ``server`` (``tty``: with a terminal, ``-tt``)."""
-    return ["ssh", *ssh_options(server, known_hosts), *(["-tt"] if tty else ["-T"]),
-            f"{server.user}@{server.ssh}", "--", remote_command(server, command)]
+    return [*ssh_prefix(server, known_hosts, tty=tty), remote_command(server, command)]
 
 
 def remote_runner(cluster: Cluster, server: Server, local: Runner = run) -> Runner:

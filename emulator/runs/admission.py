@@ -214,6 +214,22 @@ def mpi_memory(ranks: int, program_bytes: int, topo: Topology) -> MemoryEstimate
                           network_bytes=network_bytes(topo), what="MPI ranks")
 
 
+def mpi_memory_per_server(hosts: Sequence[str], program_bytes: int, topo: Topology, server_of: Mapping[str, str],
+                          head: str) -> dict[str, MemoryEstimate]:
+    """An MPI program whose rank R runs on ``hosts[R]``, spread over a cluster: what each server holds (its ranks,
+    its nodes' share of the network; the session and mpirun on the ``head``)."""
+    per_rank = MPI_RANK_BASE_BYTES + program_bytes
+    out = {}
+    for server in sorted({*server_of.values(), head}):
+        ranks = sum(1 for h in hosts if server_of[h] == server)
+        nodes = [n for n, s in server_of.items() if s == server]
+        here = sum(1 for h in topo.hosts if h.name in nodes)
+        out[server] = MemoryEstimate(ranks=ranks, rank_bytes=per_rank if ranks else 0, programs_bytes=ranks * per_rank,
+                                     network_bytes=nodes_bytes(here, len(nodes) - here),
+                                     session_bytes=SESSION_BYTES if server == head else 0, what="MPI ranks")
+    return out
+
+
 def largest(estimates: Sequence[MemoryEstimate]) -> MemoryEstimate:
     """The peak of runs made one after another (one network at a time): the largest of them."""
     return max(estimates, key=lambda e: e.total_bytes)

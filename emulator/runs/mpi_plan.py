@@ -26,7 +26,7 @@ import os
 import re
 import shlex
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -207,23 +207,76 @@ def hostfile_text(ips: Sequence[str]) -> str:
     return "".join(f"{ip} slots=1\n" for ip in ips)
 
 
-def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str) -> str:
+@dataclass(frozen=True)
+class RemoteLaunch:
+    """How the launch agent reaches a host on another server of a cluster: from the head's own network
+    namespace (``netns_pid``: a process in it; a host's namespace reaches only the fabric), over ``ssh`` (its
+    argument list up to the destination's ``--``), under ``RLIMIT_DATA`` ``memory_limit_bytes`` there (a remote
+    orted does not inherit mpirun's), with ``sudo`` for a user other than root."""
+
+    netns_pid: int
+    ssh: tuple[str, ...]
+    memory_limit_bytes: int | None = None
+    sudo: bool = False
+
+    def command(self) -> str:
+        """The script's line that runs ``$*`` in host ``$pid`` on that server (the words quoted for its shell)."""
+        limit = f"{PRLIMIT} --data={self.memory_limit_bytes} " if self.memory_limit_bytes else ""
+        sudo = "sudo -n -E " if self.sudo else ""
+        return (f"exec nsenter --net=/proc/{self.netns_pid}/ns/net -- {shlex.join(self.ssh)} "
+                f"\"{sudo}{limit}mnexec -a $pid /bin/sh -c '$quoted'\"")
+
+
+#: Begins each file of a remote server's rank output, as :func:`fetch_output_command` prints them.
+FETCH_MARK = "@@ef-file "
+
+
+def fetch_output_command(ranks_dir: str) -> list[str]:
+    """The command printing every rank output file under ``ranks_dir`` on a server, each after a line
+    ``FETCH_MARK PATH`` (its path under ``ranks_dir``): what :func:`split_fetched` reads."""
+    script = (f"cd {shlex.quote(ranks_dir)} && for f in */rank.*/stdout */rank.*/stderr; do "
+              f"[ -f \"$f\" ] && printf '\\n{FETCH_MARK}%s\\n' \"$f\" && cat \"$f\"; done; true")
+    return ["sh", "-c", script]
+
+
+def split_fetched(text: str) -> dict[str, str]:
+    """:func:`fetch_output_command`'s output as {path under the ranks folder: its text}; paths that would leave
+    the folder are dropped."""
+    files = {}
+    for part in text.split("\n" + FETCH_MARK)[1:]:
+        path, _, body = part.partition("\n")
+        if path and not path.startswith("/") and ".." not in path.split("/"):
+            files[path] = body
+    return files
+
+
+def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str,
+                        remote: Mapping[str, RemoteLaunch] | None = None) -> str:
     """The ``plm_rsh_agent`` shell script: ``SCRIPT HOST COMMAND...`` runs COMMAND in HOST's namespace.
 
     Open MPI calls it like ``ssh``: the host (an IP of the hostfile) first,
     then the command as words a remote shell would join and run. An unknown
-    host fails with status 255, as ssh does.
+    host fails with status 255, as ssh does. A host in ``remote`` (IP ->
+    :class:`RemoteLaunch`) runs on another server of a cluster, reached over
+    ssh.
     """
-    cases = "".join(f"  {ip}) pid={pid} ;;\n" for ip, pid in pids)
+    remote = remote or {}
+    cases = "".join(f"  {ip}) pid={pid} ;;\n" if ip not in remote else f"  {ip}) pid={pid} where={ip} ;;\n"
+                    for ip, pid in pids)
+    remote_cases = "".join(f"  {ip}) {launch.command()} ;;\n" for ip, launch in remote.items())
+    tail = "exec mnexec -a \"$pid\" /bin/sh -c \"$*\"\n"
+    if remote:
+        # sed gets s/'/'\\''/g (a backslash in its replacement must be doubled): each quote becomes '\''
+        tail = ("quoted=$(printf '%s' \"$*\" | sed \"s/'/'\\\\\\\\''/g\")\n"
+                "case \"$where\" in\n" + remote_cases + "esac\n" + tail)
     return ("#!/bin/sh\n"
             "# written by emu mpirun: Open MPI's launch agent into the emulated hosts (see emulator/runs/mpi_plan.py)\n"
             f"echo \"$(date +%s.%N) $*\" >> {shlex.quote(log_path)}\n"
-            "host=\"$1\"; shift\n"
+            "host=\"$1\"; shift\nwhere=\n"
             "case \"$host\" in\n"
             f"{cases}"
             "  *) echo \"emu mpirun launch agent: $host is not a host of this network\" >&2; exit 255 ;;\n"
-            "esac\n"
-            "exec mnexec -a \"$pid\" /bin/sh -c \"$*\"\n")
+            "esac\n" + tail)
 
 
 def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv: Sequence[str], output_dir: str,

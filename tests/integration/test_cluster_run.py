@@ -172,3 +172,24 @@ def test_emu_clean_cluster_after_a_killed_head_removes_everything(tmp_path):
         assert clean.returncode == 0, clean.stdout + clean.stderr
         assert wait_until(lambda: servers.leftovers() == [], 15, 0.2), servers.leftovers()
     assert _machine() == before
+
+
+def test_mpirun_over_two_servers_reaches_the_other_servers_hosts_and_brings_their_output_back(tmp_path):
+    # --out under /run: the head's own (a private tmpfs of server a), which server b does not share, so
+    # Open MPI's working folder there is made for the run and its ranks' output copied back and removed
+    out = f"/run/ef-mpi-test-{os.getpid()}"
+    with NamespaceServers(str(tmp_path / "servers")) as servers:
+        res = servers.emu("a", ["mpirun", "--topology", "bigraph:upper=2,lower=2,hosts_per_switch=1", "--routing",
+                                "bigraph", "--out", out, "--timeout", "120", "--cluster", servers.cluster_path, "--",
+                                "emu-allreduce-bench", "--algo", "ring", "--sizes", "64KiB", "--iters", "2"],
+                          timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "rank    1 on b (10.0.0.2)" in res.stdout and "rank    0 on a (10.0.0.1)" in res.stdout
+        head = Path(f"/proc/{servers.pid('a')}/root{out}")
+        results = json.loads((head / "results.json").read_text(encoding="utf-8"))
+        assert results["status"] == "ok" and [row["wrong"] for row in results["bench"]] == [0]
+        assert "emu-allreduce-bench" in (head / "ranks" / "rank-0.stdout").read_text(encoding="utf-8")
+        ranks = sorted(p.name for p in (head / "ranks").iterdir())
+        assert ranks == [f"rank-{r}.{s}" for r in range(4) for s in ("stderr", "stdout")]  # b's ranks' too
+        assert not Path(f"/proc/{servers.pid('b')}/root{out}").exists()  # b's copy is gone
+        assert servers.leftovers() == []

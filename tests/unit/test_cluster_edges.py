@@ -231,3 +231,26 @@ def test_calibrate_cluster_runs_each_servers_own_calibration_in_turn(tmp_path, m
     assert "== a (head): emu calibrate" in out and "== b: emu calibrate" in out
     assert err.strip() == "emu: server b: emu calibrate failed (status 1): ovs-vsctl: no Open vSwitch"
     assert main(["calibrate", "--cluster", str(tmp_path / "none.yaml")]) == 2
+
+
+def test_mpi_on_a_cluster_needs_rank_0_on_the_head_and_each_server_holds_its_ranks():
+    from emulator.emulation import mpi_run
+    from emulator.runs import admission
+
+    topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=1")
+    run = cluster_file.ClusterRun(cluster())
+    placed = run.placement(topo)
+    on_b = next(h.name for h in topo.hosts if placed.of[h.name] == "b")
+    on_a = next(h.name for h in topo.hosts if placed.of[h.name] == "a")
+
+    class Prep:
+        hosts = [on_b, on_a]
+    Prep.topo = topo
+    with pytest.raises(cluster_file.FieldError, match=f"rank 0's host {on_b} on the head a"):
+        mpi_run.check_cluster(Prep(), run)  # type: ignore[arg-type]
+    Prep.hosts = [on_a, on_b]
+    mpi_run.check_cluster(Prep(), run)  # type: ignore[arg-type]
+    shares = admission.mpi_memory_per_server([on_a, on_b, on_b], 1 << 20, topo, placed.of, "a")
+    assert shares["a"].ranks == 1 and shares["b"].ranks == 2 and shares["b"].session_bytes == 0
+    whole = admission.mpi_memory(3, 1 << 20, topo)
+    assert sum(e.total_bytes for e in shares.values()) == whole.total_bytes

@@ -26,7 +26,10 @@ from emulator.runs.mpi_plan import (
     RankPlace,
     daemon_start_failed,
     hostfile_text,
+    RemoteLaunch,
+    fetch_output_command,
     launch_agent_script,
+    split_fetched,
     load_results,
     mca_settings,
     mpirun_command,
@@ -194,6 +197,33 @@ def test_the_launch_agent_enters_the_named_hosts_namespace(tmp_path, fake_mnexec
     assert res.returncode == 0
     assert res.stdout.strip() == 'mnexec -a 202 /bin/sh -c orted -mca ess "env"'
     assert "10.0.0.2 orted" in (tmp_path / "agent.log").read_text()
+
+
+def test_the_launch_agent_reaches_another_servers_host_over_ssh_from_the_heads_namespace(tmp_path, fake_mnexec):
+    # fake nsenter and ssh: nsenter runs what follows its --, ssh hands its last word to a shell, as a remote
+    # login shell would, so the command the other server's shell gets is what runs
+    _script(fake_mnexec / "nsenter", '#!/bin/sh\necho "nsenter $1" >&2\nshift 2\nexec "$@"\n')
+    _script(fake_mnexec / "ssh", '#!/bin/sh\nfor last; do :; done\necho "ssh to $3" >&2\nexec /bin/sh -c "$last"\n')
+    _script(fake_mnexec / "prlimit", '#!/bin/sh\necho "prlimit $1" >&2\nshift\nexec "$@"\n')
+    remote = {"10.0.0.2": RemoteLaunch(4242, ("ssh", "-p", "22", "root@10.77.0.2", "--"), 1 << 30)}
+    agent = _script(tmp_path / "agent", launch_agent_script([("10.0.0.1", 101), ("10.0.0.2", 202)],
+                                                            str(tmp_path / "agent.log"), remote))
+    res = subprocess.run([agent, "10.0.0.2", "orted", "-mca", "ess", '"env"', "--x", "it's"], capture_output=True,
+                         text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == 'mnexec -a 202 /bin/sh -c orted -mca ess "env" --x it\'s'
+    assert res.stderr.splitlines() == ["nsenter --net=/proc/4242/ns/net", "ssh to root@10.77.0.2",
+                                       f"prlimit --data={1 << 30}"]
+    local = subprocess.run([agent, "10.0.0.1", "orted"], capture_output=True, text=True, check=False)
+    assert local.stdout.strip() == "mnexec -a 101 /bin/sh -c orted" and local.stderr == ""
+
+
+def test_rank_output_fetched_from_a_server_splits_into_its_files_and_stays_in_the_folder():
+    text = ("\n@@ef-file 1/rank.1/stdout\nline one\nline two\n\n@@ef-file 1/rank.1/stderr\n"
+            "\n@@ef-file ../escape\nx\n\n@@ef-file /abs\ny")
+    assert split_fetched(text) == {"1/rank.1/stdout": "line one\nline two\n", "1/rank.1/stderr": ""}
+    cmd = fetch_output_command("/out dir/ranks")
+    assert cmd[:2] == ["sh", "-c"] and "cd '/out dir/ranks'" in cmd[2]
 
 
 def test_the_launch_agent_refuses_a_host_of_another_network_as_ssh_would(tmp_path, fake_mnexec):

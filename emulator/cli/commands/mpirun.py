@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
+from emulator.base.errors import printable
 from emulator.cli.arguments import int_at_least, positive
 from emulator.cli.commands import admit
 from emulator.emulation.fidelity import flag_text
-from emulator.emulation.mpi_run import prepare, run
+from emulator.emulation.mpi_run import check_cluster, prepare, run
 from emulator.emulation.system import interrupt_on_sigterm, require_root
 from emulator.model import fabric
 from emulator.model.schedule.generators import PLACEMENTS
-from emulator.runs import admission
+from emulator.runs import admission, cluster_file
+from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig
 
 
@@ -44,6 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",
                    help="what every rank runs, e.g. -- emu-allreduce-bench --algo ring --sizes 1MiB")
     admit.add_arguments(p)
+    p.add_argument("--cluster", metavar="CLUSTER", default=None,
+                   help="spread the network over this cluster file's servers (docs/cluster.md); rank 0's host must "
+                        "run on its head")
     p.set_defaults(func=cmd_mpirun)
 
 
@@ -57,13 +63,28 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
                        mca=tuple((k, v) for k, v in args.mca), fabric=profile, datapath=args.datapath,
                        timeout_s=args.timeout, nice=args.nice)
     prep = prepare(cfg)
-    verdict = admit.check(admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout), args,
-                          echo=lambda line: None)
+    request = admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout)
+    cluster = None
+    spread = ""
+    if args.cluster:
+        cluster = ClusterRun(cluster_file.load(args.cluster))
+        cluster.cluster.require_private_underlay(f"cluster file {printable(args.cluster)}")
+        cluster.cluster.check_mtu(prep.profile.emulated_mtu, f"cluster file {cluster.cluster.name}")
+        check_cluster(prep, cluster)
+        placed, head = cluster.placement(prep.topo), cluster.cluster.head
+        shares = admission.mpi_memory_per_server(prep.hosts, admission.mpi_program_bytes(program), prep.topo,
+                                                 placed.of, head)
+        request = dataclasses.replace(request, memory=shares[head])
+        spread = (f"on cluster {cluster.cluster.name}: {placed.describe(prep.topo, head)}; "
+                  f"{admit.check_cluster('mpirun', shares, cluster.cluster)}")
+    verdict = admit.check(request, args, echo=lambda line: None)
     require_root()
     interrupt_on_sigterm()
     print(f"mpirun {' '.join(program)}: {len(prep.hosts)} ranks on {prep.topo.spec} ({args.routing} routing, "
           f"placement {args.placement})")
     print(f"# {prep.profile.describe()}")
+    if spread:
+        print(f"# {spread}")
     for line in verdict.lines:
         print(f"# {line}")
     if prep.profile.switch_latency_s > 0 or prep.profile.alpha_s > 0:
@@ -71,7 +92,7 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
         print(f"# Open MPI's messages get none of the profile's per-message alpha"
               f"{'' if on_links else ' nor its switch latency (no netem here)'}: the emulated links stand for "
               "the fabric's bandwidth only (docs/fidelity.md)")
-    results = run(prep)
+    results = run(prep, cluster=cluster)
     print(_closing_line(results))
     return exit_code(results)
 
