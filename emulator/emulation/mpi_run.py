@@ -72,6 +72,7 @@ from emulator.runs.mpi_plan import (
     parse_mca,
     program_argv,
     rank_hosts,
+    require_rank0_on_head,
     resolve_program,
     split_fetched,
 )
@@ -174,6 +175,8 @@ def run_in_session(prep: Prepared, session: ReplaySession, echo: Callable[[str],
     connections the controller learned during this run only. Raises :class:`KeyboardInterrupt` after
     recording an interrupted run, as :func:`run` does.
     """
+    if session.cluster is not None and session.placement is not None:
+        require_rank0_on_head(prep.hosts, session.placement.of, session.cluster.head)
     results, results_path = _begin(prep, {**prep.cfg.to_json(), **(config or {})})
     _run_started(prep, session, results, results_path, echo)
     return results
@@ -196,6 +199,7 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
     """Run mpirun once on the started ``session``; ``results`` hold everything when this returns or raises."""
     cfg, topo, out = prep.cfg, prep.topo, prep.out
     results.datapath, results.bringup_s = session.en.datapath, session.bringup_s
+    results.config.update(session.cluster_config())
     command = _write_launch_files(prep, session)
     results.command = command
     results.save(results_path)
@@ -240,12 +244,7 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
 
 def check_cluster(prep: Prepared, cluster: ClusterRun) -> None:
     """:class:`UserError` unless rank 0's host runs on the head (mpirun runs there, in it)."""
-    placed = cluster.placement(prep.topo)
-    server = placed.of[prep.hosts[0]]
-    if server != cluster.cluster.head:
-        raise FieldError(WHERE, "cluster", f"rank 0's host {prep.hosts[0]} on the head {cluster.cluster.head} "
-                         "(mpirun runs in it): another rank placement (--placement), or a cluster file whose "
-                         f"head is {server}", server)
+    require_rank0_on_head(prep.hosts, cluster.placement(prep.topo).of, cluster.cluster.head)
 
 
 def _remote_launches(prep: Prepared, session: ReplaySession) -> dict[str, RemoteLaunch]:

@@ -267,7 +267,7 @@ class ReplaySession:
         self.topo_path = os.path.abspath(os.path.join(self.work_dir, "topology.json"))
         write_json_atomic(self.topo_path, self.topo.to_json())
         if self.cluster is not None:
-            write_json_atomic(os.path.join(self.work_dir, "placement.json"), self._cluster_config()["cluster"])
+            write_json_atomic(os.path.join(self.work_dir, "placement.json"), self.cluster_config()["cluster"])
         self.stats_file = os.path.join(self.work_dir, "controller-ports.jsonl")
         try:
             self.ctl = ControllerProcess.for_network(self.topo_path, self.policy, self.seed, stats_file=self.stats_file,
@@ -309,7 +309,7 @@ class ReplaySession:
         if results.repetitions and not clocks.trusted(results.clocks, results.prediction.get("per_step") or []):
             results.flag_all(clocks.FLAG)
 
-    def _cluster_config(self) -> dict[str, Any]:
+    def cluster_config(self) -> dict[str, Any]:
         """What a cell's results record of the cluster it ran on (nothing on one machine): the cluster, its head
         and where each node ran."""
         if self.cluster is None or self.placement is None:
@@ -456,7 +456,7 @@ class ReplaySession:
                     "warmup": plan.warmup, "mtu": self.mtu,
                     "agent_memory_limit_bytes": max(plan.memory_limits.values(), default=None),
                     "agent_memory_limits_bytes": {str(r): v for r, v in sorted(plan.memory_limits.items())},
-                    **self._cluster_config()},
+                    **self.cluster_config()},
             fabric=self.latency.profile.to_json() if self.latency.profile is not None else None,
             latency=self.latency.to_json(), prediction=plan.report.to_json(), link_mbps=topo.host_bw,
             switch_link_mbps=topo.switch_bw, datapath=self.en.datapath, bringup_s=self.en.bringup_s)

@@ -250,6 +250,15 @@ def split_fetched(text: str) -> dict[str, str]:
     return files
 
 
+def require_rank0_on_head(hosts: Sequence[str], server_of: Mapping[str, str], head: str) -> None:
+    """:class:`FieldError` unless rank 0's host (``hosts[0]``) runs on the cluster's ``head``: mpirun runs in
+    it, and reaches the other servers from there."""
+    server = server_of[hosts[0]]
+    if server != head:
+        raise FieldError(WHERE, "cluster", f"rank 0's host {hosts[0]} on the head {head} (mpirun runs in it): "
+                         f"another rank placement, or a cluster file whose head is {server}", server)
+
+
 def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str,
                         remote: Mapping[str, RemoteLaunch] | None = None) -> str:
     """The ``plm_rsh_agent`` shell script: ``SCRIPT HOST COMMAND...`` runs COMMAND in HOST's namespace.

@@ -193,3 +193,28 @@ def test_mpirun_over_two_servers_reaches_the_other_servers_hosts_and_brings_thei
         assert ranks == [f"rank-{r}.{s}" for r in range(4) for s in ("stderr", "stdout")]  # b's ranks' too
         assert not Path(f"/proc/{servers.pid('b')}/root{out}").exists()  # b's copy is gone
         assert servers.leftovers() == []
+
+
+MPI_CELL = """\
+name: cluster-mpi
+fabric: roce100
+series:
+  - name: mpi
+    runs:
+      - topology: "bigraph:upper=2,lower=2,hosts_per_switch=1"
+        routing: bigraph
+        mpi: {program: [emu-allreduce-bench, --algo, ring, --sizes, 64KiB, --iters, "2"], timeout_s: 120}
+"""
+
+
+def test_an_mpi_cell_of_emu_run_runs_on_the_cluster(tmp_path):
+    experiment = tmp_path / "mpi.yaml"
+    experiment.write_text(MPI_CELL, encoding="utf-8")
+    out = str(tmp_path / "out")
+    with NamespaceServers(str(tmp_path / "servers")) as servers:
+        res = servers.emu("a", ["run", str(experiment), "--cluster", servers.cluster_path, "--out", out], timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        (cell,) = _cells(out).values()
+        assert cell["status"] == "ok" and [row["wrong"] for row in cell["bench"]] == [0]
+        assert cell["config"]["cluster"]["servers"]["b"]  # the session recorded where each node ran
+        assert servers.leftovers() == []

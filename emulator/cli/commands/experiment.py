@@ -124,10 +124,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cluster is not None:  # every network's MTU, before anything starts
         for p in xp.profiles(exp):
             cluster.cluster.check_mtu(p.emulated_mtu, f"cluster file {cluster.cluster.name}")
-        mpi_cells = sum(c.mpi is not None for c in cells)
-        if mpi_cells:
-            raise UserError(f"run: field 'cluster': expected an experiment of replay cells (MPI programs do not run "
-                            f"on a cluster yet), got {mpi_cells} MPI cells")
     if args.check:
         prepared, dilations = _prepare(exp, existing)
         _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it

@@ -14,6 +14,7 @@ from emulator.model.schedule.check import CheckReport
 from emulator.model.topology import Topology
 from emulator.runs import admission
 from emulator.runs.dilation import Envelope
+from emulator.runs.mpi_plan import rank_hosts, require_rank0_on_head
 from emulator.study.experiment.grid import groups
 from emulator.study.experiment.prediction import PreparedCell
 
@@ -66,8 +67,15 @@ def experiment_request(todo: Sequence[PreparedCell], envelope_of: Callable[[int]
 
 def cluster_memory(todo: Sequence[PreparedCell], server_of: Callable[[Topology], Mapping[str, str]],
                    head: str) -> dict[str, admission.MemoryEstimate]:
-    """The unfinished replay cells spread over a cluster (``server_of``: a topology's placement): each server's
-    largest share (one network at a time)."""
-    return admission.largest_per_server([
-        admission.replay_memory_per_server(pc.schedule, pc.topo, server_of(pc.topo), head)
-        for pc in todo if pc.schedule is not None])
+    """The unfinished cells spread over a cluster (``server_of``: a topology's placement): each server's largest
+    share (one network at a time). :class:`FieldError` for an MPI cell whose rank 0 would not run on the head."""
+    shares = []
+    for pc in todo:
+        if pc.schedule is not None:
+            shares.append(admission.replay_memory_per_server(pc.schedule, pc.topo, server_of(pc.topo), head))
+        elif pc.cell.mpi is not None:
+            hosts = rank_hosts(pc.topo, pc.cell.placement, pc.cell.mpi.np, pc.cell.seed)
+            require_rank0_on_head(hosts, server_of(pc.topo), head)
+            shares.append(admission.mpi_memory_per_server(
+                hosts, admission.mpi_program_bytes(pc.cell.mpi.program), pc.topo, server_of(pc.topo), head))
+    return admission.largest_per_server(shares)
