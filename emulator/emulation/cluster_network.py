@@ -46,20 +46,15 @@ from functools import partial
 from typing import Any
 
 from emulator.base.errors import UserError
-from emulator.base.naming import bridge_name, host_intf, switch_intf
+from emulator.base.naming import bridge_name, switch_intf
 from emulator.emulation import remote_shell
 from emulator.emulation.cleanup import remove_our_bridges
 from emulator.emulation.cluster_lock import ClusterLock
-from emulator.emulation.host_commands import failed_command, host_script, host_setup_commands, static_arp_batch
-from emulator.emulation.network import EmulatedNetwork
+from emulator.emulation.host_commands import failed_command, host_script
+from emulator.emulation.network import EmulatedNetwork, host_address
 from emulator.emulation.runstate import proc_netns
 from emulator.emulation.system import Result, Runner, run
-from emulator.emulation.tc_commands import (
-    host_queue_commands,
-    root_interface_rates,
-    shaping_tree_commands,
-    tc_batch,
-)
+from emulator.emulation.tc_commands import root_interface_rates
 from emulator.model.placement import Placement
 from emulator.model.topology import Topology
 from emulator.runs.cluster_file import Cluster, Server
@@ -123,11 +118,19 @@ class TunnelPlan:
         return self.cluster.server(self.server_of[node_name]).underlay
 
 
-def vxlan_commands(intf: str, vni: int, local: str, remote: str, mtu: int) -> list[str]:
-    """One shell line creating VXLAN device ``intf`` (in the root namespace) towards ``remote``, up, no GRO."""
-    return ["sh", "-ec", f"ip link del {intf} 2>/dev/null || true; "
-            f"ip link add {intf} mtu {mtu} type vxlan id {vni} local {local} remote {remote} "
-            f"dstport {VXLAN_PORT} nolearning; ip link set {intf} up; ethtool -K {intf} gro off >/dev/null"]
+def vxlan_command(intf: str, vni: int, local: str, remote: str, mtu: int, *, address: str | None = None,
+                  netns_pid: int | None = None) -> list[str]:
+    """One shell line creating VXLAN device ``intf`` (in the root namespace) towards ``remote``, up, no GRO; with
+    ``address`` its MAC, with ``netns_pid`` then moved into that process's network namespace (a host's: the
+    device keeps its underlay socket where it was made)."""
+    script = (f"ip link del {intf} 2>/dev/null || true; "
+              f"ip link add {intf} mtu {mtu} type vxlan id {vni} local {local} remote {remote} "
+              f"dstport {VXLAN_PORT} nolearning; ip link set {intf} up; ethtool -K {intf} gro off >/dev/null")
+    if address:
+        script += f"; ip link set {intf} address {address}"
+    if netns_pid is not None:
+        script += f"; ip link set {intf} netns {netns_pid}"
+    return ["sh", "-ec", script]
 
 
 def _cluster_classes(cluster: Cluster) -> tuple[Any, Any, Any]:
@@ -165,6 +168,7 @@ def _cluster_classes(cluster: Cluster) -> tuple[Any, Any, Any]:
 
     class VxlanLink(RemoteLink):  # type: ignore[misc, valid-type]
         tunnel: Any
+
         def __init__(self, node1: Any, node2: Any, plan: TunnelPlan | None = None, **kwargs: Any):
             assert plan is not None
             self.plan = plan
@@ -180,12 +184,8 @@ def _cluster_classes(cluster: Cluster) -> tuple[Any, Any, Any]:
             vni = self.plan.next_vni()
             ends = ((node1, intfname1, addr1, node2), (node2, intfname2, addr2, node1))
             for node, intf, addr, peer in ends:
-                cmd = vxlan_commands(intf, vni, self.plan.underlay(node.name), self.plan.underlay(peer.name),
-                                     self.plan.mtu)
-                if addr:
-                    cmd[-1] += f"; ip link set {intf} address {addr}"
-                if node.inNamespace:
-                    cmd[-1] += f"; ip link set {intf} netns {node.pid}"
+                cmd = vxlan_command(intf, vni, self.plan.underlay(node.name), self.plan.underlay(peer.name),
+                                    self.plan.mtu, address=addr, netns_pid=node.pid if node.inNamespace else None)
                 out = node.rcmd(cmd).strip()
                 if out:
                     raise UserError(f"network: VXLAN tunnel {intf} on {self.plan.server_of[node.name]}: {out[:200]}")
@@ -271,7 +271,7 @@ class ClusterNetwork(EmulatedNetwork):
         self.net = net
         assert self.state is not None
         for h in self.topo.hosts:
-            node = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac, **self._placed(h.name))
+            node = net.addHost(h.name, ip=host_address(h.ip), mac=h.mac, **self._placed(h.name))
             self._record_node(h.name, node)
         for s in self.topo.switches:
             node = net.addSwitch(bridge_name(s.name), dpid=f"{s.dpid:016x}", **self._placed(s.name))
@@ -298,15 +298,6 @@ class ClusterNetwork(EmulatedNetwork):
         else:
             self.state.record_process("host", node.pid, node=name, netns=proc_netns(node.pid))
 
-    def _add_links(self, net: Any) -> None:
-        for lk in self.topo.links:
-            if lk.kind == "host":
-                net.addLink(lk.a, bridge_name(lk.b), port1=0, port2=lk.b_port, intfName1=host_intf(lk.a),
-                            intfName2=switch_intf(lk.b, lk.b_port), addr1=self.topo.host(lk.a).mac)
-            else:
-                net.addLink(bridge_name(lk.a), bridge_name(lk.b), port1=lk.a_port, port2=lk.b_port,
-                            intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port))
-
     # ------------------------------------------------------------ configure
     def _configure_host(self, name: str) -> None:
         """A remote host's set-up in one ssh running ``mnexec -a PID`` on its server (its shell is on a
@@ -314,11 +305,7 @@ class ClusterNetwork(EmulatedNetwork):
         if not self.is_remote(name):
             super()._configure_host(name)
             return
-        intf = host_intf(name)
-        queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(name).bw_mbps),
-                           *host_queue_commands(intf, self.queue_packets)])
-        commands = [*host_setup_commands(self.topo, name, self.datapath, self.mtu, self.tsq_bytes),
-                    *inline_batches(["tc"], queues), *inline_batches(["ip"], static_arp_batch(self.topo, name))]
+        commands = self._host_commands(name, self._batch_on(self.placement.of[name]))
         res = self.runners[self.placement.of[name]](["mnexec", "-a", str(self.host(name).pid), *host_script(commands)])
         if res.returncode != 0:
             tail = [line for line in (res.stderr + res.stdout).strip().splitlines() if not line.startswith("+ ")]

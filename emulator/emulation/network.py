@@ -83,6 +83,11 @@ from emulator.model.topology import DEFAULT_MTU, Topology
 
 log = logging.getLogger(__name__)
 
+
+def host_address(ip: str) -> str:
+    """A host's address with the prefix length of the hosts' one subnet (Mininet's ``ip`` argument)."""
+    return f"{ip}/{HOST_SUBNET.split('/')[1]}"
+
 #: ``ovs-ofctl add-flows`` processes at once (one per bridge, up to this many).
 FLOW_INSTALL_PARALLEL = 64
 
@@ -214,10 +219,19 @@ class EmulatedNetwork:
         self.net = net
         assert self.state is not None
         for h in self.topo.hosts:
-            node = net.addHost(h.name, ip=f"{h.ip}/{HOST_SUBNET.split('/')[1]}", mac=h.mac)
+            node = net.addHost(h.name, ip=host_address(h.ip), mac=h.mac)
             self.state.record_process("host", node.pid, node=h.name, netns=proc_netns(node.pid))
         for s in self.topo.switches:
             net.addSwitch(bridge_name(s.name), dpid=f"{s.dpid:016x}")
+        self._add_links(net)
+        if self.controller is not None:
+            ip, port = self.controller
+            net.addController(RemoteController("c0", ip=ip, port=port))
+        net.build()
+        net.start()
+
+    def _add_links(self, net: Any) -> None:
+        """Every link of the model, its ends named and numbered as the model's ports."""
         for lk in self.topo.links:
             if lk.kind == "host":
                 net.addLink(lk.a, bridge_name(lk.b), port1=0, port2=lk.b_port,
@@ -226,11 +240,6 @@ class EmulatedNetwork:
             else:
                 net.addLink(bridge_name(lk.a), bridge_name(lk.b), port1=lk.a_port, port2=lk.b_port,
                             intfName1=switch_intf(lk.a, lk.a_port), intfName2=switch_intf(lk.b, lk.b_port))
-        if self.controller is not None:
-            ip, port = self.controller
-            net.addController(RemoteController("c0", ip=ip, port=port))
-        net.build()
-        net.start()
 
     def _write_batch(self, name: str, text: str) -> str:
         """Write an input file of ``tc -batch``, ``ip -batch`` or ``ovs-ofctl add-flows`` into the run-state
@@ -248,14 +257,18 @@ class EmulatedNetwork:
         self._configure_root_interfaces()
 
     def _configure_host(self, name: str) -> None:
-        """A host's set-up, its shaping and queues and its static ARP, in one round trip to its shell."""
+        """A host's set-up in one round trip to its shell (:meth:`_host_commands`)."""
+        self._host_run(self.host(name), self._host_commands(name, self._file_batch))
+
+    def _host_commands(self, name: str, batch: Callable[[str, str, str], list[list[str]]]) -> list[list[str]]:
+        """A host's set-up, its shaping and queues and its static ARP; ``batch(tool, file name, text)`` gives the
+        commands that feed a batch to ``tool``."""
         intf = host_intf(name)
         queues = tc_batch([*shaping_tree_commands(intf, self.topo.host_link(name).bw_mbps),
                            *host_queue_commands(intf, self.queue_packets)])
-        commands = [*host_setup_commands(self.topo, name, self.datapath, self.mtu, self.tsq_bytes),
-                    ["tc", "-batch", self._write_batch(f"queues-{name}.batch", queues)],
-                    ["ip", "-batch", self._write_batch(f"arp-{name}", static_arp_batch(self.topo, name))]]
-        self._host_run(self.host(name), commands)
+        return [*host_setup_commands(self.topo, name, self.datapath, self.mtu, self.tsq_bytes),
+                *batch("tc", f"queues-{name}.batch", queues),
+                *batch("ip", f"arp-{name}", static_arp_batch(self.topo, name))]
 
     def _configure_root_interfaces(self) -> None:
         self._configure_interfaces(self.runner, root_interface_rates(self.topo), self._file_batch)

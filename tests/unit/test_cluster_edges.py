@@ -79,10 +79,13 @@ def test_each_link_end_is_set_up_on_the_server_of_its_switch():
 
 
 def test_a_tunnel_end_is_a_vxlan_device_of_its_own_id_at_the_fabrics_mtu_without_gro():
-    script = cluster_network.vxlan_commands("efs1-eth3", 7, "10.77.0.1", "10.77.0.2", 9000)[-1]
+    script = cluster_network.vxlan_command("efs1-eth3", 7, "10.77.0.1", "10.77.0.2", 9000)[-1]
     assert "ip link add efs1-eth3 mtu 9000 type vxlan id 7 local 10.77.0.1 remote 10.77.0.2 dstport 4789 " \
            "nolearning" in script
     assert "ethtool -K efs1-eth3 gro off" in script and script.startswith("ip link del efs1-eth3")
+    moved = cluster_network.vxlan_command("efh1-eth0", 8, "10.77.0.1", "10.77.0.2", 9000, address="02:00:00:00:00:01",
+                                          netns_pid=42)[-1]
+    assert moved.endswith("; ip link set efh1-eth0 address 02:00:00:00:00:01; ip link set efh1-eth0 netns 42")
 
 
 def test_a_report_moves_onto_the_heads_clock_but_keeps_its_durations():

@@ -24,12 +24,11 @@ from emulator.runs.mpi_plan import (
     MpiResults,
     MpiRunConfig,
     RankPlace,
-    daemon_start_failed,
-    hostfile_text,
     RemoteLaunch,
+    daemon_start_failed,
     fetch_output_command,
+    hostfile_text,
     launch_agent_script,
-    split_fetched,
     load_results,
     mca_settings,
     mpirun_command,
@@ -37,6 +36,7 @@ from emulator.runs.mpi_plan import (
     program_argv,
     rank_hosts,
     resolve_program,
+    split_fetched,
 )
 from emulator.runs.results import Fidelity
 
