@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 
 from emulator.base.naming import BRIDGE_RE, CHECK_DEVICE_RE, CHECK_NAMESPACE_PREFIX, INTERFACE_RE, NAME_PREFIX
-from emulator.emulation.runstate import all_runs, kill_recorded
+from emulator.emulation.runstate import SSH_FOLDER, all_runs, kill_recorded, state_root
 from emulator.emulation.system import Runner, run
 
 
@@ -84,6 +84,23 @@ def remove_check_namespaces(runner: Runner) -> list[str]:
     return [f"deleted {len(names)} network namespaces of emu cluster check: {' '.join(names)}"] if names else []
 
 
+def end_shared_connections(runner: Runner) -> list[str]:
+    """End the ssh masters a killed cluster head left (:func:`emulator.emulation.remote_shell.open_shared`;
+    each would end by itself when idle) and remove their folder."""
+    folder = os.path.join(state_root(), SSH_FOLDER)
+    try:
+        sockets = sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    for name in sockets:
+        runner(["ssh", "-F", "none", "-o", f"ControlPath={os.path.join(folder, name)}", "-O", "exit", "ef-cluster"])
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
+    return [f"ended {len(sockets)} shared ssh connections"] if sockets else []
+
+
 def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = False) -> list[str]:
     """Remove leftovers; return one line per thing done.
 
@@ -105,6 +122,8 @@ def clean(force: bool = False, runner: Runner = run, network_lock_held: bool = F
         state.remove()
     if active and not network_lock_held:
         return report  # their bridges share our name pattern: leave all bridges alone
+    if not active:  # no live run here: no network of this head needs its servers' shared connections
+        report += end_shared_connections(runner)
     res = runner(["ovs-vsctl", "--timeout=10", "list-br"])
     bridges = [b for b in res.stdout.split() if BRIDGE_RE.match(b)]
     if bridges:

@@ -245,7 +245,9 @@ class ClusterNetwork(EmulatedNetwork):
         super()._release_lock()
 
     def _check_no_leftovers(self) -> None:
-        super()._check_no_leftovers()
+        super()._check_no_leftovers()  # also ends what a killed head left of shared connections: then ours
+        for name in remote_shell.open_shared(self.cluster):
+            log.warning("server %s: no shared ssh connection: each command logs in alone (slower)", name)
         for server in self.cluster.others:
             ok, lines = clean_server(self.cluster, server, self.runners[server.name])
             if not ok:
@@ -356,6 +358,18 @@ class ClusterNetwork(EmulatedNetwork):
              f"cat {VSWITCHD_PIDFILE} || true"])
         return res.returncode == 0, res.stdout.strip()
 
+    def interface_runner(self) -> Runner:
+        """A :data:`~emulator.emulation.system.Runner` for commands on one root-namespace link end (``... dev
+        NAME ...``: a fault's ``ip link set``): each runs on the server of the switch the interface belongs to."""
+        owner = {name: server for server, rates in interfaces_by_server(self.topo, self.placement).items()
+                 for name in rates}
+
+        def runner(command: Sequence[str]) -> Result:
+            words = list(command)
+            server = owner[words[words.index("dev") + 1]]
+            return self.runners[server](words)
+        return runner
+
     def lost(self) -> str | None:
         """Which server this network lost since bring-up, in one line (None while all are there): one that no
         longer answers over ssh, or whose Open vSwitch is gone or restarted (its bridges with it)."""
@@ -383,6 +397,7 @@ class ClusterNetwork(EmulatedNetwork):
             ok, lines = clean_server(self.cluster, server, self.runners[server.name])
             if not ok:
                 log.warning("%s", lines[0])
+        remote_shell.close_shared(self.cluster)
 
     def _switches_by_server(self) -> dict[str, list[str]]:
         grouped: dict[str, list[str]] = {s: [] for s in self.placement.servers}

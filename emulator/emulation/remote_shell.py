@@ -16,20 +16,29 @@ bring-up, the agent launchers, the cluster lock, cleanup) goes through
 The remote command is one shell word list, quoted with :func:`shlex.join`;
 the remote user's login shell runs it. A non-root user runs it through
 ``sudo -n`` (never a password).
+
+While a network is up, every command to a server shares one connection
+(:func:`open_shared`: an ssh master per server, its socket in the run-state
+root) instead of a login each: a bring-up makes dozens of ssh calls per
+server, each a key exchange. Without a master, a command connects alone.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Sequence
 from functools import partial
 
+from emulator.emulation.runstate import SSH_FOLDER, state_root
 from emulator.emulation.system import Result, Runner, run
 from emulator.runs.cluster_file import Cluster, Server
 
 #: Seconds ssh waits for a server to answer before it gives up.
 CONNECT_TIMEOUT_S = 10
+#: Seconds a shared connection (:func:`open_shared`) outlives its last session.
+SHARED_IDLE_S = 10
 #: Keep-alive: a server silent for ALIVE_INTERVAL_S * ALIVE_COUNT seconds is lost, and the command ends.
 ALIVE_INTERVAL_S = 3
 ALIVE_COUNT = 3
@@ -41,9 +50,16 @@ def ssh_path(path: str) -> str:
     return '"' + path.replace("%", "%%") + '"'
 
 
+def control_path() -> str:
+    """Where the shared connections' sockets are (``%C``: ssh's hash of the destination)."""
+    return os.path.join(state_root(), SSH_FOLDER, "%C")
+
+
 def ssh_options(server: Server, known_hosts: str) -> list[str]:
-    """ssh's options for ``server``: its key only, the cluster's known hosts, batch mode, keep-alives."""
+    """ssh's options for ``server``: its key only, the cluster's known hosts, batch mode, keep-alives, the
+    shared connection where one is open (never opening one: :func:`open_shared` does)."""
     return ["-F", "none", "-p", str(server.port), "-o", f"IdentityFile={ssh_path(server.key)}",
+            "-o", "ControlMaster=no", "-o", f"ControlPath={control_path()}",
             "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none", "-o", "BatchMode=yes",
             "-o", f"UserKnownHostsFile={ssh_path(known_hosts)}",
             "-o", "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=accept-new",
@@ -66,6 +82,36 @@ def ssh_prefix(server: Server, known_hosts: str, *, tty: bool = False) -> list[s
 def ssh_argv(server: Server, command: Sequence[str], known_hosts: str, *, tty: bool = False) -> list[str]:
     """The local argument list that runs ``command`` on ``server`` (``tty``: with a terminal, ``-tt``)."""
     return [*ssh_prefix(server, known_hosts, tty=tty), remote_command(server, command)]
+
+
+def open_shared(cluster: Cluster) -> list[str]:
+    """An ssh master (shared connection) to every server but the head, in the background; the servers where
+    none opened (their commands then connect alone). Each master exits :data:`SHARED_IDLE_S` after its last
+    session, so a killed head leaves none behind for long. Its standard streams are /dev/null: a master
+    holding a caller's pipe would keep the caller waiting for its end."""
+    os.makedirs(os.path.dirname(control_path()), mode=0o700, exist_ok=True)
+    failed = []
+    for server in cluster.others:
+        options = [o.replace("ControlMaster=no", "ControlMaster=yes") for o in ssh_options(server, cluster.known_hosts)]
+        argv = ["ssh", *options, "-o", f"ControlPersist={SHARED_IDLE_S}", "-f", "-N", f"{server.user}@{server.ssh}"]
+        try:
+            status = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL, timeout=CONNECT_TIMEOUT_S + 5, check=False).returncode
+        except subprocess.TimeoutExpired:
+            status = 124
+        if status != 0:
+            failed.append(server.name)
+    return failed
+
+
+def close_shared(cluster: Cluster, local: Runner = run) -> None:
+    """End every server's ssh master (:func:`open_shared`), if one is open."""
+    for server in cluster.others:
+        local(["ssh", *ssh_options(server, cluster.known_hosts), "-O", "exit", f"{server.user}@{server.ssh}"])
+    try:
+        os.rmdir(os.path.dirname(control_path()))
+    except OSError:  # another network's connections, or none was made
+        pass
 
 
 def remote_runner(cluster: Cluster, server: Server, local: Runner = run) -> Runner:

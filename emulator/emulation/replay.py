@@ -323,6 +323,10 @@ class ReplaySession:
         lost = self.en.lost()
         return None if lost is None or lost in str(exc) else lost
 
+    def _fault_runner(self) -> dict[str, Any]:
+        """Where a fault's link commands run: here, or on a cluster the server of each link end."""
+        return {"runner": self.en.interface_runner()} if isinstance(self.en, ClusterNetwork) else {}
+
     def _controller_host(self) -> dict[str, str]:
         """Where the controller listens: loopback, or on a cluster the head's underlay address."""
         return {} if self.cluster is None else {"host": self.cluster.server(self.cluster.head).underlay}
@@ -387,7 +391,7 @@ class ReplaySession:
         try:
             fleet = self._start_fleet(plan)
             if plan.fault_plan:
-                actions = FaultActions(self.topo, self.ctl, fleet.kill)
+                actions = FaultActions(self.topo, self.ctl, fleet.kill, **self._fault_runner())
             for link in pcap or []:
                 captures.append(fidelity.start_capture(self.en, self.topo, link, plan.out))
             for rep in range(warmup + repeat):
@@ -592,10 +596,9 @@ def replay(cfg: ReplayConfig, echo=print, prep: Prepared | None = None,
     prep = prep or prepare(cfg)
     os.makedirs(cfg.out, exist_ok=True)
     factory = on_cluster(cluster) if cluster is not None else ReplaySession
-    config = cfg.to_json()
     with factory(prep.topo, cfg.routing, seed=cfg.seed, datapath=cfg.datapath, latency=prep.latency,
                  stats_interval_s=cfg.stats_interval_s, work_dir=os.path.join(cfg.out, "session"),
                  echo=echo, lanes=lanes_of(prep.schedule)) as session:
         plan = faults.parse_faults(cfg.faults, prep.topo, prep.schedule.p, prep.schedule.steps, cfg.repeat)
         return session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, timeout_s=cfg.timeout_s,
-                           pcap=cfg.pcap, config=config, report=prep.report, fault_plan=plan)
+                           pcap=cfg.pcap, config=cfg.to_json(), report=prep.report, fault_plan=plan)

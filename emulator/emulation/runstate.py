@@ -29,6 +29,10 @@ from emulator.base.files import append_jsonl, read_json_object, read_jsonl, writ
 from emulator.base.naming import HOST_INTERFACE_RE
 from emulator.base.waiting import wait_until
 
+#: The folder of the state root that holds shared ssh connections' sockets (:mod:`emulator.emulation.remote_shell`),
+#: not a run: each connection ends by itself when idle.
+SSH_FOLDER = "ssh"
+
 
 def state_root() -> str:
     return os.environ.get("EF_RUN_DIR", "/run/ef-emu")
@@ -116,7 +120,7 @@ def all_runs() -> Iterator[RunState]:
         return
     for name in names:
         path = os.path.join(root, name)
-        if os.path.isdir(path):
+        if os.path.isdir(path) and name != SSH_FOLDER:
             yield RunState(path)
 
 

@@ -35,12 +35,12 @@ ROUTE_BYTES = 10_000
 #: How far a port's bytes may differ between the two runs (TCP's retransmissions and probes).
 ROUTE_BYTES_TOLERANCE = 0.15
 
-#: A short cell, then one long enough (about 5 s a repetition) to lose a server in.
+#: A short cell, then one long enough (about 2.5 s a repetition at 4 MiB) to lose a server in.
 TWO_CELLS = """\
 name: cluster-fault
 fabric: roce100
 dilation: 5000
-repeat: 3
+repeat: 2
 warmup: 0
 sizes: {sizes}
 series:
@@ -126,7 +126,7 @@ def _running_cell(out: str) -> str | None:
 
 def test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes(tmp_path):
     experiment = tmp_path / "fault.yaml"
-    experiment.write_text(TWO_CELLS.format(sizes="[64KiB, 8MiB]"), encoding="utf-8")
+    experiment.write_text(TWO_CELLS.format(sizes="[64KiB, 4MiB]"), encoding="utf-8")
     out = str(tmp_path / "out")
     with NamespaceServers(str(tmp_path / "servers")) as servers:
         run = _start_run(servers, str(experiment), out)

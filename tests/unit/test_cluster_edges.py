@@ -257,3 +257,55 @@ def test_mpi_on_a_cluster_needs_rank_0_on_the_head_and_each_server_holds_its_ran
     assert shares["a"].ranks == 1 and shares["b"].ranks == 2 and shares["b"].session_bytes == 0
     whole = admission.mpi_memory(3, 1 << 20, topo)
     assert sum(e.total_bytes for e in shares.values()) == whole.total_bytes
+
+
+def test_a_faults_link_command_runs_on_the_server_of_its_interface():
+    topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=1")
+    placed = placement.place(topo, ["a", "b"])
+    seen: list[list[str]] = []
+
+    def local(cmd):
+        seen.append(list(cmd))
+        return Result(0, "", "")
+    net = cluster_network.ClusterNetwork(topo, cluster(), placed, controller=("10.77.0.1", 6653), runner=local)
+    runner = net.interface_runner()
+    for switch in ("s1", "s2", "s3", "s4"):
+        seen.clear()
+        runner(["ip", "link", "set", "dev", f"ef{switch}-eth1", "down"])
+        over_ssh = seen[0][0] == "ssh"
+        assert over_ssh == (placed.of[switch] == "b"), (switch, seen)
+
+
+def test_captures_are_refused_on_a_cluster(tmp_path, capsys):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump(cluster().to_json()))
+    schedule = tmp_path / "s.yaml"
+    assert main(["schedule", "gen", "--algo", "ring", "--topology", "star:hosts=4", "--size", "64KiB",
+                 "--out", str(schedule)]) == 0
+    capsys.readouterr()
+    assert main(["replay", str(schedule), "--topology", "star:hosts=4", "--routing", "shortest", "--out",
+                 str(tmp_path / "out"), "--cluster", str(path), "--pcap", "s1-h1"]) == 2
+    assert "field 'pcap': expected no captures with --cluster" in capsys.readouterr().err
+
+
+def test_shared_ssh_connections_live_beside_the_run_states_not_as_one(tmp_path, monkeypatch):
+    from emulator.emulation import cleanup, runstate
+
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    lab = cluster()
+    assert remote_shell.control_path() == str(tmp_path / "ssh" / "%C")
+    options = remote_shell.ssh_options(lab.server("b"), lab.known_hosts)
+    assert "ControlMaster=no" in options and f"ControlPath={tmp_path}/ssh/%C" in options  # never opens one itself
+    (tmp_path / "ssh").mkdir()
+    (tmp_path / "ssh" / "0123abcd").write_text("")  # a master's socket
+    assert list(runstate.all_runs()) == []
+    ran: list[list[str]] = []
+
+    def machine(cmd):
+        ran.append(list(cmd))
+        if "-O" in cmd:  # the master exits and removes its socket
+            (tmp_path / "ssh" / "0123abcd").unlink()
+        return Result(0, "", "")
+    report = cleanup.clean(runner=machine)  # a killed head's master: ended, its folder removed
+    assert ["-o", f"ControlPath={tmp_path}/ssh/0123abcd", "-O", "exit"] == ran[0][3:7]
+    assert not (tmp_path / "ssh").exists() and "ended 1 shared ssh connections" in report

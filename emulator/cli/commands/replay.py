@@ -61,6 +61,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
     prep = prepare(cfg)
     schedule, topo, report = prep.schedule, prep.topo, prep.report
     cluster = cluster_run(args)
+    if cluster is not None and cfg.pcap:
+        raise UserError("replay: field 'pcap': expected no captures with --cluster (tcpdump runs on the head's "
+                        f"interfaces only), got {args.pcap!r}")
     if os.path.exists(os.path.join(args.out, "results.json")):
         raise UserError(f"replay: field 'out': expected a new or empty directory, got {args.out!r} "
                         "(it holds results.json)")
