@@ -264,7 +264,7 @@ def tunnel_mtu(head_runner: Runner, server_runner: Runner, head: Server, server:
         _end(head_runner, head, server, PROBE_ADDRESSES[0], names, mtu, undo)
         _end(server_runner, server, head, PROBE_ADDRESSES[1], names, mtu, undo)
         ping = head_runner(["ip", "netns", "exec", names.namespace, "ping", "-M", "do", "-s", str(mtu - ICMP_HEADERS),
-                            "-c", str(PROBE_PINGS), "-W", "2", PROBE_ADDRESSES[1]])
+                            "-c", str(PROBE_PINGS), "-i", "0.2", "-W", "2", PROBE_ADDRESSES[1]])
         counts = re.search(r"(\d+) packets transmitted, (\d+) received", ping.stdout)
         replies = f"{counts.group(2)}/{counts.group(1)}" if counts else f"0/{PROBE_PINGS}"
         if ping.returncode == 0:

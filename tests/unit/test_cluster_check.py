@@ -113,6 +113,9 @@ def fake(monkeypatch):
         monkeypatch.setattr(cluster_cmd, "clock_session", servers.clock_session)
         monkeypatch.setattr(cluster_cmd, "require_root", lambda: None)
         monkeypatch.setattr(cluster_cmd, "interrupt_on_sigterm", lambda: None)
+        # no shared ssh connection: it would be a real ssh to the file's (documentation) addresses
+        monkeypatch.setattr(cluster_cmd.remote_shell, "open_shared", lambda cluster: [])
+        monkeypatch.setattr(cluster_cmd.remote_shell, "close_shared", lambda cluster, local=None: None)
         return data, servers
     return make
 
@@ -348,7 +351,7 @@ def test_the_mtu_probe_makes_prefixed_names_on_both_ends_and_removes_them():
         ["ip", "link", "set", dev, "netns", ns],
         ["ip", "-n", ns, "addr", "add", "10.254.0.1/30", "dev", dev],
         ["ip", "-n", ns, "link", "set", dev, "up"],
-        ["ip", "netns", "exec", ns, "ping", "-M", "do", "-s", "9022", "-c", "3", "-W", "2", "10.254.0.2"]]
+        ["ip", "netns", "exec", ns, "ping", "-M", "do", "-s", "9022", "-c", "3", "-i", "0.2", "-W", "2", "10.254.0.2"]]
     assert ["ip", "link", "add", dev, "mtu", "9050", "type", "vxlan", "id", vni, "local", "10.77.0.2",
             "remote", "10.77.0.1", "dstport", "4789", "df", "set"] in server.calls
     assert ["ip", "-n", ns, "addr", "add", "10.254.0.2/30", "dev", dev] in server.calls

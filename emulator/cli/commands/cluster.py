@@ -14,7 +14,7 @@ from functools import partial
 from emulator.base.errors import printable
 from emulator.base.files import read_json, read_text
 from emulator.emulation import calibration_file, cluster_probe, remote_shell
-from emulator.emulation.system import Result, interrupt_on_sigterm, machine_identity, require_root, run
+from emulator.emulation.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
 from emulator.model import fabric, placement, topology
 from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_check, cluster_file
@@ -110,6 +110,16 @@ def check(cluster: cluster_file.Cluster, profile: fabric.FabricProfile,
     calibration at the profile's MTU gets a minimal one, made there.
     """
     runners = remote_shell.runners(cluster, _local)
+    remote_shell.open_shared(cluster)  # a server it fails for is found out by its own ssh check
+    try:
+        return _findings(cluster, profile, runners, echo)
+    finally:
+        remote_shell.close_shared(cluster)
+
+
+def _findings(cluster: cluster_file.Cluster, profile: fabric.FabricProfile, runners: dict[str, Runner],
+              echo: Callable[[str], None]) -> list[ServerFindings]:
+    """:func:`check`'s probes, server after server."""
     head = cluster.server(cluster.head)
     mtu, spec = cluster_check.tunnel_mtu(cluster), profile.short_spec()
     out = []
