@@ -5,8 +5,9 @@ underlay address (``tcp:IP:PORT``) when agents run on a cluster's other
 servers (:func:`connect`). Each side sends JSON objects, one per line, each
 with a ``type`` from :class:`Msg`. An agent connects and says ``hello`` with
 its rank, then ``ready`` when its peer connections are up. The orchestrator
-answers with ``go`` (a repetition: ``rep``, ``start_at`` on the shared
-monotonic clock, ``watch_steps``) or ``quit``. During a repetition an agent
+answers with ``go`` (a repetition: ``rep``, ``start_at`` on the agent's
+monotonic clock, which on one machine is the orchestrator's and on a
+cluster's other servers is translated per server, ``watch_steps``) or ``quit``. During a repetition an agent
 reports ``step`` for each watched step it enters, then ``done`` with its
 operation times; ``error`` when it fails. :class:`ControlServer` turns a
 connection that closes into a ``closed`` message of that rank.
