@@ -125,8 +125,9 @@ SOAK_ROUNDS ?= 50
 CRASH_TRIALS ?= 20
 soak: setup
 	$(BIN)/emu clean
-	EF_SOAK_ROUNDS=$(SOAK_ROUNDS) EF_CRASH_TRIALS=$(CRASH_TRIALS) EF_SOAK_LONG=1 $(BIN)/pytest -q -s -m integration \
-		tests/integration/test_soak.py tests/integration/test_crash_consistency.py $(PYTEST_ARGS)
+	EF_SOAK_ROUNDS=$(SOAK_ROUNDS) EF_CRASH_TRIALS=$(CRASH_TRIALS) EF_SOAK_LONG=1 EF_MPI_STARTS=100 $(BIN)/pytest -q -s \
+		-m integration tests/integration/test_soak.py tests/integration/test_crash_consistency.py \
+		tests/integration/test_mpi_starts.py $(PYTEST_ARGS)
 
 clean:
 	@if [ -x $(BIN)/emu ]; then $(BIN)/emu clean; fi

@@ -69,6 +69,7 @@ from emulator.runs.mpi_plan import (
     launch_agent_script,
     mca_settings,
     mpirun_command,
+    named,
     parse_mca,
     program_argv,
     rank_hosts,
@@ -359,10 +360,10 @@ def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str,
     """Run ``command`` inside ``host``; echo and log its output. Returns (exit status, whether it timed out)."""
     # Python ranks write through to mpirun, so their lines show as they come
     env = dict(os.environ, PATH=f"{own_bin()}{os.pathsep}{os.environ.get('PATH', '')}", PYTHONUNBUFFERED="1")
-    pid = session.en.host(host).pid
+    pid, ip = session.en.host(host).pid, session.topo.host(host).ip
     timed_out = threading.Event()
     with open(os.path.join(out, "mpirun.log"), "a", encoding="utf-8") as log:
-        proc = subprocess.Popen(["mnexec", "-a", str(pid), *command], stdout=subprocess.PIPE,
+        proc = subprocess.Popen(["mnexec", "-a", str(pid), *named(ip, command)], stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out, env=env, text=True,
                                 errors="replace", start_new_session=True)
         session.en.state.record_process("mpirun", proc.pid)

@@ -207,6 +207,30 @@ def hostfile_text(ips: Sequence[str]) -> str:
     return "".join(f"{ip} slots=1\n" for ip in ips)
 
 
+#: Runs "$@" after naming the host: ``hostname "$0"`` in a UTS namespace of its own (see :func:`host_name`).
+NAMED_EXEC = 'hostname "$0" && exec "$@"'
+
+
+def host_name(ip: str) -> str:
+    """The host name an emulated host's Open MPI processes see: its address with dashes (no dots, which Open MPI
+    would cut at).
+
+    Every emulated host is a network namespace of one machine and shares its
+    host name; Open MPI tells nodes apart by it. With one name for all of
+    them, about one start in ten failed here: an orted's route to another
+    ("no-path", then a segmentation fault), TCP between "vm" and "vm", or the
+    hwloc assertion of docs/fidelity.md. Each process Open MPI starts in a
+    host runs in a UTS namespace of its own carrying this name
+    (docs/fidelity.md, 2026-12-03 evening: 0 failures in 140 starts).
+    """
+    return ip.replace(".", "-")
+
+
+def named(ip: str, argv: Sequence[str]) -> list[str]:
+    """``argv`` in a UTS namespace of its own whose host name is :func:`host_name` of ``ip``."""
+    return ["unshare", "--uts", "/bin/sh", "-c", NAMED_EXEC, host_name(ip), *argv]
+
+
 @dataclass(frozen=True)
 class RemoteLaunch:
     """How the launch agent reaches a host on another server of a cluster: from the head's own network
@@ -224,7 +248,8 @@ class RemoteLaunch:
         limit = f"{PRLIMIT} --data={self.memory_limit_bytes} " if self.memory_limit_bytes else ""
         sudo = "sudo -n -E " if self.sudo else ""
         return (f"exec nsenter --net=/proc/{self.netns_pid}/ns/net -- {shlex.join(self.ssh)} "
-                f"\"{sudo}{limit}mnexec -a $pid /bin/sh -c '$quoted'\"")
+                f"\"{sudo}{limit}mnexec -a $pid unshare --uts /bin/sh -c 'hostname \\\"\\$0\\\" && exec /bin/sh -c "
+                f"\\\"\\$1\\\"' $name '$quoted'\"")
 
 
 #: Begins each file of a remote server's rank output, as :func:`fetch_output_command` prints them.
@@ -273,7 +298,8 @@ def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str,
     cases = "".join(f"  {ip}) pid={pid} ;;\n" if ip not in remote else f"  {ip}) pid={pid} where={ip} ;;\n"
                     for ip, pid in pids)
     remote_cases = "".join(f"  {ip}) {launch.command()} ;;\n" for ip, launch in remote.items())
-    tail = "exec mnexec -a \"$pid\" /bin/sh -c \"$*\"\n"
+    tail = ("exec mnexec -a \"$pid\" unshare --uts /bin/sh -c 'hostname \"$0\" && exec /bin/sh -c \"$1\"' "
+            "\"$name\" \"$*\"\n")
     if remote:
         # sed gets s/'/'\\''/g (a backslash in its replacement must be doubled): each quote becomes '\''
         tail = ("quoted=$(printf '%s' \"$*\" | sed \"s/'/'\\\\\\\\''/g\")\n"
@@ -281,7 +307,7 @@ def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str,
     return ("#!/bin/sh\n"
             "# written by emu mpirun: Open MPI's launch agent into the emulated hosts (see emulator/runs/mpi_plan.py)\n"
             f"echo \"$(date +%s.%N) $*\" >> {shlex.quote(log_path)}\n"
-            "host=\"$1\"; shift\nwhere=\n"
+            "host=\"$1\"; shift\nwhere=\nname=$(echo \"$host\" | tr . -)  # host_name(): its own, as Open MPI needs\n"
             "case \"$host\" in\n"
             f"{cases}"
             "  *) echo \"emu mpirun launch agent: $host is not a host of this network\" >&2; exit 255 ;;\n"

@@ -186,8 +186,10 @@ def test_mpirun_over_two_servers_reaches_the_other_servers_hosts_and_brings_thei
                                 "emu-allreduce-bench", "--algo", "ring", "--sizes", "64KiB", "--iters", "2"],
                           timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-        assert "rank    1 on b (10.0.0.2)" in res.stdout and "rank    0 on a (10.0.0.1)" in res.stdout
+        assert "rank    1 on 10-0-0-2 (10.0.0.2)" in res.stdout  # each host its own name (mpi_plan.host_name)
         head = Path(f"/proc/{servers.pid('a')}/root{out}")
+        agent = (head / "launch-agent").read_text(encoding="utf-8")
+        assert "10.0.0.2) exec nsenter" in agent and "root@10.77.0.2" in agent  # h2 lives on b: reached over ssh
         results = json.loads((head / "results.json").read_text(encoding="utf-8"))
         assert results["status"] == "ok" and [row["wrong"] for row in results["bench"]] == [0]
         assert "emu-allreduce-bench" in (head / "ranks" / "rank-0.stdout").read_text(encoding="utf-8")

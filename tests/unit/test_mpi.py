@@ -27,11 +27,13 @@ from emulator.runs.mpi_plan import (
     RemoteLaunch,
     daemon_start_failed,
     fetch_output_command,
+    host_name,
     hostfile_text,
     launch_agent_script,
     load_results,
     mca_settings,
     mpirun_command,
+    named,
     parse_mca,
     program_argv,
     rank_hosts,
@@ -179,6 +181,16 @@ def test_the_hostfile_has_one_slot_per_rank_in_rank_order():
     assert hostfile_text(["10.0.0.3", "10.0.0.1"]) == "10.0.0.3 slots=1\n10.0.0.1 slots=1\n"
 
 
+#: What the launch agent runs a command in: a shell that names the host first (mpi_plan.host_name).
+NAMED_SHELL = 'unshare --uts /bin/sh -c hostname "$0" && exec /bin/sh -c "$1"'
+
+
+def test_each_host_gets_its_own_host_name_for_open_mpi():
+    assert host_name("10.0.0.12") == "10-0-0-12"
+    assert named("10.0.0.1", ["mpirun", "-np", "2"]) == ["unshare", "--uts", "/bin/sh", "-c",
+                                                         'hostname "$0" && exec "$@"', "10-0-0-1", "mpirun", "-np", "2"]
+
+
 @pytest.fixture
 def fake_mnexec(tmp_path, monkeypatch):
     """An ``mnexec`` on PATH that prints what it was asked to run instead of entering a namespace."""
@@ -195,7 +207,8 @@ def test_the_launch_agent_enters_the_named_hosts_namespace(tmp_path, fake_mnexec
     res = subprocess.run([agent, "10.0.0.2", "orted", "-mca", "ess", '"env"'], capture_output=True, text=True,
                          check=False)
     assert res.returncode == 0
-    assert res.stdout.strip() == 'mnexec -a 202 /bin/sh -c orted -mca ess "env"'
+    # in a UTS namespace of its own named after the host (the fake mnexec only prints: nothing is renamed here)
+    assert res.stdout.strip() == f'mnexec -a 202 {NAMED_SHELL} 10-0-0-2 orted -mca ess "env"'
     assert "10.0.0.2 orted" in (tmp_path / "agent.log").read_text()
 
 
@@ -211,11 +224,11 @@ def test_the_launch_agent_reaches_another_servers_host_over_ssh_from_the_heads_n
     res = subprocess.run([agent, "10.0.0.2", "orted", "-mca", "ess", '"env"', "--x", "it's"], capture_output=True,
                          text=True, check=False)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == 'mnexec -a 202 /bin/sh -c orted -mca ess "env" --x it\'s'
+    assert res.stdout.strip() == f'mnexec -a 202 {NAMED_SHELL} 10-0-0-2 orted -mca ess "env" --x it\'s'
     assert res.stderr.splitlines() == ["nsenter --net=/proc/4242/ns/net", "ssh to root@10.77.0.2",
                                        f"prlimit --data={1 << 30}"]
     local = subprocess.run([agent, "10.0.0.1", "orted"], capture_output=True, text=True, check=False)
-    assert local.stdout.strip() == "mnexec -a 101 /bin/sh -c orted" and local.stderr == ""
+    assert local.stdout.strip() == f"mnexec -a 101 {NAMED_SHELL} 10-0-0-1 orted" and local.stderr == ""
 
 
 def test_rank_output_fetched_from_a_server_splits_into_its_files_and_stays_in_the_folder():
