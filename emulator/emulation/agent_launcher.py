@@ -53,6 +53,8 @@ from typing import IO, Any
 
 from emulator.base.waiting import wait_until
 from emulator.emulation import agent, agent_protocol, confinement
+from emulator.emulation.runstate import RunState
+from emulator.emulation.system import end_by_closing_input
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -180,8 +182,6 @@ class Adopted:
     """A launcher's own agents (``--adopt``): recorded in a run state of this server, polled and killed here."""
 
     def __init__(self) -> None:
-        from emulator.emulation.runstate import RunState
-
         become_subreaper()
         self.state = RunState.create("agents")
         os.makedirs(os.path.join(self.state.path, "logs"))
@@ -328,17 +328,8 @@ class AgentLauncher:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(5)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            end_by_closing_input(proc, 5)
 
 
 if __name__ == "__main__":

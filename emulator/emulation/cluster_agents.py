@@ -38,6 +38,7 @@ from emulator.base.waiting import wait_until
 from emulator.emulation import remote_shell
 from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
 from emulator.emulation.fleet import Process
+from emulator.emulation.system import end_by_closing_input
 from emulator.runs.cluster_check import ClockSample, offset_from
 from emulator.runs.cluster_file import Cluster, Server
 
@@ -135,17 +136,8 @@ class RemoteLauncher:
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None:
-            return
-        try:
-            if proc.stdin is not None:
-                proc.stdin.close()
-            proc.wait(10)
-        except (OSError, subprocess.TimeoutExpired):
-            proc.kill()
-            proc.wait(5)
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc is not None:
+            end_by_closing_input(proc, 10)
 
 
 class RemoteAgentProcess:

@@ -20,6 +20,7 @@ import threading
 from emulator.base.errors import UserError
 from emulator.emulation import remote_shell
 from emulator.emulation.network_lock import DEFAULT_WAIT_S
+from emulator.emulation.system import end_by_closing_input
 from emulator.runs.cluster_file import Cluster
 
 #: How long a server's lock may take beyond the lock's own wait (ssh start-up).
@@ -55,23 +56,10 @@ class ClusterLock:
             raise UserError(f"cluster {self.cluster.name}: server {name}: cannot take its network lock: {why}")
         return proc
 
-    def pids(self) -> list[int]:
-        """The local ssh processes that hold the servers' locks."""
-        return [p.pid for p in self.holders.values()]
-
     def release(self) -> None:
         holders, self.holders = self.holders, {}
         for proc in holders.values():
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-                proc.wait(10)
-            except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait(5)
-            for stream in (proc.stdout, proc.stderr):
-                if stream is not None:
-                    stream.close()
+            end_by_closing_input(proc, 10)
 
 
 def _readline(proc: subprocess.Popen[str], timeout: float) -> str:

@@ -44,6 +44,21 @@ def run(cmd: Sequence[str], timeout: float = 60.0) -> Result:
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def end_by_closing_input(proc: subprocess.Popen[str], grace_s: float) -> None:
+    """End a process that runs until its input ends (an agent launcher, a lock holder over ssh): close its
+    input, give it ``grace_s`` to exit, kill it after that; then close the pipes of its output."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(grace_s)
+    except (OSError, subprocess.TimeoutExpired):
+        proc.kill()
+        proc.wait(5)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 def require_root() -> None:
     if os.geteuid() != 0:
         raise UserError("this command builds a network: run it as root (sudo)")

@@ -8,6 +8,7 @@ import sys
 
 from emulator.base.errors import UserError
 from emulator.cli.arguments import int_at_least
+from emulator.emulation.cluster_network import clean_server
 from emulator.emulation.network import EmulatedNetwork
 from emulator.emulation.system import choose_datapath, interrupt_on_sigterm, require_root
 from emulator.model import routing, topology
@@ -84,8 +85,6 @@ def cmd_clean(args: argparse.Namespace) -> int:
     for line in report:
         print(f"{cluster.head}: {line}" if cluster is not None else line)
     if cluster is not None:
-        from emulator.emulation.cluster_network import clean_server
-
         failed = False
         for server in cluster.others:
             ok, lines = clean_server(cluster, server, force=args.force)
