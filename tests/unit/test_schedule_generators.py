@@ -64,6 +64,19 @@ def test_hd_is_an_allreduce_including_non_powers_of_two(p):
 
 
 @pytest.mark.parametrize("p", PS)
+def test_rd_is_an_allreduce_of_whole_buffers_including_non_powers_of_two(p):
+    sched = generate("rd", topology.build(f"star:hosts={p}"), 4 * 64 * 3)
+    _proved(sched)
+    k = p.bit_length() - 1
+    assert sched.steps == k + (0 if p == 1 << k else 2)
+    assert sched.chunks == 1 and sched.scratch_chunks == 1
+    sends = [op for r in sched.ranks for op in r.ops if op.kind == "send"]
+    assert all(op.bytes == sched.size for op in sends)  # every message is the whole buffer
+    pairs = {(r.rank, op.peer) for r in sched.ranks for op in r.ops if op.kind == "send" and op.step == (p > 1 << k)}
+    assert all((b, a) in pairs for a, b in pairs)  # a step swaps: each sends to whom it receives from
+
+
+@pytest.mark.parametrize("p", PS)
 def test_dbtree_is_an_allreduce(p):
     sched = generate("dbtree", topology.build(f"star:hosts={p}"), 4 * 8 * 5)
     _proved(sched)

@@ -45,6 +45,12 @@ Allreduce (in place; ``ALGORITHMS``):
     servers and ``N = A``: each over its own NIC), ring all-gather inside
     each group. ``p`` chunks, ``2(g-1) + 2(S-1)`` steps for ``S`` groups of
     ``g`` ranks.
+``rd``
+    Recursive doubling (Open MPI's allreduce algorithm 3, its choice for small
+    messages): step ``s`` pairs ranks differing in bit ``s``, and each pair
+    swaps and adds its whole buffer. ``p`` not a power of two is handled as
+    for ``hd``. One chunk; ``log2 P`` steps, plus 2 when ``p`` is not a power
+    of two.
 
 The other collectives, with ``k = chunks / p`` chunks per rank's block
 (block ``b`` = chunks ``b·k..b·k+k-1``):
@@ -121,6 +127,7 @@ from emulator.model.schedule.format import (
     COPY,
     RECV,
     RECV_REDUCE,
+    REDUCE,
     SEND,
     Op,
     RankProgram,
@@ -132,7 +139,7 @@ from emulator.model.topology import Topology, hdrm_problem, hdrm_slot_order
 from emulator.model.topology import build as build_topology
 
 #: Allreduce's algorithms (experiments and the benchmark choose among these).
-ALGORITHMS = ("ring", "hd", "hdrm", "dbtree", "hier")
+ALGORITHMS = ("ring", "hd", "hdrm", "dbtree", "hier", "rd")
 PLACEMENTS = ("identity", "random", "hdrm")
 DBTREE_DEFAULT_CHUNKS = 8
 #: Pieces a pipelined broadcast or reduce (``ring``, ``dbtree``) cuts the buffer into by default.
@@ -213,6 +220,7 @@ class Builder:
         self.p = p
         self.chunk_bytes = chunk_bytes
         self.ops: list[list[_Pending]] = [[] for _ in range(p)]
+        self.scratch_chunks = 0
 
     def xfer(self, src: int, dst: int, chunk: int, nchunks: int, step: int, reduce: bool, *,
              to_chunk: int | None = None, to_buffer: str = "data") -> None:
@@ -224,6 +232,16 @@ class Builder:
         self.ops[src].append(_Pending(SEND, dst, chunk, nchunks, step))
         self.ops[dst].append(_Pending(RECV_REDUCE if reduce else RECV, src, chunk if to_chunk is None else to_chunk,
                                       nchunks, step, to_buffer))
+
+    def swap_and_add(self, a: int, b: int, chunk: int, nchunks: int, step: int) -> None:
+        """``a`` and ``b`` send each other the same range of ``data`` and each adds the other's in, as
+        ``MPI_Sendrecv`` into a scratch buffer and then the reduction do: each receives into ``scratch`` (from
+        chunk 0) and adds it to ``data`` once its own send has gone."""
+        for me, peer in ((a, b), (b, a)):
+            self.ops[me].append(_Pending(SEND, peer, chunk, nchunks, step))
+            self.ops[me].append(_Pending(RECV, peer, 0, nchunks, step, "scratch"))
+            self.ops[me].append(_Pending(REDUCE, None, chunk, nchunks, step, "data", "scratch", 0))
+        self.scratch_chunks = max(self.scratch_chunks, nchunks)
 
     def copy(self, rank: int, buffer: str, chunk: int, src: str, src_chunk: int, nchunks: int, step: int) -> None:
         """A local ``buffer[chunk..] = src[src_chunk..]`` of ``rank``."""
@@ -525,19 +543,36 @@ def _allreduce_ring(pl: Plan) -> None:
     ring_all_gather(pl.b, ranks, 0, pl.unit, s)
 
 
-def _allreduce_hd(pl: Plan) -> None:
-    b, p, unit = pl.b, pl.p, pl.unit
-    big = 1 << (p.bit_length() - 1)
-    extra = p - big
+def _power_of_two_core(pl: Plan, core: Callable[[list[int], int], int]) -> None:
+    """``core(members, first_step)`` (returning its steps) among the largest power of two of ranks; for ``p`` not
+    a power of two, with ``x = p - P`` extra ranks, rank ``2i`` (``i < x``) first hands its whole buffer to rank
+    ``2i+1`` and gets the result back last (Open MPI's and MPICH's rule)."""
+    b, p = pl.b, pl.p
+    extra = p - _pow2_below(p)
     if extra == 0:
-        halving_doubling(b, list(range(p)), unit, 0)
+        core(list(range(p)), 0)
         return
     for i in range(extra):
         b.xfer(2 * i, 2 * i + 1, 0, pl.chunks, 0, reduce=True)
     members = [2 * i + 1 for i in range(extra)] + list(range(2 * extra, p))
-    steps = halving_doubling(b, members, unit, 1)
+    steps = core(members, 1)
     for i in range(extra):
         b.xfer(2 * i + 1, 2 * i, 0, pl.chunks, 1 + steps, reduce=False)
+
+
+def _allreduce_hd(pl: Plan) -> None:
+    _power_of_two_core(pl, lambda members, step0: halving_doubling(pl.b, members, pl.unit, step0))
+
+
+def _allreduce_rd(pl: Plan) -> None:
+    def doubling(members: list[int], step0: int) -> int:
+        steps = len(members).bit_length() - 1
+        for s in range(steps):
+            for i, rank in enumerate(members):
+                if i < i ^ (1 << s):
+                    pl.b.swap_and_add(rank, members[i ^ (1 << s)], 0, pl.chunks, step0 + s)
+        return steps
+    _power_of_two_core(pl, doubling)
 
 
 def _allreduce_dbtree(pl: Plan) -> None:
@@ -680,6 +715,7 @@ RECIPES: dict[tuple[str, str], Recipe] = {
     (ALLREDUCE, "hdrm"): Recipe(_allreduce_hd, _p, lockstep=True),
     (ALLREDUCE, "dbtree"): Recipe(_allreduce_dbtree, _two, DBTREE_DEFAULT_CHUNKS, why="half per tree"),
     (ALLREDUCE, "hier"): Recipe(_allreduce_hier, _p),
+    (ALLREDUCE, "rd"): Recipe(_allreduce_rd, _one, lockstep=True),
     **{(REDUCE_SCATTER, a): r for a, r in (
         ("ring", Recipe(_reduce_scatter_ring, _p)),
         ("hd", Recipe(_reduce_scatter_hd, _p, lockstep=True, power_of_two=True)),
@@ -764,7 +800,7 @@ def generate(algo: str, topo: Topology, size: int, placement: str | None = None,
     # would add a delivery wait to each of ring's 2(p-1) small steps).
     programs = b.programs(hosts, lockstep=how.lockstep)
     return Schedule(algorithm=algo, size=size, chunks=chunks, ranks=programs, topology=topo.spec,
-                    placement=placement, meta=meta, collective=collective,
+                    placement=placement, meta=meta, collective=collective, scratch_chunks=b.scratch_chunks,
                     output_chunks=chunks if collective == ALLTOALL else 0, root=root)
 
 
