@@ -149,6 +149,15 @@ class Learned:
     out_port: int
     #: True the first time this connection is learned since the last reroute.
     new: bool = False
+    #: The connection: its lower-sorted direction's (src host, dst host, sport, dport).
+    connection: tuple[str, str, int, int] | None = None
+
+
+def connections_log(state_file: str) -> str:
+    """Where the app appends each connection it learns (:attr:`Learned.connection`, one JSON list per line),
+    beside its state file: who reads it after a run can route what ran as the controller did (the state file
+    keeps only counts, and is rewritten at every change)."""
+    return state_file + ".connections.jsonl"
 
 
 #: Port-statistics fields the app passes in (OpenFlow 1.3 ``ofp_port_stats``).
@@ -284,7 +293,7 @@ class ControllerCore:
         if new:
             self.learned.add(key)
             self.learned_total += 1
-        return Learned(entries, out_port, new)
+        return Learned(entries, out_port, new, key)
 
     # -------------------------------------------------------------- stats
     def stats_records(self, switch: str, counters: Iterable[Mapping[str, int]], now: float) -> list[dict]:

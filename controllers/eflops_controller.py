@@ -47,8 +47,8 @@ except ImportError:  # loaded by file path (ryu-manager controllers/eflops_contr
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from controllers import compat
 
-from controllers.core import ControllerCore, Settings, Update
-from emulator.base.files import write_json_atomic
+from controllers.core import ControllerCore, Settings, Update, connections_log
+from emulator.base.files import append_jsonl, write_json_atomic
 from emulator.model.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry
 
 LOG = logging.getLogger("eflops.controller")
@@ -280,6 +280,8 @@ class EflopsController(compat.BaseApp):
         dp.send_msg(parser.OFPPacketOut(dp, buffer_id=ofp.OFP_NO_BUFFER, in_port=msg.match["in_port"],
                                         actions=[parser.OFPActionOutput(learned.out_port)], data=msg.data))
         if learned.new:
+            if self.settings.state_file and learned.connection is not None:
+                append_jsonl(connections_log(self.settings.state_file), list(learned.connection))
             LOG.debug("%s: learned TCP %s:%d -> %s:%d (%d entries on %d switches)", switch, ip.src, seg.src_port,
                       ip.dst, seg.dst_port, sum(map(len, learned.entries.values())), len(learned.entries))
             self._write_state()

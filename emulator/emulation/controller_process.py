@@ -36,13 +36,14 @@ This module and :mod:`emulator.cli.commands.controller` are the only ones of
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 
-from controllers.core import DEFAULT_STATS_INTERVAL, Settings
+from controllers.core import DEFAULT_STATS_INTERVAL, Settings, connections_log
 from emulator.base.files import PROJECT_ROOT, read_json_object
 from emulator.base.naming import BRIDGE_RE, NAME_PREFIX
 from emulator.base.waiting import wait_until
@@ -216,6 +217,32 @@ class ControllerProcess:
     def status(self) -> dict:
         """The controller's last status (see :meth:`controllers.core.ControllerCore.status`)."""
         return read_json_object(self.state_file) or {}
+
+    def connections_offset(self) -> int:
+        """Where the log of learned connections ends now: :meth:`learned_connections` from here gives what is
+        learned after this moment."""
+        try:
+            return os.path.getsize(connections_log(self.state_file)) if self.state_file else 0
+        except FileNotFoundError:
+            return 0
+
+    def learned_connections(self, offset: int = 0) -> list[tuple[str, str, int, int]]:
+        """The TCP connections the controller learned (``ecmp``) after ``offset`` of its log, each as its
+        lower-sorted direction's (src host, dst host, sport, dport)."""
+        try:
+            with open(connections_log(self.state_file), encoding="utf-8") as fh:
+                fh.seek(offset)
+                lines = fh.read().splitlines()
+        except (FileNotFoundError, ValueError):
+            return []
+        out = []
+        for line in lines:
+            try:
+                src, dst, sport, dport = json.loads(line)
+                out.append((str(src), str(dst), int(sport), int(dport)))
+            except (ValueError, TypeError):
+                continue  # a line cut short by a crash
+        return out
 
     def wait_installed(self, timeout: float = 60.0, switches: int | None = None,
                        no_failures: bool = True) -> dict:

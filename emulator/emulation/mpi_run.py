@@ -51,11 +51,13 @@ from emulator.emulation.calibration_file import Calibration
 from emulator.emulation.replay import ReplaySession, on_cluster
 from emulator.model import fabric, routing, topology
 from emulator.model.latency import LatencyModel
-from emulator.runs import admission
+from emulator.runs import admission, mpi_prediction
 from emulator.runs import allreduce_bench as mpi_bench
 from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.mpi_plan import (
     BENCH_JSON,
+    HOST_SYSCTLS,
+    HOST_SYSCTLS_AFTER,
     PRLIMIT,
     START_ATTEMPTS,
     WHERE,
@@ -206,7 +208,9 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
     results.save(results_path)
     remote_outputs = _remote_output_folders(prep, session)
     learned_before = session.ctl.status().get("learned_total")
+    connections_at = session.ctl.connections_offset()
     offset = session.stats_offset()
+    session.en.set_sysctls(prep.hosts, HOST_SYSCTLS)
     before = fidelity.snapshot(session.en, topo)
     t0 = time.monotonic()
     try:
@@ -235,12 +239,41 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
         if line is not None and results.status != "ok":
             results.error = line
             echo(f"# {line}")
+        _restore_sysctls(session, prep.hosts, echo)
         results.bench = _bench_rows(out)
+        results.predictions = [p.to_json() for p in _predict(prep, results.bench,
+                                                             session.ctl.learned_connections(connections_at))]
+        for p in results.predictions:
+            echo("# " + mpi_prediction.describe(mpi_prediction.MpiPrediction.from_json(p)))
         learned = session.ctl.status().get("learned_total")
         # the controller's count is over the network's life: an earlier run on the same session learned its own
         results.learned_connections = (learned - learned_before if isinstance(learned, int)
                                        and isinstance(learned_before, int) else learned)
         results.save(results_path)
+
+
+def _restore_sysctls(session: ReplaySession, hosts: Sequence[str], echo: Callable[[str], None]) -> None:
+    """The hosts' settings back to what they were before the run (a session may replay after it)."""
+    try:
+        session.en.set_sysctls(hosts, HOST_SYSCTLS_AFTER)
+    except UserError as exc:
+        echo(f"# warning: {exc}")
+
+
+def message_latency(prep: Prepared) -> LatencyModel:
+    """The latency model of what an Open MPI run's messages get: the fabric's rates, this machine's own
+    latency, and none of the profile's per-message and per-switch latency (no netem here)."""
+    return fidelity.latency_model(prep.profile.changed(alpha_us=0.0, switch_latency_us=0.0), prep.calibration)
+
+
+def _predict(prep: Prepared, rows: Sequence[dict], connections: Sequence[tuple[str, str, int, int]]
+             ) -> list[mpi_prediction.MpiPrediction]:
+    """The benchmark's rows beside the timing model, on the run's fabric with its connections' ports."""
+    flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.seed)
+               if prep.cfg.routing == "ecmp" else None)
+    given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts),
+                                           message_latency(prep), prep.profile.emulated_mtu, flow_of)
+    return mpi_prediction.predict_bench(prep.cfg.program, dict(prep.mca), rows, given)
 
 
 def check_cluster(prep: Prepared, cluster: ClusterRun) -> None:

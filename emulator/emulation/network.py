@@ -387,6 +387,12 @@ class EmulatedNetwork:
         self.topo.host(name)
         return self.net.get(name)
 
+    def set_sysctls(self, hosts: Sequence[str], settings: Sequence[tuple[str, str]]) -> None:
+        """``sysctl -w`` of ``settings`` (name, value) in each of ``hosts``; :class:`UserError` naming the first
+        that fails."""
+        for name in hosts:
+            self._host_run(self.host(name), [["sysctl", "-qw", *(f"{k}={v}" for k, v in settings)]])
+
     def switch(self, name: str) -> Any:
         self.topo.switch(name)
         return self.net.get(bridge_name(name))

@@ -62,8 +62,10 @@ HOST_BYTES = 8 * MiB
 SWITCH_BYTES = 8 * MiB
 #: This process, the controller, the agent launcher, tcpdump.
 SESSION_BYTES = 512 * MiB
-#: An Open MPI rank before its program's data (Python, mpi4py, Open MPI's buffers) and its host's orted.
-MPI_RANK_BASE_BYTES = 160 * MiB
+#: An Open MPI rank before its program's data (Python, mpi4py, Open MPI's buffers) and its host's orted; with
+#: the TCP transport's list of 8 eager fragments of 1 MiB (emu mpirun's eager limit,
+#: emulator.runs.mpi_plan.TCP_EAGER_BYTES) and what it allocates more of under load.
+MPI_RANK_BASE_BYTES = 192 * MiB
 #: Threads an Open MPI rank may run (its own, Open MPI's progress and event threads), each a stack.
 MPI_RANK_THREADS = 8
 #: What an agent's memory limit allows beyond its estimate: allocator slack (glibc keeps freed temporaries in its

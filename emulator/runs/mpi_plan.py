@@ -54,11 +54,45 @@ DEFAULT_NICE = 19
 #: What ``emu mpirun`` sets itself: the launch agent and the interfaces are what make Open MPI work in the
 #: emulated hosts at all, and the output files are where the run's folder collects each rank's output.
 RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", "btl_tcp_if_include",
-                "orte_output_filename")
-#: Set unless the user gives their own value: TCP between hosts and loopback within a rank (one rank per host);
-#: the TCP transport's progress thread, which waits in the kernel where the main thread's progress loop spins
-#: (the cores stay idle at the same busbw: docs/fidelity.md, "Open MPI over the fabric").
-DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"))
+                "orte_output_filename", "btl_tcp_port_min_v4", "btl_tcp_port_range_v4")
+#: The ports the ranks' TCP transport listens on: below the kernel's ephemeral ports, so that a connection
+#: with one end here is the transport's, not the out-of-band channel's (the prediction routes it by its ports,
+#: emulator.runs.mpi_prediction).
+BTL_PORT_MIN = 20000
+BTL_PORT_RANGE = 1000
+#: Messages up to this size go eagerly (no rendezvous), in one fragment of the TCP transport.
+TCP_EAGER_BYTES = 1 << 20
+#: Larger messages: a rendezvous carrying this much data, then fragments of :data:`TCP_FRAGMENT_BYTES`, at most
+#: :data:`SEND_PIPELINE_DEPTH` of them queued in the transport at a time.
+TCP_RENDEZVOUS_DATA_BYTES = 4 << 10
+TCP_FRAGMENT_BYTES = 32 << 10
+SEND_PIPELINE_DEPTH = 2
+#: The TCP transport's flags without ``put``: large messages use the send protocol (fragments pipelined on the
+#: socket), not the RDMA emulation that sends the whole rest of a message as one fragment.
+TCP_FLAGS_WITHOUT_PUT = "send,inplace,need-ack,need-csum,hetero-rdma"
+#: Set unless the user gives their own value (docs/fidelity.md, "Open MPI over the fabric" and "Why Open MPI lost
+#: half the link"). Open MPI's TCP transport carries both directions between two ranks, and its own control
+#: messages, on one connection, first in first out: whatever is queued on it delays a partner's rendezvous
+#: reply. So:
+#:
+#: * TCP between hosts and loopback within a rank (one rank per host);
+#: * the TCP transport's progress thread, which waits in the kernel where the main thread's progress loop spins
+#:   (the cores stay idle at the same busbw);
+#: * no ``put``: with it, the rest of a message after the rendezvous went as one fragment, and the reply to the
+#:   partner's rendezvous waited behind all of it, so an exchange's two directions took turns;
+#: * messages up to :data:`TCP_EAGER_BYTES` eager (a ring's steps then need no handshake), a rendezvous with
+#:   little data and small fragments two deep above it (a reply waits behind little of the replier's data).
+#: Host settings for the time of an MPI run (then :data:`HOST_SYSCTLS_AFTER`): what a socket may hold unsent.
+#: Open MPI's transport takes a fragment as sent once it is in the socket: without a bound, the socket holds
+#: megabytes, and a rendezvous reply written after them waits that long (docs/fidelity.md).
+HOST_SYSCTLS = (("net.ipv4.tcp_notsent_lowat", str(32 << 10)),)
+#: The kernel's defaults of :data:`HOST_SYSCTLS` (a new network namespace's), restored after the run.
+HOST_SYSCTLS_AFTER = (("net.ipv4.tcp_notsent_lowat", "4294967295"),)
+DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"), ("btl_tcp_flags", TCP_FLAGS_WITHOUT_PUT),
+               ("btl_tcp_eager_limit", str(TCP_EAGER_BYTES)),
+               ("btl_tcp_rndv_eager_limit", str(TCP_RENDEZVOUS_DATA_BYTES)),
+               ("btl_tcp_max_send_size", str(TCP_FRAGMENT_BYTES)),
+               ("pml_ob1_send_pipeline_depth", str(SEND_PIPELINE_DEPTH)))
 _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
@@ -112,7 +146,8 @@ def mca_settings(user: Sequence[tuple[str, str]], launch_agent: str) -> list[tup
     """Every MCA parameter of the run: the reserved ones, the defaults the user did not replace, the user's."""
     given = dict(user)
     own = [("plm_rsh_agent", launch_agent), ("plm_rsh_no_tree_spawn", "1"), ("oob_tcp_if_include", HOST_SUBNET),
-           ("btl_tcp_if_include", HOST_SUBNET)]
+           ("btl_tcp_if_include", HOST_SUBNET), ("btl_tcp_port_min_v4", str(BTL_PORT_MIN)),
+           ("btl_tcp_port_range_v4", str(BTL_PORT_RANGE))]
     return own + [(k, v) for k, v in DEFAULT_MCA if k not in given] + list(user)
 
 
@@ -359,7 +394,8 @@ class MpiResults:
     predicts it from its ports); ``memory_limit_bytes`` the ``RLIMIT_DATA``
     every process of the run had (None: none), and ``out_of_memory`` the
     ranks whose output says an allocation was refused (then ``error`` says
-    so in one line).
+    so in one line); ``predictions`` the benchmark's rows beside the timing
+    model (:mod:`emulator.runs.mpi_prediction`).
     """
 
     config: dict[str, Any]
@@ -378,6 +414,8 @@ class MpiResults:
     learned_connections: int | None = None  # TCP connections the controller hashed by 5-tuple (ecmp)
     memory_limit_bytes: int | None = None
     out_of_memory: list[int] = field(default_factory=list)  # ranks that ran out of their memory limit
+    #: The benchmark's rows beside the timing model (emulator.runs.mpi_prediction.MpiPrediction's JSON)
+    predictions: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def trusted(self) -> bool:
@@ -391,7 +429,7 @@ class MpiResults:
                 "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
                 "trusted": self.trusted, "error": self.error, "bench": self.bench,
                 "learned_connections": self.learned_connections, "memory_limit_bytes": self.memory_limit_bytes,
-                "out_of_memory": self.out_of_memory}
+                "out_of_memory": self.out_of_memory, "predictions": self.predictions}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MpiResults:
@@ -407,7 +445,8 @@ class MpiResults:
                    fidelity=Fidelity.from_json(fid) if fid else None, error=data.get("error"),
                    bench=list(data.get("bench") or []), learned_connections=data.get("learned_connections"),
                    memory_limit_bytes=data.get("memory_limit_bytes"),
-                   out_of_memory=[int(r) for r in data.get("out_of_memory") or []])
+                   out_of_memory=[int(r) for r in data.get("out_of_memory") or []],
+                   predictions=list(data.get("predictions") or []))
 
     def save(self, path: str) -> None:
         write_json_atomic(path, self.to_json())

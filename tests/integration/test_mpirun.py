@@ -21,6 +21,7 @@ import pytest
 from emulator.model import topology
 from emulator.model.schedule import generators
 from emulator.runs.mpi_plan import load_results
+from emulator.runs.mpi_prediction import MpiPrediction
 
 pytestmark = pytest.mark.integration
 
@@ -70,6 +71,12 @@ def test_the_bundled_benchmark_runs_with_correct_data_and_leaves_a_results_folde
     assert doc["wall_s"] > 0 and doc["bringup_s"] > 0
     if routing == "ecmp":  # every connection between leaves crosses a choice point and is learned
         assert (results.learned_connections or 0) >= 8
+    # Each row beside the timing model, under ecmp with the ports Open MPI's connections had; loose bounds (a
+    # 64 KiB row is mostly Open MPI's own start-up of the size, and the figures are docs/fidelity.md's)
+    predicted = [MpiPrediction.from_json(p) for p in results.predictions]
+    assert [p.size for p in predicted] == [65536, 524288] and all(p.predicted_s for p in predicted), predicted
+    assert 0.5 < (predicted[-1].measured_over_predicted or 0) < 3.0
+    assert "# model: 524288 B" in res.stdout
     bench_rank0 = (out / "ranks" / "rank-0.stdout").read_text()
     assert "emu-allreduce-bench" in bench_rank0
 

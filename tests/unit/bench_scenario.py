@@ -24,10 +24,19 @@ GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "bench
 STAMP = "20260101-000000"
 MPI_SIZE = 4 << 20
 #: (a, b): an algorithm's made-up time at ``n`` bytes is ``a + n / b`` seconds.
-SPEED = {"ring": (0.05, 1e7), "hd": (0.02, 5e6), "hdrm": (0.03, 9e6), "dbtree": (0.04, 4e6), "hier": (0.06, 8e6)}
+SPEED = {"ring": (0.05, 1e7), "hd": (0.02, 5e6), "hdrm": (0.03, 9e6), "dbtree": (0.04, 4e6), "hier": (0.06, 8e6),
+         "rd": (0.01, 3e6)}
 
 
-def golden(name: str) -> str:
+#: Set to rewrite the golden files from this run (after a deliberate change; review the diff before committing).
+UPDATE_GOLDEN = os.environ.get("EF_UPDATE_GOLDEN") == "1"
+
+
+def golden(name: str, now: str | None = None) -> str:
+    """The golden file ``name``; with EF_UPDATE_GOLDEN=1, ``now`` (this run's text) is written to it first."""
+    if UPDATE_GOLDEN and now is not None:
+        with open(os.path.join(GOLDEN, name), "w", encoding="utf-8") as fh:
+            fh.write(now)
     with open(os.path.join(GOLDEN, name), encoding="utf-8") as fh:
         return fh.read()
 

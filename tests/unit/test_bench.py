@@ -134,25 +134,30 @@ def test_bringup_summary_medians_and_ratio():
 
 def mpi_results(busbw: float, wrong: int = 0) -> dict:
     return {"kind": "mpirun", "status": "ok", "bench": [{"size": 4 << 20, "busbw_mbps": busbw, "wrong": wrong}],
-            "fidelity": {"cpu_idle": 0.2, "flags": ["cpu_saturated"]}}
+            "fidelity": {"cpu_idle": 0.2, "flags": ["cpu_saturated"]},
+            "predictions": [{"size": 4 << 20, "measured_over_predicted": 1.12}]}
 
 
 def agents_results(busbw: float) -> dict:
-    return {"status": "ok", "busbw_mbps_median": busbw,
+    return {"status": "ok", "busbw_mbps_median": busbw, "measured_over_predicted_median": 1.03,
             "repetitions": [{"fidelity": {"flags": ["uncalibrated"]}}, {"fidelity": {"flags": ["latency_floor"]}}]}
 
 
 def test_an_mpi_pair_row_compares_busbw_and_keeps_both_runs_flags():
-    row = MpiPairRow.of("rabenseifner", "hd", mpi_results(5.0), agents_results(5.8))
+    row = MpiPairRow.of("BiGraph 4/4/2 hdrm", "rabenseifner", "hd", mpi_results(5.0), agents_results(5.8))
     assert row.ratio == pytest.approx(5.0 / 5.8) and row.passed is False and row.mpi_correct
     assert row.agents_flags == ("latency_floor", "uncalibrated") and row.mpi_flags == ("cpu_saturated",)
     assert row.to_json()["pass"] is False and row.to_json()["agents_flags"] == ["latency_floor", "uncalibrated"]
-    assert MpiPairRow.of("ring", "ring", mpi_results(5.6), agents_results(5.8)).passed is True
-    assert not MpiPairRow.of("ring", "ring", mpi_results(5.6, wrong=3), agents_results(5.8)).mpi_correct
-    failed = MpiPairRow.of("ring", "ring", mpi_results(5.6), {"status": "failed", "error": "rank 2 hung"})
+    assert row.mpi_over_model == 1.12 and row.agents_over_model == 1.03
+    assert MpiPairRow.of("BiGraph 4/4/2 hdrm", "ring", "ring", mpi_results(5.6), agents_results(5.8)).passed is True
+    assert not MpiPairRow.of("BiGraph 4/4/2 hdrm", "ring", "ring", mpi_results(5.6, wrong=3),
+                             agents_results(5.8)).mpi_correct
+    failed = MpiPairRow.of("BiGraph 4/4/2 hdrm", "ring", "ring", mpi_results(5.6),
+                           {"status": "failed", "error": "rank 2 hung"})
     assert failed.ratio is None and failed.agents_error == "rank 2 hung"
-    assert MpiPairRow.not_run("ring", "ring", "boom").to_json() == {
-        "mpi_algorithm": "ring", "agents_algorithm": "ring", "size": 4 << 20, "ratio": None, "pass": None,
+    assert MpiPairRow.not_run("BiGraph 4/4/2 hdrm", "ring", "ring", "boom").to_json() == {
+        "fabric": "BiGraph 4/4/2 hdrm", "mpi_algorithm": "ring", "agents_algorithm": "ring", "size": 4 << 20,
+        "ratio": None, "pass": None,
         "mpi_error": "boom"}
 
 
@@ -177,12 +182,12 @@ def test_report_prints_every_ratio_with_verdicts():
         agents=AgentsVsIperf.of({"ratio": 0.96, "agent_mbps": 5.7, "iperf3_mbps": 5.94}), replays=rows,
         hdrm=rows[0], crossovers=[CrossoverRow("hd / ring", crossing, crossing, True)],
         bringup=bringups([(4.0, 2.0)], [(2.0, 1.0)]),
-        mpi=[MpiPairRow.of("ring", "ring", mpi_results(5.4), agents_results(5.8)),
-             MpiPairRow.of("rabenseifner", "hd", {"status": "failed", "error": "mpirun could not start"},
-                           agents_results(5.8))])
+        mpi=[MpiPairRow.of("BiGraph 4/4/2 hdrm", "ring", "ring", mpi_results(5.4), agents_results(5.8)),
+             MpiPairRow.of("BiGraph 4/4/2 hdrm", "rabenseifner", "hd",
+                           {"status": "failed", "error": "mpirun could not start"}, agents_results(5.8))])
     text = bench.format_report(data)
-    assert "MPI ring / agents ring busbw, BiGraph 2/2/2 hdrm, 4MiB" in text and "0.931" in text
-    assert "5.40 vs 5.80 of 6 Mbit/s, MPI CPU idle 20%; cpu_saturated" in text
+    assert "MPI ring / agents ring busbw, BiGraph 4/4/2 hdrm, 4MiB" in text and "0.931" in text
+    assert "5.40 vs 5.80 of 6 Mbit/s, MPI CPU idle 20%, over the model: MPI 1.12, agents 1.03; cpu_saturated" in text
     assert "MPI rabenseifner / agents hd" in text and "(mpirun could not start)" in text
     assert "agent / iperf3" in text and "0.960" in text and "MISS" in text
     assert "hdrm busbw / link rate" in text and "16MiB" in text and "0.950" in text and "PASS" in text

@@ -69,12 +69,12 @@ def run_bench(mp: pytest.MonkeyPatch, agents: Any, broken: tuple[str, ...], fail
 
 
 def assert_golden(name: str, echo: list[str], saves: list[str], report: str) -> None:
-    assert "\n".join(echo) + "\n" == sc.golden(f"{name}.echo.txt")
-    golden_saves = sc.golden(f"{name}.saves.json").split("\x1e\n")[:-1]
+    assert "\n".join(echo) + "\n" == sc.golden(f"{name}.echo.txt", "\n".join(echo) + "\n")
+    golden_saves = sc.golden(f"{name}.saves.json", "".join(s + "\x1e\n" for s in saves)).split("\x1e\n")[:-1]
     assert len(saves) == len(golden_saves)
     for i, (got, want) in enumerate(zip(saves, golden_saves, strict=True)):
         assert got == want, f"save {i + 1} differs"
-    assert report + "\n" == sc.golden(f"{name}.report.txt")
+    assert report + "\n" == sc.golden(f"{name}.report.txt", report + "\n")
 
 
 def test_a_full_run_prints_and_writes_what_it_did(monkeypatch):
@@ -97,4 +97,5 @@ def test_the_admission_request_is_unchanged():
                 bench.admission_request(bw_only, (Size(1 << 20, 1, 3),), LatencyModel(bw_only),
                                         Envelope(None, DEFAULT_AGENT_COSTS, 2),
                                         bringup_rounds=3)]
-    assert "".join(repr(r) + "\n" for r in requests) == sc.golden("admission.txt")
+    text = "".join(repr(r) + "\n" for r in requests)
+    assert text == sc.golden("admission.txt", text)

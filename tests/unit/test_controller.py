@@ -114,6 +114,7 @@ def test_every_tcp_connection_is_learned_along_route_and_relearned_after_a_rerou
     first = core.tcp_packet_in(path[1], topo.host(f.src).ip, topo.host(f.dst).ip, f.sport, f.dport)
     again = core.tcp_packet_in(path[2], topo.host(f.src).ip, topo.host(f.dst).ip, f.sport, f.dport)
     assert first is not None and again is not None and not first.new and not again.new
+    assert first.connection == min((f.src, f.dst, f.sport, f.dport), (f.dst, f.src, f.dport, f.sport))
     assert again.entries == first.entries and again.out_port == topo.port_to(path[2], path[3])
     # The farthest downstream switch of the forward direction gets its entries first.
     assert list(first.entries)[0] == routing.learned_entries(topo, "ecmp", f, seed=4)[-1].switch

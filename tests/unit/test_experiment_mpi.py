@@ -268,6 +268,9 @@ class FakeMpi:
             sizes = mpi_bench.parse_args(list(cell.mpi.program[1:])).sizes
             res.bench = [{"size": s, "count": s // 4, "time_s": s * 8 / 15e6, "algbw_mbps": 8.0 + i,
                           "busbw_mbps": 14.0 + i, "wrong": 0} for i, s in enumerate(sizes)]
+            res.predictions = [{"size": s, "algorithm": "ring", "generator": "ring", "measured_s": s * 8 / 15e6,
+                                "predicted_s": s * 8 / 16.5e6, "measured_over_predicted": 1.1, "note": ""}
+                               for s in sizes]
         res.save(path)
         return res
 
@@ -302,7 +305,7 @@ def test_mpi_cells_run_on_their_networks_session_between_its_replays(tmp_path):
     folder = RunFolder(str(tmp_path))
     assert all(folder.cell_finished(c) for c in xp.expand(exp))
     text = stream.getvalue()
-    assert f"{IDS[1]}: MPI program exited 0 after 4.5 s, busbw 15.00 Mbit/s at 1MiB (no model)" in text
+    assert f"{IDS[1]}: MPI program exited 0 after 4.5 s, busbw 15.00 Mbit/s at 1MiB (measured/predicted 1.10)" in text
     assert "fake mpirun started" in (tmp_path / "run.log").read_text()  # the program's output goes to run.log
     plan = json.loads((tmp_path / "experiment.json").read_text())["cells"]
     assert plan[1]["predicted_time_s"] is None and plan[1]["prediction"].startswith("none: an MPI program")
@@ -441,11 +444,11 @@ def test_the_report_has_an_mpi_section_and_keeps_mpi_cells_out_of_every_model_co
     line = next(ln for ln in mpi_md.splitlines() if ln.startswith(f"| `{IDS[1]}`"))
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[1:] == ["`emu-allreduce-bench --algo ring --sizes 256KiB,1MiB`", "8", "identity", "0", "4.5",
-                         "15.00 at 1MiB", f"{15 / (20 * topology.tcp_goodput_factor(9000)):.2f}",
+                         "15.00 at 1MiB", f"{15 / (20 * topology.tcp_goodput_factor(9000)):.2f}", "1.10",
                          "trusted (uncalibrated)"]
     failed = next(ln for ln in mpi_md.splitlines() if ln.startswith(f"| `{IDS[4]}`"))
     assert "| 3 |" in failed
-    assert "| 256KiB |" in mpi_md and "no model" in mpi_md
+    assert "| 256KiB |" in mpi_md and "measured / model" in mpi_md
     # only the replay cell is in the model's tables and answers
     plan, rows = report.load_rows(str(out))
     assert [r.id for r in rows] == [IDS[0]]

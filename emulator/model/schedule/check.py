@@ -171,14 +171,15 @@ def dilation_of(latency: LatencyModel | None, compute_dilation: float | None = N
 
 def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
           gamma: float = 0.0, mtu: int = DEFAULT_MTU, compute_dilation: float | None = None,
-          where: str = "schedule") -> CheckReport:
+          where: str = "schedule", flow_of: cost.FlowOf | None = None) -> CheckReport:
     """Prove that ``schedule`` computes its collectives and predict its contention and time on ``topo`` under ``policy``.
 
     ``latency`` holds the fabric profile and this machine's intrinsic latency
     (default: no latency at all, bandwidth alone); ``mtu`` is the emulated
     network's; a compute op takes its ``seconds`` times ``compute_dilation``
     (default :func:`dilation_of`: the profile's dilation, 1 without a
-    profile). Raises :class:`~emulator.base.errors.UserError` for hosts missing
+    profile); ``flow_of`` the 5-tuple of each connection, where it is not the
+    agents' (:func:`emulator.model.schedule.cost.transfers`). Raises :class:`~emulator.base.errors.UserError` for hosts missing
     from the topology or an unknown routing policy; correctness problems are
     reported in the result (``valid`` false, ``execution.errors``) and then no
     timing is simulated.
@@ -187,7 +188,7 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     execution = executor.execute(schedule)
     model = latency or LatencyModel()
     dilation = dilation_of(model, compute_dilation)
-    costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, gamma=gamma, mtu=mtu)
+    costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, gamma=gamma, mtu=mtu, flow_of=flow_of)
     sim = None
     compute_only = None
     if execution.valid:

@@ -117,8 +117,16 @@ class CostReport:
         return sum(s.maxmin_s for s in self.steps)
 
 
-def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0) -> list[Transfer]:
-    """Every send of the schedule with the routed path of its lane's connection (via :func:`emulator.model.routing.route`)."""
+#: The 5-tuple of the connection ``src`` host uses to send to ``dst`` host on a lane.
+FlowOf = Callable[[str, str, int], routing.Flow]
+
+
+def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0,
+              flow_of: FlowOf | None = None) -> list[Transfer]:
+    """Every send of the schedule with the routed path of its lane's connection (via :func:`emulator.model.routing.route`).
+
+    ``flow_of`` gives each connection's 5-tuple (what ``ecmp`` hashes); None: the agents' own.
+    """
     paths: dict[tuple[str, str, int], list[str]] = {}
     out = []
     for prog in schedule.ranks:
@@ -128,7 +136,8 @@ def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0) ->
             src, dst = prog.host, schedule.ranks[op.partner].host
             key = (src, dst, op.lane)
             if key not in paths:
-                paths[key] = routing.route(topo, policy, routing.agent_flow(topo, src, dst, op.lane), seed=seed)
+                flow = routing.agent_flow(topo, src, dst, op.lane) if flow_of is None else flow_of(src, dst, op.lane)
+                paths[key] = routing.route(topo, policy, flow, seed=seed)
             out.append(Transfer(op.step, prog.rank, op.partner, src, dst, op.bytes, paths[key], op.lane))
     return out
 
@@ -228,7 +237,7 @@ def path_function(topo: Topology, planned: list[Transfer], goodput: float = TCP_
 
 
 def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
-            gamma: float = 0.0, mtu: int = DEFAULT_MTU) -> CostReport:
+            gamma: float = 0.0, mtu: int = DEFAULT_MTU, flow_of: FlowOf | None = None) -> CostReport:
     """Per-step flows on every directed link, the step models, and the timing model's execution.
 
     Steps run ``0..schedule.steps-1``; a step without transfers costs only its
@@ -242,7 +251,7 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
     goodput = tcp_goodput_factor(mtu)
     mss = tcp_payload_bytes(mtu)
     report = CostReport(routing=policy, seed=seed, latency=model, goodput=goodput, mtu=mtu)
-    report.transfers = transfers(schedule, topo, policy, seed)
+    report.transfers = transfers(schedule, topo, policy, seed, flow_of)
     by_step: dict[int, list[Transfer]] = {}
     for t in report.transfers:
         by_step.setdefault(t.step, []).append(t)

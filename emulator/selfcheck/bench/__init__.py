@@ -27,9 +27,9 @@ Sections, in order:
    beats ring), measured and predicted (target: within a factor
    :data:`~cases.TARGET_CROSSOVER_FACTOR`; the predicted one from the model alone
    over sizes 16 KiB-256 MiB, :func:`~crossovers.crossover`).
-3. **Open MPI beside the agents** (:func:`~mpi_pairs.run_mpi_pairs`): on
-   :data:`~cases.MPI_TOPOLOGY` with the hdrm placement and bigraph routing, at
-   :data:`~cases.MPI_SIZE`, each pair of :data:`~cases.MPI_PAIRS` -- Open MPI's allreduce
+3. **Open MPI beside the agents** (:func:`~mpi_pairs.run_mpi_pairs`): on each
+   network of :data:`~cases.MPI_FABRICS` (16 ranks on BiGraph with hdrm, 8 on a
+   leaf-spine with ECMP), at :data:`~cases.MPI_SIZE`, each pair of :data:`~cases.MPI_PAIRS` -- Open MPI's allreduce
    algorithm run by ``emu mpirun`` with the bundled ``emu-allreduce-bench``,
    and our agents' replay of the matching schedule -- on the same link rate,
    both without the profile's latencies (Open MPI's messages cannot get

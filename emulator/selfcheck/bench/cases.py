@@ -17,11 +17,28 @@ TARGET_MPI = 0.90
 BRINGUP_TOPOLOGY = "bigraph:upper=4,lower=4,hosts_per_switch=4"
 #: Bring-ups at scale, one round each (ours, then plain Mininet's): 64 and 256 hosts.
 SCALE_BRINGUP_TOPOLOGIES = ("bigraph:upper=8,lower=8,hosts_per_switch=4", "bigraph:upper=16,lower=16,hosts_per_switch=8")
-MPI_TOPOLOGY = "bigraph:upper=2,lower=2,hosts_per_switch=2"
-MPI_PLACEMENT = "hdrm"
 MPI_SIZE = 4 << 20
 #: (Open MPI's allreduce algorithm, our agents' algorithm doing the same): rabenseifner is halving-doubling.
 MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
+
+
+@dataclass(frozen=True)
+class MpiFabric:
+    """A network Open MPI and the agents run on side by side: its topology, routing, seed and rank placement."""
+
+    label: str
+    topology: str
+    routing: str
+    placement: str
+    seed: int = 0
+
+
+#: 16 ranks on BiGraph with the hdrm placement; 8 ranks on a leaf-spine with ECMP (each TCP connection hashed by
+#: its 5-tuple: Open MPI's connections and the agents' have different ports, so they may collide differently).
+MPI_FABRICS = (
+    MpiFabric("BiGraph 4/4/2 hdrm", "bigraph:upper=4,lower=4,hosts_per_switch=2", "bigraph", "hdrm"),
+    MpiFabric("leaf-spine 4/2/2 ecmp", "leafspine:leaves=4,spines=2,hosts_per_leaf=2", "ecmp", "identity"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,7 +85,7 @@ DEFAULT_CASES = (
          extra_algorithms=("ring", "hd")),
     Case(LEAFSPINE, "dmodk", 0, ("ring", "hd", "dbtree")),
     Case("fattree:k=4", "ecmp", 1, ("ring", "hd", "dbtree", "hier")),
-    Case("star:hosts=16", "shortest", 0, ("ring", "hd", "dbtree")),
+    Case("star:hosts=16", "shortest", 0, ("ring", "hd", "dbtree", "rd")),
 )
 DEFAULT_SIZES = (Size(64 << 10, 1, 2), Size(1 << 20, 1, 2), Size(16 << 20, 0, 1))
 

@@ -81,7 +81,7 @@ def crossover_line(c: CrossoverRow) -> RatioLine:
 
 def mpi_line(r: MpiPairRow, bw: float) -> RatioLine:
     """The ratio line of one Open MPI pair."""
-    name = f"MPI {r.mpi_algorithm} / agents {r.agents_algorithm} busbw, BiGraph 2/2/2 hdrm, {format_size(r.size)}"
+    name = f"MPI {r.mpi_algorithm} / agents {r.agents_algorithm} busbw, {r.fabric}, {format_size(r.size)}"
     if r.ratio is None:
         return RatioLine(name, "error", ">= 0.90", "MISS", r.mpi_error or r.agents_error or "not measured")
     flags = sorted({*r.mpi_flags, *r.agents_flags} - {"uncalibrated"})
@@ -90,7 +90,15 @@ def mpi_line(r: MpiPairRow, bw: float) -> RatioLine:
                      f"{r.mpi_busbw_mbps:.2f} vs {r.agents_busbw_mbps:.2f} of {bw:g} Mbit/s"
                      f"{'' if r.mpi_correct else ', MPI data WRONG'}"
                      f"{f', MPI CPU idle {idle:.0%}' if idle is not None else ''}"
+                     f"{_over_model(r)}"
                      f"{'; ' + ' '.join(flags) if flags else ''}")
+
+
+def _over_model(r: MpiPairRow) -> str:
+    """``, over the model: MPI x, agents y`` (what is known of each run's time over its prediction)."""
+    known = [f"{who} {ratio:.2f}" for who, ratio in (("MPI", r.mpi_over_model), ("agents", r.agents_over_model))
+             if ratio is not None]
+    return f", over the model: {', '.join(known)}" if known else ""
 
 
 def bringup_line(b: BringupSummary) -> RatioLine:

@@ -15,10 +15,9 @@ from emulator.runs.dilation import Envelope
 from emulator.selfcheck.bench.cases import (
     BRINGUP_TOPOLOGY,
     DEFAULT_CASES,
+    MPI_FABRICS,
     MPI_PAIRS,
-    MPI_PLACEMENT,
     MPI_SIZE,
-    MPI_TOPOLOGY,
     SCALE_BRINGUP_TOPOLOGIES,
     Case,
     Size,
@@ -64,14 +63,16 @@ class _Tally:
             self.time_s += admission.replay_time_s(report, size.warmup + size.repeat)
 
     def mpi_pairs(self) -> None:
-        """The agents' session and one Open MPI run per pair, each with its network."""
-        topo = topology.build(MPI_TOPOLOGY, self.profile.emulated_link_mbps)
-        self.memory.append(admission.mpi_memory(len(topo.hosts), 3 * MPI_SIZE, topo))
-        self.time_s += (len(MPI_PAIRS) + 1) * admission.bringup_estimate_s(topo) + len(MPI_PAIRS) * MPI_RUN_S
-        for _, algo in MPI_PAIRS:
-            schedule = generators.generate(algo, topo, MPI_SIZE, placement=MPI_PLACEMENT)
-            report = predict(schedule, topo, "bigraph", latency=self.latency, mtu=self.profile.emulated_mtu)
-            self.time_s += admission.replay_time_s(report, 3)
+        """On each MPI fabric, the agents' session and one Open MPI run per pair, each with its network."""
+        for net in MPI_FABRICS:
+            topo = topology.build(net.topology, self.profile.emulated_link_mbps)
+            self.memory.append(admission.mpi_memory(len(topo.hosts), 3 * MPI_SIZE, topo))
+            self.time_s += (len(MPI_PAIRS) + 1) * admission.bringup_estimate_s(topo) + len(MPI_PAIRS) * MPI_RUN_S
+            for _, algo in MPI_PAIRS:
+                schedule = generators.generate(algo, topo, MPI_SIZE, placement=net.placement)
+                report = predict(schedule, topo, net.routing, seed=net.seed, latency=self.latency,
+                                 mtu=self.profile.emulated_mtu)
+                self.time_s += admission.replay_time_s(report, 3)
 
 
 def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], latency: LatencyModel,
@@ -91,5 +92,5 @@ def admission_request(profile: fabric.FabricProfile, sizes: tuple[Size, ...], la
         tally.memory.append(admission.MemoryEstimate(0, 0, 0, admission.network_bytes(topo)))
     return admission.Request("bench", admission.largest(tally.memory), tally.time_s,
                              f"{len(tally.loads)} replays at the model's times, bring-ups, agents vs iperf3 and "
-                             f"{len(MPI_PAIRS)} Open MPI runs at {AGENTS_VS_IPERF_S:g} s and {MPI_RUN_S:g} s",
+                             f"{len(MPI_PAIRS) * len(MPI_FABRICS)} Open MPI runs at {AGENTS_VS_IPERF_S:g} s and {MPI_RUN_S:g} s",
                              tuple(tally.loads))

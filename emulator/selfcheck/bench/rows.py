@@ -153,12 +153,14 @@ class AgentsVsIperf:
 
 @dataclass(frozen=True)
 class MpiPairRow:
-    """One pair of :data:`~emulator.selfcheck.bench.cases.MPI_PAIRS`: Open MPI's busbw over our agents'.
+    """One pair of :data:`~emulator.selfcheck.bench.cases.MPI_PAIRS` on one of
+    :data:`~emulator.selfcheck.bench.cases.MPI_FABRICS` (its label): Open MPI's busbw over our agents'.
 
     ``complete`` is false for the rows of a section that failed as a whole: they carry the error and no
     figures, and their JSON only the keys they have.
     """
 
+    fabric: str
     mpi_algorithm: str
     agents_algorithm: str
     ratio: float | None
@@ -175,9 +177,13 @@ class MpiPairRow:
     agents_flags: tuple[str, ...] = ()
     size: int = MPI_SIZE
     complete: bool = True
+    #: Each run's time over the timing model's (emu mpirun's prediction of its last row; the agents' median).
+    mpi_over_model: float | None = None
+    agents_over_model: float | None = None
 
     @classmethod
-    def of(cls, mpi_algo: str, agents_algo: str, mpi: Mapping[str, Any], agents: Mapping[str, Any]) -> MpiPairRow:
+    def of(cls, fabric: str, mpi_algo: str, agents_algo: str, mpi: Mapping[str, Any],
+           agents: Mapping[str, Any]) -> MpiPairRow:
         """One pair's row from emu mpirun's and the replay's results documents."""
         rows = mpi.get("bench") or []
         mpi_bw = rows[-1]["busbw_mbps"] if rows and mpi.get("status") == "ok" else None
@@ -185,25 +191,29 @@ class MpiPairRow:
         reps = agents.get("repetitions") or []
         fid = mpi.get("fidelity") or {}
         ratio = mpi_bw / agents_bw if mpi_bw and agents_bw else None
-        return cls(mpi_algo, agents_algo, ratio, ratio >= TARGET_MPI if ratio is not None else None, mpi.get("error"),
-                   mpi_bw, agents_bw, mpi.get("status"), agents.get("status"), agents.get("error"),
+        predictions = mpi.get("predictions") or []
+        return cls(fabric, mpi_algo, agents_algo, ratio, ratio >= TARGET_MPI if ratio is not None else None,
+                   mpi.get("error"), mpi_bw, agents_bw, mpi.get("status"), agents.get("status"), agents.get("error"),
                    mpi_correct=bool(rows) and all(r.get("wrong") == 0 for r in rows), mpi_cpu_idle=fid.get("cpu_idle"),
                    mpi_flags=tuple(fid.get("flags") or []),
-                   agents_flags=tuple(sorted({f for r in reps for f in ((r.get("fidelity") or {}).get("flags") or [])})))
+                   agents_flags=tuple(sorted({f for r in reps for f in ((r.get("fidelity") or {}).get("flags") or [])})),
+                   mpi_over_model=predictions[-1].get("measured_over_predicted") if predictions else None,
+                   agents_over_model=agents.get("measured_over_predicted_median"))
 
     @classmethod
-    def not_run(cls, mpi_algo: str, agents_algo: str, error: str) -> MpiPairRow:
-        return cls(mpi_algo, agents_algo, None, None, error, complete=False)
+    def not_run(cls, fabric: str, mpi_algo: str, agents_algo: str, error: str) -> MpiPairRow:
+        return cls(fabric, mpi_algo, agents_algo, None, None, error, complete=False)
 
     def to_json(self) -> Json:
-        head = {"mpi_algorithm": self.mpi_algorithm, "agents_algorithm": self.agents_algorithm, "size": self.size,
+        head = {"fabric": self.fabric, "mpi_algorithm": self.mpi_algorithm, "agents_algorithm": self.agents_algorithm, "size": self.size,
                 "ratio": self.ratio, "pass": self.passed, "mpi_error": self.mpi_error}
         if not self.complete:
             return head
         return {**head, "mpi_busbw_mbps": self.mpi_busbw_mbps, "agents_busbw_mbps": self.agents_busbw_mbps,
                 "mpi_status": self.mpi_status, "agents_status": self.agents_status, "agents_error": self.agents_error,
                 "mpi_correct": self.mpi_correct, "mpi_cpu_idle": self.mpi_cpu_idle, "mpi_flags": list(self.mpi_flags),
-                "agents_flags": list(self.agents_flags)}
+                "agents_flags": list(self.agents_flags), "mpi_over_model": self.mpi_over_model,
+                "agents_over_model": self.agents_over_model}
 
 
 @dataclass(frozen=True)

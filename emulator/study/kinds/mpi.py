@@ -1,4 +1,4 @@
-"""The MPI cell: an Open MPI program run on its network as ``emu mpirun`` runs it, with no model behind it.
+"""The MPI cell: an Open MPI program run on its network as ``emu mpirun`` runs it.
 
 :class:`MpiKind` is the :class:`~emulator.study.kinds.base.CellKind` of every
 cell with an MPI program (:attr:`emulator.study.experiment.Cell.mpi`). It runs
@@ -7,8 +7,10 @@ is :func:`emulator.study.runner.run_mpi_cell`; reading and reporting need
 none); its ``results.json`` is an :class:`emulator.runs.mpi_plan.MpiResults`
 (kind ``mpirun``) with its network's probe added; a program that exits
 non-zero, times out or cannot start is a failed cell. Its progress line is
-:func:`mpi_line`, its report row an :class:`MpiRow` (never a busbw or model
-comparison).
+:func:`mpi_line`, its report row an :class:`MpiRow`: the bundled benchmark's
+rows beside the timing model's prediction of the same algorithm
+(:mod:`emulator.runs.mpi_prediction`), never in a busbw comparison of the
+agents' cells.
 """
 
 from __future__ import annotations
@@ -42,14 +44,25 @@ class MpiCellRunner(Protocol):
 
 
 def mpi_line(res: MpiResults) -> str:
-    """The tail of a finished MPI cell's progress line: wall time, the benchmark's largest size, its flags."""
+    """The tail of a finished MPI cell's progress line: wall time, the benchmark's largest size and its time over
+    the model's, its flags."""
     text = f"MPI program exited {res.exit_status} after {res.wall_s or 0.0:.1f} s"
     rows = [r for r in res.bench if isinstance(r.get("size"), int)]
     if rows:
         top = max(rows, key=lambda r: r["size"])
-        text += f", busbw {float(top.get('busbw_mbps') or 0.0):.2f} Mbit/s at {format_size(top['size'])} (no model)"
+        ratio = _over_model(res, top["size"])
+        model = f"measured/predicted {ratio:.2f}" if ratio is not None else "no model"
+        text += f", busbw {float(top.get('busbw_mbps') or 0.0):.2f} Mbit/s at {format_size(top['size'])} ({model})"
     flags = [f for f in (res.fidelity.flags if res.fidelity else []) if f not in QUIET_FLAGS]
     return text + (f" [fidelity: {', '.join(flags)}]" if flags else "")
+
+
+def _over_model(res: MpiResults | None, size: int) -> float | None:
+    """The benchmark row of ``size``'s measured/predicted time (None: no prediction of it)."""
+    for p in res.predictions if res else []:
+        if isinstance(p, Mapping) and p.get("size") == size and isinstance(p.get("measured_over_predicted"), float):
+            return float(p["measured_over_predicted"])
+    return None
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,7 @@ class MpiRow:
 
     ``busbw_mbps`` is the bundled benchmark's at its largest size (``busbw_size``), None when the program is
     another one or wrote no rows; ``efficiency`` that busbw over the link's TCP goodput (as a replay row's
-    ``capacity_mbps``). Measured fields are None unless the cell's results exist; ``status`` as for a replay
+    ``capacity_mbps``); ``measured_over_predicted`` its time over the timing model's (None: not predicted). Measured fields are None unless the cell's results exist; ``status`` as for a replay
     row (``ok``: the program exited 0).
     """
 
@@ -94,6 +107,7 @@ class MpiRow:
     learned_connections: int | None
     datapath: str | None
     dir: str
+    measured_over_predicted: float | None = None
 
     @property
     def efficiency(self) -> float | None:
@@ -109,7 +123,8 @@ class MpiRow:
                "status": self.status, "outcome": self.run_status or self.status, "busbw_mbps": self.busbw_mbps,
                "time_s": self.time_s, "trusted": self.trusted, "flags": " ".join(self.flags),
                "qdisc_drops": self.qdisc_drops, "tcp_retransmits": self.tcp_retransmits, "wall_s": self.wall_s,
-               "error": self.error, "program": self.program, "ranks": self.ranks, "exit_status": self.exit_status}
+               "error": self.error, "program": self.program, "ranks": self.ranks, "exit_status": self.exit_status,
+               "measured_over_predicted": self.measured_over_predicted}
         return {name: own.get(name, "") for name in CSV_FIELDS}
 
 
@@ -223,4 +238,5 @@ class MpiKind:
             capacity_mbps=link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu), **_fidelity_fields(res),
             error=None if finished else ((state.error if state else None) or (res.error if res else None)),
             learned_connections=res.learned_connections if res else None,
-            datapath=(res.datapath or None) if res else None, dir=cell_dir)
+            datapath=(res.datapath or None) if res else None, dir=cell_dir,
+            measured_over_predicted=_over_model(res, top["size"]) if top else None)

@@ -36,7 +36,7 @@ instead of a size) never enter a busbw comparison
   (:mod:`emulator.model.paper_scale`), when the reference ran at several host counts;
 * "MPI programs" (MPI cells only, :class:`~emulator.study.kinds.mpi.MpiRow`):
   per cell the program, ranks, placement, exit status, wall time and the
-  bundled benchmark's busbw at its largest size (no model: they enter no
+  bundled benchmark's busbw at its largest size and its time over the model's (they enter no
   other section's table, plot or answer, but count in the overview and in
   the fidelity and failure lists);
 * every cell: measured against predicted, faults, fidelity flags, failures.

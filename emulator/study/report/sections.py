@@ -148,9 +148,9 @@ def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
         *([f"Training iterations ({', '.join(f'`{w}`' for w in trained)}): "
            f"{sum(r.is_training for r in rows)} cells, compared by scaling efficiency (compute-only / iteration "
            "time) in \"Training iteration: scaling efficiency\", never by busbw."] if trained else []),
-        *([f"MPI programs: {len(mpi_rows)} cells ran an Open MPI program instead of a schedule; they have no "
-           "model prediction and are in \"MPI programs\" only, never in a busbw comparison, a table of the "
-           "model or an answer."] if mpi_rows else []),
+        *([f"MPI programs: {len(mpi_rows)} cells ran an Open MPI program instead of a schedule; they are in "
+           "\"MPI programs\" only (beside the model's prediction of Open MPI's algorithm), never in a busbw "
+           "comparison, a table of the model or an answer."] if mpi_rows else []),
         fabric_sentences(plan, rows),
     ])
     clean_ratios = [r.measured_over_predicted for r in rows
@@ -480,15 +480,17 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
         return
     doc.h(2, "MPI programs")
     doc.table(["cell", "program", "ranks", "placement", "exit status", "wall s", "busbw (largest size)",
-               "busbw / link goodput", "trusted or flags"],
+               "busbw / link goodput", "measured / model", "trusted or flags"],
               [[f"`{r.id}`", f"`{r.program}`", str(r.ranks), r.placement, _exit_text(r), _fmt(r.time_s, 1),
                 f"{_fmt(r.busbw_mbps)} at {format_size(r.busbw_size)}" if r.busbw_size is not None else "–",
-                _fmt(r.efficiency), _mpi_verdict(r)] for r in rows])
+                _fmt(r.efficiency), _fmt(r.measured_over_predicted), _mpi_verdict(r)] for r in rows])
     doc.p("Each of these cells ran an Open MPI program the way `emu mpirun` does: one rank per host (the "
           "placement's first ranks), `mpirun` in rank 0's host, TCP over the emulated links, every rank at "
           "niceness 19 unless the file says otherwise, on its network after the network's probe and beside that "
-          "network's replay cells. The timing model predicts schedules only, so these cells have no model "
-          "number and enter no speedup, busbw plot, scaling, training table or answer above. busbw: the "
+          "network's replay cells. measured / model: the benchmark's time at its largest size over the timing "
+          "model's for the schedule that makes Open MPI's algorithm's transfers in its rank order (ring, "
+          "Rabenseifner as hd, recursive doubling as rd; docs/fidelity.md); these cells enter no speedup, "
+          "busbw plot, scaling, training table or answer above. busbw: the "
           "bundled `emu-allreduce-bench`'s (nccl-tests' definition, Mbit/s) at its largest size; busbw / link "
           "goodput as everywhere in this report. Open MPI's algorithms are its own, not the agents' schedules "
           "of the same name, and the fabric's per-message latency is not dilated for MPI (only the agents add "
