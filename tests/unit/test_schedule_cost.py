@@ -155,8 +155,8 @@ def test_formula_rejects_unknown_algorithms():
 # Every collective: closed forms, contention, lanes, compute
 # ---------------------------------------------------------------------------
 
-FORMULA_CASES = [(c, a, p) for c, a in RECIPES if c != "allreduce" and a != "hdrm"
-                 for p in (2, 3, 4, 8) if not RECIPES[(c, a)].power_of_two or p != 3]
+FORMULA_CASES = [(c, a, p) for c, a in RECIPES if (c != "allreduce" or a == "rd") and a != "hdrm"
+                 for p in (2, 3, 4, 8) if not (RECIPES[(c, a)].power_of_two or a == "rd") or p != 3]
 
 
 def _formula(sched, topo, model, switches=1, gamma=0.0, acks=False):
@@ -234,6 +234,8 @@ def test_alltoall_collides_on_a_leaf_spine_with_one_spine():
 def test_formulas_refuse_what_they_do_not_cover():
     with pytest.raises(ValueError, match="power of two"):
         collective_formula("allgather", "hd", 6, 1, 1, 1)
+    with pytest.raises(ValueError, match="power-of-two"):
+        collective_formula("allreduce", "rd", 6, 1, 1, 1)
     with pytest.raises(ValueError, match="chunks"):
         collective_formula("broadcast", "ring", 4, 1, 1, 1)
     with pytest.raises(ValueError, match="gamma"):

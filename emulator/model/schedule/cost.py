@@ -380,6 +380,7 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     collective             algo                time
     =====================  ==================  ============================================================
     allreduce              ring, hd, hdrm      :func:`allreduce_formula`
+    allreduce              rd                  ``log2(p)·m(n) + log2(p)·n·gamma``
     reduce_scatter         ring, direct        ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
     reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
     allgather              ring, direct        ``(p-1)·m(n/p)``
@@ -398,14 +399,18 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     :class:`ValueError` for pairs without a formula and for ``hd`` with
     ``p`` not a power of two.
     """
-    if collective == ALLREDUCE:
-        return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
-                                 frame=frame, acks=acks)
-
     def message(b: float) -> float:
         return _message(b, alpha, beta, switches, switch_latency, frame)
 
     rendezvous = switches * switch_latency
+    if collective == ALLREDUCE and algo == "rd":
+        if p & (p - 1):
+            raise ValueError(f"the rd formula needs a power-of-two p (got {p})")
+        return _lockstep([_Round(n, reduces=True)] * (p.bit_length() - 1), message, rendezvous, beta, frame, gamma,
+                         acks)
+    if collective == ALLREDUCE:
+        return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
+                                 frame=frame, acks=acks)
     reduce = (p - 1) / p * n * gamma if collective in (REDUCE_SCATTER, REDUCE_TO_ROOT) else 0.0
     if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
         if algo == "ring" and collective != ALLTOALL:
