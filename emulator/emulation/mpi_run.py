@@ -210,10 +210,10 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
     learned_before = session.ctl.status().get("learned_total")
     connections_at = session.ctl.connections_offset()
     offset = session.stats_offset()
-    session.en.set_sysctls(prep.hosts, HOST_SYSCTLS)
     before = fidelity.snapshot(session.en, topo)
     t0 = time.monotonic()
     try:
+        session.en.set_sysctls(prep.hosts, HOST_SYSCTLS)
         results.exit_status, timed_out = _start_mpirun(session, prep.hosts[0], command, out, cfg.timeout_s, echo)
         results.status = "timeout" if timed_out else ("ok" if results.exit_status == 0 else "failed")
         if timed_out:
@@ -223,6 +223,8 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
         raise
     except OSError as exc:
         results.status, results.error = "failed", f"mpirun could not start: {exc}"
+    except UserError as exc:  # the hosts' settings could not be made
+        results.status, results.error = "failed", str(exc)
     finally:
         results.wall_s = time.monotonic() - t0
         after = fidelity.snapshot(session.en, topo)

@@ -70,8 +70,14 @@ SEND_PIPELINE_DEPTH = 2
 #: The TCP transport's flags without ``put``: large messages use the send protocol (fragments pipelined on the
 #: socket), not the RDMA emulation that sends the whole rest of a message as one fragment.
 TCP_FLAGS_WITHOUT_PUT = "send,inplace,need-ack,need-csum,hetero-rdma"
-#: Set unless the user gives their own value (docs/fidelity.md, "Open MPI over the fabric" and "Why Open MPI lost
-#: half the link"). Open MPI's TCP transport carries both directions between two ranks, and its own control
+#: Host settings for the time of an MPI run (then :data:`HOST_SYSCTLS_AFTER`): what a socket may hold unsent.
+#: Open MPI's transport takes a fragment as sent once it is in the socket: without a bound, the socket holds
+#: megabytes, and a rendezvous reply written after them waits that long (docs/fidelity.md).
+HOST_SYSCTLS = (("net.ipv4.tcp_notsent_lowat", str(32 << 10)),)
+#: The kernel's defaults of :data:`HOST_SYSCTLS` (a new network namespace's), restored after the run.
+HOST_SYSCTLS_AFTER = (("net.ipv4.tcp_notsent_lowat", "4294967295"),)
+#: Set unless the user gives their own value (docs/fidelity.md, "Open MPI over the fabric" and "why Open MPI
+#: lost half the link"). Open MPI's TCP transport carries both directions between two ranks, and its own control
 #: messages, on one connection, first in first out: whatever is queued on it delays a partner's rendezvous
 #: reply. So:
 #:
@@ -82,12 +88,6 @@ TCP_FLAGS_WITHOUT_PUT = "send,inplace,need-ack,need-csum,hetero-rdma"
 #:   partner's rendezvous waited behind all of it, so an exchange's two directions took turns;
 #: * messages up to :data:`TCP_EAGER_BYTES` eager (a ring's steps then need no handshake), a rendezvous with
 #:   little data and small fragments two deep above it (a reply waits behind little of the replier's data).
-#: Host settings for the time of an MPI run (then :data:`HOST_SYSCTLS_AFTER`): what a socket may hold unsent.
-#: Open MPI's transport takes a fragment as sent once it is in the socket: without a bound, the socket holds
-#: megabytes, and a rendezvous reply written after them waits that long (docs/fidelity.md).
-HOST_SYSCTLS = (("net.ipv4.tcp_notsent_lowat", str(32 << 10)),)
-#: The kernel's defaults of :data:`HOST_SYSCTLS` (a new network namespace's), restored after the run.
-HOST_SYSCTLS_AFTER = (("net.ipv4.tcp_notsent_lowat", "4294967295"),)
 DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"), ("btl_tcp_flags", TCP_FLAGS_WITHOUT_PUT),
                ("btl_tcp_eager_limit", str(TCP_EAGER_BYTES)),
                ("btl_tcp_rndv_eager_limit", str(TCP_RENDEZVOUS_DATA_BYTES)),
