@@ -13,8 +13,9 @@ run) -- the mapping is :data:`GENERATOR_OF`:
 
 Where Open MPI itself runs another algorithm (:func:`open_mpi_generator`: ring with fewer elements than
 ranks runs recursive doubling; Rabenseifner with fewer elements than the largest power of two <= ranks
-runs basic_linear), the prediction follows it or says why there is none. ``default``, ``basic_linear``
-and ``nonoverlapping`` are not predicted (Open MPI's own choice; a gather to rank 0).
+runs basic_linear), the prediction follows it or says why there is none. ``default`` (Open MPI chooses
+by its own rules), ``basic_linear`` and ``nonoverlapping`` (a reduce to rank 0, then a broadcast) are not
+predicted.
 
 The schedule is predicted on the run's topology and routing (:func:`emulator.model.schedule.check.check`)
 with the latency model the run's messages get. Under ``ecmp`` each connection's path depends on its
@@ -47,8 +48,6 @@ SEGMENT_SIZE_MCA = "coll_tuned_allreduce_algorithm_segmentsize"
 
 #: Open MPI's allreduce algorithm -> the generator making its transfers.
 GENERATOR_OF = {"ring": "ring", "segmented_ring": "ring", "rabenseifner": "hd", "recursive_doubling": "rd"}
-#: Bytes of one element of the benchmark's data (float32).
-ELEMENT_BYTES = 4
 
 
 def open_mpi_generator(algorithm: str, count: int, ranks: int, segment_bytes: int = 0) -> tuple[str | None, str]:
