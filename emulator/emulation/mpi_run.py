@@ -70,6 +70,7 @@ from emulator.runs.mpi_plan import (
     hostfile_text,
     launch_agent_script,
     mca_settings,
+    message_profile,
     mpirun_command,
     named,
     parse_mca,
@@ -243,10 +244,10 @@ def _run_started(prep: Prepared, session: ReplaySession, results: MpiResults, re
             echo(f"# {line}")
         _restore_sysctls(session, prep.hosts, echo)
         results.bench = _bench_rows(out)
-        results.predictions = [p.to_json() for p in _predict(prep, results.bench,
-                                                             session.ctl.learned_connections(connections_at))]
-        for p in results.predictions:
-            echo("# " + mpi_prediction.describe(mpi_prediction.MpiPrediction.from_json(p)))
+        predictions = _predict(prep, results.bench, session.ctl.learned_connections(connections_at))
+        results.predictions = [p.to_json() for p in predictions]
+        for p in predictions:
+            echo("# " + mpi_prediction.describe(p))
         learned = session.ctl.status().get("learned_total")
         # the controller's count is over the network's life: an earlier run on the same session learned its own
         results.learned_connections = (learned - learned_before if isinstance(learned, int)
@@ -262,19 +263,14 @@ def _restore_sysctls(session: ReplaySession, hosts: Sequence[str], echo: Callabl
         echo(f"# warning: {exc}")
 
 
-def message_latency(prep: Prepared) -> LatencyModel:
-    """The latency model of what an Open MPI run's messages get: the fabric's rates, this machine's own
-    latency, and none of the profile's per-message and per-switch latency (no netem here)."""
-    return fidelity.latency_model(prep.profile.changed(alpha_us=0.0, switch_latency_us=0.0), prep.calibration)
-
-
 def _predict(prep: Prepared, rows: Sequence[dict], connections: Sequence[tuple[str, str, int, int]]
              ) -> list[mpi_prediction.MpiPrediction]:
     """The benchmark's rows beside the timing model, on the run's fabric with its connections' ports."""
     flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.seed)
                if prep.cfg.routing == "ecmp" else None)
     given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts),
-                                           message_latency(prep), prep.profile.emulated_mtu, flow_of)
+                                           fidelity.latency_model(message_profile(prep.profile), prep.calibration),
+                                           prep.profile.emulated_mtu, flow_of)
     return mpi_prediction.predict_bench(prep.cfg.program, dict(prep.mca), rows, given)
 
 

@@ -34,7 +34,6 @@ the calibration file) and passed in.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -134,13 +133,8 @@ def agent_limit_bytes(schedule: Schedule, rank: int) -> int:
 def mpi_program_bytes(program: Sequence[str]) -> int:
     """The data an MPI program holds per rank, where it is known: ``emu-allreduce-bench``'s three buffers of its
     largest size; 0 for any other program (or arguments the benchmark will refuse itself)."""
-    if not program or os.path.basename(program[0]) != mpi_bench.PROG:
-        return 0
-    try:
-        opts = mpi_bench.parse_args(list(program[1:]))
-    except (UserError, SystemExit):
-        return 0
-    return 3 * max(opts.sizes)
+    opts = mpi_bench.program_options(program)
+    return 3 * max(opts.sizes) if opts is not None else 0
 
 
 def mpi_rank_limit_bytes(program_bytes: int, ranks: int, usable_bytes: int) -> int:

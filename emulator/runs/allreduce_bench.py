@@ -152,6 +152,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def program_options(program: Sequence[str]) -> Options | None:
+    """The options of ``program`` (a command line) when it runs this benchmark with arguments it accepts; None
+    for any other program, and for arguments it would refuse (or ``--help``)."""
+    if not program or os.path.basename(program[0]) != PROG:
+        return None
+    try:
+        return parse_args(list(program[1:]))
+    except (UserError, SystemExit):
+        return None
+
+
 def parse_args(argv: Sequence[str] | None) -> Options:
     """The options, or :class:`UserError` with the one line to print (``--help`` exits 0 as argparse does)."""
     parser = build_parser()

@@ -123,6 +123,12 @@ class MpiRunConfig:
                 "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes}
 
 
+def message_profile(profile: FabricProfile) -> FabricProfile:
+    """``profile`` as an Open MPI run's messages get it: its rates, none of its per-message and per-switch
+    latency (there is no netem here, and the agents' way of adding it does not reach Open MPI)."""
+    return profile.changed(alpha_us=0.0, switch_latency_us=0.0)
+
+
 def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
     """``--mca KEY VALUE`` pairs, checked: Open MPI parameter names, non-empty one-line values, none reserved."""
     out: dict[str, str] = {}

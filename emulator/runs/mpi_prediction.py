@@ -26,7 +26,6 @@ processes, no files.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -164,28 +163,17 @@ def predict_row(algorithm: str, size: int, count: int, measured_s: float, given:
     return MpiPrediction(size, algorithm, generator, measured_s, report.predicted_time_s, note)
 
 
-def bench_algorithm(program: Sequence[str]) -> str | None:
-    """The Open MPI algorithm ``emu-allreduce-bench`` runs with these arguments (None: another program, or
-    arguments it refuses)."""
-    if not program or os.path.basename(program[0]) != mpi_bench.PROG:
-        return None
-    try:
-        return mpi_bench.parse_args(list(program[1:])).algo
-    except (UserError, SystemExit):
-        return None
-
-
 def predict_bench(program: Sequence[str], mca: Mapping[str, str], rows: Sequence[Mapping[str, Any]],
                   given: PredictionInput) -> list[MpiPrediction]:
     """Every row of the bundled benchmark's results beside the model; none for another program."""
-    algorithm = bench_algorithm(program)
-    if algorithm is None:
+    opts = mpi_bench.program_options(program)
+    if opts is None:
         return []
     try:
         segment = int(mca.get(SEGMENT_SIZE_MCA, "0"))
     except ValueError:
         segment = -1  # Open MPI refuses it too; no prediction then
-    return [predict_row(algorithm, int(r["size"]), int(r["count"]), float(r["time_s"]), given, segment)
+    return [predict_row(opts.algo, int(r["size"]), int(r["count"]), float(r["time_s"]), given, segment)
             for r in rows]
 
 

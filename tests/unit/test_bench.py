@@ -10,6 +10,7 @@ from emulator.model import fabric
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule import generators
 from emulator.model.topology import build
+from emulator.runs.mpi_plan import message_profile
 from emulator.selfcheck import bench
 from emulator.selfcheck.bench.cases import CROSSOVERS, DEFAULT_CASES, DEFAULT_SIZES
 from emulator.selfcheck.bench.crossovers import (
@@ -19,7 +20,6 @@ from emulator.selfcheck.bench.crossovers import (
     crossovers_agree,
     model_crossover,
 )
-from emulator.selfcheck.bench.mpi_pairs import without_latency
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import (
     AgentsVsIperf,
@@ -162,7 +162,7 @@ def test_an_mpi_pair_row_compares_busbw_and_keeps_both_runs_flags():
 
 
 def test_the_mpi_comparison_runs_without_latency():
-    bare = without_latency(bench.bench_profile(fabric.default(), 6.0))
+    bare = message_profile(bench.bench_profile(fabric.default(), 6.0))
     assert bare.alpha_s == 0 and bare.switch_latency_s == 0 and bare.emulated_link_mbps == pytest.approx(6.0)
 
 

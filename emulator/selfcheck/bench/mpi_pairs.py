@@ -17,14 +17,9 @@ from emulator.emulation.replay import ReplayFailed, ReplaySession
 from emulator.model import fabric, topology
 from emulator.model.schedule import generators
 from emulator.model.schedule.format import format_size
-from emulator.runs.mpi_plan import MpiRunConfig
+from emulator.runs.mpi_plan import MpiRunConfig, message_profile
 from emulator.selfcheck.bench.cases import MPI_FABRICS, MPI_PAIRS, MPI_SIZE, MpiFabric
 from emulator.selfcheck.bench.rows import MpiPairRow
-
-
-def without_latency(profile: fabric.FabricProfile) -> fabric.FabricProfile:
-    """``profile`` with no per-message or per-switch latency: what an Open MPI run's messages get."""
-    return profile.changed(alpha_us=0.0, switch_latency_us=0.0)
 
 
 def _agents(net: MpiFabric, topo: topology.Topology, bare: fabric.FabricProfile, out: str, datapath: str,
@@ -75,7 +70,7 @@ def _fabric_pairs(net: MpiFabric, bw: float, bare: fabric.FabricProfile, out: st
 def run_mpi_pairs(bw: float, profile: fabric.FabricProfile, out: str, datapath: str,
                   calibration: Calibration, echo: Callable[[str], None]) -> list[MpiPairRow]:
     """Every pair of :data:`MPI_PAIRS` on every network of :data:`MPI_FABRICS`, each in its own folder."""
-    bare = without_latency(profile)
+    bare = message_profile(profile)
     rows: list[MpiPairRow] = []
     for index, net in enumerate(MPI_FABRICS):
         rows += _fabric_pairs(net, bw, bare, os.path.join(out, f"fabric{index}"), datapath, calibration, echo)

@@ -93,10 +93,10 @@ class MpiProgram:
 
     @property
     def bench_algorithm(self) -> str | None:
-        """The bundled benchmark's ``--algo`` (aliases resolved), or None for any other program."""
-        if self.name != mpi.BENCH_PROGRAM:
-            return None
-        return mpi_bench.parse_args(list(self.program[1:])).algo
+        """The bundled benchmark's ``--algo`` (aliases resolved), or None for any other program (its arguments
+        were checked when the file was read)."""
+        opts = mpi_bench.program_options(self.program)
+        return opts.algo if opts is not None else None
 
     @property
     def slug(self) -> str:
