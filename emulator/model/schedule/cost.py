@@ -330,7 +330,7 @@ def _lockstep(rounds: list[_Round], message: Callable[[float], float], rendezvou
 def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
                       switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0,
                       acks: bool = False) -> float:
-    """Closed-form contention-free allreduce time (``docs/domain.md`` §2, §3) for ``ring`` and ``hd``/``hdrm``.
+    """Closed-form contention-free allreduce time (``docs/domain.md`` §2, §3) for ``ring``, ``hd``/``hdrm`` and ``rd``.
 
     Every message of ``b`` bytes over a path of ``switches`` switches costs
     ``alpha + switches·switch_latency + b·beta + switches·last·beta``
@@ -345,8 +345,8 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
     previous round (``last·beta``, the timing model's rule 6): a round starts
     ``max(rendezvous, last·beta)`` after the previous one's data arrived.
     With ``switches = 0`` these are the textbook ``2(p-1)·alpha +
-    2(p-1)/p·n·beta + (p-1)/p·n·gamma`` and ``2·log2(p)·alpha + ...`` (``p`` a
-    power of two).
+    2(p-1)/p·n·beta + (p-1)/p·n·gamma``, ``2·log2(p)·alpha + ...`` and
+    ``log2(p)·(alpha + n·beta + n·gamma)`` (``p`` a power of two for the last two).
     """
     def message(b: float) -> float:
         return _message(b, alpha, beta, switches, switch_latency, frame)
@@ -359,6 +359,11 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
         halving = _halving_rounds(p, n)
         rounds = [_Round(b, reduces=True) for b in halving] + [_Round(b) for b in halving[::-1]]
         return _lockstep(rounds, message, rendezvous, beta, frame, gamma, acks)
+    if algo == "rd":  # log2(p) rounds, each the whole buffer both ways, then its reduction
+        if p & (p - 1):
+            raise ValueError(f"the rd formula needs a power-of-two p (got {p})")
+        return _lockstep([_Round(n, reduces=True)] * (p.bit_length() - 1), message, rendezvous, beta, frame, gamma,
+                         acks)
     raise ValueError(f"no closed form for {algo}")
 
 
@@ -379,8 +384,7 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     =====================  ==================  ============================================================
     collective             algo                time
     =====================  ==================  ============================================================
-    allreduce              ring, hd, hdrm      :func:`allreduce_formula`
-    allreduce              rd                  ``log2(p)·m(n) + log2(p)·n·gamma``
+    allreduce              ring, hd, hdrm, rd  :func:`allreduce_formula`
     reduce_scatter         ring, direct        ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
     reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
     allgather              ring, direct        ``(p-1)·m(n/p)``
@@ -403,11 +407,6 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
         return _message(b, alpha, beta, switches, switch_latency, frame)
 
     rendezvous = switches * switch_latency
-    if collective == ALLREDUCE and algo == "rd":
-        if p & (p - 1):
-            raise ValueError(f"the rd formula needs a power-of-two p (got {p})")
-        return _lockstep([_Round(n, reduces=True)] * (p.bit_length() - 1), message, rendezvous, beta, frame, gamma,
-                         acks)
     if collective == ALLREDUCE:
         return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
                                  frame=frame, acks=acks)
