@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 
 from emulator.base.naming import BRIDGE_RE, CHECK_DEVICE_RE, CHECK_NAMESPACE_PREFIX, INTERFACE_RE, NAME_PREFIX
-from emulator.emulation.runstate import SSH_FOLDER, all_runs, kill_recorded, state_root
+from emulator.emulation.runstate import SSH_FOLDER, all_runs, kill_recorded, remove_ssh_folder, state_root
 from emulator.emulation.system import Runner, run
 
 
@@ -94,10 +94,7 @@ def end_shared_connections(runner: Runner) -> list[str]:
         return []
     for name in sockets:
         runner(["ssh", "-F", "none", "-o", f"ControlPath={os.path.join(folder, name)}", "-O", "exit", "ef-cluster"])
-    try:
-        os.rmdir(folder)
-    except OSError:
-        pass
+    remove_ssh_folder()
     return [f"ended {len(sockets)} shared ssh connections"] if sockets else []
 
 

@@ -31,7 +31,7 @@ import subprocess
 from collections.abc import Sequence
 from functools import partial
 
-from emulator.emulation.runstate import SSH_FOLDER, state_root
+from emulator.emulation.runstate import SSH_FOLDER, remove_ssh_folder, state_root
 from emulator.emulation.system import Result, Runner, run
 from emulator.runs.cluster_file import Cluster, Server
 
@@ -108,10 +108,7 @@ def close_shared(cluster: Cluster, local: Runner = run) -> None:
     """End every server's ssh master (:func:`open_shared`), if one is open."""
     for server in cluster.others:
         local(["ssh", *ssh_options(server, cluster.known_hosts), "-O", "exit", f"{server.user}@{server.ssh}"])
-    try:
-        os.rmdir(os.path.dirname(control_path()))
-    except OSError:  # another network's connections, or none was made
-        pass
+    remove_ssh_folder()
 
 
 def remote_runner(cluster: Cluster, server: Server, local: Runner = run) -> Runner:

@@ -19,6 +19,7 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,8 +35,50 @@ from emulator.base.waiting import wait_until
 SSH_FOLDER = "ssh"
 
 
+#: Seconds an ssh master is given to remove its socket once told to exit.
+SOCKET_GONE_S = 5.0
+
+
 def state_root() -> str:
     return os.environ.get("EF_RUN_DIR", "/run/ef-emu")
+
+
+def _listening(path: str) -> bool:
+    """True when a process still accepts connections on the unix socket ``path``."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def remove_ssh_folder(timeout_s: float = SOCKET_GONE_S) -> None:
+    """Remove :data:`SSH_FOLDER` once no ssh master listens in it any more.
+
+    ``ssh -O exit`` returns when the master has the request; the master unlinks its socket only as it ends, a
+    moment later, so the folder is not empty yet. Sockets nobody listens on are removed; a live one (a
+    connection another command still uses) keeps the folder after ``timeout_s``.
+    """
+    folder = os.path.join(state_root(), SSH_FOLDER)
+
+    def sockets() -> list[str]:
+        try:
+            return [os.path.join(folder, name) for name in os.listdir(folder)]
+        except FileNotFoundError:
+            return []
+
+    wait_until(lambda: not any(_listening(path) for path in sockets()), timeout_s, 0.05)
+    for path in sockets():
+        if not _listening(path):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+    try:
+        os.rmdir(folder)
+    except OSError:  # missing, or a live connection is still in it
+        pass
 
 
 def proc_start_time(pid: int) -> int | None:

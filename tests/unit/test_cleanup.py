@@ -158,3 +158,31 @@ def test_emu_clean_removes_what_a_killed_cluster_check_left_and_bring_up_does_no
     report = cleanup.clean(runner=machine)
     assert machine.netns == ["blue"] and machine.links == ["lo", "efvxnot-hex", "vxlan0"]
     assert any("efchk-b" in line for line in report)
+
+
+def test_the_ssh_folder_goes_once_its_masters_have_ended_and_stays_while_one_listens(tmp_path, monkeypatch):
+    import socket
+    import threading
+    monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
+    folder = tmp_path / runstate.SSH_FOLDER
+    folder.mkdir()
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(str(folder / "stale"))  # a master that died without unlinking: bound, never listening
+    stale.close()
+    ending = socket.socket(socket.AF_UNIX)
+    ending.bind(str(folder / "ending"))
+    ending.listen()
+
+    def end_later():  # a master told to exit, which unlinks its socket a moment after `ssh -O exit` returned
+        ending.close()
+        os.unlink(folder / "ending")
+    threading.Timer(0.3, end_later).start()
+    runstate.remove_ssh_folder(timeout_s=5)
+    assert not folder.exists()
+
+    folder.mkdir()
+    with socket.socket(socket.AF_UNIX) as live:
+        live.bind(str(folder / "live"))
+        live.listen()
+        runstate.remove_ssh_folder(timeout_s=0.2)
+        assert os.listdir(folder) == ["live"]
