@@ -122,6 +122,9 @@ class PathLatency:
     byte_s: float = 0.0
     mss: int = 0
     burst_bytes: int = 0
+    #: None: the agents' protocol, every transfer waits for its clear to send (``L_cts``). A number: Open MPI's
+    #: (:attr:`LatencyModel.eager_bytes`)
+    eager_bytes: int | None = None
 
     def unshaped_s(self, nbytes: int) -> float:
         """The serialisation the emulated links do not charge a message: every link releases a packet at the
@@ -135,6 +138,49 @@ class PathLatency:
     def message_s(self) -> float:
         """From a transfer's start to its first byte arriving."""
         return max(self.message_target_s, self.link_s + self.data_s)
+
+    @property
+    def sends_wait_for_ack(self) -> bool:
+        """An awaited send completes when its receiver acknowledged it (the agents'); Open MPI's sends complete
+        once their bytes are written, whatever the protocol."""
+        return self.eager_bytes is None
+
+    def eager(self, nbytes: int) -> bool:
+        """The transfer goes without waiting for a clear to send (Open MPI's eager messages)."""
+        return self.eager_bytes is not None and nbytes <= self.eager_bytes
+
+    def handshake_s(self, nbytes: int) -> float:
+        """What a transfer waits before its bytes may go, beyond its message latency, when its receive was posted
+        in time: ``L_cts`` for the agents; for Open MPI none for an eager message, and for a rendezvous the
+        request to send out and the reply back, each a message of its own."""
+        if self.eager_bytes is None:
+            return self.rendezvous_target_s
+        return 0.0 if self.eager(nbytes) else 2 * self.message_target_s
+
+    def needs_request(self, nbytes: int) -> bool:
+        """The transfer starts with a request to send from the sender (an Open MPI rendezvous)."""
+        return self.eager_bytes is not None and not self.eager(nbytes)
+
+    def clear_to_send_at(self, nbytes: int, posted: float | None, requested: float | None) -> float | None:
+        """When the sender holds its clear to send, from when the receive was posted and (an Open MPI
+        rendezvous) when its request to send left; None while that is not known yet. The agents' receiver sends
+        it once posted (``L_cts`` later); an Open MPI eager message needs none (the receive being posted is all);
+        an Open MPI rendezvous starts at the sender: its request reaches the receiver a message latency after it
+        left, is matched once the receive is posted, and the reply takes a message latency back."""
+        if posted is None:
+            return None
+        if self.eager_bytes is None:
+            return posted + self.rendezvous_target_s
+        if self.eager(nbytes):
+            return posted
+        if requested is None:
+            return None
+        return max(requested + self.message_target_s, posted) + self.message_target_s
+
+    def first_byte_after_post_s(self, nbytes: int) -> float:
+        """The least time from a receive being posted to the transfer's first byte arriving: :attr:`cts_path_s`
+        when a clear to send goes back first, else 0."""
+        return 0.0 if self.eager(nbytes) else self.cts_path_s
 
     @property
     def cts_path_s(self) -> float:
@@ -162,14 +208,15 @@ class PathLatency:
                 "rendezvous_target_s": self.rendezvous_target_s, "link_s": self.link_s, "data_s": self.data_s,
                 "rendezvous_s": self.rendezvous_s, "ack_intrinsic_s": self.ack_intrinsic_s,
                 "byte_s": self.byte_s, "mss": self.mss, "burst_bytes": self.burst_bytes,
-                "message_s": self.message_s, "sleep_s": self.sleep_s, "floor": self.floor}
+                "message_s": self.message_s, "sleep_s": self.sleep_s, "floor": self.floor,
+                **({} if self.eager_bytes is None else {"eager_bytes": self.eager_bytes})}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PathLatency:
         return cls(int(data["switches"]), float(data["message_target_s"]), float(data["rendezvous_target_s"]),
                    float(data["link_s"]), float(data["data_s"]), float(data["rendezvous_s"]),
                    float(data["ack_intrinsic_s"]), float(data.get("byte_s", 0.0)), int(data.get("mss", 0)),
-                   int(data.get("burst_bytes", 0)))
+                   int(data.get("burst_bytes", 0)), data.get("eager_bytes"))
 
 
 #: No latency anywhere: the model of bandwidth alone.
@@ -178,11 +225,18 @@ ZERO = PathLatency(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 @dataclass(frozen=True)
 class LatencyModel:
-    """A fabric profile with this machine's intrinsic latency; ``netem`` when the links carry the switch latency."""
+    """A fabric profile with this machine's intrinsic latency; ``netem`` when the links carry the switch latency.
+
+    ``eager_bytes`` None is the agents' protocol: every transfer waits for its clear to send. A number is Open
+    MPI's: messages up to it are sent eagerly, without one; a larger one waits for a rendezvous reply, which is
+    a message of its own. The timing model follows it; the projection (:mod:`emulator.model.schedule.projection`)
+    knows the agents' protocol only.
+    """
 
     profile: FabricProfile | None = None
     intrinsic: Intrinsic = field(default_factory=Intrinsic)
     netem: bool = False
+    eager_bytes: int | None = None
 
     def path(self, switches: int) -> PathLatency:
         return _path(self, switches)
@@ -198,7 +252,7 @@ class LatencyModel:
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile.to_json() if self.profile else None, "intrinsic": self.intrinsic.to_json(),
-                "netem": self.netem}
+                "netem": self.netem, **({} if self.eager_bytes is None else {"eager_bytes": self.eager_bytes})}
 
 
 @cache
@@ -208,4 +262,4 @@ def _path(model: LatencyModel, switches: int) -> PathLatency:
     cts = rendezvous_latency_s(p, switches) if p is not None else 0.0
     i = model.intrinsic
     return PathLatency(switches, msg, cts, switches * model.link_delay_per_switch_s, i.data.at(switches),
-                       i.rendezvous.at(switches), i.ack.at(switches))
+                       i.rendezvous.at(switches), i.ack.at(switches), eager_bytes=model.eager_bytes)

@@ -277,7 +277,7 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
                 capacity[name] = cap
             lat = model.path(len(t.path) - 2)
             tail = sum(last_segment_bytes(t.bytes, mss) / cap for _, cap in named[1:])
-            own = lat.rendezvous_target_s + lat.message_s + tail
+            own = lat.handshake_s(t.bytes) + lat.message_s + tail
             fixed = max(fixed, own)
             ab = max(ab, own + t.bytes / min(capacity[link] for link in links))
         compute = gamma * max(reduced.get(step, {}).values(), default=0)

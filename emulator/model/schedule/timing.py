@@ -13,7 +13,14 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    per peer in program order. A receive is *posted* when it is queued.
 3. A transfer (a matched send and receive, :func:`format.match_transfers`)
    starts at ``t_v = max(send queued, receive posted + L_cts)``. Its first
-   byte arrives at ``max(t_v + message, posted + cts_path)``
+   byte arrives at ``max(t_v + message, posted + cts_path)``. (Open MPI's
+   protocol, :class:`~emulator.model.latency.LatencyModel`'s ``eager_bytes``:
+   an eager message has no ``L_cts`` and no ``cts_path``; a rendezvous's
+   request to send leaves when the send is queued and the bytes written
+   before it on its connection have drained, and its clear to send is the
+   request's message latency later (or the receive's posting, if later) and
+   the reply's after that; and every send completes once written, rule 6's
+   ACK is not waited for.)
    (:class:`~emulator.model.latency.PathLatency`), and from then its bytes flow,
    but not before the previous message on the same connection has drained:
    latency is in flight, it does not hold up the channel.
@@ -89,6 +96,8 @@ class TransferTiming:
     tail_s: float
     lane: int = 0
     posted: float | None = None
+    cts_due: float | None = None  # when its clear to send is due, once known
+    requested: float | None = None  # when its request to send left (an Open MPI rendezvous)
     cts_at: float | None = None
     queued: float | None = None
     start: float | None = None  # t_v
@@ -181,6 +190,9 @@ class _Simulation:
         self.channel: dict[Conn, list[int]] = defaultdict(list)
         self.busy: set[Conn] = set()
         self.backlog: dict[Conn, list[int]] = defaultdict(list)
+        # per connection: transfers started and not drained; Open MPI rendezvous requests written behind them
+        self.unfinished: dict[Conn, int] = defaultdict(int)
+        self.requests: dict[Conn, list[int]] = defaultdict(list)
         self.events: list[tuple[float, int, str, int, int]] = []
         self.seq = 0
         self.now = 0.0
@@ -214,13 +226,28 @@ class _Simulation:
                 self.push(r.at + self.gamma * op.bytes, "done", rank, op.id)
             elif op.kind == SEND:
                 i = self.by_send[(rank, op.id)]
-                self.transfers[i].queued = r.at
-                self.channel[(rank, op.partner, op.lane)].append(i)
+                tr = self.transfers[i]
+                tr.queued = r.at
+                conn = (rank, op.partner, op.lane)
+                if tr.latency.needs_request(tr.bytes):  # its request follows what the connection carries
+                    if self.unfinished[conn]:
+                        self.requests[conn].append(i)
+                    else:
+                        tr.requested = r.at
+                        self.schedule_cts(tr)
+                self.channel[conn].append(i)
                 self.try_start((rank, op.partner, op.lane))
             else:
                 tr = self.transfers[self.by_recv[(rank, op.id)]]
                 tr.posted = r.at
-                self.push(r.at + tr.latency.rendezvous_target_s, "cts", tr.src, tr.send_id)
+                self.schedule_cts(tr)
+
+    def schedule_cts(self, tr: TransferTiming) -> None:
+        """The transfer's clear to send, once when it can be known (:meth:`PathLatency.clear_to_send_at`)."""
+        if tr.cts_due is None:
+            tr.cts_due = tr.latency.clear_to_send_at(tr.bytes, tr.posted, tr.requested)
+            if tr.cts_due is not None:
+                self.push(tr.cts_due, "cts", tr.src, tr.send_id)
 
     def try_start(self, conn: Conn) -> None:
         """Start the sends queued on connection ``conn`` whose clear to send is in, in order."""
@@ -229,8 +256,9 @@ class _Simulation:
             tr = self.transfers[queue.pop(0)]
             assert tr.posted is not None
             tr.start = self.now
-            self.push(max(tr.start + tr.latency.message_s, tr.posted + tr.latency.cts_path_s), "flow", conn[0],
-                      tr.send_id)
+            self.unfinished[conn] += 1
+            first = max(tr.start + tr.latency.message_s, tr.posted + tr.latency.first_byte_after_post_s(tr.bytes))
+            self.push(first, "flow", conn[0], tr.send_id)
 
     def done(self, rank: int, op_id: int) -> None:
         self.op_end[(rank, op_id)] = self.now
@@ -256,7 +284,7 @@ class _Simulation:
             self.reshare()
         elif kind == "arrived":
             tr = self.transfers[self.by_recv[(rank, op_id)]]
-            if tr.send_id in self.dispatch[tr.src].awaited:
+            if self.acknowledged(tr):
                 self.acknowledge(self.by_recv[(rank, op_id)])
             reduce_s = self.gamma * tr.bytes if self.dispatch[rank].ops[op_id].kind == RECV_REDUCE else 0.0
             if reduce_s > 0:
@@ -268,6 +296,10 @@ class _Simulation:
         elif kind == "reduced":
             self.transfers[self.by_recv[(rank, op_id)]].end = self.now
             self.done(rank, op_id)
+
+    def acknowledged(self, tr: TransferTiming) -> bool:
+        """The transfer's send is awaited and completes on its receiver's ACK (rule 6; not Open MPI's)."""
+        return tr.send_id in self.dispatch[tr.src].awaited and tr.latency.sends_wait_for_ack
 
     def reverse(self, link: Link) -> Link | None:
         """The directed link back along ``link``, if some transfer uses it."""
@@ -322,12 +354,17 @@ class _Simulation:
                 active.discard(i)
                 if not active:
                     self.settle_ack(waiting)
-        if tr.send_id in self.dispatch[tr.src].awaited:
+        if self.acknowledged(tr):
             self.hand(tr.src, self.dispatch[tr.src].written(tr.send_id, self.now))
         else:
             self.done(tr.src, tr.send_id)
         self.push(self.now + tr.tail_s, "arrived", tr.dst, tr.recv_id)
         conn = (tr.src, tr.dst, tr.lane)
+        self.unfinished[conn] -= 1
+        if not self.unfinished[conn]:
+            for j in self.requests.pop(conn, []):
+                self.transfers[j].requested = self.now
+                self.schedule_cts(self.transfers[j])
         self.busy.discard(conn)
         if self.backlog[conn]:
             nxt = self.backlog[conn].pop(0)
