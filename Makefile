@@ -12,6 +12,8 @@ BIN := $(VENV)/bin
 DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps openmpi-bin python3-mpi4py \
 	python3-venv python3-dev gcc openssh-server openssh-client
 VENV_STAMP := $(VENV)/.installed
+# The library emu mpirun preloads into every rank for the fabric's latency (emulator/emulation/mpi_latency.c).
+LATENCY_LIBRARY := $(VENV)/lib/ef-mpi-latency.so
 TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2
 POLICY ?= bigraph
 PYTEST_ARGS ?=
@@ -27,7 +29,7 @@ help:
 	@echo "make soak         set up, then the soak and crash-consistency tests at full length (root; about 30 min)"
 	@echo "make clean        remove bridges, links and processes this project left behind"
 
-setup: debian-packages openvswitch venv
+setup: debian-packages openvswitch venv $(LATENCY_LIBRARY)
 
 # openssh-server is for the integration tests' namespace "servers" (tests/integration/cluster_servers.py), each
 # running an sshd of its own. Its package would start a machine-wide sshd through invoke-rc.d: a policy-rc.d
@@ -94,6 +96,9 @@ $(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps mlc-chakra==1.0.0
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
+
+$(LATENCY_LIBRARY): emulator/emulation/mpi_latency.c $(VENV_STAMP)
+	gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@.tmp $< -ldl -lpthread && mv $@.tmp $@
 
 lint: venv
 	$(BIN)/ruff check emulator controllers tests

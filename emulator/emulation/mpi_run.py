@@ -42,7 +42,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from emulator.base.errors import FieldError, UserError
 from emulator.base.files import append_jsonl
@@ -58,6 +58,7 @@ from emulator.runs.mpi_plan import (
     BENCH_JSON,
     HOST_SYSCTLS,
     HOST_SYSCTLS_AFTER,
+    LATENCY_LIBRARY,
     PRLIMIT,
     START_ATTEMPTS,
     WHERE,
@@ -66,8 +67,13 @@ from emulator.runs.mpi_plan import (
     RankPlace,
     RemoteLaunch,
     daemon_start_failed,
+    eager_bytes,
     fetch_output_command,
+    has_latency,
     hostfile_text,
+    latency_environment,
+    latency_file_text,
+    latency_holds,
     launch_agent_script,
     mca_settings,
     message_profile,
@@ -75,12 +81,16 @@ from emulator.runs.mpi_plan import (
     named,
     parse_mca,
     program_argv,
+    queue_bytes,
     rank_hosts,
     require_rank0_on_head,
     resolve_program,
     split_fetched,
 )
 
+#: The run folder's files: Open MPI's launch agent, and the latency library's holds per pair of hosts.
+LAUNCH_AGENT = "launch-agent"
+LATENCY_HOLDS = "latency-holds"
 #: After SIGTERM, how long mpirun gets to take its ranks down before SIGKILL.
 STOP_GRACE_S = 10.0
 #: How long after a rank says an allocation was refused the job is stopped: a Python rank that died of
@@ -101,6 +111,7 @@ class Prepared:
     mca: tuple[tuple[str, str], ...]
     calibration: Calibration | None
     memory_limit_bytes: int | None = None  # RLIMIT_DATA of every process of the run
+    latency_library: str | None = None  # preloaded into every rank for the fabric's latency; None: none
 
     @property
     def out(self) -> str:
@@ -110,6 +121,18 @@ class Prepared:
 def own_bin() -> str:
     """This emulator's scripts (the venv's bin): where the bundled programs are."""
     return os.path.dirname(sys.executable)
+
+
+def latency_library(cfg: MpiRunConfig, prefix: str = sys.prefix) -> str | None:
+    """The library that gives the ranks' messages the profile's latency, when the run asks for it and the
+    profile has any; :class:`FieldError` when it is asked for and ``make setup`` has not built it."""
+    if not (cfg.latency and has_latency(cfg.fabric)):
+        return None
+    path = os.path.join(prefix, "lib", LATENCY_LIBRARY)
+    if not os.path.isfile(path):
+        raise FieldError(WHERE, "latency", f"the latency library {path} (make setup builds it), or --latency off",
+                         "not built")
+    return path
 
 
 def prepare(cfg: MpiRunConfig) -> Prepared:
@@ -141,7 +164,7 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
     if limit is None:
         limit = memory_limit_bytes(cfg.program, len(hosts))
     return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
-                    limit)
+                    limit, latency_library(cfg))
 
 
 def memory_limit_bytes(program: Sequence[str], ranks: int,
@@ -268,8 +291,9 @@ def _predict(prep: Prepared, rows: Sequence[dict], connections: Sequence[tuple[s
     """The benchmark's rows beside the timing model, on the run's fabric with its connections' ports."""
     flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.seed)
                if prep.cfg.routing == "ecmp" else None)
-    given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts),
-                                           fidelity.latency_model(message_profile(prep.profile), prep.calibration),
+    profile = message_profile(prep.profile, prep.latency_library is not None)
+    latency = replace(fidelity.latency_model(profile, prep.calibration), eager_bytes=eager_bytes(prep.mca))
+    given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts), latency,
                                            prep.profile.emulated_mtu, flow_of)
     return mpi_prediction.predict_bench(prep.cfg.program, dict(prep.mca), rows, given)
 
@@ -318,20 +342,23 @@ def _remote_output_folders(prep: Prepared, session: ReplaySession) -> list[tuple
                 raise UserError(f"mpirun: server {name}: cannot make {out} there: {res.stderr.strip()[-200:]}")
             if state == "made":
                 made.append((name, runner))
-                _copy_launch_agent(runner, name, os.path.join(out, "launch-agent"))
+                _copy_file(runner, name, os.path.join(out, LAUNCH_AGENT), "the launch agent")
+                if prep.latency_library is not None:
+                    _copy_file(runner, name, os.path.join(out, LATENCY_HOLDS), "the latency file")
     finally:
         os.unlink(mark)
     return made
 
 
-def _copy_launch_agent(runner: system.Runner, server: str, path: str) -> None:
-    """The launch agent at its path on ``server`` too: every orted checks that the ``plm_rsh_agent`` it is
-    given exists, though only mpirun's runs it (no tree spawn)."""
+def _copy_file(runner: system.Runner, server: str, path: str, what: str) -> None:
+    """A file of the run's folder at its path on ``server`` too: every orted checks that the ``plm_rsh_agent``
+    it is given exists, though only mpirun's runs it (no tree spawn); the latency library reads its file in
+    every rank."""
     with open(path, encoding="ascii") as fh:
         text = fh.read()
     res = runner(["sh", "-c", 'printf %s "$1" > "$2" && chmod 700 "$2"', "sh", text, path])
     if res.returncode != 0:
-        raise UserError(f"mpirun: server {server}: cannot write the launch agent there: {res.stderr.strip()[-200:]}")
+        raise UserError(f"mpirun: server {server}: cannot write {what} there: {res.stderr.strip()[-200:]}")
 
 
 def _fetch_remote_outputs(folders: Sequence[tuple[str, system.Runner]], out: str, echo: Callable[[str], None]) -> None:
@@ -351,7 +378,7 @@ def _fetch_remote_outputs(folders: Sequence[tuple[str, system.Runner]], out: str
 def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     """The launch agent and the hostfile in the run's folder; the mpirun command line that uses them."""
     out, topo = prep.out, prep.topo
-    agent = os.path.join(out, "launch-agent")
+    agent = os.path.join(out, LAUNCH_AGENT)
     pids = [(h.ip, session.en.host(h.name).pid) for h in topo.hosts]
     with open(agent, "w", encoding="ascii") as fh:
         fh.write(launch_agent_script(pids, os.path.join(out, "launch-agent.log"), _remote_launches(prep, session)))
@@ -359,9 +386,16 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     hostfile = os.path.join(out, "hostfile")
     with open(hostfile, "w", encoding="ascii") as fh:
         fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
+    environment = []
+    if prep.latency_library is not None:
+        holds = os.path.join(out, LATENCY_HOLDS)
+        pairs = latency_holds(topo, prep.hosts, prep.latency)
+        with open(holds, "w", encoding="ascii") as fh:
+            fh.write(latency_file_text(pairs))
+        environment = latency_environment(prep.latency_library, holds, queue_bytes(pairs, topo.host_bw))
     mca = mca_settings(prep.mca, agent)
     return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
-                          memory_limit_bytes=prep.memory_limit_bytes)
+                          memory_limit_bytes=prep.memory_limit_bytes, environment=environment)
 
 
 def _start_mpirun(session: ReplaySession, host: str, command: list[str], out: str, timeout_s: float,

@@ -35,6 +35,7 @@ from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
+from emulator.model.latency import LatencyModel
 from emulator.model.schedule import generators
 from emulator.model.topology import Topology
 from emulator.runs.results import Fidelity
@@ -60,6 +61,11 @@ RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", 
 #: emulator.runs.mpi_prediction).
 BTL_PORT_MIN = 20000
 BTL_PORT_RANGE = 1000
+#: The least the library may hold per socket (bytes): a kernel's default receive buffer.
+MIN_QUEUE_BYTES = 128 << 10
+#: The preloaded library that gives Open MPI's messages the fabric's latency (``emulator/emulation/mpi_latency.c``;
+#: ``make setup`` builds it into the venv's ``lib``).
+LATENCY_LIBRARY = "ef-mpi-latency.so"
 #: Messages up to this size go eagerly (no rendezvous), in one fragment of the TCP transport.
 TCP_EAGER_BYTES = 1 << 20
 #: Larger messages: a rendezvous carrying this much data, then fragments of :data:`TCP_FRAGMENT_BYTES`, at most
@@ -84,11 +90,15 @@ HOST_SYSCTLS_AFTER = (("net.ipv4.tcp_notsent_lowat", "4294967295"),)
 #: * TCP between hosts and loopback within a rank (one rank per host);
 #: * the TCP transport's progress thread, which waits in the kernel where the main thread's progress loop spins
 #:   (the cores stay idle at the same busbw);
+#: * the main thread yields while it waits (``mpi_yield_when_idle``): every rank shares this machine's cores, and
+#:   without it sixteen spinning main threads kept the progress threads that had bytes to read off the cores,
+#:   a wait of about 13 ms per step (a 64 KiB ring on 16 ranks of a star: 453 ms without, 55 ms with);
 #: * no ``put``: with it, the rest of a message after the rendezvous went as one fragment, and the reply to the
 #:   partner's rendezvous waited behind all of it, so an exchange's two directions took turns;
 #: * messages up to :data:`TCP_EAGER_BYTES` eager (a ring's steps then need no handshake), a rendezvous with
 #:   little data and small fragments two deep above it (a reply waits behind little of the replier's data).
-DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"), ("btl_tcp_flags", TCP_FLAGS_WITHOUT_PUT),
+DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"), ("mpi_yield_when_idle", "1"),
+               ("btl_tcp_flags", TCP_FLAGS_WITHOUT_PUT),
                ("btl_tcp_eager_limit", str(TCP_EAGER_BYTES)),
                ("btl_tcp_rndv_eager_limit", str(TCP_RENDEZVOUS_DATA_BYTES)),
                ("btl_tcp_max_send_size", str(TCP_FRAGMENT_BYTES)),
@@ -115,18 +125,87 @@ class MpiRunConfig:
     #: RLIMIT_DATA of every process of the run (bytes); None: sized from the admission estimate
     #: (:func:`emulator.runs.admission.mpi_rank_limit_bytes`)
     memory_limit_bytes: int | None = None
+    #: the fabric's per-message and per-switch latency on Open MPI's messages (:data:`LATENCY_LIBRARY`); off:
+    #: the links stand for its bandwidth only
+    latency: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),
                 "seed": self.seed, "placement": self.placement, "np": self.np,
                 "mca": [list(kv) for kv in self.mca], "fabric": self.fabric.spec(), "datapath": self.datapath,
-                "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes}
+                "timeout_s": self.timeout_s, "nice": self.nice, "memory_limit_bytes": self.memory_limit_bytes,
+                "latency": self.latency}
 
 
-def message_profile(profile: FabricProfile) -> FabricProfile:
-    """``profile`` as an Open MPI run's messages get it: its rates, none of its per-message and per-switch
-    latency (there is no netem here, and the agents' way of adding it does not reach Open MPI)."""
-    return profile.changed(alpha_us=0.0, switch_latency_us=0.0)
+def message_profile(profile: FabricProfile, latency: bool) -> FabricProfile:
+    """``profile`` as an Open MPI run's messages get it: all of it with ``latency`` (the preloaded
+    :data:`LATENCY_LIBRARY`), else its rates only, none of its per-message and per-switch latency (there is no
+    netem here)."""
+    return profile if latency else profile.changed(alpha_us=0.0, switch_latency_us=0.0)
+
+
+#: Open MPI's ob1 header on an eager message (bytes): a message goes eagerly when it fits the eager limit with it.
+EAGER_HEADER_BYTES = 64
+
+
+def eager_bytes(mca: Sequence[tuple[str, str]]) -> int:
+    """The largest message Open MPI sends eagerly in a run with the user's ``mca`` (or the default limit)."""
+    given = dict(mca).get("btl_tcp_eager_limit", str(TCP_EAGER_BYTES))
+    try:
+        return max(0, int(given) - EAGER_HEADER_BYTES)
+    except ValueError:
+        return TCP_EAGER_BYTES - EAGER_HEADER_BYTES
+
+
+def has_latency(profile: FabricProfile) -> bool:
+    """True when the profile asks for any per-message or per-switch latency."""
+    return profile.alpha_s > 0 or profile.switch_latency_s > 0
+
+
+@dataclass(frozen=True)
+class LatencyHold:
+    """How long the preloaded library holds bytes from ``sender`` that reached ``receiver`` (IPs) before it
+    hands them to the program."""
+
+    receiver: str
+    sender: str
+    seconds: float
+
+
+def latency_holds(topo: Topology, hosts: Sequence[str], model: LatencyModel) -> list[LatencyHold]:
+    """Per ordered pair of the ranks' hosts: the profile's message latency over their path's switches, less
+    this machine's own latency the bytes have already spent on the way (the calibrated ``data``), never below
+    0. The agents' rule without its rendezvous part: Open MPI sends eagerly up to its eager limit, and its
+    rendezvous is its own messages, each held in turn."""
+    out = []
+    for receiver in hosts:
+        for sender in hosts:
+            if sender != receiver:
+                path = model.path(topo.switch_hops(sender, receiver))
+                out.append(LatencyHold(topo.host(receiver).ip, topo.host(sender).ip,
+                                       max(0.0, path.message_target_s - path.data_s)))
+    return out
+
+
+def queue_bytes(holds: Sequence[LatencyHold], link_mbps: float) -> int:
+    """How much the library may hold per socket: what a link delivers during the longest hold, twice (for the
+    bytes a program has not read yet); at least :data:`MIN_QUEUE_BYTES`."""
+    longest = max((h.seconds for h in holds), default=0.0)
+    return max(MIN_QUEUE_BYTES, int(2 * longest * link_mbps * 1e6 / 8))
+
+
+def latency_file_text(holds: Sequence[LatencyHold]) -> str:
+    """The library's file (``EF_LATENCY_FILE``): one ``RECEIVER SENDER SECONDS`` line per pair."""
+    return "".join(f"{h.receiver} {h.sender} {h.seconds:.9f}\n" for h in holds)
+
+
+def latency_environment(library: str, holds_file: str, queue: int) -> list[tuple[str, str]]:
+    """What every rank's environment gets for the library: preloaded, its file, the BTL's ports (only
+    sockets on them are held: Open MPI's start-up and control connections are not the fabric's), the bytes it
+    may hold per socket (:func:`queue_bytes`)."""
+    return [("LD_PRELOAD", library), ("EF_LATENCY_FILE", holds_file),
+            ("EF_LATENCY_PORTS", f"{BTL_PORT_MIN} {BTL_PORT_MIN + BTL_PORT_RANGE - 1}"),
+            ("EF_LATENCY_QUEUE_BYTES", str(queue))]
 
 
 def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:
@@ -357,13 +436,14 @@ def launch_agent_script(pids: Sequence[tuple[str, int]], log_path: str,
 
 def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv: Sequence[str], output_dir: str,
                    nice: int = DEFAULT_NICE, export: Sequence[str] = ("PATH", "PYTHONUNBUFFERED"),
-                   memory_limit_bytes: int | None = None) -> list[str]:
+                   memory_limit_bytes: int | None = None, environment: Sequence[tuple[str, str]] = ()) -> list[str]:
     """The ``mpirun`` command line (it runs inside rank 0's host, at niceness ``nice`` and under ``RLIMIT_DATA``
     ``memory_limit_bytes`` with ``prlimit``: every process it starts, through the launch agent too, inherits
     both); each rank's output goes to ``output_dir`` (Open MPI's ``<dir>/1/rank.R/stdout``; the MCA
     parameter alone does not do it in 4.1). The orteds stay attached to their launch agents instead of
     daemonizing: they remain in mpirun's process tree, where a replay session's subreaper (the agent
-    launcher's) would otherwise adopt them."""
+    launcher's) would otherwise adopt them. ``environment`` is set in the ranks' environment only (not
+    mpirun's nor the orteds')."""
     limit = [PRLIMIT, f"--data={memory_limit_bytes}", "--"] if memory_limit_bytes is not None else []
     cmd = [*limit, "nice", "-n", str(nice), MPIRUN, "--allow-run-as-root", "-np", str(np), "--hostfile", hostfile, "--bind-to", "none",
            "--leave-session-attached", "--output-filename", output_dir]
@@ -371,6 +451,8 @@ def mpirun_command(np: int, hostfile: str, mca: Sequence[tuple[str, str]], argv:
         cmd += ["--mca", key, value]
     for name in export:
         cmd += ["-x", name]
+    for name, value in environment:
+        cmd += ["-x", f"{name}={value}"]
     return cmd + list(argv)
 
 

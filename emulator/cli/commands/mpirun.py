@@ -15,7 +15,7 @@ from emulator.model import fabric
 from emulator.model.schedule.generators import PLACEMENTS
 from emulator.runs import admission, cluster_file
 from emulator.runs.cluster_file import ClusterRun
-from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig
+from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig, has_latency
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--fabric", default=None, metavar="PROFILE",
                    help=f"the real fabric the emulation stands for (as for replay; default {fabric.DEFAULT_PRESET})")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--latency", default="on", choices=("on", "off"),
+                   help="the fabric's per-message and per-switch latency on the program's messages, from a "
+                   "library preloaded into every rank (default on; off: the links stand for its bandwidth only)")
     p.add_argument("--timeout", type=positive("seconds"), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop the program after this long (default {DEFAULT_TIMEOUT_S:g})")
     p.add_argument("--nice", type=int_at_least(0), default=DEFAULT_NICE, metavar="N",
@@ -61,7 +64,7 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
     cfg = MpiRunConfig(topology=args.topology, routing=args.routing, out=args.out, program=tuple(program),
                        seed=args.seed, placement=args.placement, np=args.np,
                        mca=tuple((k, v) for k, v in args.mca), fabric=profile, datapath=args.datapath,
-                       timeout_s=args.timeout, nice=args.nice)
+                       timeout_s=args.timeout, nice=args.nice, latency=args.latency == "on")
     prep = prepare(cfg)
     request = admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout)
     cluster = None
@@ -87,11 +90,13 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
         print(f"# {spread}")
     for line in verdict.lines:
         print(f"# {line}")
-    if prep.profile.switch_latency_s > 0 or prep.profile.alpha_s > 0:
-        on_links = prep.latency.netem
-        print(f"# Open MPI's messages get none of the profile's per-message alpha"
-              f"{'' if on_links else ' nor its switch latency (no netem here)'}: the emulated links stand for "
-              "the fabric's bandwidth only (docs/fidelity.md)")
+    if prep.latency_library is not None:
+        print("# Open MPI's messages get the profile's latency (alpha + switches x switch latency) where they are "
+              "received, from a library preloaded into every rank; TCP's round trip stays this machine's own "
+              "(docs/fidelity.md)")
+    elif has_latency(prep.profile):
+        print("# Open MPI's messages get none of the profile's latency (--latency off): the emulated links stand "
+              "for the fabric's bandwidth only (docs/fidelity.md)")
     results = run(prep, cluster=cluster)
     print(_closing_line(results))
     return exit_code(results)

@@ -70,7 +70,7 @@ def _fabric_pairs(net: MpiFabric, bw: float, bare: fabric.FabricProfile, out: st
 def run_mpi_pairs(bw: float, profile: fabric.FabricProfile, out: str, datapath: str,
                   calibration: Calibration, echo: Callable[[str], None]) -> list[MpiPairRow]:
     """Every pair of :data:`MPI_PAIRS` on every network of :data:`MPI_FABRICS`, each in its own folder."""
-    bare = message_profile(profile)
+    bare = message_profile(profile, latency=False)
     rows: list[MpiPairRow] = []
     for index, net in enumerate(MPI_FABRICS):
         rows += _fabric_pairs(net, bw, bare, os.path.join(out, f"fabric{index}"), datapath, calibration, echo)
