@@ -493,9 +493,8 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
           "busbw plot, scaling, training table or answer above. busbw: the "
           "bundled `emu-allreduce-bench`'s (nccl-tests' definition, Mbit/s) at its largest size; busbw / link "
           "goodput as everywhere in this report. Open MPI's algorithms are its own, not the agents' schedules "
-          "of the same name, and the fabric's per-message latency is not dilated for MPI (only the agents add "
-          "it): MPI numbers stand for the fabric's bandwidth, and latency-bound sizes run too fast (README, "
-          "\"Open MPI programs\"). Wall s is mpirun's, Open MPI's start-up included; a program that exits "
+          "of the same name. Their messages get the fabric's latency where they are received, from a library "
+          "preloaded into every rank (docs/emulation.md, \"Open MPI programs\"). Wall s is mpirun's, Open MPI's start-up included; a program that exits "
           "non-zero is a failed cell. Trusted: fidelity over the program's run (CPU idle, the datapath's load "
           "against its calibrated capacity). Each cell's folder has `mpirun.log` and every rank's output in "
           "`ranks/`.")
