@@ -8,7 +8,9 @@
  * (lines "RECEIVER_IP SENDER_IP SECONDS", written by emulator/runs/mpi_plan.py).
  *
  * Only TCP sockets with a local or peer port in EF_LATENCY_PORTS ("MIN MAX", Open MPI's TCP BTL ports) are
- * held; everything else passes straight through.
+ * held; everything else passes straight through. read(), readv(), recv() and poll() are interposed: Open
+ * MPI's TCP transport reads with readv() and recv() and waits in poll() (its event library's backend here);
+ * a program that read a held socket with recvmsg() or waited in epoll would see its bytes without the hold.
  *
  * What keeps it faithful:
  *  - it never sleeps on a non-blocking socket: a read of bytes not yet due fails with EAGAIN, and poll()
@@ -316,12 +318,20 @@ ssize_t read(int fd, void *buf, size_t count) {
     return st ? held_readv(fd, st, &iov, 1, 0, 0) : real_read(fd, buf, count);
 }
 
+/* recv() on a held socket always reads the queue (the kernel's bytes behind it would come out of order);
+ * MSG_WAITALL waits for all ``count`` bytes, other flags are ignored. */
 ssize_t recv(int fd, void *buf, size_t count, int flags) {
     init();
     struct held *st = state_of(fd, 1);
-    if (st == NULL || (flags & ~(MSG_PEEK | MSG_DONTWAIT)) != 0) return real_recv(fd, buf, count, flags);
-    struct iovec iov = {buf, count};
-    return held_readv(fd, st, &iov, 1, flags & MSG_PEEK, flags & MSG_DONTWAIT);
+    if (st == NULL) return real_recv(fd, buf, count, flags);
+    size_t got = 0;
+    do {
+        struct iovec iov = {(char *)buf + got, count - got};
+        ssize_t n = held_readv(fd, st, &iov, 1, flags & MSG_PEEK, flags & MSG_DONTWAIT);
+        if (n <= 0) return got ? (ssize_t)got : n;
+        got += (size_t)n;
+    } while ((flags & MSG_WAITALL) && !(flags & MSG_PEEK) && got < count);
+    return (ssize_t)got;
 }
 
 int close(int fd) {

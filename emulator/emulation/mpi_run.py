@@ -66,6 +66,7 @@ from emulator.runs.mpi_plan import (
     MpiRunConfig,
     RankPlace,
     RemoteLaunch,
+    check_latency_mca,
     daemon_start_failed,
     eager_bytes,
     fetch_output_command,
@@ -163,8 +164,11 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
     out = os.path.abspath(cfg.out)
     if limit is None:
         limit = memory_limit_bytes(cfg.program, len(hosts))
+    library = latency_library(cfg)
+    if library is not None:
+        check_latency_mca(mca)
     return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
-                    limit, latency_library(cfg))
+                    limit, library)
 
 
 def memory_limit_bytes(program: Sequence[str], ranks: int,

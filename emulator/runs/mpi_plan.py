@@ -157,6 +157,20 @@ def eager_bytes(mca: Sequence[tuple[str, str]]) -> int:
         return TCP_EAGER_BYTES - EAGER_HEADER_BYTES
 
 
+#: Open MPI's choice of how its event loop waits (two names for one parameter); the latency library interposes
+#: ``poll``, Open MPI's default here.
+EVENT_LOOP_MCA = ("opal_event_include", "event_external_event_include")
+
+
+def check_latency_mca(mca: Sequence[tuple[str, str]]) -> None:
+    """:class:`FieldError` when the user's ``mca`` moves Open MPI's event loop off ``poll``, which the latency
+    library needs to hold bytes back."""
+    for key, value in mca:
+        if key in EVENT_LOOP_MCA and value != "poll":
+            raise FieldError(WHERE, "mca", f"{key} poll (the latency library holds bytes back by interposing "
+                             "poll), or --latency off", value)
+
+
 def has_latency(profile: FabricProfile) -> bool:
     """True when the profile asks for any per-message or per-switch latency."""
     return profile.alpha_s > 0 or profile.switch_latency_s > 0

@@ -28,6 +28,7 @@ from emulator.runs.mpi_plan import (
     LATENCY_LIBRARY,
     MIN_QUEUE_BYTES,
     MpiRunConfig,
+    check_latency_mca,
     eager_bytes,
     latency_environment,
     latency_file_text,
@@ -102,6 +103,13 @@ def test_the_defaults_yield_while_waiting_and_the_eager_limit_follows_the_users_
     assert ("mpi_yield_when_idle", "1") in DEFAULT_MCA
     assert eager_bytes(()) == (1 << 20) - 64
     assert eager_bytes((("btl_tcp_eager_limit", "65536"),)) == 65536 - 64
+
+
+@pytest.mark.parametrize("key", ["opal_event_include", "event_external_event_include"])
+def test_an_event_loop_other_than_poll_is_refused_while_the_library_holds_bytes(key):
+    check_latency_mca(((key, "poll"), ("btl_tcp_links", "2")))
+    with pytest.raises(FieldError, match=f"field 'mca'.*{key} poll.*--latency off.*epoll"):
+        check_latency_mca(((key, "epoll"),))
 
 
 # --- Open MPI's protocol in the timing model ---
