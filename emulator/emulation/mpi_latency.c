@@ -24,7 +24,7 @@
  *  - a chunk's timestamp is its last segment's arrival, so the first byte of a chunk is held at most
  *    CHUNK_BYTES at the link's rate too long.
  *
- * Locking: a socket's held chunk has its own mutex; sockets that pass through take no lock at all (Open MPI's
+ * Locking: a held socket's queue has its own mutex; sockets that pass through take no lock at all (Open MPI's
  * main thread polls its own sockets in a tight loop beside the progress thread that reads the held ones).
  *
  * What it does not model: the kernel acknowledges bytes when they arrive, not when they are handed over, so

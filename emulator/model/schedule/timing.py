@@ -13,7 +13,10 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    per peer in program order. A receive is *posted* when it is queued.
 3. A transfer (a matched send and receive, :func:`format.match_transfers`)
    starts at ``t_v = max(send queued, receive posted + L_cts)``. Its first
-   byte arrives at ``max(t_v + message, posted + cts_path)``. (Open MPI's
+   byte arrives at ``max(t_v + message, posted + cts_path)``
+   (:class:`~emulator.model.latency.PathLatency`), and from then its bytes flow,
+   but not before the previous message on the same connection has drained:
+   latency is in flight, it does not hold up the channel. (Open MPI's
    protocol, :class:`~emulator.model.latency.LatencyModel`'s ``eager_bytes``:
    an eager message has no ``L_cts`` and no ``cts_path``; a rendezvous's
    request to send leaves when the send is queued and the bytes written
@@ -21,9 +24,6 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    request's message latency later (or the receive's posting, if later) and
    the reply's after that; and every send completes once written, rule 6's
    ACK is not waited for.)
-   (:class:`~emulator.model.latency.PathLatency`), and from then its bytes flow,
-   but not before the previous message on the same connection has drained:
-   latency is in flight, it does not hold up the channel.
 4. Flows share links max-min fairly: every directed link's goodput is shared
    by progressive filling over the flows crossing it, recomputed whenever a
    flow starts or drains (:func:`emulator.model.schedule.cost.maxmin_rates`).
