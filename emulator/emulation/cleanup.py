@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Sequence
 
 from emulator.base.naming import BRIDGE_RE, CHECK_DEVICE_RE, CHECK_NAMESPACE_PREFIX, INTERFACE_RE, NAME_PREFIX
-from emulator.emulation.runstate import SSH_FOLDER, all_runs, kill_recorded, remove_ssh_folder, state_root
+from emulator.emulation.runstate import all_runs, kill_recorded, remove_ssh_folder, ssh_folder
 from emulator.emulation.system import Runner, run
 
 
@@ -87,7 +87,7 @@ def remove_check_namespaces(runner: Runner) -> list[str]:
 def end_shared_connections(runner: Runner) -> list[str]:
     """End the ssh masters a killed cluster head left (:func:`emulator.emulation.remote_shell.open_shared`;
     each would end by itself when idle) and remove their folder."""
-    folder = os.path.join(state_root(), SSH_FOLDER)
+    folder = ssh_folder()
     try:
         sockets = sorted(os.listdir(folder))
     except FileNotFoundError:

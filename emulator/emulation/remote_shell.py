@@ -31,7 +31,7 @@ import subprocess
 from collections.abc import Sequence
 from functools import partial
 
-from emulator.emulation.runstate import SSH_FOLDER, remove_ssh_folder, state_root
+from emulator.emulation.runstate import remove_ssh_folder, ssh_folder
 from emulator.emulation.system import Result, Runner, run
 from emulator.runs.cluster_file import Cluster, Server
 
@@ -52,7 +52,7 @@ def ssh_path(path: str) -> str:
 
 def control_path() -> str:
     """Where the shared connections' sockets are (``%C``: ssh's hash of the destination)."""
-    return os.path.join(state_root(), SSH_FOLDER, "%C")
+    return os.path.join(ssh_folder(), "%C")
 
 
 def ssh_options(server: Server, known_hosts: str) -> list[str]:

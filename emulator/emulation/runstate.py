@@ -43,6 +43,11 @@ def state_root() -> str:
     return os.environ.get("EF_RUN_DIR", "/run/ef-emu")
 
 
+def ssh_folder() -> str:
+    """Where the shared ssh connections' sockets are (:data:`SSH_FOLDER` of the state root)."""
+    return os.path.join(state_root(), SSH_FOLDER)
+
+
 def _listening(path: str) -> bool:
     """True when a process still accepts connections on the unix socket ``path``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
@@ -60,7 +65,7 @@ def remove_ssh_folder(timeout_s: float = SOCKET_GONE_S) -> None:
     moment later, so the folder is not empty yet. Sockets nobody listens on are removed; a live one (a
     connection another command still uses) keeps the folder after ``timeout_s``.
     """
-    folder = os.path.join(state_root(), SSH_FOLDER)
+    folder = ssh_folder()
 
     def sockets() -> list[str]:
         try:

@@ -236,7 +236,7 @@ class _Simulation:
                         tr.requested = r.at
                         self.schedule_cts(tr)
                 self.channel[conn].append(i)
-                self.try_start((rank, op.partner, op.lane))
+                self.try_start(conn)
             else:
                 tr = self.transfers[self.by_recv[(rank, op.id)]]
                 tr.posted = r.at
