@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import signal
 import subprocess
@@ -9,6 +10,7 @@ import sys
 import time
 
 import pytest
+from scapy.all import rdpcap
 
 from emulator.base.naming import BRIDGE_RE, host_intf, switch_intf
 from emulator.emulation.network import EmulatedNetwork
@@ -58,7 +60,8 @@ def test_bigraph_links_shaped_and_tcp_reaches_link_rate():
 
 
 def class_packets(host) -> dict[str, int]:
-    """Packets sent per HTB class on a host's interface (``tc -s class show``)."""
+    """Packets sent per HTB class on a host's interface (``tc -s class show``; a segmentation-offload packet
+    counts as its frames)."""
     out = run(["mnexec", "-a", str(host.pid), "tc", "-s", "class", "show", "dev", host_intf(host.name)]).stdout
     counts, current = {}, None
     for line in out.splitlines():
@@ -68,6 +71,41 @@ def class_packets(host) -> dict[str, int]:
         elif words[:1] == ["Sent"] and current is not None:
             counts[current] = int(words[3])
     return counts
+
+
+#: Reads every connection to port 5302 to its end (run inside the receiving host).
+SINK = ("import socket\ns = socket.create_server(('', 5302), backlog=8)\nwhile True:\n"
+        "    c, _ = s.accept()\n    while c.recv(1 << 20):\n        pass\n    c.close()\n")
+#: Ten fresh connections, 128 KiB each: a new connection's first flight is where Linux's TCP built
+#: segmentation-offload packets of seven jumbo frames.
+BURSTS = ("import socket, sys\nfor _ in range(10):\n    c = socket.create_connection((sys.argv[1], 5302))\n"
+          "    c.sendall(bytes(128 << 10))\n    c.shutdown(socket.SHUT_WR)\n    c.recv(1)\n    c.close()\n")
+
+
+def test_a_host_sends_its_frames_at_the_link_pace(tmp_path):
+    """A host's shaper hands the wire one frame at a time: no two data frames leave closer than a frame's time
+    at the link rate. Before ``gso_max_segs 1`` a packet of several frames left them back to back, and the
+    ACKs queued behind it waited its whole time (docs/fidelity.md)."""
+    topo = topology.build("star:hosts=2")
+    pcap = tmp_path / "h1.pcap"
+    with EmulatedNetwork(topo, routing="shortest", label="test-pace") as en:
+        h1, h2 = en.host("h1"), en.host("h2")
+        (tmp_path / "sink.py").write_text(SINK)
+        (tmp_path / "bursts.py").write_text(BURSTS)
+        h2.cmd(f"python3 {tmp_path / 'sink.py'} >/dev/null 2>&1 &")
+        h1.cmd(f"tcpdump -U -i {host_intf('h1')} -s 96 -w {pcap} 'tcp and src host {topo.host('h1').ip} "
+               f"and greater 1000' >/dev/null 2>&1 &")
+        time.sleep(1.0)
+        h1.cmd(f"python3 {tmp_path / 'bursts.py'} {topo.host('h2').ip}")
+        time.sleep(0.5)
+        h1.cmd("kill %1")
+        h2.cmd("kill %1")
+        time.sleep(0.5)
+    times = [float(p.time) for p in rdpcap(str(pcap))]
+    frame_s = en.mtu * 8 / (topo.host_bw * 1e6)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert len(times) > 100, f"captured {len(times)} data frames of 10 x 128 KiB"
+    assert min(gaps) > 0.5 * frame_s, f"{sum(g < 0.5 * frame_s for g in gaps)} frames left back to back"
 
 
 def ovs_bridges() -> list[str]:

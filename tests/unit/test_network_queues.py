@@ -137,6 +137,13 @@ def test_host_setup_turns_tx_offload_off_only_on_the_userspace_datapath():
     assert user[0] == ["ip", "link", "set", "dev", "efh1-eth0", "mtu", "9000"]
 
 
+def test_hosts_hand_their_queue_one_frame_per_packet_on_either_datapath():
+    topo = topology.build("star:hosts=2,bw=5")
+    for datapath in ("user", "kernel"):
+        assert ["ip", "link", "set", "dev", "efh1-eth0", "gso_max_segs", "1"] in host_setup_commands(topo, "h1",
+                                                                                                     datapath)
+
+
 def test_static_arp_names_every_other_host_and_flows_go_to_our_bridges():
     topo = topology.build("star:hosts=3")
     arp = static_arp_batch(topo, "h1").splitlines()
