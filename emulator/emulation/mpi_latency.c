@@ -4,8 +4,12 @@
  * There is no netem on the kernels this emulator runs on, so the latency cannot be put on the links. This
  * library puts it where the data is handed to the program instead: bytes that reached the receiving host at
  * time t (the kernel's receive timestamp, SO_TIMESTAMPNS) are handed to the program no earlier than
- * t + hold, with hold taken per (receiving address, sending address) from the file named by EF_LATENCY_FILE
- * (lines "RECEIVER_IP SENDER_IP SECONDS", written by emulator/runs/mpi_plan.py).
+ * t + hold + byte_seconds * frame, with hold and byte_seconds taken per (receiving address, sending address)
+ * from the file named by EF_LATENCY_FILE (lines "RECEIVER_IP SENDER_IP SECONDS BYTE_SECONDS", written by
+ * emulator/runs/mpi_plan.py) and frame the bytes of the segment they came in. The emulated links release a
+ * frame at the start of its time on the wire, not at its end, so a frame reaches the receiver its
+ * serialisation on every link of the path (byte_seconds per byte) earlier than on a real link of that rate:
+ * the second term gives it back, as the agents do for a message's last frame.
  *
  * Only TCP sockets with a local or peer port in EF_LATENCY_PORTS ("MIN MAX", Open MPI's TCP BTL ports) are
  * held; everything else passes straight through. read(), readv(), recv() and poll() are interposed: Open
@@ -61,7 +65,7 @@ struct chunk {
 struct held {
     int passes;   /* 1: the shared marker of sockets and files that pass through */
     ino_t ino;    /* the socket's: an fd number closed some way this library does not see is classified again */
-    double hold_s;
+    double hold_s, byte_s;
     pthread_mutex_t mu; /* guards what follows */
     struct chunk **ring; /* the chunks read from the kernel and not yet handed over, oldest at head */
     size_t slots, head, count;
@@ -70,7 +74,7 @@ struct held {
 
 struct pair {
     in_addr_t receiver, sender;
-    double seconds;
+    double seconds, byte_seconds;
 };
 
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -114,16 +118,16 @@ static void load(void) {
         return;
     }
     char receiver[64], sender[64];
-    double seconds;
+    double seconds, byte_seconds;
     size_t cap = 0;
-    while (fscanf(fh, "%63s %63s %lf", receiver, sender, &seconds) == 3) {
+    while (fscanf(fh, "%63s %63s %lf %lf", receiver, sender, &seconds, &byte_seconds) == 4) {
         if (npairs == cap) {
             cap = cap ? 2 * cap : 256;
             struct pair *grown = realloc(pairs, cap * sizeof *pairs);
             if (grown == NULL) break;
             pairs = grown;
         }
-        struct pair p = {inet_addr(receiver), inet_addr(sender), seconds};
+        struct pair p = {inet_addr(receiver), inet_addr(sender), seconds, byte_seconds};
         pairs[npairs++] = p;
     }
     fclose(fh);
@@ -145,9 +149,9 @@ static struct timespec span(double seconds) {
 
 static int ours(unsigned port) { return port >= port_min && port <= port_max; }
 
-/* How long bytes to this connected TCP socket are held, or -1 when it passes through; -2 when it is not
+/* The index in ``pairs`` of this connected TCP socket's hold, or -1 when it passes through; -2 when it is not
  * connected yet (ask again later). */
-static double hold_of(int fd) {
+static long hold_of(int fd) {
     struct sockaddr_in local, peer;
     socklen_t llen = sizeof local, plen = sizeof peer;
     int type = 0;
@@ -159,7 +163,7 @@ static double hold_of(int fd) {
     if (!ours(ntohs(local.sin_port)) && !ours(ntohs(peer.sin_port))) return -1;
     for (size_t i = 0; i < npairs; i++)
         if (pairs[i].receiver == local.sin_addr.s_addr && pairs[i].sender == peer.sin_addr.s_addr)
-            return pairs[i].seconds;
+            return (long)i;
     return -1;
 }
 
@@ -167,7 +171,7 @@ static struct held *classify(int fd, const struct stat *sb) {
     pthread_mutex_lock(&classify_lock);
     struct held *st = atomic_load(&table[fd]);
     if (st == NULL) {
-        double hold = S_ISSOCK(sb->st_mode) ? hold_of(fd) : -1;
+        long hold = S_ISSOCK(sb->st_mode) ? hold_of(fd) : -1;
         if (hold == -2) {
             pthread_mutex_unlock(&classify_lock);
             return NULL;
@@ -182,7 +186,8 @@ static struct held *classify(int fd, const struct stat *sb) {
         } else {
             int on = 1;
             setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
-            st->ino = sb->st_ino, st->hold_s = hold, st->slots = queue_slots;
+            st->ino = sb->st_ino, st->slots = queue_slots;
+            st->hold_s = pairs[hold].seconds, st->byte_s = pairs[hold].byte_seconds;
             pthread_mutex_init(&st->mu, NULL);
         }
         atomic_store(&table[fd], st);
@@ -214,8 +219,11 @@ static void forget(int fd) {
 /* Read what the kernel has for ``fd`` into st's queue, chunk by chunk, each dated by its arrival, while there
  * is room; never blocks. Reading at once keeps the kernel's buffer empty, so it acknowledges and advertises
  * its window as the link delivers (bytes left in it would hold back its acknowledgements), and dates each
- * chunk by its own arrival. Called with st->mu held. */
+ * chunk by its own arrival. Consecutive chunks with one timestamp came in one segment (a frame): they are all
+ * due its serialisation (byte_s per byte of it) after the hold. Called with st->mu held. */
 static void drain(int fd, struct held *st) {
+    double frame_stamp = -1;
+    size_t frame_bytes = 0, frame_chunks = 0;
     while (!st->eof && !st->error && st->count < st->slots) {
         struct chunk *c = malloc(sizeof *c);
         if (c == NULL) return;
@@ -238,8 +246,12 @@ static void drain(int fd, struct held *st) {
                 arrived = ts.tv_sec + ts.tv_nsec * 1e-9;
             }
         if (arrived <= 0) arrived = now_s(); /* no stamp: the bytes arrived before the option was on */
-        c->len = (size_t)n, c->off = 0, c->due = arrived + st->hold_s;
+        if (arrived != frame_stamp) frame_stamp = arrived, frame_bytes = 0, frame_chunks = 0;
+        frame_bytes += (size_t)n, frame_chunks++;
+        c->len = (size_t)n, c->off = 0;
         st->ring[(st->head + st->count++) % st->slots] = c;
+        double due = arrived + st->hold_s + st->byte_s * (double)frame_bytes;
+        for (size_t k = 1; k <= frame_chunks; k++) st->ring[(st->head + st->count - k) % st->slots]->due = due;
     }
 }
 

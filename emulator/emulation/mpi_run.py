@@ -393,10 +393,11 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     environment = []
     if prep.latency_library is not None:
         holds = os.path.join(out, LATENCY_HOLDS)
-        pairs = latency_holds(topo, prep.hosts, prep.latency)
+        mtu = prep.profile.emulated_mtu
+        pairs = latency_holds(topo, prep.hosts, prep.latency, prep.cfg.routing, prep.cfg.seed, mtu)
         with open(holds, "w", encoding="ascii") as fh:
             fh.write(latency_file_text(pairs))
-        environment = latency_environment(prep.latency_library, holds, queue_bytes(pairs, topo.host_bw))
+        environment = latency_environment(prep.latency_library, holds, queue_bytes(pairs, topo.host_bw, mtu))
     mca = mca_settings(prep.mca, agent)
     return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
                           memory_limit_bytes=prep.memory_limit_bytes, environment=environment)

@@ -33,11 +33,12 @@ from typing import Any
 from emulator.base.errors import FieldError, UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
-from emulator.model import fabric
+from emulator.model import fabric, routing
 from emulator.model.fabric import FabricProfile
-from emulator.model.latency import LatencyModel
+from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
 from emulator.model.schedule import generators
-from emulator.model.topology import Topology
+from emulator.model.schedule.cost import physical_links
+from emulator.model.topology import DEFAULT_MTU, Topology, tcp_goodput_factor, tcp_payload_bytes
 from emulator.runs.results import Fidelity
 
 WHERE = "mpirun"
@@ -179,38 +180,53 @@ def has_latency(profile: FabricProfile) -> bool:
 @dataclass(frozen=True)
 class LatencyHold:
     """How long the preloaded library holds bytes from ``sender`` that reached ``receiver`` (IPs) before it
-    hands them to the program."""
+    hands them to the program: ``seconds``, and ``byte_s`` per byte of the segment they came in."""
 
     receiver: str
     sender: str
     seconds: float
+    #: The path's links' seconds per payload byte: a frame's serialisation on every link, which the emulated
+    #: links do not charge it (:meth:`emulator.model.latency.PathLatency.unshaped_s`)
+    byte_s: float = 0.0
 
 
-def latency_holds(topo: Topology, hosts: Sequence[str], model: LatencyModel) -> list[LatencyHold]:
+def latency_holds(topo: Topology, hosts: Sequence[str], model: LatencyModel, policy: str = "shortest",
+                  seed: int = 0, mtu: int = DEFAULT_MTU) -> list[LatencyHold]:
     """Per ordered pair of the ranks' hosts: the profile's message latency over their path's switches, less
     this machine's own latency the bytes have already spent on the way (the calibrated ``data``), never below
-    0. The agents' rule without its rendezvous part: Open MPI sends eagerly up to its eager limit, and its
-    rendezvous is its own messages, each held in turn."""
+    0; and what the emulated links do not charge a frame (its serialisation and the shapers' burst on every
+    link of the path ``policy`` routes a transport connection on). The agents' rule without its rendezvous
+    part: Open MPI sends eagerly up to its eager limit, and its rendezvous is its own messages, each held in
+    turn. The agents give back the serialisation of a message's last frame; the library, that cannot tell
+    where a message ends, gives back every frame's (the same for a message's last byte). Under ``ecmp`` a
+    connection's own path may differ from the one taken here; its links have the same rates wherever the
+    fabric's equal-cost paths do."""
+    goodput = tcp_goodput_factor(mtu)
     out = []
     for receiver in hosts:
         for sender in hosts:
             if sender != receiver:
                 path = model.path(topo.switch_hops(sender, receiver))
+                flow = routing.Flow(sender, receiver, routing.IPPROTO_TCP, BTL_PORT_MIN, BTL_PORT_MIN)
+                links = physical_links(topo, routing.route(topo, policy, flow, seed=seed), goodput)
+                byte_s = sum(1 / capacity for _, capacity in links)
                 out.append(LatencyHold(topo.host(receiver).ip, topo.host(sender).ip,
-                                       max(0.0, path.message_target_s - path.data_s)))
+                                       max(0.0, path.message_target_s - path.data_s) + SHAPER_BURST_BYTES * byte_s,
+                                       byte_s))
     return out
 
 
-def queue_bytes(holds: Sequence[LatencyHold], link_mbps: float) -> int:
-    """How much the library may hold per socket: what a link delivers during the longest hold, twice (for the
-    bytes a program has not read yet); at least :data:`MIN_QUEUE_BYTES`."""
-    longest = max((h.seconds for h in holds), default=0.0)
+def queue_bytes(holds: Sequence[LatencyHold], link_mbps: float, mtu: int = DEFAULT_MTU) -> int:
+    """How much the library may hold per socket: what a link delivers during the longest hold (of a full
+    frame), twice (for the bytes a program has not read yet); at least :data:`MIN_QUEUE_BYTES`."""
+    frame = tcp_payload_bytes(mtu)
+    longest = max((h.seconds + h.byte_s * frame for h in holds), default=0.0)
     return max(MIN_QUEUE_BYTES, int(2 * longest * link_mbps * 1e6 / 8))
 
 
 def latency_file_text(holds: Sequence[LatencyHold]) -> str:
-    """The library's file (``EF_LATENCY_FILE``): one ``RECEIVER SENDER SECONDS`` line per pair."""
-    return "".join(f"{h.receiver} {h.sender} {h.seconds:.9f}\n" for h in holds)
+    """The library's file (``EF_LATENCY_FILE``): one ``RECEIVER SENDER SECONDS BYTE_SECONDS`` line per pair."""
+    return "".join(f"{h.receiver} {h.sender} {h.seconds:.9f} {h.byte_s:.6e}\n" for h in holds)
 
 
 def latency_environment(library: str, holds_file: str, queue: int) -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ import pytest
 from emulator.base.errors import FieldError
 from emulator.emulation import mpi_run
 from emulator.model import fabric, topology
-from emulator.model.latency import Curve, Intrinsic, LatencyModel
+from emulator.model.latency import SHAPER_BURST_BYTES, Curve, Intrinsic, LatencyModel
 from emulator.model.schedule import timing
 from emulator.model.schedule.format import RECV, SEND, Op, RankProgram, Schedule
 from emulator.runs.mpi_plan import (
@@ -46,15 +46,19 @@ def test_each_pair_is_held_the_profiles_latency_over_its_switches_less_this_mach
     topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2", 20.0)
     names = [h.name for h in topo.hosts]
     own = Intrinsic(data=Curve(((1, 0.001), (3, 0.002))))
-    holds = latency_holds(topo, names, LatencyModel(PROFILE, own))
+    holds = latency_holds(topo, names, LatencyModel(PROFILE, own), "bigraph")
     assert len(holds) == len(names) * (len(names) - 1)
-    by_pair = {(h.receiver, h.sender): h.seconds for h in holds}
+    by_pair = {(h.receiver, h.sender): h for h in holds}
+    link_byte_s = 8 / (20e6 * topology.tcp_goodput_factor())  # every link of the path is 20 Mbit/s
     for a in names:
         for b in names:
             if a != b:
                 s = topo.switch_hops(b, a)
-                want = fabric.message_latency_s(PROFILE, s) - own.data.at(s)
-                assert by_pair[(topo.host(a).ip, topo.host(b).ip)] == pytest.approx(want)
+                hold = by_pair[(topo.host(a).ip, topo.host(b).ip)]
+                # the frame's serialisation on each of the path's s + 1 links, and the shapers' burst with it
+                assert hold.byte_s == pytest.approx((s + 1) * link_byte_s)
+                want = fabric.message_latency_s(PROFILE, s) - own.data.at(s) + SHAPER_BURST_BYTES * hold.byte_s
+                assert hold.seconds == pytest.approx(want)
     assert {topo.switch_hops(a, b) for a in names for b in names if a != b} == {1, 2, 3}
 
 
@@ -62,15 +66,17 @@ def test_a_hold_is_never_negative_and_the_file_has_one_line_per_pair():
     topo = topology.build("star:hosts=3", 20.0)
     slow = Intrinsic(data=Curve(((1, 10.0),)))
     holds = latency_holds(topo, ["h1", "h2", "h3"], LatencyModel(PROFILE, slow))
-    assert {h.seconds for h in holds} == {0.0}
+    assert [h.seconds for h in holds] == pytest.approx([SHAPER_BURST_BYTES * h.byte_s for h in holds])  # burst only
     lines = latency_file_text(holds).splitlines()
-    assert len(lines) == 6 and lines[0].split() == ["10.0.0.1", "10.0.0.2", "0.000000000"]
+    assert len(lines) == 6 and lines[0].split()[:2] == ["10.0.0.1", "10.0.0.2"]
+    assert [float(x) for x in lines[0].split()[2:]] == pytest.approx([holds[0].seconds, holds[0].byte_s],
+                                                                      rel=1e-6)
 
 
 def test_the_queue_holds_twice_what_a_link_delivers_during_the_longest_hold():
     topo = topology.build("star:hosts=2", 20.0)
     holds = latency_holds(topo, ["h1", "h2"], LatencyModel(PROFILE))
-    longest = max(h.seconds for h in holds)
+    longest = max(h.seconds + h.byte_s * topology.tcp_payload_bytes() for h in holds)  # held with a full frame
     assert queue_bytes(holds, 20.0) == pytest.approx(2 * longest * 20e6 / 8, abs=1)
     assert queue_bytes([], 20.0) == MIN_QUEUE_BYTES
 
@@ -195,12 +201,13 @@ PORTS = (BTL_PORT_MIN + 500, BTL_PORT_MIN + 999)
 HELD = f"{PORTS[0]} {PORTS[1]}"
 
 
-def _run_pair(tmp_path, hold_s: float, held_ports: str, bulk: int) -> dict:
-    """A receiver with the library (holding ``hold_s`` on sockets of ``held_ports``), and a sender of five
-    timestamps 0.1 s apart followed by ``bulk`` bytes; the receiver's findings."""
+def _run_pair(tmp_path, hold_s: float, held_ports: str, bulk: int, byte_s: float = 0.0) -> dict:
+    """A receiver with the library (holding ``hold_s`` and ``byte_s`` per byte of each segment on sockets of
+    ``held_ports``), and a sender of five 64-byte timestamps 0.1 s apart followed by ``bulk`` bytes; the
+    receiver's findings."""
     assert os.path.isfile(LIBRARY), f"{LIBRARY} is missing: make setup builds it"
     holds = tmp_path / "holds"
-    holds.write_text(f"127.0.0.1 127.0.0.1 {hold_s}\n", encoding="ascii")
+    holds.write_text(f"127.0.0.1 127.0.0.1 {hold_s} {byte_s}\n", encoding="ascii")
     env = dict(os.environ, LD_PRELOAD=LIBRARY, EF_LATENCY_FILE=str(holds), EF_LATENCY_PORTS=held_ports,
                EF_LATENCY_QUEUE_BYTES=str(1 << 20))
     receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, *map(str, PORTS)], stdout=subprocess.PIPE,
@@ -222,6 +229,12 @@ def test_the_library_hands_bytes_over_a_hold_after_they_arrived_and_never_report
     result = _run_pair(tmp_path, 0.05, HELD, 0)
     assert len(result["latency"]) == 5 and all(0.05 <= x < 0.05 + 0.02 for x in result["latency"]), result
     assert result["early"] == 0
+
+
+def test_a_segment_is_held_its_serialisation_on_the_path_besides_the_hold(tmp_path):
+    # 64-byte segments at 0.2 ms per byte: 12.8 ms each on top of the 50 ms
+    result = _run_pair(tmp_path, 0.05, HELD, 0, byte_s=2e-4)
+    assert len(result["latency"]) == 5 and all(0.0628 <= x < 0.0628 + 0.02 for x in result["latency"]), result
 
 
 def test_a_held_stream_keeps_its_rate_the_hold_is_paid_once(tmp_path):
