@@ -33,11 +33,15 @@ class MpiFabric:
     seed: int = 0
 
 
-#: 16 ranks on BiGraph with the hdrm placement; 8 ranks on a leaf-spine with ECMP (each TCP connection hashed by
-#: its 5-tuple: Open MPI's connections and the agents' have different ports, so they may collide differently).
+#: 16 ranks on BiGraph with the hdrm placement; 8 ranks on a leaf-spine with ECMP. ECMP hashes each TCP
+#: connection by its 5-tuple, and Open MPI's connections (one per pair of ranks, a random port on the side that
+#: connects) and the agents' (one per direction, ports from the seed) draw different paths. At seed 0 the
+#: agents' hd drew no collision (the model: 3.41 s at 4 MiB) where Open MPI's draws all collided (4.25 s), so
+#: the pair measured the hash, not the protocol; seed 1 gives the agents the draw Open MPI gets most often
+#: (tests/unit/test_mpi_bench_cases.py).
 MPI_FABRICS = (
     MpiFabric("BiGraph 4/4/2 hdrm", "bigraph:upper=4,lower=4,hosts_per_switch=2", "bigraph", "hdrm"),
-    MpiFabric("leaf-spine 4/2/2 ecmp", "leafspine:leaves=4,spines=2,hosts_per_leaf=2", "ecmp", "identity"),
+    MpiFabric("leaf-spine 4/2/2 ecmp", "leafspine:leaves=4,spines=2,hosts_per_leaf=2", "ecmp", "identity", seed=1),
 )
 
 
