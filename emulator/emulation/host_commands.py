@@ -68,7 +68,7 @@ def host_setup_commands(topo: Topology, host: str, datapath: str, mtu: int = DEF
     # Linux's TCP builds segmentation-offload packets of up to 64 KB whatever the device offers, and they are
     # cut into frames only after the queue: the host's shaper charged seven 9000-byte frames at once, sent
     # them back to back, then held everything (the control class's ACKs too) for 25 ms. One frame per
-    # packet keeps the NIC's pace and the ACKs' place (docs/fidelity.md, "2026-12-04 (GSO)").
+    # packet keeps the NIC's pace and the ACKs' place (docs/fidelity.md, 2026-12-04 afternoon).
     cmds.append(["ip", "link", "set", "dev", intf, "gso_max_segs", "1"])
     return cmds
 

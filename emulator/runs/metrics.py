@@ -185,7 +185,7 @@ def send_paths(topo: topology.Topology, planned: Sequence[scost.Transfer], model
     out = {}
     goodput = topology.tcp_goodput_factor(mtu)
     for t in planned:
-        byte_s = sum(1 / cap for _, cap in scost.physical_links(topo, t.path, goodput))
+        byte_s = scost.path_byte_s(topo, t.path, goodput)
         out[(t.src, t.dst)] = replace(model.path(len(t.path) - 2), byte_s=byte_s, mss=topology.tcp_payload_bytes(mtu),
                                       burst_bytes=SHAPER_BURST_BYTES)
     return out

@@ -37,7 +37,7 @@ from emulator.model import fabric, routing
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
 from emulator.model.schedule import generators
-from emulator.model.schedule.cost import physical_links
+from emulator.model.schedule.cost import path_byte_s
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_goodput_factor, tcp_payload_bytes
 from emulator.runs.results import Fidelity
 
@@ -208,8 +208,7 @@ def latency_holds(topo: Topology, hosts: Sequence[str], model: LatencyModel, pol
             if sender != receiver:
                 path = model.path(topo.switch_hops(sender, receiver))
                 flow = routing.Flow(sender, receiver, routing.IPPROTO_TCP, BTL_PORT_MIN, BTL_PORT_MIN)
-                links = physical_links(topo, routing.route(topo, policy, flow, seed=seed), goodput)
-                byte_s = sum(1 / capacity for _, capacity in links)
+                byte_s = path_byte_s(topo, routing.route(topo, policy, flow, seed=seed), goodput)
                 out.append(LatencyHold(topo.host(receiver).ip, topo.host(sender).ip,
                                        max(0.0, path.message_target_s - path.data_s) + SHAPER_BURST_BYTES * byte_s,
                                        byte_s))

@@ -167,6 +167,11 @@ def physical_links(topo: Topology, path: list[str], goodput: float = TCP_GOODPUT
     return out
 
 
+def path_byte_s(topo: Topology, path: list[str], goodput: float = TCP_GOODPUT) -> float:
+    """Seconds per payload byte summed over ``path``'s links: a frame's serialisation on every one of them."""
+    return sum(1 / capacity for _, capacity in physical_links(topo, path, goodput))
+
+
 def maxmin_rates(flows: list[list[Link]], capacity: dict[Link, float]) -> list[float]:
     """Max-min fair rates by progressive filling; ``flows`` are lists of directed links."""
     rates = [0.0] * len(flows)
