@@ -202,16 +202,15 @@ def latency_holds(topo: Topology, hosts: Sequence[str], model: LatencyModel, pol
     connection's own path may differ from the one taken here; its links have the same rates wherever the
     fabric's equal-cost paths do."""
     goodput = tcp_goodput_factor(mtu)
+    pairs = [(receiver, sender) for receiver in hosts for sender in hosts if sender != receiver]
+    routes = routing.routes(topo, policy, [routing.Flow(sender, receiver, routing.IPPROTO_TCP, BTL_PORT_MIN,
+                                                        BTL_PORT_MIN) for receiver, sender in pairs], seed=seed)
     out = []
-    for receiver in hosts:
-        for sender in hosts:
-            if sender != receiver:
-                path = model.path(topo.switch_hops(sender, receiver))
-                flow = routing.Flow(sender, receiver, routing.IPPROTO_TCP, BTL_PORT_MIN, BTL_PORT_MIN)
-                byte_s = path_byte_s(topo, routing.route(topo, policy, flow, seed=seed), goodput)
-                out.append(LatencyHold(topo.host(receiver).ip, topo.host(sender).ip,
-                                       max(0.0, path.message_target_s - path.data_s) + SHAPER_BURST_BYTES * byte_s,
-                                       byte_s))
+    for (receiver, sender), route in zip(pairs, routes, strict=True):
+        path = model.path(topo.switch_hops(sender, receiver))
+        byte_s = path_byte_s(topo, route, goodput)
+        out.append(LatencyHold(topo.host(receiver).ip, topo.host(sender).ip,
+                               max(0.0, path.message_target_s - path.data_s) + SHAPER_BURST_BYTES * byte_s, byte_s))
     return out
 
 

@@ -494,7 +494,8 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
           "bundled `emu-allreduce-bench`'s (nccl-tests' definition, Mbit/s) at its largest size; busbw / link "
           "goodput as everywhere in this report. Open MPI's algorithms are its own, not the agents' schedules "
           "of the same name. Their messages get the fabric's latency where they are received, from a library "
-          "preloaded into every rank (docs/emulation.md, \"Open MPI programs\"). Wall s is mpirun's, Open MPI's start-up included; a program that exits "
+          "preloaded into every rank (docs/emulation.md, \"Open MPI programs\"). Wall s is mpirun's, Open MPI's "
+          "start-up included; a program that exits "
           "non-zero is a failed cell. Trusted: fidelity over the program's run (CPU idle, the datapath's load "
           "against its calibrated capacity). Each cell's folder has `mpirun.log` and every rank's output in "
           "`ranks/`.")
