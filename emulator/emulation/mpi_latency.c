@@ -33,6 +33,13 @@
  *
  * What it does not model: the kernel acknowledges bytes when they arrive, not when they are handed over, so
  * TCP's round trip stays the machine's own (a real fabric's latency is in the round trip too).
+ *
+ * It also makes sched_yield() sleep EF_YIELD_SLEEP_US microseconds when that is set (and above 0). Open MPI's
+ * main thread, told to yield while it waits (mpi_yield_when_idle), calls sched_yield() in its progress loop;
+ * with every rank on this machine's few cores those loops took the cores from the progress threads and the
+ * datapath that had bytes to move, and ranks fell out of step. A short sleep leaves the cores to them; it
+ * delays a rank's noticing a finished request by at most the sleep (plus the kernel's timer slack), a few
+ * parts in a thousand of a step at the dilations this emulator runs.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -42,6 +49,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +103,8 @@ static int (*real_close)(int);
 static int (*real_dup2)(int, int);
 static int (*real_dup3)(int, int, int);
 static int (*real_poll)(struct pollfd *, nfds_t, int);
+static int (*real_sched_yield)(void);
+static long yield_sleep_us; /* 0: sched_yield() yields */
 
 static void load(void) {
     real_read = dlsym(RTLD_NEXT, "read");
@@ -104,6 +114,9 @@ static void load(void) {
     real_dup2 = dlsym(RTLD_NEXT, "dup2");
     real_dup3 = dlsym(RTLD_NEXT, "dup3");
     real_poll = dlsym(RTLD_NEXT, "poll");
+    real_sched_yield = dlsym(RTLD_NEXT, "sched_yield");
+    const char *sleep_us = getenv("EF_YIELD_SLEEP_US");
+    if (sleep_us == NULL || sscanf(sleep_us, "%ld", &yield_sleep_us) != 1 || yield_sleep_us < 0) yield_sleep_us = 0;
     const char *ports = getenv("EF_LATENCY_PORTS");
     if (ports == NULL || sscanf(ports, "%u %u", &port_min, &port_max) != 2) {
         port_min = 1, port_max = 0; /* no port is ours: everything passes */
@@ -441,4 +454,12 @@ int poll(struct pollfd *fds, nfds_t nfds, int timeout_ms) {
             nanosleep(&ts, NULL);
         }
     }
+}
+
+int sched_yield(void) {
+    init();
+    if (yield_sleep_us == 0) return real_sched_yield();
+    struct timespec pause = {yield_sleep_us / 1000000, (yield_sleep_us % 1000000) * 1000};
+    nanosleep(&pause, NULL); /* sched_yield() cannot fail; an interrupted sleep just returns early */
+    return 0;
 }

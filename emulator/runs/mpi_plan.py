@@ -74,6 +74,12 @@ TCP_EAGER_BYTES = 1 << 20
 TCP_RENDEZVOUS_DATA_BYTES = 4 << 10
 TCP_FRAGMENT_BYTES = 32 << 10
 SEND_PIPELINE_DEPTH = 2
+#: How long the library makes a rank's ``sched_yield()`` sleep (microseconds). Open MPI's main thread yields
+#: in a loop while it waits (``mpi_yield_when_idle``); sixteen such loops kept about a quarter of this machine's
+#: two cores busy, and a 16 MiB ring on 16 ranks of BiGraph ran at 1.10-1.15 of the model with 16% idle. Sleeping
+#: instead: 1.07-1.08 with 30% idle (docs/fidelity.md). A rank notices a finished request at most this much (and
+#: the kernel's 50 us timer slack) late, against the 40 ms of the default profile's dilated per-message latency.
+YIELD_SLEEP_US = 100
 #: The TCP transport's flags without ``put``: large messages use the send protocol (fragments pipelined on the
 #: socket), not the RDMA emulation that sends the whole rest of a message as one fragment.
 TCP_FLAGS_WITHOUT_PUT = "send,inplace,need-ack,need-csum,hetero-rdma"
@@ -230,10 +236,11 @@ def latency_file_text(holds: Sequence[LatencyHold]) -> str:
 def latency_environment(library: str, holds_file: str, queue: int) -> list[tuple[str, str]]:
     """What every rank's environment gets for the library: preloaded, its file, the BTL's ports (only
     sockets on them are held: Open MPI's start-up and control connections are not the fabric's), the bytes it
-    may hold per socket (:func:`queue_bytes`)."""
+    may hold per socket (:func:`queue_bytes`), and how long a yielding main thread sleeps
+    (:data:`YIELD_SLEEP_US`)."""
     return [("LD_PRELOAD", library), ("EF_LATENCY_FILE", holds_file),
             ("EF_LATENCY_PORTS", f"{BTL_PORT_MIN} {BTL_PORT_MIN + BTL_PORT_RANGE - 1}"),
-            ("EF_LATENCY_QUEUE_BYTES", str(queue))]
+            ("EF_LATENCY_QUEUE_BYTES", str(queue)), ("EF_YIELD_SLEEP_US", str(YIELD_SLEEP_US))]
 
 
 def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:

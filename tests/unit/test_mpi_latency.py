@@ -27,6 +27,7 @@ from emulator.runs.mpi_plan import (
     DEFAULT_MCA,
     LATENCY_LIBRARY,
     MIN_QUEUE_BYTES,
+    YIELD_SLEEP_US,
     MpiRunConfig,
     check_latency_mca,
     eager_bytes,
@@ -84,7 +85,8 @@ def test_the_queue_holds_twice_what_a_link_delivers_during_the_longest_hold():
 def test_the_ranks_get_the_library_its_file_and_the_transports_ports_and_nothing_else_does():
     env = latency_environment("/v/lib/x.so", "/out/latency-holds", 300000)
     assert dict(env) == {"LD_PRELOAD": "/v/lib/x.so", "EF_LATENCY_FILE": "/out/latency-holds",
-                         "EF_LATENCY_PORTS": f"{BTL_PORT_MIN} {BTL_PORT_MIN + 999}", "EF_LATENCY_QUEUE_BYTES": "300000"}
+                         "EF_LATENCY_PORTS": f"{BTL_PORT_MIN} {BTL_PORT_MIN + 999}", "EF_LATENCY_QUEUE_BYTES": "300000",
+                         "EF_YIELD_SLEEP_US": str(YIELD_SLEEP_US)}
     cmd = mpirun_command(2, "/out/hostfile", [], ["/bin/prog"], "/out/ranks", environment=env)
     assert cmd[cmd.index("-x", cmd.index("PYTHONUNBUFFERED")) + 1] == "LD_PRELOAD=/v/lib/x.so"
     assert cmd[-1] == "/bin/prog"
@@ -247,3 +249,23 @@ def test_a_held_stream_keeps_its_rate_the_hold_is_paid_once(tmp_path):
 def test_a_socket_outside_the_transports_ports_passes_through(tmp_path):
     result = _run_pair(tmp_path, 0.05, "1 2", 0)
     assert all(x < 0.02 for x in result["latency"]), result
+
+
+YIELDS = "import os, time\nt = time.monotonic()\nfor _ in range(200): os.sched_yield()\nprint(time.monotonic() - t)"
+
+
+def _yield_time(sleep_us: str | None) -> float:
+    """Seconds that 200 sched_yield() calls take in a process with the library preloaded."""
+    env = dict(os.environ, LD_PRELOAD=LIBRARY)
+    env.pop("EF_YIELD_SLEEP_US", None)
+    if sleep_us is not None:
+        env["EF_YIELD_SLEEP_US"] = sleep_us
+    done = subprocess.run([sys.executable, "-c", YIELDS], env=env, capture_output=True, text=True, check=True,
+                          timeout=30)
+    return float(done.stdout)
+
+
+def test_a_yield_sleeps_the_time_the_ranks_are_given_and_yields_without_it():
+    assert os.path.isfile(LIBRARY), f"{LIBRARY} is missing: make setup builds it"
+    assert _yield_time("2000") >= 200 * 0.002
+    assert _yield_time(None) < 0.2 and _yield_time("0") < 0.2
