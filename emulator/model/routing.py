@@ -25,7 +25,13 @@ How a path is built
     dst's NIC, dst's PCIe switch, dst``; two accelerators of one server talk
     through their PCIe switch only. An accelerator uses its pinned NIC and no
     other, in both directions: when that NIC's link fails it is cut off from
-    every other server. ``failed`` links are node pairs, so when a server has
+    every other server. The exception is ``railonly``, which has no spines:
+    there an accelerator's traffic to another server leaves by its server's
+    NIC on the receiver's rail (:meth:`~emulator.model.topology.Topology.egress_nic`;
+    the server's switch holds one destination entry per such receiver) and
+    arrives by the receiver's pinned NIC. On ``dualplane`` a host's slot is
+    its NIC's own switch: paths start and end there and never cross another
+    (a NIC does not forward between planes; :meth:`_Reach.transit`). ``failed`` links are node pairs, so when a server has
     several NICs on one fabric switch their parallel links fail together.
 
 The policies below read a host's *slot* where they read its switch, port or
@@ -123,7 +129,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model.topology import KINDS, Topology, node_sort_key
+from emulator.model.topology import KINDS, NIC_ROLE, Topology, all_host_pairs, node_sort_key
 
 POLICIES = ("bigraph", "dmodk", "ecmp", "shortest")
 #: The policies that apply to every kind; the others apply to the kinds whose registration names them.
@@ -275,6 +281,7 @@ class _Reach:
         self.fabric = nx.restricted_view(topo.fabric_graph, [], hidden) if hidden else topo.fabric_graph
         self._dist: dict[str, dict[str, int]] = {}
         self._access: dict[str, list[str] | None] = {}
+        self._nics = frozenset(s.name for s in topo.switches if s.role == NIC_ROLE)
 
     def up(self, a: str, b: str) -> bool:
         return frozenset((a, b)) not in self.failed
@@ -286,17 +293,43 @@ class _Reach:
             self._access[host] = path if all(self.up(a, b) for a, b in path_links(path)) else None
         return self._access[host]
 
+    def egress(self, src: str, dst: str) -> list[str] | None:
+        """``src`` up to the fabric switch its traffic to ``dst`` enters by, or None when a link of that is down
+        (the access path but on a rail-only fabric, :meth:`~emulator.model.topology.Topology.egress_path`)."""
+        if not self.topo.rail_only:
+            return self.access(src)
+        path = self.topo.egress_path(src, dst)
+        return path if all(self.up(a, b) for a, b in path_links(path)) else None
+
+    def transit(self, node: str, target: str) -> bool:
+        """Whether a path towards ``target`` may cross fabric switch ``node``: not a dual-plane NIC's switch
+        (a NIC does not forward from one plane to the other)."""
+        return node == target or node not in self._nics
+
     def dist(self, target: str) -> dict[str, int]:
-        """Fabric hops from every fabric switch that still reaches fabric switch ``target``."""
+        """Fabric hops from every fabric switch that still reaches fabric switch ``target`` (crossing only
+        switches that may be :meth:`transit`)."""
         if target not in self._dist:
-            self._dist[target] = dict(nx.single_source_shortest_path_length(self.fabric, target))
+            dist = {target: 0}
+            frontier = [target]
+            while frontier:
+                ahead = []
+                for node in frontier:
+                    if not self.transit(node, target):
+                        continue
+                    for nxt in self.fabric.neighbors(node):
+                        if nxt not in dist:
+                            dist[nxt] = dist[node] + 1
+                            ahead.append(nxt)
+                frontier = ahead
+            self._dist[target] = dist
         return self._dist[target]
 
     def reachable(self, src: str, dst: str) -> bool:
         if self.topo.same_server(src, dst):
             switch = self.topo.host(src).switch
             return self.up(src, switch) and self.up(dst, switch)
-        a, b = self.access(src), self.access(dst)
+        a, b = self.egress(src, dst), self.access(dst)
         return a is not None and b is not None and a[-1] in self.dist(b[-1])
 
 
@@ -325,7 +358,8 @@ class _Router(_Reach):
             dist = self.dist(target)
             here = dist.get(node)
             cands = [] if here is None else sorted(
-                (n for n in self.fabric.neighbors(node) if dist.get(n) == here - 1), key=node_sort_key)
+                (n for n in self.fabric.neighbors(node) if dist.get(n) == here - 1 and self.transit(n, target)),
+                key=node_sort_key)
             self._cands[key] = cands
         return cands
 
@@ -339,6 +373,9 @@ class _Router(_Reach):
         host = self.topo.host(dst)
         if switch == host.switch:
             return dst if self.up(dst, switch) else None
+        if self.topo.rail_only and self.topo.is_pcie_switch(switch):  # towards the NIC on dst's rail
+            up = self.egress(server_sender(self.topo, switch), dst) if self.access(dst) is not None else None
+            return None if up is None else up[-1]
         access = self.access(dst)
         if access is None or not self.topo.is_fabric_switch(switch):
             return None
@@ -416,7 +453,7 @@ class _Router(_Reach):
             raise NoPath(f"routing: {flow.src} -> {flow.dst}: no path (cut off by failed links)")
         if self.topo.same_server(flow.src, flow.dst):
             return [flow.src, self.topo.host(flow.src).switch, flow.dst]
-        up, down = self.access(flow.src), self.access(flow.dst)
+        up, down = self.egress(flow.src, flow.dst), self.access(flow.dst)
         assert up is not None and down is not None
         exact = self.is_exact(flow)
         path = list(up)
@@ -497,15 +534,22 @@ def hop_port(topo: Topology, node: str, nxt: str, src: str, dst: str) -> int:
     """The port ``node`` sends on towards ``nxt`` on a path from host ``src`` to host ``dst``.
 
     Tells parallel NIC links apart: leaving a PCIe switch a packet takes
-    ``src``'s pinned NIC, entering one ``dst``'s. A host sends on port 0.
+    ``src``'s egress NIC towards ``dst`` (its pinned NIC but on a rail-only
+    fabric), entering one ``dst``'s pinned NIC. A host sends on port 0.
     """
     if topo.is_host(node):
         return 0
     if topo.is_pcie_switch(node) and topo.is_switch(nxt):
-        return topo.pinned_nic(src).a_port
+        return topo.egress_nic(src, dst).a_port
     if topo.is_pcie_switch(nxt) and topo.is_switch(node):
         return topo.pinned_nic(dst).b_port
     return topo.port_to(node, nxt)
+
+
+def server_sender(topo: Topology, pcie: str) -> str:
+    """An accelerator of the server whose switch is ``pcie``: its traffic to any other server's accelerator
+    leaves by the same NIC as that of every accelerator of the server (on a rail-only fabric)."""
+    return topo.hosts_of(pcie)[0].name
 
 
 def directed_links(topo: Topology, path: list[str]) -> list[tuple[str, int]]:
@@ -526,6 +570,8 @@ def switch_links_of(path: list[str]) -> list[tuple[str, str]]:
 def cut_pairs(topo: Topology, failed: Iterable[frozenset[str]]) -> list[tuple[str, str]]:
     """Ordered host pairs with no path left when ``failed`` links are down (pinned NICs only, with servers)."""
     reach = _Reach(topo, failed)
+    if topo.rail_only or reach._nics:  # the way out depends on the receiver, or some switches are not transit
+        return [(s, d) for s, d in all_host_pairs(topo) if not reach.reachable(s, d)]
     component = {node: i for i, part in enumerate(nx.connected_components(reach.fabric)) for node in part}
     where = {}
     for h in topo.hosts:
@@ -613,7 +659,8 @@ def flow_table(topo: Topology, policy: str, *, seed: int = 0, failed: Iterable[f
             if nxt is None:
                 continue
             default[sw.name] = nxt
-            port = hop_port(topo, sw.name, nxt, dst, dst)
+            sender = server_sender(topo, sw.name) if topo.is_pcie_switch(sw.name) else dst
+            port = hop_port(topo, sw.name, nxt, sender, dst)
             table[sw.name].append(FlowEntry(sw.name, PRIORITY_ARP,
                                             (("eth_type", ETH_TYPE_ARP), ("arp_tpa", dst_host.ip)), port))
             table[sw.name].append(FlowEntry(sw.name, PRIORITY_DEST,

@@ -5,7 +5,8 @@ controller is restarted on the same loopback port for every policy, points
 the switches at itself again (:func:`emulator.emulation.controller_process.reconnect_switches`),
 and they reconnect, get wiped and get the new policy's entries. Per (topology, policy): every host pair pings, and a TCP
 transfer on an agent 5-tuple raises the byte counters on exactly the
-inter-switch links :func:`emulator.model.routing.route` predicts. Then: ECMP
+inter-switch links :func:`emulator.model.routing.route` predicts (on a dual-plane fabric, through the plane
+its hash picks; a rail-only fabric, without such links, pings only). Then: ECMP
 placement is the same for the same seed and changes with the seed, and a
 link taken down reroutes within 1 s with 0% loss afterwards.
 """
@@ -32,8 +33,11 @@ pytestmark = pytest.mark.integration
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 FATTREE = "fattree:k=4"
 LEAFSPINE = "leafspine:leaves=4,spines=2,hosts_per_leaf=4"
+DUALPLANE = "dualplane:rails=2,hosts_per_rail=2,spines=2"
+RAILONLY = "railonly:rails=4,hosts_per_rail=2,servers=2,accels_per_server=4,nics_per_server=4"
 # ``shortest`` is the same code on every kind (and every star in the other tests routes by it): once here
-POLICIES = {BIGRAPH: ("bigraph", "ecmp", "shortest"), FATTREE: ("ecmp", "dmodk"), LEAFSPINE: ("ecmp", "dmodk")}
+POLICIES = {BIGRAPH: ("bigraph", "ecmp", "shortest"), FATTREE: ("ecmp", "dmodk"), LEAFSPINE: ("ecmp", "dmodk"),
+            DUALPLANE: ("ecmp",), RAILONLY: ("shortest",)}
 STATS_INTERVAL = 0.25
 TRANSFER_BYTES = 1_500_000
 
@@ -178,6 +182,17 @@ def check_pingall_and_counters(fab: Fabric, policy: str, tmp_path) -> None:
         ctl.stop()
 
 
+def check_pingall(fab: Fabric, policy: str, tmp_path) -> None:
+    """Every pair pings (a rail-only fabric has no switch-to-switch links to count bytes on)."""
+    ctl = fab.controller(policy, seed=1)
+    try:
+        result = ping_all(fab.net, fab.topo)
+        assert result.pairs == len(fab.topo.hosts) * (len(fab.topo.hosts) - 1)
+        assert result.lost == [], f"{policy}: lost {result.lost[:10]}"
+    finally:
+        ctl.stop()
+
+
 def dump_flows(topo: topology.Topology) -> dict[str, list[str]]:
     """Every switch's entries without counters, sorted."""
     out = {}
@@ -241,12 +256,13 @@ def check_link_down(fab: Fabric, policy: str, tmp_path) -> None:
 
 
 CHECKS = {"pingall+counters": check_pingall_and_counters, "ecmp seeds": check_ecmp_seeds,
-          "link down": check_link_down}
+          "link down": check_link_down, "pingall": check_pingall}
 # Grouped by topology so that each network is brought up once.
 SCENARIOS = [(BIGRAPH, p, "pingall+counters") for p in POLICIES[BIGRAPH]] + [(BIGRAPH, "bigraph", "link down")]
 SCENARIOS += [(FATTREE, p, "pingall+counters") for p in POLICIES[FATTREE]]
 SCENARIOS += [(FATTREE, "ecmp", "ecmp seeds"), (FATTREE, "ecmp", "link down")]
 SCENARIOS += [(LEAFSPINE, p, "pingall+counters") for p in POLICIES[LEAFSPINE]]
+SCENARIOS += [(DUALPLANE, "ecmp", "pingall+counters"), (RAILONLY, "shortest", "pingall")]
 
 
 @pytest.mark.parametrize("spec,policy,check", SCENARIOS,

@@ -9,7 +9,7 @@ from emulator.model import fabric, topology
 from emulator.model.schedule import cost, generators
 from emulator.model.schedule import format as sformat
 
-from .measured import BENCH_ACCURACY, step_time
+from .measured import BENCH_ACCURACY, band, step_time
 
 pytestmark = pytest.mark.integration
 
@@ -60,3 +60,24 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
     ratio = measured[1] / measured[4]
     print(f"shared NIC: inter-server phase N=1/N=4 {ratio:.3f}, model {model_ratio:.3f}, ratio {ratio / model_ratio:.3f}")
     assert abs(ratio / model_ratio - 1) <= TOLERANCE, (ratio, model_ratio, measured)
+
+
+#: Rail fabrics: the hierarchical allreduce's inter-server rings run one per rail. Measured/predicted over
+#: the runs in docs/testing-accuracy.md: 1.01-1.02.
+RAIL_FABRICS = [("railonly:rails=4,hosts_per_rail=2,servers=2,accels_per_server=4,nics_per_server=4", "shortest"),
+                ("dualplane:rails=2,hosts_per_rail=4,spines=1", "ecmp")]
+RAIL_BAND = band(noise=0.03)
+
+
+@pytest.mark.parametrize("spec,policy", RAIL_FABRICS, ids=[s.split(":")[0] for s, _ in RAIL_FABRICS])
+def test_hierarchical_allreduce_on_rail_fabrics_is_correct_and_within_the_model(tmp_path, spec, policy):
+    topo = topology.build(spec)
+    schedule = generators.generate("hier", topo, 256 << 10)
+    path = str(tmp_path / "hier.json")
+    sformat.save(schedule, path)
+    res = replay(ReplayConfig(schedule=path, topology=spec, routing=policy, out=str(tmp_path / "out"), repeat=2,
+                              warmup=1))
+    assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
+    ratios = [rep.measured_over_predicted for rep in res.repetitions]
+    print(f"{topo.kind} hier 256 KiB: measured/predicted {ratios}")
+    assert all(r is not None and RAIL_BAND[0] <= r <= RAIL_BAND[1] for r in ratios), ratios

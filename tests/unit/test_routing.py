@@ -20,20 +20,29 @@ from emulator.model.routing import Flow, FlowEntry
 BIGRAPH = "bigraph:upper=4,lower=4,hosts_per_switch=2"
 FATTREE = "fattree:k=4"
 LEAFSPINE = "leafspine:leaves=4,spines=2,hosts_per_leaf=4"
+RAIL = "rail:rails=4,hosts_per_rail=3,spines=2"
+DUALPLANE = "dualplane:rails=3,hosts_per_rail=2,spines=2"
 CASES = [(BIGRAPH, "bigraph"), (BIGRAPH, "ecmp"), (BIGRAPH, "shortest"),
          (FATTREE, "ecmp"), (FATTREE, "dmodk"), (FATTREE, "shortest"),
          (LEAFSPINE, "ecmp"), (LEAFSPINE, "dmodk"), (LEAFSPINE, "shortest"),
-         ("star:hosts=4", "shortest"), ("star:hosts=4", "ecmp")]
+         ("star:hosts=4", "shortest"), ("star:hosts=4", "ecmp"),
+         (RAIL, "ecmp"), (RAIL, "dmodk"), (RAIL, "shortest"), (DUALPLANE, "ecmp"), (DUALPLANE, "shortest")]
 # Servers: N = A (parallel NIC links on one switch), N = 1, 1 < N < A, every NIC placement.
 SERVERS_NA = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=2,accels_per_server=4,nics_per_server=4"
 SERVERS_N1 = "leafspine:leaves=2,spines=2,hosts_per_leaf=2,servers=4,accels_per_server=2,nics_per_server=1"
 SERVERS_FAT = "fattree:k=4,servers=4,accels_per_server=4,nics_per_server=2,nic_placement=spread"
 SERVERS_HDRM = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=4,accels_per_server=2,nics_per_server=2,nic_placement=hdrm"
 SERVERS_STAR = "star:hosts=4,servers=2,accels_per_server=3,nics_per_server=2"
+# Rails: one NIC per rail per server (the rail placement); rail-only forwards between rails inside a server.
+SERVERS_RAIL = "rail:rails=4,hosts_per_rail=3,spines=2,servers=3,accels_per_server=4,nics_per_server=4"
+SERVERS_DUALPLANE = "dualplane:rails=2,hosts_per_rail=3,spines=1,servers=2,accels_per_server=4,nics_per_server=2"
+SERVERS_RAILONLY = "railonly:rails=4,hosts_per_rail=3,servers=3,accels_per_server=4,nics_per_server=4"
 SERVER_CASES = [(SERVERS_NA, "bigraph"), (SERVERS_NA, "ecmp"), (SERVERS_NA, "shortest"),
                 (SERVERS_N1, "dmodk"), (SERVERS_N1, "ecmp"),
                 (SERVERS_FAT, "ecmp"), (SERVERS_FAT, "dmodk"), (SERVERS_FAT, "shortest"),
-                (SERVERS_HDRM, "bigraph"), (SERVERS_STAR, "ecmp"), (SERVERS_STAR, "shortest")]
+                (SERVERS_HDRM, "bigraph"), (SERVERS_STAR, "ecmp"), (SERVERS_STAR, "shortest"),
+                (SERVERS_RAIL, "dmodk"), (SERVERS_RAIL, "ecmp"), (SERVERS_DUALPLANE, "ecmp"),
+                (SERVERS_RAILONLY, "shortest"), (SERVERS_RAILONLY, "ecmp")]
 
 
 class FakeFlowTable:

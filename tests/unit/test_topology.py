@@ -282,7 +282,7 @@ PACKAGE_LAYERS = {
     "kinds": set(),
     "spec": {"kinds"},
     "bisection": {"kinds"},
-    "model": {"spec", "bisection"},
+    "model": {"kinds", "spec", "bisection"},
     "builders": {"kinds", "model", "spec"},
 }
 

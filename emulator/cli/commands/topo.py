@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from emulator.base.files import write_json_atomic
 from emulator.model import topology
@@ -45,9 +46,23 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"links      {summary['links']}  ({summary['host_links']} host, {summary['switch_links']} switch-switch)")
         print(f"rates      host links {summary['host_bw_mbps']:g} Mbit/s, "
               f"switch links {summary['switch_bw_mbps']:g} Mbit/s")
+    if "rails" in summary:
+        print(f"rails      {_rails(summary)}")
     print(f"diameter   {summary['diameter_hops']} switch hops")
     print(f"bisection  {summary['bisection_bw_mbps']:g} Mbit/s")
     return 0
+
+
+def _rails(summary: dict[str, Any]) -> str:
+    """``4 (one leaf per rail, spines join them)``: how the fabric's rails are built."""
+    if summary["rail_only"]:
+        how = "one leaf per rail, no spines: traffic changes rails inside the sending server"
+    elif summary["planes"] == 2:
+        how = (f"two planes, each a leaf per rail joined by spines; every NIC has a port on each plane at "
+               f"{summary['nic_port_bw_mbps']:g} Mbit/s, connections split between them")
+    else:
+        how = "one leaf per rail, spines join them"
+    return f"{summary['rails']} ({how})"
 
 
 def _roles(topo: topology.Topology) -> str:

@@ -1,4 +1,4 @@
-"""Topology models: BiGraph, k-ary fat-tree, leaf-spine and star, as pure data.
+"""Topology models: BiGraph, k-ary fat-tree, leaf-spine, the rail fabrics and star, as pure data.
 
 This package owns the network *model*: which hosts and switches exist, which
 ports every link uses, each switch's datapath id, each host's IP and MAC, and
@@ -35,6 +35,16 @@ Spec strings
     * ``bigraph:upper=U,lower=L,hosts_per_switch=M``
     * ``fattree:k=K`` (K even)
     * ``leafspine:leaves=A,spines=B,hosts_per_leaf=C``
+    * ``rail:rails=R,hosts_per_rail=H,spines=P`` -- a leaf-spine whose leaves
+      are rails (slots reserved rail by rail)
+    * ``dualplane:rails=R,hosts_per_rail=H,spines=P`` -- two such planes; every
+      host slot is on a NIC switch (role ``nic``) with one half-rate port on
+      its rail's leaf in each plane; routing never crosses a NIC switch that
+      is not the path's end
+    * ``railonly:rails=R,hosts_per_rail=H`` -- the rails without spines;
+      servers required, one NIC per rail, and traffic to another server
+      leaves by the NIC on the receiver's rail
+      (:meth:`Topology.egress_nic`)
     * ``star:hosts=N``
 
     Every kind also takes ``bw`` (Mbit/s of every link, default 10),
@@ -52,7 +62,7 @@ Servers (every kind, all keys optional)
     ``pcie_bw`` (default ``host_bw``) is the rate of the accelerator links
     inside a server; NIC links run at ``host_bw``. ``nic_placement``:
 
-    * ``packed`` (default) -- NIC ``k`` of server ``s`` takes slot ``s·N + k``:
+    * ``packed`` (the default but on fabrics with rails) -- NIC ``k`` of server ``s`` takes slot ``s·N + k``:
       a server's NICs fill consecutive slots, on one switch as far as possible.
     * ``spread`` -- NIC number ``g = s·N + k`` goes to host-bearing switch
       ``g mod W`` (``W`` of them), on that switch's lowest free slot: a
@@ -63,6 +73,9 @@ Servers (every kind, all keys optional)
       opposite groups, so a server with an even ``N`` has half its NICs in
       the upper and half in the lower group: this is how a server's NICs
       attach to both groups.
+    * ``rail`` (the default on fabrics with rails, the only one on
+      ``railonly``) -- NIC ``k`` of server ``s`` takes slot ``s`` of rail ``k``;
+      needs ``N`` = the rails and ``S`` <= ``hosts_per_rail``.
 
     Model: an accelerator is a host; accelerators are ``h1..h(S·A)``, server
     by server. Fabric switches keep exactly the names, roles and ports they
@@ -71,7 +84,9 @@ Servers (every kind, all keys optional)
     (``host`` links at ``pcie_bw``) then its ``N`` NICs (``nic`` links to the
     fabric switch port of the NIC's slot). Accelerator ``j`` (0-based in its
     server) is pinned to NIC ``j·N // A`` (:meth:`Topology.pinned_nic`) and
-    uses no other; a PCIe switch is never transit for other servers' traffic.
+    uses no other (but on ``railonly``, whose traffic to another server leaves
+    by the NIC on the receiver's rail); a PCIe switch is never transit for
+    other servers' traffic.
     ``N = 1`` is the traditional shared-NIC server, ``N = A`` the EFLOPS
     server with one NIC per accelerator.
 
@@ -99,7 +114,7 @@ from emulator.model.topology.builders import (
     host_mac,
     load,
 )
-from emulator.model.topology.kinds import KINDS, FabricBuilder, TopologyKind, is_ideal
+from emulator.model.topology.kinds import KINDS, NIC_ROLE, FabricBuilder, TopologyKind, is_ideal
 from emulator.model.topology.model import (
     DEFAULT_MTU,
     JSON_FORMAT_VERSION,
@@ -138,6 +153,7 @@ __all__ = [
     "Host",
     "JSON_FORMAT_VERSION",
     "KINDS",
+    "NIC_ROLE",
     "Link",
     "MAX_HOSTS",
     "MAX_LINK_MBPS",

@@ -63,8 +63,9 @@ class _Builder:
                                ip=host_ip(index), mac=host_mac(index)))
         self.host_links.append(Link(name, 0, switch, port, bw, "host"))
 
-    def connect(self, a: str, b: str) -> None:
-        self.switch_links.append(Link(a, self._port(a), b, self._port(b), self.switch_bw, "switch"))
+    def connect(self, a: str, b: str, share: float | None = None) -> None:
+        bw = self.switch_bw if share is None else self.host_bw * share
+        self.switch_links.append(Link(a, self._port(a), b, self._port(b), bw, "switch"))
 
     def build(self, kind: str, params: Mapping[str, Any]) -> Topology:
         nic_links: list[Link] = []
@@ -92,6 +93,9 @@ def _nic_slots(kind: str, params: Mapping[str, Any], slots: list[tuple[str, int]
         return slots[:count]
     if placement == "hdrm":
         return [slots[i] for i in hdrm_slot_order(params["upper"], params["hosts_per_switch"])[:count]]
+    if placement == "rail":  # NIC k of server s: slot s of rail k (slots are reserved rail by rail)
+        per_rail, nics = params["hosts_per_rail"], params["nics_per_server"]
+        return [slots[(g % nics) * per_rail + g // nics] for g in range(count)]
     per_switch: dict[str, list[tuple[str, int]]] = {}
     for slot in slots:
         per_switch.setdefault(slot[0], []).append(slot)

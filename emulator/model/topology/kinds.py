@@ -34,6 +34,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+#: The role of a dual-plane NIC's switch: its host's slot, and its two ports' links to the planes. It forwards
+#: between its host and the planes only, never from one plane to the other.
+NIC_ROLE = "nic"
+
 
 class FabricBuilder(Protocol):
     """What a kind's builder calls: switches, host slots and switch links, ports numbered in call order."""
@@ -46,8 +50,9 @@ class FabricBuilder(Protocol):
         """Reserve a host slot on ``switch``'s next port."""
         ...
 
-    def connect(self, a: str, b: str) -> None:
-        """Link ``a`` and ``b`` on their next ports, at the switch-link rate."""
+    def connect(self, a: str, b: str, share: float | None = None) -> None:
+        """Link ``a`` and ``b`` on their next ports, at the switch-link rate (``share``: that fraction of the
+        host-link rate instead, for a NIC's ports)."""
         ...
 
 
@@ -65,6 +70,9 @@ class TopologyKind:
     even_keys: tuple[str, ...] = ()  # keys that must be even
     min_hosts: int = 2             # the fewest hosts (or host slots) a topology of this kind may have
     ideal: bool = False            # the non-blocking ideal: one switch, no routing choice, never a baseline
+    rails: bool = False            # slots reserved rail by rail, ``hosts_per_rail`` per rail (``rails`` of them)
+    rail_only: bool = False        # no spines: traffic between rails crosses the sender's server (needs servers)
+    default_placement: str = "packed"  # the NIC placement when a spec with servers names none
 
 
 # ------------------------------------------------------------------ bisection helpers
@@ -161,6 +169,92 @@ _LEAFSPINE = TopologyKind(
     build=_build_leafspine, bisection=_bisect_leafspine, policies=("dmodk",))
 
 
+# ------------------------------------------------------------------ rail-optimized
+def _rail_slots(b: FabricBuilder, p: Mapping[str, Any], bearers: list[str]) -> None:
+    """``hosts_per_rail`` slots on each of the rails' host-bearing switches, rail by rail."""
+    for sw in bearers:
+        for _ in range(p["hosts_per_rail"]):
+            b.add_slot(sw)
+
+
+def _build_rail(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    rails = [b.add_switch("leaf") for _ in range(p["rails"])]
+    spines = [b.add_switch("spine") for _ in range(p["spines"])]
+    _rail_slots(b, p, rails)
+    for leaf in rails:
+        for spine in spines:
+            b.connect(leaf, spine)
+
+
+def _bisect_rail(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
+    return _bisect_two_groups(p["rails"], p["spines"], p["hosts_per_rail"], 0, hbw, sbw)
+
+
+_RAIL = TopologyKind(
+    name="rail", title="rail-optimized", keys={"rails": 1, "hosts_per_rail": 1, "spines": 1},
+    counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"] + p["spines"]),
+    build=_build_rail, bisection=_bisect_rail, policies=("dmodk",), rails=True, default_placement="rail")
+
+
+# ------------------------------------------------------------------ dual-plane
+def _build_dualplane(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    # Host slots on the NICs' own switches, rail by rail; each NIC's two ports (half the host rate each) go to
+    # its rail's leaf in plane 0 and in plane 1; each plane is a leaf-spine of its own.
+    nics = [b.add_switch(NIC_ROLE) for _ in range(p["rails"] * p["hosts_per_rail"])]
+    leaves = [[b.add_switch("leaf", plane) for _ in range(p["rails"])] for plane in (0, 1)]
+    spines = [[b.add_switch("spine", plane) for _ in range(p["spines"])] for plane in (0, 1)]
+    for nic in nics:
+        b.add_slot(nic)
+    for i, nic in enumerate(nics):
+        for plane in (0, 1):
+            b.connect(nic, leaves[plane][i // p["hosts_per_rail"]], share=0.5)
+    for plane in (0, 1):
+        for leaf in leaves[plane]:
+            for spine in spines[plane]:
+                b.connect(leaf, spine)
+
+
+def _bisect_dualplane(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
+    """Per rail, its two leaves on one side (``k0`` rails on side 0, ``k1`` on side 1) or on opposite sides
+    (``j`` of the split rails with the plane-0 leaf on side 0); per plane, how many spines on side 0. A host of
+    a rail whose leaves agree costs nothing on their side and its host link (or its NIC's two ports, as much)
+    on the other; a host of a split rail costs one port (half the host rate) on either side."""
+    r, h, sp = p["rails"], p["hosts_per_rail"], p["spines"]
+    n = r * h
+    best = float("inf")
+    for k0 in range(r + 1):
+        for k1 in range(r - k0 + 1):
+            split = r - k0 - k1
+            fixed0, flexible = k0 * h, split * h
+            target_lo, target_hi = n // 2, (n + 1) // 2
+            balance = min(max(0, t - fixed0 - flexible, fixed0 - t) for t in (target_lo, target_hi))
+            hosts = flexible * hbw / 2 + balance * hbw
+            for j in range(split + 1):
+                planes = 0.0
+                for side0 in (k0 + j, k0 + split - j):
+                    planes += min((side0 * (sp - c) + (r - side0) * c) for c in range(sp + 1)) * sbw
+                best = min(best, hosts + planes)
+    return best
+
+
+_DUALPLANE = TopologyKind(
+    name="dualplane", title="dual-plane", keys={"rails": 1, "hosts_per_rail": 1, "spines": 1},
+    counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"] * p["hosts_per_rail"] + 2 * (p["rails"] + p["spines"])),
+    build=_build_dualplane, bisection=_bisect_dualplane, rails=True, default_placement="rail")
+
+
+# ------------------------------------------------------------------ rail-only
+def _build_railonly(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    _rail_slots(b, p, [b.add_switch("leaf") for _ in range(p["rails"])])
+
+
+_RAILONLY = TopologyKind(
+    name="railonly", title="rail-only", keys={"rails": 1, "hosts_per_rail": 1},
+    counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"]),
+    build=_build_railonly, bisection=lambda p, hbw, sbw: p["rails"] * (p["hosts_per_rail"] // 2) * hbw,
+    rails=True, rail_only=True, default_placement="rail")
+
+
 # ------------------------------------------------------------------ star
 def _build_star(b: FabricBuilder, p: Mapping[str, Any]) -> None:
     sw = b.add_switch("star")
@@ -174,7 +268,8 @@ _STAR = TopologyKind(
 
 
 #: Every kind by name, in the order error messages list them.
-KINDS: dict[str, TopologyKind] = {k.name: k for k in (_BIGRAPH, _FATTREE, _LEAFSPINE, _STAR)}
+KINDS: dict[str, TopologyKind] = {k.name: k for k in (_BIGRAPH, _FATTREE, _LEAFSPINE, _RAIL, _DUALPLANE, _RAILONLY,
+                                                       _STAR)}
 
 
 def is_ideal(kind: str) -> bool:

@@ -8,9 +8,11 @@ bisection, the JSON export and the summary). It also owns the link model
 that turns rates into TCP goodput (MTU, frame overheads). The naming and
 numbering scheme is in the package docstring (:mod:`emulator.model.topology`).
 
-It imports from the package only the two pure functions of a spec's
-parameters that a topology reports about itself: :func:`~emulator.model.topology.spec.format_spec`
-(its canonical spec) and :func:`~emulator.model.topology.bisection.bisection_mbps`.
+It imports from the package only what a topology reports about itself from
+its spec's parameters: :func:`~emulator.model.topology.spec.format_spec` (its
+canonical spec), :func:`~emulator.model.topology.bisection.bisection_mbps`, and
+its kind's registration (:data:`~emulator.model.topology.kinds.KINDS`: rails,
+rail-only).
 The builders (:mod:`emulator.model.topology.builders`) make :class:`Topology`
 objects; nothing here builds one.
 """
@@ -27,6 +29,7 @@ import networkx as nx
 
 from emulator.base.errors import UserError
 from emulator.model.topology.bisection import bisection_mbps
+from emulator.model.topology.kinds import KINDS, NIC_ROLE
 from emulator.model.topology.spec import format_spec
 
 JSON_FORMAT_VERSION = 1
@@ -261,6 +264,32 @@ class Topology:
             return [host, h.switch, self.pinned_nic(host).b]
         return [host, h.switch]
 
+    @property
+    def rail_only(self) -> bool:
+        """True on a rail-only fabric: no spines, traffic changes rails inside the sender's server."""
+        return KINDS[self.kind].rail_only
+
+    def egress_nic(self, src: str, dst: str) -> Link:
+        """The NIC link by which ``src``'s traffic to ``dst`` (of another server) leaves ``src``'s server.
+
+        ``src``'s pinned NIC, except on a rail-only fabric: there the server's
+        NIC on the rail of ``dst``'s pinned NIC (the rail placement puts NIC
+        ``k`` on rail ``k``), reached through the server's own switch.
+        """
+        if not self.rail_only:
+            return self.pinned_nic(src)
+        _, a, _ = self._server_params()
+        rail = self.pinned_nic(dst).a_port - a - 1
+        link = self.link_at(self.host(src).switch, a + 1 + rail)
+        assert link is not None and link.kind == "nic"
+        return link
+
+    def egress_path(self, src: str, dst: str) -> list[str]:
+        """The nodes from ``src`` to the fabric switch its traffic to ``dst`` (another server's) enters by."""
+        if not self.rail_only:
+            return self.access_path(src)
+        return [src, self.host(src).switch, self.egress_nic(src, dst).b]
+
     def same_server(self, a: str, b: str) -> bool:
         """True for two accelerators of one server (always False without servers)."""
         return self.has_servers and self.server_of(a) == self.server_of(b)
@@ -305,7 +334,7 @@ class Topology:
         """
         if self.same_server(src, dst):
             return 1
-        a, b = self.nic_slot(src)[0], self.nic_slot(dst)[0]
+        a, b = self.egress_path(src, dst)[-1], self.nic_slot(dst)[0]
         return self._fabric_distances[a][b] + (3 if self.has_servers else 1)
 
     def diameter_hops(self) -> int:
@@ -316,6 +345,8 @@ class Topology:
             return max(dist[a][b] for a in bearing for b in bearing) + 1
         if self.params["servers"] == 1:
             return 1
+        if self.rail_only:  # every pair of servers meets on the rail of the receiver's NIC
+            return 3
         # Every NIC is some accelerator's pinned NIC (j·N // A takes every value).
         on: dict[str, set[int]] = {}
         for s, nic in enumerate(self.nic_links()):
@@ -365,6 +396,11 @@ class Topology:
             "host_bw_mbps": self.host_bw,
             "switch_bw_mbps": self.switch_bw,
         }
+        if KINDS[self.kind].rails:
+            planes = 2 if any(s.role == NIC_ROLE for s in self.switches) else 1
+            out.update(rails=self.params["rails"], planes=planes, rail_only=self.rail_only)
+            if planes == 2:
+                out.update(nic_port_bw_mbps=self.host_bw / 2)
         if self.has_servers:
             out.update(servers=self.params["servers"], accels_per_server=self.params["accels_per_server"],
                        nics_per_server=self.params["nics_per_server"], pcie_bw_mbps=self.params["pcie_bw"],

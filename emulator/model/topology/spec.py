@@ -26,7 +26,7 @@ MAX_LINK_MBPS = 1000.0
 DEFAULT_LINK_MBPS = 10.0
 MAX_HOSTS = 1024
 MAX_SWITCHES = 512
-NIC_PLACEMENTS = ("packed", "spread", "hdrm")
+NIC_PLACEMENTS = ("packed", "spread", "hdrm", "rail")
 
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 _SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement")
@@ -133,6 +133,9 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
         raise FieldError(where, "hosts", f"at least {KINDS[kind].min_hosts} {what}", hosts)
     if "servers" in items:
         params.update(_parse_servers(where, kind, params, items, hosts, switches))
+    elif KINDS[kind].rail_only:
+        raise FieldError(where, "servers", f"servers=S with nics_per_server={params['rails']} (a rail-only "
+                         "fabric has no spines: its rails meet only inside the servers)", MISSING)
     else:
         for key in _SERVER_KEYS:
             if key in items:
@@ -155,10 +158,11 @@ def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapp
         raise FieldError(where, "nics_per_server", f"an integer in 1..{accels} (at most one NIC per accelerator)",
                          items["nics_per_server"])
     pcie = _parse_rate(where, "pcie_bw", items["pcie_bw"]) if "pcie_bw" in items else params["host_bw"]
-    raw = items.get("nic_placement", "packed")
+    raw = items.get("nic_placement", KINDS[kind].default_placement)
     placement = raw.strip() if isinstance(raw, str) else raw
     if placement not in NIC_PLACEMENTS:
         raise FieldError(where, "nic_placement", f"one of {', '.join(NIC_PLACEMENTS)}", raw)
+    _check_rails(where, kind, params, placement, raw, servers, nics)
     if placement == "hdrm":
         problem = ("a bigraph" if kind != "bigraph" else
                    hdrm_problem(params["upper"], params["lower"], params["hosts_per_switch"]))
@@ -178,6 +182,27 @@ def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapp
                          "(servers x accels_per_server)", items["servers"])
     return {"servers": servers, "accels_per_server": accels, "nics_per_server": nics, "pcie_bw": pcie,
             "nic_placement": placement}
+
+
+def _check_rails(where: str, kind: str, params: Mapping[str, Any], placement: str, raw: object, servers: int,
+                 nics: int) -> None:
+    """The ``rail`` placement's conditions: a kind with rails, one NIC per rail, a slot per server on every
+    rail; a rail-only fabric takes no other placement."""
+    if KINDS[kind].rail_only and placement != "rail":
+        raise FieldError(where, "nic_placement", "rail (a rail-only fabric's servers have one NIC on every rail)",
+                         raw)
+    if placement != "rail":
+        return
+    if not KINDS[kind].rails:
+        with_rails = ", ".join(k.name for k in KINDS.values() if k.rails)
+        raise FieldError(where, "nic_placement", f"packed, spread or hdrm (rail needs a fabric with rails: "
+                         f"{with_rails})", raw)
+    if nics != params["rails"]:
+        raise FieldError(where, "nics_per_server", f"{params['rails']}, one NIC per rail (nic_placement rail)",
+                         nics)
+    if servers > params["hosts_per_rail"]:
+        raise FieldError(where, "servers", f"at most {params['hosts_per_rail']} servers (hosts_per_rail: every "
+                         "server has a NIC on every rail)", servers)
 
 
 def hdrm_problem(upper: int, lower: int, hosts_per_switch: int) -> str | None:
@@ -241,7 +266,7 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
         parts += [f"{key}={params[key]}" for key in ("servers", "accels_per_server", "nics_per_server")]
         if params["pcie_bw"] != params.get("host_bw", bw):
             parts.append(f"pcie_bw={exact_number(params['pcie_bw'])}")
-        if params["nic_placement"] != "packed":
+        if params["nic_placement"] != KINDS[kind].default_placement:
             parts.append(f"nic_placement={params['nic_placement']}")
     return f"{kind}:{','.join(parts)}"
 
