@@ -138,7 +138,7 @@ def test_a_bad_placement_file_is_refused_naming_the_field(tmp_path, text, np, wh
 
 
 def test_an_unknown_placement_name_is_refused():
-    with pytest.raises(FieldError, match="identity, random, hdrm or a file"):
+    with pytest.raises(FieldError, match="identity, random, hdrm, rail or a file"):
         rank_hosts(topology.load(LEAFSPINE), "/no/such/file", None)
 
 

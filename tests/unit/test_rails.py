@@ -4,6 +4,8 @@ traffic changes rails inside the sending server)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 from test_routing import FakeFlowTable, _flows
 from test_topology import brute_force_bisection
@@ -11,6 +13,9 @@ from test_topology import brute_force_bisection
 from emulator.base.errors import FieldError
 from emulator.model import routing, topology
 from emulator.model.routing import Flow
+from emulator.model.schedule import cost
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.generators import generate
 
 RAIL = "rail:rails=4,hosts_per_rail=4,spines=2"
 RAIL_SERVERS = f"{RAIL},servers=4,accels_per_server=4,nics_per_server=4"
@@ -148,3 +153,78 @@ def test_a_dead_rail_only_nic_cuts_its_server_off_its_rail():
         else:
             path = routing.route(topo, "shortest", flow, failed=failed)
             assert fake.trace_hops(flow) == (path, routing.directed_links(topo, path))
+
+
+# ------------------------------------------------------------------ collectives on rails
+RAIL_64 = "rail:rails=8,hosts_per_rail=8,spines=4,servers=8,accels_per_server=8,nics_per_server=8"
+RAILONLY_4 = "railonly:rails=4,hosts_per_rail=4,servers=4,accels_per_server=4,nics_per_server=4"
+
+
+def _links_of_every_step(sched, topo, policy):
+    per: dict[int, list[tuple[str, int]]] = {}
+    for t in cost.transfers(sched, topo, policy):
+        per.setdefault(t.step, []).extend(routing.directed_links(topo, t.path))
+    return per
+
+
+@pytest.mark.parametrize("spec,policy", [(RAIL_64, "ecmp"), (RAILONLY_4, "shortest"), (RAIL_SERVERS, "dmodk")])
+def test_halving_doubling_over_rails_is_contention_free(spec, policy):
+    # hdrm on servers is the identity: partners in other servers share their local index, so their NICs a rail
+    topo = topology.build(spec)
+    sched = generate("hdrm", topo, 1 << 20)
+    assert execute(sched).valid
+    for step, links in _links_of_every_step(sched, topo, policy).items():
+        assert max(Counter(links).values()) == 1, step
+        assert not any(topo.is_switch(node) and topo.switch(node).role == "spine" for node, _ in links)
+
+
+@pytest.mark.parametrize("spec,policy", [(RAIL_64, "ecmp"), (RAILONLY_4, "shortest")])
+def test_the_rail_placement_keeps_a_ring_on_one_rail_between_servers(spec, policy):
+    topo = topology.build(spec)
+    ring = generate("ring", topo, 1 << 20, placement="rail")
+    assert execute(ring).valid
+    inter = [t for t in cost.transfers(ring, topo, policy) if not topo.same_server(t.src_host, t.dst_host)]
+    assert inter and all(topo.nic_slot(t.src_host)[0] == topo.nic_slot(t.dst_host)[0] for t in inter)
+    assert all(len(t.path) == 5 for t in inter)  # accelerator, its server's switch, the rail, the other's, accelerator
+    # the identity ring leaves a server by its last accelerator and enters the next by its first: another rail
+    plain = generate("ring", topo, 1 << 20)
+    assert any(topo.nic_slot(t.src_host)[0] != topo.nic_slot(t.dst_host)[0]
+               for t in cost.transfers(plain, topo, policy) if not topo.same_server(t.src_host, t.dst_host))
+
+
+def test_with_an_odd_number_of_servers_only_the_hop_that_closes_the_ring_changes_rails():
+    topo = topology.build(RAILONLY)  # 3 servers, 12 ranks
+    ring = generate("ring", topo, 48 << 10, placement="rail")
+    changes = [(t.src_host, t.dst_host) for t in cost.transfers(ring, topo, "shortest")
+               if topo.nic_slot(t.src_host)[0] != topo.nic_slot(t.dst_host)[0]
+               and not topo.same_server(t.src_host, t.dst_host)]
+    assert set(changes) == {(ring.hosts[-1], ring.hosts[0])}
+
+
+def test_the_rail_placement_needs_servers():
+    with pytest.raises(FieldError, match="field 'placement'.*servers"):
+        generate("ring", topology.build(RAIL), 1 << 20, placement="rail")
+
+
+@pytest.mark.parametrize("servers,accels", [(2, 2), (3, 4), (4, 8), (2, 3), (1, 4)])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_hierarchical_reduce_scatter_and_allgather_are_proved_and_cross_servers_on_a_rail_once(servers, accels,
+                                                                                             collective):
+    spec = (f"rail:rails={accels},hosts_per_rail={servers},spines=1,servers={servers},accels_per_server={accels},"
+            f"nics_per_server={accels}")
+    topo = topology.build(spec)
+    p = servers * accels
+    size = p * 4 * 16
+    for placement in ("identity", "random", "rail"):
+        sched = generate("hier", topo, size, placement=placement, seed=5, collective=collective)
+        assert execute(sched).valid, placement
+    sched = generate("hier", topo, size, collective=collective)
+    sent_inside, sent_across = Counter(), Counter()
+    for t in cost.transfers(sched, topo, "ecmp"):
+        (sent_inside if topo.same_server(t.src_host, t.dst_host) else sent_across)[t.src_host] += t.bytes
+        if not topo.same_server(t.src_host, t.dst_host):
+            assert topo.nic_slot(t.src_host)[0] == topo.nic_slot(t.dst_host)[0]  # on one rail
+    block = size / p
+    # NCCL's two-level volumes: (A-1)·S blocks inside a server, (S-1) blocks across servers, per rank
+    assert all(sent_inside[h.name] == (accels - 1) * servers * block for h in topo.hosts)
+    assert all(sent_across[h.name] == (servers - 1) * block for h in topo.hosts)

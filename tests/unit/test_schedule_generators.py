@@ -333,9 +333,9 @@ def test_rooted_trees_cover_the_other_ranks_with_height_log2_p_minus_1():
     ("alltoall", "hd", "halving-doubling has no alltoall"),
     ("alltoall", "hdrm", "halving-doubling has no alltoall"),
     ("alltoall", "ring", "no store-and-forward ring"),
-    ("allgather", "dbtree", "one of ring, hd, hdrm, direct for allgather"),
+    ("allgather", "dbtree", "one of ring, hd, hdrm, direct, hier for allgather"),
     ("broadcast", "direct", "one of ring, dbtree, hd, hdrm for broadcast"),
-    ("reduce_scatter", "hier", "for reduce_scatter"),
+    ("broadcast", "hier", "for broadcast"),
 ])
 def test_undefined_algorithms_are_refused_naming_the_allowed_ones(collective, algo, needle):
     with pytest.raises(FieldError, match="field 'algo'") as err:

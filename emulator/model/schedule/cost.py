@@ -374,7 +374,7 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
 
 def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
                        *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
-                       frame: float = 0.0, acks: bool = False) -> float:
+                       frame: float = 0.0, acks: bool = False, groups: int = 1) -> float:
     """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
 
     ``n`` is nccl-tests' size of the collective (each rank's ``data``
@@ -390,9 +390,9 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     collective             algo                time
     =====================  ==================  ============================================================
     allreduce              ring, hd, hdrm, rd  :func:`allreduce_formula`
-    reduce_scatter         ring, direct        ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
+    reduce_scatter         ring, direct, hier  ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
     reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
-    allgather              ring, direct        ``(p-1)·m(n/p)``
+    allgather              ring, direct, hier  ``(p-1)·m(n/p)``
     allgather              hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta``
     alltoall               direct              ``(p-1)·m(n/p)``
     broadcast, reduce      ring                ``(C+p-2)·m(n/C)`` (+ ``(C+p-2)·n/C·gamma`` for reduce)
@@ -401,7 +401,11 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     =====================  ==================  ============================================================
 
     ``C`` is the schedule's ``chunks`` (required for ``ring`` and
-    ``dbtree`` broadcast and reduce). These are what the alpha-beta step
+    ``dbtree`` broadcast and reduce). ``hier`` reduce-scatter and all-gather
+    have the ring's form over one group (``groups`` = 1) or groups of one
+    rank (``groups`` = ``p``), where they are a ring; over several groups of
+    several ranks they have none here (two link rates, and ``groups``
+    messages per rank and step inside a group). These are what the alpha-beta step
     model of :func:`analyze` sums to where no link is shared. The tree's
     reductions have no closed form here (a rank may add several messages in
     one step): ``gamma`` must be 0 for ``dbtree`` reduce. Raises
@@ -417,7 +421,10 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
                                  frame=frame, acks=acks)
     reduce = (p - 1) / p * n * gamma if collective in (REDUCE_SCATTER, REDUCE_TO_ROOT) else 0.0
     if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
-        if algo == "ring" and collective != ALLTOALL:
+        if algo == "hier" and collective != ALLTOALL and groups not in (1, p):
+            raise ValueError(f"no closed form for hier {collective} over {groups} groups (only over one group, "
+                             "or groups of one rank, where it is a ring)")
+        if algo in ("ring", "hier") and collective != ALLTOALL:
             return rendezvous + (p - 1) * message(n / p) + reduce
         reduces = collective == REDUCE_SCATTER
         if algo == "direct":

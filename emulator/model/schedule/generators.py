@@ -63,12 +63,21 @@ The other collectives, with ``k = chunks / p`` chunks per rank's block
     ``p`` only. ``direct``: pairwise, ``p-1`` lockstep steps; in step ``s``
     rank ``r`` sends block ``r+s`` to rank ``r+s`` and adds in block ``r``
     from rank ``r-s`` (mod ``p``), so every rank sends and receives one
-    message per step.
+    message per step. ``hier``: two levels over the groups of ``hier``
+    (:func:`hier_groups`: a server's accelerators), as NCCL runs them on
+    servers with rails: a ring reduce-scatter inside every group in which
+    local rank ``j`` collects the blocks of every group's ``j``-th rank (one
+    message per block, ``S`` of them per step), then a ring reduce-scatter
+    across the groups among the ``j``-th ranks, each keeping its own block.
+    Per rank ``(g-1)·S`` blocks inside its group and ``S-1`` across groups
+    (on rail fabrics, on its own rail); ``(g-1) + (S-1)`` steps.
 ``allgather`` (in place, NCCL's layout: rank ``r``'s input is block ``r`` of ``data``)
     ``ring``: ``p-1`` steps around the ring. ``hd``/``hdrm``: recursive
     doubling, ``log2 p`` steps, the first pairing neighbours (ranks differing
     in bit 0), power-of-two ``p`` only. ``direct``: pairwise, step ``s``
-    sends rank ``r``'s block to rank ``r+s``.
+    sends rank ``r``'s block to rank ``r+s``. ``hier``: the reduce-scatter's
+    mirror, across groups first (every ``j``-th rank gathers the blocks of
+    the other ``j``-th ranks), then inside every group.
 ``alltoall`` (out of place: ``output`` has as many chunks as ``data``)
     ``direct`` only: a local copy of the rank's own block, then ``p-1``
     lockstep steps, step ``s`` sending ``data`` block ``r+s`` to rank ``r+s``
@@ -95,7 +104,11 @@ The other collectives, with ``k = chunks / p`` chunks per rank's block
 Placements: ``identity`` (rank ``r`` on host ``h(r+1)``; with servers
 accelerators are numbered server by server), ``random`` (a seeded
 permutation), ``hdrm`` (BiGraph without servers; any fabric with servers, see
-``hdrm`` above). ``hdrm`` is ``hd`` with the ``hdrm`` placement for every
+``hdrm`` above: on the fabrics with rails and one NIC per rail, partners in
+other servers share a local index and so a rail, and every step is
+contention-free), ``rail`` (servers only: each odd server's accelerators in
+reverse, so that a ring goes from server to server on one rail,
+:func:`rail_placement`). ``hdrm`` is ``hd`` with the ``hdrm`` placement for every
 collective that has ``hd``: each of their steps pairs ranks that differ in
 one bit, as the allreduce's do (or a subset of such pairs).
 
@@ -140,7 +153,7 @@ from emulator.model.topology import build as build_topology
 
 #: Allreduce's algorithms (experiments and the benchmark choose among these).
 ALGORITHMS = ("ring", "hd", "hdrm", "dbtree", "hier", "rd")
-PLACEMENTS = ("identity", "random", "hdrm")
+PLACEMENTS = ("identity", "random", "hdrm", "rail")
 DBTREE_DEFAULT_CHUNKS = 8
 #: Pieces a pipelined broadcast or reduce (``ring``, ``dbtree``) cuts the buffer into by default.
 PIPELINE_DEFAULT_CHUNKS = 8
@@ -178,6 +191,24 @@ def hdrm_placement(topo: Topology) -> list[str]:
     return [topo.hosts[slot].name for slot in hdrm_slot_order(upper, m)]
 
 
+def rail_placement(topo: Topology) -> list[str]:
+    """Hosts for ranks ``0..p-1`` so that a ring crosses between servers on one rail: the servers in order,
+    the accelerators of every even server in order and those of every odd server in reverse.
+
+    A ring then enters and leaves every server by the same local index, ``0`` or ``A-1`` (with the rail NIC
+    placement: the same rail), as NCCL's rings do: each hop between servers joins two NICs on one leaf, and
+    no ring traffic crosses a spine, or on a rail-only fabric changes rails. With an odd number of servers
+    the hop that closes the ring joins local ``A-1`` to ``0``. Needs servers.
+    """
+    if not topo.has_servers:
+        raise FieldError(WHERE, "placement", "a topology with servers for the rail placement (it orders each "
+                         "server's accelerators)", topo.spec)
+    out: list[str] = []
+    for s, accels in enumerate(topo.servers()):
+        out += accels if s % 2 == 0 else accels[::-1]
+    return out
+
+
 def placement_hosts(topo: Topology, placement: str, seed: int = 0) -> list[str]:
     """Hosts of ranks ``0..p-1`` (``p`` = every host of ``topo``) under ``placement``."""
     if placement == "identity":
@@ -188,6 +219,8 @@ def placement_hosts(topo: Topology, placement: str, seed: int = 0) -> list[str]:
         return hosts
     if placement == "hdrm":
         return hdrm_placement(topo)
+    if placement == "rail":
+        return rail_placement(topo)
     raise FieldError(WHERE, "placement", f"one of {', '.join(PLACEMENTS)}", placement)
 
 
@@ -305,6 +338,23 @@ def ring_all_gather(b: Builder, members: list[int], lo: int, bs: int, step0: int
         for i in range(m):
             blk = (i + 1 - k) % m
             b.xfer(members[i], members[(i + 1) % m], lo + blk * bs, bs, step0 + k, reduce=False)
+    return m - 1
+
+
+def ring_pieces(b: Builder, members: list[int], blocks: list[list[int]], unit: int, step0: int,
+                reduce: bool) -> int:
+    """A ring reduce-scatter (``reduce``) or all-gather over blocks made of pieces: block ``k`` is the
+    ``unit``-chunk pieces starting at the chunks ``blocks[k]``, sent as one message each, in one step.
+
+    Member ``i`` ends the reduce-scatter holding block ``(i+1) % m`` reduced, and starts the all-gather
+    holding that block, as :func:`ring_reduce_scatter` and :func:`ring_all_gather`. Returns the steps used.
+    """
+    m = len(members)
+    for k in range(m - 1):
+        for i in range(m):
+            blk = (i - k) % m if reduce else (i + 1 - k) % m
+            for start in blocks[blk]:
+                b.xfer(members[i], members[(i + 1) % m], start, unit, step0 + k, reduce=reduce)
     return m - 1
 
 
@@ -591,17 +641,65 @@ def _allreduce_dbtree(pl: Plan) -> None:
                     b.xfer(parent[v], v, chunk, 1, c + top + depth[v] - 1, reduce=False)
 
 
-def _allreduce_hier(pl: Plan) -> None:
-    b, topo, hosts, unit = pl.b, pl.topo, pl.hosts, pl.unit
+def hier_groups(topo: Topology, hosts: list[str]) -> list[list[int]]:
+    """The ranks of every group of ``hier``, by switch: with servers the accelerators of one server, without
+    the hosts of one fabric switch; groups in switch order, ranks in rank order. :class:`FieldError` unless
+    every group has as many ranks."""
     servers: dict[str, list[int]] = {}
     for r, h in enumerate(hosts):
         servers.setdefault(topo.host(h).switch, []).append(r)
     groups = [servers[s.name] for s in topo.switches if s.name in servers]
-    sizes = {len(g) for g in groups}
-    if len(sizes) != 1:
+    if len({len(g) for g in groups}) != 1:
         raise FieldError(WHERE, "topology", "the same number of hosts on every host-bearing switch for hier",
                          topo.spec)
-    g, n_servers = sizes.pop(), len(groups)
+    return groups
+
+
+def _rotated(members: list[int]) -> list[int]:
+    """``members`` one place on: in a ring reduce-scatter member ``i`` ends with block ``(i+1) % m``, so member
+    ``k`` of ``members`` ends with block ``k``."""
+    return members[1:] + members[:1]
+
+
+def _hier_blocks(groups: list[list[int]], unit: int) -> tuple[list[list[int]], list[list[list[int]]]]:
+    """For a hierarchical reduce-scatter or all-gather in NCCL's layout (rank ``r``'s block is chunks
+    ``r·unit..``): inside a group, local rank ``j``'s block is the pieces of every group's ``j``-th rank; across
+    groups, among the ``j``-th ranks, rank ``r``'s block is its own piece."""
+    g = len(groups[0])
+    inside = [[grp[j] * unit for grp in groups] for j in range(g)]
+    across = [[[grp[j] * unit] for grp in groups] for j in range(g)]
+    return inside, across
+
+
+def _reduce_scatter_hier(pl: Plan) -> None:
+    groups = hier_groups(pl.topo, pl.hosts)
+    inside, across = _hier_blocks(groups, pl.unit)
+    steps = 0
+    if len(groups[0]) > 1:
+        for grp in groups:
+            steps = ring_pieces(pl.b, _rotated(grp), inside, pl.unit, 0, reduce=True)
+    if len(groups) > 1:
+        for j in range(len(groups[0])):
+            ring_pieces(pl.b, _rotated([grp[j] for grp in groups]), across[j], pl.unit, steps, reduce=True)
+
+
+def _allgather_hier(pl: Plan) -> None:
+    groups = hier_groups(pl.topo, pl.hosts)
+    inside, across = _hier_blocks(groups, pl.unit)
+    steps = 0
+    if len(groups) > 1:
+        for j in range(len(groups[0])):
+            steps = ring_pieces(pl.b, _rotated([grp[j] for grp in groups]), across[j], pl.unit, 0,
+                                reduce=False)
+    if len(groups[0]) > 1:
+        for grp in groups:
+            ring_pieces(pl.b, _rotated(grp), inside, pl.unit, steps, reduce=False)
+
+
+def _allreduce_hier(pl: Plan) -> None:
+    b, unit = pl.b, pl.unit
+    groups = hier_groups(pl.topo, pl.hosts)
+    g, n_servers = len(groups[0]), len(groups)
     bs = n_servers * unit  # one block per local rank, made of one sub-block per server
     step = 0
     if g > 1:
@@ -720,12 +818,14 @@ RECIPES: dict[tuple[str, str], Recipe] = {
         ("ring", Recipe(_reduce_scatter_ring, _p)),
         ("hd", Recipe(_reduce_scatter_hd, _p, lockstep=True, power_of_two=True)),
         ("hdrm", Recipe(_reduce_scatter_hd, _p, lockstep=True, power_of_two=True)),
-        ("direct", Recipe(_reduce_scatter_direct, _p, lockstep=True)))},
+        ("direct", Recipe(_reduce_scatter_direct, _p, lockstep=True)),
+        ("hier", Recipe(_reduce_scatter_hier, _p)))},
     **{(ALLGATHER, a): r for a, r in (
         ("ring", Recipe(_allgather_ring, _p)),
         ("hd", Recipe(_allgather_hd, _p, lockstep=True, power_of_two=True)),
         ("hdrm", Recipe(_allgather_hd, _p, lockstep=True, power_of_two=True)),
-        ("direct", Recipe(_allgather_direct, _p, lockstep=True)))},
+        ("direct", Recipe(_allgather_direct, _p, lockstep=True)),
+        ("hier", Recipe(_allgather_hier, _p)))},
     (ALLTOALL, "direct"): Recipe(_alltoall_direct, _p, lockstep=True),
     **{(BROADCAST, a): r for a, r in (
         ("ring", Recipe(_broadcast_ring, _one, PIPELINE_DEFAULT_CHUNKS, why="pipeline pieces")),
