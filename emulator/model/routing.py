@@ -31,8 +31,9 @@ How a path is built
     the server's switch holds one destination entry per such receiver) and
     arrives by the receiver's pinned NIC. On ``dualplane`` a host's slot is
     its NIC's own switch: paths start and end there and never cross another
-    (a NIC does not forward between planes; :meth:`_Reach.transit`). ``failed`` links are node pairs, so when a server has
-    several NICs on one fabric switch their parallel links fail together.
+    (a NIC does not forward between planes; :meth:`_Reach.transit`).
+    ``failed`` links are node pairs, so when a server has several NICs on
+    one fabric switch their parallel links fail together.
 
 The policies below read a host's *slot* where they read its switch, port or
 number: for a host without servers that is its own switch, ``switch_port - 1``
@@ -281,7 +282,7 @@ class _Reach:
         self.fabric = nx.restricted_view(topo.fabric_graph, [], hidden) if hidden else topo.fabric_graph
         self._dist: dict[str, dict[str, int]] = {}
         self._access: dict[str, list[str] | None] = {}
-        self._nics = frozenset(s.name for s in topo.switches if s.role == NIC_ROLE)
+        self.nic_switches = frozenset(s.name for s in topo.switches if s.role == NIC_ROLE)
 
     def up(self, a: str, b: str) -> bool:
         return frozenset((a, b)) not in self.failed
@@ -304,7 +305,7 @@ class _Reach:
     def transit(self, node: str, target: str) -> bool:
         """Whether a path towards ``target`` may cross fabric switch ``node``: not a dual-plane NIC's switch
         (a NIC does not forward from one plane to the other)."""
-        return node == target or node not in self._nics
+        return node == target or node not in self.nic_switches
 
     def dist(self, target: str) -> dict[str, int]:
         """Fabric hops from every fabric switch that still reaches fabric switch ``target`` (crossing only
@@ -570,7 +571,7 @@ def switch_links_of(path: list[str]) -> list[tuple[str, str]]:
 def cut_pairs(topo: Topology, failed: Iterable[frozenset[str]]) -> list[tuple[str, str]]:
     """Ordered host pairs with no path left when ``failed`` links are down (pinned NICs only, with servers)."""
     reach = _Reach(topo, failed)
-    if topo.rail_only or reach._nics:  # the way out depends on the receiver, or some switches are not transit
+    if topo.rail_only or reach.nic_switches:  # the way out depends on the receiver, or some switches are no transit
         return [(s, d) for s, d in all_host_pairs(topo) if not reach.reachable(s, d)]
     component = {node: i for i, part in enumerate(nx.connected_components(reach.fabric)) for node in part}
     where = {}
