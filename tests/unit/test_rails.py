@@ -4,6 +4,7 @@ traffic changes rails inside the sending server)."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
@@ -228,3 +229,11 @@ def test_hierarchical_reduce_scatter_and_allgather_are_proved_and_cross_servers_
     # NCCL's two-level volumes: (A-1)·S blocks inside a server, (S-1) blocks across servers, per rank
     assert all(sent_inside[h.name] == (accels - 1) * servers * block for h in topo.hosts)
     assert all(sent_across[h.name] == (servers - 1) * block for h in topo.hosts)
+
+
+@pytest.mark.parametrize("spec", [RAIL, RAIL_SERVERS, DUAL, RAILONLY])
+def test_rail_fabrics_round_trip_through_their_json_export(spec, tmp_path):
+    topo = topology.build(spec)
+    path = tmp_path / "topo.json"
+    path.write_text(json.dumps(topo.to_json()))
+    assert topology.load(str(path)) == topo
