@@ -21,7 +21,7 @@ from emulator.model.schedule.cost import (
 )
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import compute_op, match_transfers, validate, with_ops
-from emulator.model.schedule.generators import RECIPES, generate
+from emulator.model.schedule.generators import RECIPES, generate, hier_groups
 from emulator.model.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 
@@ -163,7 +163,8 @@ def _formula(sched, topo, model, switches=1, gamma=0.0, acks=False):
     """The closed form: the step model's sum, or with ``acks`` the timing model's time."""
     return collective_formula(sched.collective, sched.algorithm, sched.p, sched.size, model.profile.alpha_s,
                               _beta(topo), gamma, chunks=sched.chunks, switches=switches,
-                              switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes(), acks=acks)
+                              switch_latency=model.profile.switch_latency_s, frame=tcp_payload_bytes(), acks=acks,
+                              groups=len(hier_groups(topo, sched.hosts)))
 
 
 @pytest.mark.parametrize(("collective", "algo", "p"), FORMULA_CASES)

@@ -374,7 +374,7 @@ def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, ga
 
 def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
                        *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
-                       frame: float = 0.0, acks: bool = False, groups: int = 1) -> float:
+                       frame: float = 0.0, acks: bool = False, groups: int | None = None) -> float:
     """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
 
     ``n`` is nccl-tests' size of the collective (each rank's ``data``
@@ -405,7 +405,8 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     have the ring's form over one group (``groups`` = 1) or groups of one
     rank (``groups`` = ``p``), where they are a ring; over several groups of
     several ranks they have none here (two link rates, and ``groups``
-    messages per rank and step inside a group). These are what the alpha-beta step
+    messages per rank and step inside a group). ``groups`` must be given
+    for ``hier``: it is not in the other arguments. These are what the alpha-beta step
     model of :func:`analyze` sums to where no link is shared. The tree's
     reductions have no closed form here (a rank may add several messages in
     one step): ``gamma`` must be 0 for ``dbtree`` reduce. Raises
@@ -423,7 +424,7 @@ def collective_formula(collective: str, algo: str, p: int, n: float, alpha: floa
     if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
         if algo == "hier" and collective != ALLTOALL and groups not in (1, p):
             raise ValueError(f"no closed form for hier {collective} over {groups} groups (only over one group, "
-                             "or groups of one rank, where it is a ring)")
+                             "or groups of one rank, where it is a ring: say how many with groups=)")
         if algo in ("ring", "hier") and collective != ALLTOALL:
             return rendezvous + (p - 1) * message(n / p) + reduce
         reduces = collective == REDUCE_SCATTER

@@ -148,15 +148,21 @@ _FATTREE = TopologyKind(
 
 
 # ------------------------------------------------------------------ leaf-spine
-def _build_leafspine(b: FabricBuilder, p: Mapping[str, Any]) -> None:
-    leaves = [b.add_switch("leaf") for _ in range(p["leaves"])]
-    spines = [b.add_switch("spine") for _ in range(p["spines"])]
-    for leaf in leaves:
-        for _ in range(p["hosts_per_leaf"]):
+def _leaf_spine(b: FabricBuilder, leaves: int, spines: int, hosts_per_leaf: int) -> None:
+    """``leaves`` leaves, then ``spines`` spines; ``hosts_per_leaf`` slots on every leaf, leaf by leaf; every
+    leaf linked to every spine. Leaf-spine, and the rail fabrics (a rail is a leaf; rail-only has no spines)."""
+    leaf_names = [b.add_switch("leaf") for _ in range(leaves)]
+    spine_names = [b.add_switch("spine") for _ in range(spines)]
+    for leaf in leaf_names:
+        for _ in range(hosts_per_leaf):
             b.add_slot(leaf)
-    for leaf in leaves:
-        for spine in spines:
+    for leaf in leaf_names:
+        for spine in spine_names:
             b.connect(leaf, spine)
+
+
+def _build_leafspine(b: FabricBuilder, p: Mapping[str, Any]) -> None:
+    _leaf_spine(b, p["leaves"], p["spines"], p["hosts_per_leaf"])
 
 
 def _bisect_leafspine(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
@@ -170,20 +176,8 @@ _LEAFSPINE = TopologyKind(
 
 
 # ------------------------------------------------------------------ rail-optimized
-def _rail_slots(b: FabricBuilder, p: Mapping[str, Any], bearers: list[str]) -> None:
-    """``hosts_per_rail`` slots on each of the rails' host-bearing switches, rail by rail."""
-    for sw in bearers:
-        for _ in range(p["hosts_per_rail"]):
-            b.add_slot(sw)
-
-
 def _build_rail(b: FabricBuilder, p: Mapping[str, Any]) -> None:
-    rails = [b.add_switch("leaf") for _ in range(p["rails"])]
-    spines = [b.add_switch("spine") for _ in range(p["spines"])]
-    _rail_slots(b, p, rails)
-    for leaf in rails:
-        for spine in spines:
-            b.connect(leaf, spine)
+    _leaf_spine(b, p["rails"], p["spines"], p["hosts_per_rail"])
 
 
 def _bisect_rail(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
@@ -245,7 +239,7 @@ _DUALPLANE = TopologyKind(
 
 # ------------------------------------------------------------------ rail-only
 def _build_railonly(b: FabricBuilder, p: Mapping[str, Any]) -> None:
-    _rail_slots(b, p, [b.add_switch("leaf") for _ in range(p["rails"])])
+    _leaf_spine(b, p["rails"], 0, p["hosts_per_rail"])
 
 
 _RAILONLY = TopologyKind(
