@@ -23,6 +23,12 @@ Started by :mod:`emulator.emulation.replay` (through :mod:`emulator.emulation.ag
    ``CLOCK_MONOTONIC`` (shared by all namespaces), checks that its buffers
    hold the collective's result, and reports ``done`` with its timings.
 
+Where the topology gives servers an accelerator interconnect (``domain_bw``),
+the connections to ranks of the same server are Unix sockets instead, and
+their transfers are timed by the interconnect's arbiter rather than by links
+(:mod:`emulator.emulation.domain`): the same protocol, the same latency rule,
+each send complete when the arbiter says its bytes are through.
+
 The parts: :mod:`emulator.emulation.peer` owns the data connections (set-up, framing,
 delivery tracking); :class:`~emulator.model.schedule.dispatch.Dispatcher` decides
 which operation may run when (the rules the schedule checker proves
@@ -71,6 +77,7 @@ from typing import Any
 from emulator.base.files import read_json
 from emulator.emulation import confinement
 from emulator.emulation.agent_protocol import AgentChannel, Msg
+from emulator.emulation.domain import DomainPlan, DomainSendChannel, open_domain_channels
 from emulator.emulation.peer import (
     Channels,
     ConnectionPlan,
@@ -204,7 +211,7 @@ class _Sender:
     queueing delay into every ring step.)
     """
 
-    def __init__(self, channel: SendChannel, latency: PathLatency, buffers: RankBuffers, run: _Repetition):
+    def __init__(self, channel: SendEnd, latency: PathLatency, buffers: RankBuffers, run: _Repetition):
         self.channel = channel
         self.latency = latency
         self.buffers = buffers
@@ -243,6 +250,11 @@ class _Sender:
         deadline = t_v + lat.sleep_s + lat.unshaped_s(op.bytes)
         self.channel.sleep_until(deadline, self._delivered)
         sent = time.monotonic()
+        if isinstance(self.channel, DomainSendChannel):  # timed by the interconnect's arbiter: done when through
+            drained = self.channel.transfer(rep, op.step, payload, sent)
+            self.run.send_timings[op.id] = SendTiming(clear.posted_at, cleared, sent, max(0.0, sent - deadline))
+            self.run.events.put(Completed(op.id, t_v, drained))
+            return
         self.channel.send(rep, op.step, payload)
         # late: beyond the deadline, and beyond the previous message's sendall, which it follows anyway
         late = max(0.0, sent - max(deadline, self.written_at))
@@ -255,15 +267,21 @@ class _Sender:
             self.run.events.put(Completed(op.id, t_v, self.written_at))
 
 
+#: A send connection: over the fabric (TCP) or over the server's interconnect (timed).
+SendEnd = SendChannel | DomainSendChannel
+
+
 class Agent:
     """Executes one rank's program; see the module docstring."""
 
     def __init__(self, schedule: Schedule, topo: topology.Topology, rank: int,
                  ip_of: dict[str, str] | None = None, latency: dict[int, PathLatency] | None = None,
-                 compute_dilation: float = 1.0):
+                 compute_dilation: float = 1.0, domain_dir: str | None = None):
         """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback);
         ``latency`` the latency terms of the path to each rank this one sends to (default: none);
-        ``compute_dilation`` what a compute operation's seconds are multiplied by (the fabric's dilation)."""
+        ``compute_dilation`` what a compute operation's seconds are multiplied by (the fabric's dilation);
+        ``domain_dir`` where the server's interconnect sockets are (:mod:`emulator.emulation.domain`; needed
+        when the topology has one and this rank talks to another of its server)."""
         self.schedule = schedule
         self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
         self.topo = topo
@@ -277,6 +295,13 @@ class Agent:
                                  if op.kind in (RECV, RECV_REDUCE)})
         self.send_peers = sorted({key.peer for key in self.send_keys})
         self.recv_peers = sorted({key.peer for key in self.recv_keys})
+        me = self.program.host
+        self.domain_keys = {key for key in [*self.send_keys, *self.recv_keys]
+                            if topo.over_domain(me, schedule.ranks[key.peer].host)}
+        if self.domain_keys and domain_dir is None:
+            raise AgentError(f"rank {rank} talks to {min(self.domain_keys).describe()} over its server's "
+                             "interconnect, but has no --domain directory")
+        self.domain_dir = domain_dir
         self.latency = {peer: (latency or {}).get(peer, ZERO) for peer in self.send_peers}
         self.link_bps = topo.host_bw * 1e6
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
@@ -296,6 +321,8 @@ class Agent:
         me = self.host_of(self.rank)
         routes = []
         for key in self.send_keys:
+            if key in self.domain_keys:
+                continue
             dst = self.host_of(key.peer)
             try:
                 flow = routing.agent_flow(self.topo, me.name, dst.name, key.lane)
@@ -303,13 +330,27 @@ class Agent:
                 raise AgentError(f"connection to {key.describe()}: {exc}") from None
             routes.append(Route(key, self.ip(key.peer), flow.sport, flow.dport,
                                 f"{key.describe()} ({dst.name} {self.ip(key.peer)})"))
-        return ConnectionPlan(self.rank, self.ip(self.rank), routing.AGENT_LISTEN_PORT, tuple(self.recv_keys),
+        receive = tuple(key for key in self.recv_keys if key not in self.domain_keys)
+        return ConnectionPlan(self.rank, self.ip(self.rank), routing.AGENT_LISTEN_PORT, receive,
                               tuple(routes), self.rcvbuf, self.link_bps)
 
+    def domain_plan(self) -> DomainPlan:
+        """This rank's connections over its server's interconnect."""
+        assert self.domain_dir is not None
+        return DomainPlan(self.rank, self.domain_dir, self.host_of(self.rank).index,
+                          tuple(key for key in self.recv_keys if key in self.domain_keys),
+                          tuple((key, self.host_of(key.peer).index) for key in self.send_keys
+                                if key in self.domain_keys))
+
     def connect(self, timeout_s: float = 30.0) -> None:
-        """Open every data connection: listen for our receive peers, connect to our send peers."""
+        """Open every data connection: listen for our receive peers, connect to our send peers (over the
+        fabric, and over the server's interconnect where the topology has one)."""
         try:
             self.channels = open_channels(self.connection_plan(), timeout_s)
+            if self.domain_keys:
+                timed = open_domain_channels(self.domain_plan(), timeout_s)
+                self.channels.send.update(timed.send)
+                self.channels.receive.update(timed.receive)
         except PeerError as exc:
             raise AgentError(str(exc)) from None
 
@@ -422,7 +463,8 @@ class Agent:
             run.events.put(Completed(op.id, start, end))
 
     def _receive_worker(self, channel: RecvChannel, run: _Repetition) -> None:
-        """The worker thread of one receive connection: its messages in order, each reported as it completes."""
+        """The worker thread of one receive connection: its messages in order, each reported as it completes
+        (a timed one as of when its bytes were through, as its send: :mod:`emulator.emulation.domain`)."""
         staging = Staging()
         while (ready := run.receives[channel.key].get()) is not None:
             op = ready.op  # a receive's time runs from its posting
@@ -430,7 +472,8 @@ class Agent:
                 arrived = self._receive(channel, op, run.rep, staging)
                 if arrived is not None:
                     run.arrivals[op.id] = arrived
-                run.events.put(Completed(op.id, ready.at, time.monotonic()))
+                end = arrived if channel.timed and arrived is not None else time.monotonic()
+                run.events.put(Completed(op.id, ready.at, end))
             except BaseException as exc:
                 error = AgentError(f"{op.describe()}: {describe_exception(exc)}")
                 error.__cause__ = exc
@@ -489,6 +532,8 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--control", required=True)
     parser.add_argument("--log", required=True)
     parser.add_argument("--latency", default=None, help="latency plan (JSON, see load_latency_plan)")
+    parser.add_argument("--domain", default=None, help="the folder of the servers' interconnect sockets "
+                        "(emulator.emulation.domain)")
     return parser.parse_args(argv)
 
 
@@ -535,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         schedule = sformat.load(args.schedule)  # this rank's view, of a schedule the replay validated whole
         topo = topology.load(args.topology)
         timing = load_latency_plan(args.latency, args.rank)
-        agent = Agent(schedule, topo, args.rank, latency=timing.latency, compute_dilation=timing.compute_dilation)
+        agent = Agent(schedule, topo, args.rank, latency=timing.latency, compute_dilation=timing.compute_dilation,
+                      domain_dir=args.domain)
         _serve(control, agent)
         return 0
     except BaseException as exc:

@@ -284,5 +284,5 @@ def switch_egress_bytes(before: Snapshot, after: Snapshot) -> int:
 
 
 def datapath_bytes(transfers: Sequence[Any]) -> int:
-    """Bytes times switches traversed, summed over transfers (``cost.Transfer`` objects)."""
-    return sum(t.bytes * (len(t.path) - 2) for t in transfers)
+    """Bytes times switches of the datapath traversed, summed over transfers (``cost.Transfer`` objects)."""
+    return sum(t.bytes * t.datapath_switches for t in transfers)

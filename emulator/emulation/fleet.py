@@ -105,12 +105,13 @@ class AgentFiles:
     topology: str
     latency: str  # the latency plan (emulator.emulation.agent.latency_plan)
     logs: str  # the folder of rank-R.log and rank-R.stderr
+    domain: str | None = None  # the folder of the servers' interconnect sockets (emulator.emulation.domain)
 
     def argv(self, rank: int, control: str) -> list[str]:
         """The agent's command line (:func:`emulator.emulation.agent.main`)."""
         return ["--schedule", self.schedule_of(rank), "--topology", self.topology, "--rank", str(rank),
                 "--control", control, "--log", os.path.join(self.logs, f"rank-{rank}.log"), "--latency",
-                self.latency]
+                self.latency, *(["--domain", self.domain] if self.domain is not None else [])]
 
     def write_schedule(self, schedule: Schedule) -> None:
         """The whole schedule (for the record) and every rank's view of it (what its agent reads)."""

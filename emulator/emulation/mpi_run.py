@@ -148,6 +148,9 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
     resolved = resolve_program(cfg.program[0] if cfg.program else "", own_bin=own_bin())
     profile = cfg.fabric
     topo = topology.load(cfg.topology, profile.emulated_link_mbps)
+    if topo.has_domain:
+        raise FieldError(WHERE, "topology", "a spec without domain_bw (an MPI program's ranks of one server talk "
+                         "through the server's switch; the interconnect is for replays)", topo.spec)
     routing.check_policy(topo, cfg.routing)
     hosts = rank_hosts(topo, cfg.placement, cfg.np, cfg.seed)
     if len(hosts) < 2:

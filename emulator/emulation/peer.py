@@ -39,10 +39,13 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from emulator.base.waiting import wait_until
 from emulator.model.schedule.format import Op
+
+if TYPE_CHECKING:
+    from emulator.emulation.domain import DomainSendChannel
 
 HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
 HELLO = struct.Struct("!II")  # sender rank and lane, first thing on a data connection
@@ -278,6 +281,8 @@ class SendChannel:
     polling delivery and reports each acknowledged watched send through it.
     """
 
+    timed = False  # its transfers take what the links give them (emulator.emulation.domain's are timed)
+
     def __init__(self, sock: socket.socket, key: ConnKey, link_bps: float):
         self.sock = sock
         self.key = key
@@ -346,12 +351,15 @@ class RecvChannel:
     agent's own lag (:mod:`emulator.emulation.fidelity`).
     """
 
-    def __init__(self, sock: socket.socket, key: ConnKey):
+    timed = False
+
+    def __init__(self, sock: socket.socket, key: ConnKey, stamped: bool = True):
         self.sock = sock
         self.key = key
         self.peer = key.peer
         self._header = bytearray(HEADER.size)
-        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        if stamped:
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
 
     def post(self, rep: int, step: int, at: float) -> None:
         """Tell the sender that our receive of ``step`` is posted, as of ``at`` (raises :class:`OSError`)."""
@@ -405,9 +413,10 @@ class ConnectionPlan:
 
 @dataclass
 class Channels:
-    """A rank's open data connections, by peer rank and lane."""
+    """A rank's open data connections, by peer rank and lane (over the fabric, or over a server's interconnect:
+    :mod:`emulator.emulation.domain`)."""
 
-    send: dict[ConnKey, SendChannel]
+    send: dict[ConnKey, SendChannel | DomainSendChannel]
     receive: dict[ConnKey, RecvChannel]
 
     def close(self) -> None:
@@ -435,11 +444,11 @@ def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
         listener.settimeout(timeout_s)
         accepted: dict[ConnKey, socket.socket] = {}
         accept_error: list[BaseException] = []
-        acceptor = threading.Thread(target=_accept_all, args=(listener, plan.receive_from, accepted, accept_error),
+        acceptor = threading.Thread(target=accept_all, args=(listener, plan.receive_from, accepted, accept_error),
                                     daemon=True)
         acceptor.start()
         deadline = time.monotonic() + timeout_s
-        send: dict[ConnKey, SendChannel] = {}
+        send: dict[ConnKey, SendChannel | DomainSendChannel] = {}
         for route in plan.send_to:
             channel = SendChannel(connect(plan.ip, route, deadline), route.key, plan.link_bps)
             channel.hello(plan.rank)
@@ -447,17 +456,30 @@ def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
         acceptor.join(max(deadline - time.monotonic(), 0.1))
     finally:
         listener.close()
-    if accept_error:
-        raise PeerError(f"accepting connections: {accept_error[0]}")
-    missing = sorted(set(plan.receive_from) - set(accepted))
-    if missing:
-        raise PeerError(f"{', '.join(key.describe() for key in missing)} never connected")
+    check_accepted(plan.receive_from, accepted, accept_error)
     return Channels(send, {key: RecvChannel(sock, key) for key, sock in accepted.items()})
 
 
-def _accept_all(listener: socket.socket, expected: Iterable[ConnKey], accepted: dict[ConnKey, socket.socket],
-                errors: list[BaseException]) -> None:
-    """Accept one connection per key of ``expected`` into ``accepted`` (the first failure: ``errors``)."""
+def check_accepted(expected: Iterable[ConnKey], accepted: dict[ConnKey, socket.socket],
+                   errors: list[BaseException], over: str = "") -> None:
+    """Raise :class:`PeerError` for the first failure of :func:`accept_all`, or naming the peers of
+    ``expected`` that never connected (``over``: what they should have connected over, for the message)."""
+    if errors:
+        raise PeerError(f"accepting connections{over}: {errors[0]}")
+    missing = sorted(set(expected) - set(accepted))
+    if missing:
+        raise PeerError(f"{', '.join(key.describe() for key in missing)} never connected{over}")
+
+
+def no_delay(conn: socket.socket) -> None:
+    """A TCP connection sends every write at once (no Nagle)."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def accept_all(listener: socket.socket, expected: Iterable[ConnKey], accepted: dict[ConnKey, socket.socket],
+               errors: list[BaseException], prepare: Callable[[socket.socket], None] = no_delay) -> None:
+    """Accept one connection per key of ``expected`` into ``accepted``, each introduced by its :data:`HELLO` and
+    then ``prepare``-d (the first failure: ``errors``)."""
     wanted = set(expected)
     try:
         while len(accepted) < len(wanted):
@@ -468,7 +490,7 @@ def _accept_all(listener: socket.socket, expected: Iterable[ConnKey], accepted: 
             key = ConnKey(*HELLO.unpack(buf))
             if key not in wanted or key in accepted:
                 raise PeerError(f"unexpected connection from {key.describe()}")
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            prepare(conn)
             accepted[key] = conn
     except BaseException as exc:  # reported by open_channels
         errors.append(exc)

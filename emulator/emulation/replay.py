@@ -61,6 +61,7 @@ from emulator.emulation.calibration_file import Calibration
 from emulator.emulation.cluster_agents import ClusterSpawner, RemoteAgentProcess, ServerClock
 from emulator.emulation.cluster_network import ClusterNetwork
 from emulator.emulation.controller_process import ControllerProcess
+from emulator.emulation.domain import DomainArbiter, check_directory
 from emulator.emulation.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.emulation.fleet import AgentFiles, Fleet, RankReport
 from emulator.emulation.fleet import ReplayFailed as ReplayFailed
@@ -151,7 +152,7 @@ def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepar
     schedule = sformat.load(cfg.schedule)
     # a scaled training iteration stands for the full one on a fabric with its latencies scaled alike
     profile = fabric.for_workload_scale(cfg.fabric, training.workload_scale(schedule))
-    topo = topology.load(cfg.topology, profile.emulated_link_mbps)
+    topo = topology.load(cfg.topology, profile.emulated_link_mbps, profile.domain_ratio)
     routing.check_policy(topo, cfg.routing)
     if calibration is None:
         calibration = calibration_file.load_calibration(profile.emulated_mtu)
@@ -221,6 +222,9 @@ class ReplaySession:
                  agent_memory_limit: Callable[[Schedule, int], int | None] = admission.agent_limit_bytes,
                  cluster: Cluster | None = None, placement: Placement | None = None):
         routing.check_policy(topo, policy)
+        if cluster is not None and topo.has_domain:
+            raise UserError(f"replay: topology {topo.spec}: a servers' interconnect (domain_bw) runs on one "
+                            "machine only (its transfers are timed over Unix sockets), not on a cluster")
         self.topo = topo
         self.policy = policy
         self.seed = seed
@@ -388,7 +392,10 @@ class ReplaySession:
         fleet: Fleet | None = None
         actions: FaultActions | None = None
         captures: list[Any] = []
+        arbiter: DomainArbiter | None = None
         try:
+            if plan.files.domain is not None:
+                arbiter = DomainArbiter(self.topo, plan.files.domain).start()
             fleet = self._start_fleet(plan)
             if plan.fault_plan:
                 actions = FaultActions(self.topo, self.ctl, fleet.kill, **self._fault_runner())
@@ -412,6 +419,9 @@ class ReplaySession:
             fidelity.stop_captures(captures)
             if fleet is not None:
                 fleet.close()
+            if arbiter is not None:
+                arbiter.close()
+                results.domain = {"flows": arbiter.flows, "arbiter_late_max_s": arbiter.late_s}
             if isinstance(self.launcher, ClusterSpawner):
                 self._collect(self.launcher, results)
             if actions is not None:
@@ -431,8 +441,15 @@ class ReplaySession:
             report = scheck.predict(schedule, self.topo, self.policy, seed=self.seed, latency=self.latency,
                                     mtu=self.mtu)
         planned = scost.transfers(schedule, self.topo, self.policy, self.seed)
+        domain = self.en.state.path if any(t.domain for t in planned) else None
+        if domain is not None:
+            try:
+                check_directory(domain, schedule.p)
+            except ValueError as exc:
+                raise UserError(f"replay: {exc}") from None
         files = AgentFiles(schedule=os.path.join(out, "schedule.json"), topology=self.topo_path,
-                           latency=os.path.join(out, "latency.json"), logs=os.path.join(out, "agents"))
+                           latency=os.path.join(out, "latency.json"), logs=os.path.join(out, "agents"),
+                           domain=domain)
         return RunPlan(schedule=schedule, out=out, repeat=repeat, warmup=warmup, report=report,
                        fault_plan=tuple(fault_plan), timeout_s=timeout_s or default_timeout(report.predicted_time_s),
                        planned=planned, paths=send_paths(self.topo, planned, self.latency, self.mtu), files=files,

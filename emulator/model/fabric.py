@@ -5,13 +5,17 @@ al., NSDI 2006) a link of ``R/D`` stands for one of ``R``, and every time
 measured here stands for ``1/D`` of it there. That holds for bandwidth by
 itself; it holds for latency only if the emulator adds ``D`` times the real
 fabric's latencies and its own stay below that (``docs/domain.md`` §3). A
-:class:`FabricProfile` names the real fabric by five numbers:
+:class:`FabricProfile` names the real fabric by five numbers, and its servers'
+accelerator interconnect by two more:
 
 ``link_gbps``          the host link rate (Gbit/s)
 ``mtu``                the frame size (bytes)
 ``switch_latency_us``  forwarding latency of one switch (microseconds)
 ``alpha_us``           per-message software latency of the communication library (microseconds)
 ``dilation``           ``D``
+``domain_gbps``        each accelerator's rate into its server's interconnect (NVLink/NVSwitch-like), per
+                       direction (Gbit/s); 0: servers have none (only their PCIe switch)
+``domain_latency_us``  the interconnect's latency, in place of the switches' (microseconds)
 
 Mapping onto the emulator (:meth:`FabricProfile.emulation`):
 
@@ -19,6 +23,9 @@ Mapping onto the emulator (:meth:`FabricProfile.emulation`):
   topology spec leaves unset (a spec's own ``bw``, ``host_bw``, ``switch_bw``
   are kept and stand for ``D`` times their rate);
 * emulated latencies = ``D`` × real ones;
+* a server's interconnect runs at ``domain_gbps / link_gbps`` times its
+  host links (:attr:`FabricProfile.domain_ratio`, the topology's
+  ``domain_bw`` where the spec sets none);
 * emulated MTU = the real MTU: a frame of ``F`` bytes at ``R/D`` takes ``D``
   times what it takes at ``R``, so keeping the frame size dilates its
   serialisation and every hop's store-and-forward exactly. Outside the range
@@ -33,6 +40,8 @@ whose path crosses ``s`` switches (:func:`message_latency_s`,
   (the library's software latency, then every switch's forwarding latency);
 * rendezvous: ``s · switch_latency`` for the receiver's small "posted"
   message back to the sender (MPI's and NCCL's rendezvous for large messages);
+* over a server's interconnect (``switches`` :data:`DOMAIN`): ``alpha +
+  domain_latency`` and ``domain_latency``;
 * serialisation and store-and-forward: the links' own, from the frame size.
 
 Every switch on the path counts, a server's PCIe switch included.
@@ -62,7 +71,9 @@ MAX_LINK_MBPS = topology_spec.MAX_LINK_MBPS
 MIN_MTU = 576
 MAX_MTU = 32000
 
-KEYS = ("preset", "link_gbps", "mtu", "switch_latency_us", "alpha_us", "dilation")
+KEYS = ("preset", "link_gbps", "mtu", "switch_latency_us", "alpha_us", "dilation", "domain_gbps", "domain_latency_us")
+#: The "switches crossed" of a path over a server's accelerator interconnect: no fabric switch, its own latency.
+DOMAIN = -1
 
 
 @dataclass(frozen=True)
@@ -75,6 +86,8 @@ class FabricProfile:
     switch_latency_us: float
     alpha_us: float
     dilation: float
+    domain_gbps: float = 0.0
+    domain_latency_us: float = 0.0
     description: str = ""
 
     # ------------------------------------------------------------ mapping
@@ -97,6 +110,16 @@ class FabricProfile:
     def frame_time_error(self) -> float:
         """Relative error of an emulated frame's serialisation against the dilated real one (0 when exact)."""
         return self.emulated_mtu / self.mtu - 1.0
+
+    @property
+    def domain_ratio(self) -> float | None:
+        """The servers' interconnect rate over the host links' (None: servers have no interconnect)."""
+        return self.domain_gbps / self.link_gbps if self.domain_gbps else None
+
+    @property
+    def domain_latency_s(self) -> float:
+        """Emulated (dilated) latency of the servers' interconnect, seconds."""
+        return self.domain_latency_us * 1e-6 * self.dilation
 
     @property
     def alpha_s(self) -> float:
@@ -123,9 +146,14 @@ class FabricProfile:
     # ------------------------------------------------------------- output
     def spec(self) -> str:
         """The canonical ``key=value,...`` text, which :func:`parse` reads back to the same profile."""
-        return (f"preset={self.preset},link_gbps={exact_number(self.link_gbps)},mtu={self.mtu},"
+        text = (f"preset={self.preset},link_gbps={exact_number(self.link_gbps)},mtu={self.mtu},"
                 f"switch_latency_us={exact_number(self.switch_latency_us)},alpha_us={exact_number(self.alpha_us)},"
                 f"dilation={exact_number(self.dilation)}")
+        base = PRESETS[self.preset]
+        if self.domain_gbps or self.domain_latency_us or base.domain_gbps or base.domain_latency_us:
+            text += (f",domain_gbps={exact_number(self.domain_gbps)},"
+                     f"domain_latency_us={exact_number(self.domain_latency_us)}")
+        return text
 
     def short_spec(self) -> str:
         """The shortest ``key=value,...`` text :func:`parse` reads back to this profile: the keys that differ from
@@ -142,7 +170,7 @@ class FabricProfile:
         data = asdict(self)
         data.update(spec=self.spec(), emulated_link_mbps=self.emulated_link_mbps, emulated_mtu=self.emulated_mtu,
                     frame_time_error=self.frame_time_error, emulated_alpha_s=self.alpha_s,
-                    emulated_switch_latency_s=self.switch_latency_s)
+                    emulated_switch_latency_s=self.switch_latency_s, emulated_domain_latency_s=self.domain_latency_s)
         return data
 
     def describe(self) -> str:
@@ -150,10 +178,15 @@ class FabricProfile:
         mtu = f"MTU {self.emulated_mtu}"
         if self.emulated_mtu != self.mtu:
             mtu += f" (the real {self.mtu} is outside {MIN_MTU}-{MAX_MTU}: frame times {self.frame_time_error:+.0%})"
-        return (f"{self.emulated_link_mbps:g} Mbit/s emulated links stand for {self.link_gbps:g} Gbit/s ones "
+        text = (f"{self.emulated_link_mbps:g} Mbit/s emulated links stand for {self.link_gbps:g} Gbit/s ones "
                 f"(time dilation {self.dilation:g}: every emulated time is {self.dilation:g} times the real one); "
                 f"{mtu}; per message alpha {self.alpha_us:g} us -> {self.alpha_s * 1e3:g} ms, per switch "
                 f"{self.switch_latency_us:g} us -> {self.switch_latency_s * 1e3:g} ms")
+        if self.domain_gbps:
+            text += (f"; servers' interconnect {self.domain_gbps:g} Gbit/s per accelerator and direction "
+                     f"({self.domain_ratio:g} x the links), {self.domain_latency_us:g} us -> "
+                     f"{self.domain_latency_s * 1e3:g} ms")
+        return text
 
 
 def names_dilation(raw: object) -> bool:
@@ -188,16 +221,21 @@ def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabri
     """
     if scale == 1:
         return profile
-    return profile.changed(where, alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale)
+    return profile.changed(where, alpha_us=profile.alpha_us / scale, switch_latency_us=profile.switch_latency_us / scale,
+                           domain_latency_us=profile.domain_latency_us / scale)
 
 
 def message_latency_s(profile: FabricProfile, switches: int) -> float:
-    """Emulated latency before a message's first byte arrives, over a path crossing ``switches`` switches."""
-    return profile.alpha_s + switches * profile.switch_latency_s
+    """Emulated latency before a message's first byte arrives, over a path crossing ``switches`` switches (or a
+    server's interconnect, :data:`DOMAIN`)."""
+    return profile.alpha_s + rendezvous_latency_s(profile, switches)
 
 
 def rendezvous_latency_s(profile: FabricProfile, switches: int) -> float:
-    """Emulated latency of a receiver's clear to send back to its sender, over ``switches`` switches."""
+    """Emulated latency of a receiver's clear to send back to its sender, over ``switches`` switches (or a
+    server's interconnect, :data:`DOMAIN`)."""
+    if switches == DOMAIN:
+        return profile.domain_latency_s
     return switches * profile.switch_latency_s
 
 
@@ -219,6 +257,15 @@ PRESETS: dict[str, FabricProfile] = {
                                     description="only bandwidth dilated: the emulator adds no latency, so "
                                     "times carry this machine's own (flagged latency_floor)"),
 }
+#: Today's hardware: NVIDIA DGX H100-like servers (docs/topologies-and-fabrics.md, "Fabric profiles", has the
+#: sources): 400 Gbit/s NICs (ConnectX-7, InfiniBand NDR, 4096-byte MTU), NVLink 4 at 900 GB/s per GPU in both
+#: directions together (450 GB/s = 3600 Gbit/s each way); NCCL's ring/Simple latencies: 8.4 us base, 3.4 us
+#: per NVLink hop (src/graph/tuning.cc); InfiniBand switches forward in 0.1-0.2 us.
+PRESETS["h100-ndr400"] = FabricProfile(
+    "h100-ndr400", link_gbps=400.0, mtu=4096, switch_latency_us=0.2, alpha_us=8.4, dilation=20000.0,
+    domain_gbps=3600.0, domain_latency_us=3.4,
+    description="DGX H100-like servers: 400 Gbit/s InfiniBand NDR NICs, NVLink/NVSwitch at 450 GB/s per "
+    "accelerator and direction")
 DEFAULT_PRESET = "roce100"
 
 
@@ -295,7 +342,7 @@ def parse(source: str | Mapping[str, Any] | None, where: str = "fabric") -> Fabr
     for key in ("link_gbps", "dilation"):
         if key in items:
             changes[key] = _number(where, key, items[key], positive=True)
-    for key in ("switch_latency_us", "alpha_us"):
+    for key in ("switch_latency_us", "alpha_us", "domain_gbps", "domain_latency_us"):
         if key in items:
             changes[key] = _number(where, key, items[key], positive=False)
     if "mtu" in items:

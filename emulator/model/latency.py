@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from emulator.model.fabric import FabricProfile, message_latency_s, rendezvous_latency_s
+from emulator.model.fabric import DOMAIN, FabricProfile, message_latency_s, rendezvous_latency_s
 from emulator.model.topology import last_segment_bytes
 
 #: The burst of every shaping class (bytes). HTB lets a packet leave when the
@@ -140,10 +140,16 @@ class PathLatency:
         return max(self.message_target_s, self.link_s + self.data_s)
 
     @property
+    def over_domain(self) -> bool:
+        """A path over a server's accelerator interconnect: a timed transfer, no frames, no ACK."""
+        return self.switches == DOMAIN
+
+    @property
     def sends_wait_for_ack(self) -> bool:
         """An awaited send completes when its receiver acknowledged it (the agents'); Open MPI's sends complete
-        once their bytes are written, whatever the protocol."""
-        return self.eager_bytes is None
+        once their bytes are written, whatever the protocol; a send over an interconnect when its bytes are
+        through (:mod:`emulator.emulation.domain`)."""
+        return self.eager_bytes is None and not self.over_domain
 
     def eager(self, nbytes: int) -> bool:
         """The transfer goes without waiting for a clear to send (Open MPI's eager messages)."""
@@ -260,6 +266,8 @@ def _path(model: LatencyModel, switches: int) -> PathLatency:
     p = model.profile
     msg = message_latency_s(p, switches) if p is not None else 0.0
     cts = rendezvous_latency_s(p, switches) if p is not None else 0.0
+    if switches == DOMAIN:  # no link, no TCP: what the agents add is their lateness (emulator.emulation.domain)
+        return PathLatency(DOMAIN, msg, cts, 0.0, 0.0, 0.0, 0.0, eager_bytes=model.eager_bytes)
     i = model.intrinsic
     return PathLatency(switches, msg, cts, switches * model.link_delay_per_switch_s, i.data.at(switches),
                        i.rendezvous.at(switches), i.ack.at(switches), eager_bytes=model.eager_bytes)

@@ -66,7 +66,7 @@ class Comparison:
 
 
 def _point(hosts: int, size: int, role: str, spec: str, policy: str, algo: str, profile: FabricProfile) -> Point:
-    topo = topology.build(spec, profile.emulated_link_mbps)
+    topo = topology.build(spec, profile.emulated_link_mbps, profile.domain_ratio)
     model = LatencyModel(profile)
     seeds = SEEDS if policy == "ecmp" else (0,)
     times = [project(algo, topo, policy, size, seed=s, latency=model, mtu=profile.emulated_mtu).time_s for s in seeds]

@@ -185,8 +185,11 @@ def send_paths(topo: topology.Topology, planned: Sequence[scost.Transfer], model
     out = {}
     goodput = topology.tcp_goodput_factor(mtu)
     for t in planned:
+        if t.domain:  # timed by the agents, no frames and no shaper (emulator.emulation.domain)
+            out[(t.src, t.dst)] = model.path(t.switches)
+            continue
         byte_s = scost.path_byte_s(topo, t.path, goodput)
-        out[(t.src, t.dst)] = replace(model.path(len(t.path) - 2), byte_s=byte_s, mss=topology.tcp_payload_bytes(mtu),
+        out[(t.src, t.dst)] = replace(model.path(t.switches), byte_s=byte_s, mss=topology.tcp_payload_bytes(mtu),
                                       burst_bytes=SHAPER_BURST_BYTES)
     return out
 

@@ -255,6 +255,9 @@ class CellResults:
     probe: ProbeVerdict | None = None
     #: on a cluster: each other server's clock against the head's when the agents started (ClockOffset.to_json)
     clocks: list[dict[str, Any]] = field(default_factory=list)
+    #: with a servers' interconnect: how many transfers its arbiter timed, and the most it woke late for one
+    #: (``flows``, ``arbiter_late_max_s``; emulator.emulation.domain)
+    domain: dict[str, Any] | None = None
     #: a document's keys this version does not know, written back as they were
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -322,6 +325,8 @@ class CellResults:
             out["probe"] = self.probe.to_json()
         if self.clocks:
             out["clocks"] = self.clocks
+        if self.domain is not None:
+            out["domain"] = self.domain
         return out
 
     @classmethod
@@ -342,7 +347,8 @@ class CellResults:
                                                                              or "running"),
                       error=data.get("error"), faults=list(data.get("faults") or []),
                       probe=ProbeVerdict.from_json(probe) if isinstance(probe, Mapping) else None,
-                      clocks=list(data.get("clocks") or []))
+                      clocks=list(data.get("clocks") or []),
+                      domain=dict(data["domain"]) if isinstance(data.get("domain"), Mapping) else None)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise SchemaError(f"not a results document ({type(exc).__name__}: {exc})") from None
         known = {f.name for f in fields(cls)} | set(_SUMMARY_KEYS) | {"schema"}

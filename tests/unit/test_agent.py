@@ -30,16 +30,23 @@ def test_expected_sum_matches_a_direct_sum():
     assert not np.array_equal(input_values(0, 100), input_values(1, 100))
 
 
-def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None, compute_dilation=1.0):
+def run_agents(schedule, topo, reps=1, base=10, start_at=None, latency=None, compute_dilation=1.0,
+               domain_dir=None):
     """Every rank in a thread on 127.0.x.y; returns {rank: [results per rep]}.
 
     ``start_at``: one monotonic time for all ranks, or a dict rank -> time;
-    ``latency``: one :class:`PathLatency` for every pair of ranks.
+    ``latency``: one :class:`PathLatency` for every pair of ranks, or a dict (src, dst) -> PathLatency;
+    ``domain_dir``: where the servers' interconnect sockets are (an arbiter must serve there).
     """
     ip_of = {h.name: f"127.{base}.{h.index // 256}.{h.index % 256}" for h in topo.hosts}
-    plan = {peer: latency for peer in range(schedule.p)} if latency is not None else None
-    agents = [Agent(schedule, topo, r, ip_of=ip_of, latency=plan, compute_dilation=compute_dilation)
-              for r in range(schedule.p)]
+
+    def plan(rank):
+        if isinstance(latency, dict):
+            return {dst: lat for (src, dst), lat in latency.items() if src == rank}
+        return {peer: latency for peer in range(schedule.p)} if latency is not None else None
+
+    agents = [Agent(schedule, topo, r, ip_of=ip_of, latency=plan(r), compute_dilation=compute_dilation,
+                    domain_dir=domain_dir) for r in range(schedule.p)]
     errors: list[BaseException] = []
     results: dict[int, list] = {r: [] for r in range(schedule.p)}
     barrier = threading.Barrier(schedule.p)

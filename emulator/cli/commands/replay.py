@@ -50,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     profile = fabric.parse(args.fabric, where="replay: fabric")
-    spec_mbps = topology.load(args.topology, profile.emulated_link_mbps).host_bw
+    spec_mbps = topology.load(args.topology, profile.emulated_link_mbps, profile.domain_ratio).host_bw
     if not fabric.names_dilation(args.fabric) and abs(spec_mbps - profile.emulated_link_mbps) > 1e-9 * spec_mbps:
         # the spec's own rate stands for the fabric's: the dilation follows, latencies and bandwidth alike
         profile = fabric.at_link_rate(profile, spec_mbps, where="replay: topology")

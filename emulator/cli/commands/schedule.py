@@ -148,7 +148,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     if not spec:
         raise FieldError(f"schedule {args.file!r}", "topology", "a topology in the file or --topology SPEC",
                          "nothing")
-    topo = topology.load(spec, profile.emulated_link_mbps)
+    topo = topology.load(spec, profile.emulated_link_mbps, profile.domain_ratio)
     routing.check_policy(topo, args.routing)
     where = f"schedule {args.file!r}"
     fmt.check_hosts(sched, topo, where)

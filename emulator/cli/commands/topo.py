@@ -42,6 +42,9 @@ def cmd_show(args: argparse.Namespace) -> int:
               f"switch links {summary['switch_bw_mbps']:g} Mbit/s")
         print(f"servers    {summary['servers']} x ({summary['accels_per_server']} accelerators, "
               f"{summary['nics_per_server']} NICs), NICs {summary['nic_placement']} on {summary['host_slots']} host slots")
+        if topo.has_domain:
+            print(f"domain     accelerator interconnect {summary['domain_bw_mbps']:g} Mbit/s per accelerator and "
+                  "direction (timed transfers, no packets)")
     else:
         print(f"links      {summary['links']}  ({summary['host_links']} host, {summary['switch_links']} switch-switch)")
         print(f"rates      host links {summary['host_bw_mbps']:g} Mbit/s, "

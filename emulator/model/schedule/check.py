@@ -111,7 +111,7 @@ class CheckReport:
         for t in self.costs.transfers:
             count[t.step] = count.get(t.step, 0) + 1
             nbytes[t.step] = nbytes.get(t.step, 0) + t.bytes
-            hops[t.step] = hops.get(t.step, 0) + t.bytes * (len(t.path) - 2)
+            hops[t.step] = hops.get(t.step, 0) + t.bytes * t.datapath_switches
         return tuple(StepLoad(s, count[s], nbytes[s], hops[s], spans[s]) for s in sorted(count) if spans.get(s))
 
     def peak_load_mbps(self) -> float:

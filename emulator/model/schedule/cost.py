@@ -31,6 +31,15 @@ direction, ``goodput`` = TCP payload per wire byte at the network's MTU
 (:func:`emulator.model.topology.tcp_goodput_factor`: 0.9923 at 9000, 1448/1514 at
 1500). Local reductions cost ``gamma`` seconds per byte (default 0: not
 modelled).
+
+A server's accelerator interconnect (``domain_bw``, :meth:`Topology.over_domain`)
+is two directed links per transfer: the sender's port into it and the
+receiver's port out of it, named ``(host, "<switch>~domain")`` and
+``("<switch>~domain", host)`` after the server's switch, each of
+``domain_bw·1e6/8`` bytes/s (no frames, no TCP: the agents time these
+transfers themselves, :mod:`emulator.emulation.domain`). Such a path crosses
+:data:`~emulator.model.fabric.DOMAIN` switches for its latency and none of
+the datapath's.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from emulator.model import routing
+from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule.collectives import (
     ALLGATHER,
@@ -68,6 +78,17 @@ class Transfer:
     bytes: int
     path: list[str]
     lane: int = 0
+    domain: bool = False  # over the server's accelerator interconnect, not the datapath
+
+    @property
+    def switches(self) -> int:
+        """The switches its latency counts (:data:`~emulator.model.fabric.DOMAIN` over an interconnect)."""
+        return DOMAIN if self.domain else len(self.path) - 2
+
+    @property
+    def datapath_switches(self) -> int:
+        """The switches of the datapath its packets cross (none over an interconnect)."""
+        return 0 if self.domain else len(self.path) - 2
 
 
 @dataclass
@@ -138,7 +159,8 @@ def transfers(schedule: Schedule, topo: Topology, policy: str, seed: int = 0,
             if key not in paths:
                 flow = routing.agent_flow(topo, src, dst, op.lane) if flow_of is None else flow_of(src, dst, op.lane)
                 paths[key] = routing.route(topo, policy, flow, seed=seed)
-            out.append(Transfer(op.step, prog.rank, op.partner, src, dst, op.bytes, paths[key], op.lane))
+            out.append(Transfer(op.step, prog.rank, op.partner, src, dst, op.bytes, paths[key], op.lane,
+                                topo.over_domain(src, dst)))
     return out
 
 
@@ -150,13 +172,32 @@ def link_capacity(topo: Topology, link: Link, goodput: float = TCP_GOODPUT) -> f
     return lk.bw_mbps * 1e6 / 8 * goodput
 
 
+def over_domain(topo: Topology, path: list[str]) -> bool:
+    """Whether ``path`` (host, server switch, host) crosses its server's accelerator interconnect instead."""
+    return len(path) == 3 and topo.over_domain(path[0], path[-1])
+
+
+def domain_capacity(topo: Topology) -> float:
+    """Bytes per second of one accelerator's port into (or out of) its server's interconnect."""
+    return float(topo.params["domain_bw"]) * 1e6 / 8
+
+
+def domain_links(topo: Topology, src: str, dst: str) -> list[Link]:
+    """The two directed links of a transfer over the interconnect of the server of ``src`` and ``dst``."""
+    port = f"{topo.host(src).switch}~domain"
+    return [(src, port), (port, dst)]
+
+
 def physical_links(topo: Topology, path: list[str], goodput: float = TCP_GOODPUT) -> list[tuple[Link, float]]:
     """The directed physical links of ``path`` with their capacities (bytes/s).
 
     A link is named ``(from, to)``; where a server has several NICs on one
     fabric switch the parallel links are told apart by the sending port,
-    ``("s17-eth6", "s1")``, so each NIC counts its own flows.
+    ``("s17-eth6", "s1")``, so each NIC counts its own flows. A path over a
+    server's interconnect has its two ports (:func:`domain_links`).
     """
+    if over_domain(topo, path):
+        return [(link, domain_capacity(topo)) for link in domain_links(topo, path[0], path[-1])]
     out = []
     for (node, port), nxt in zip(routing.directed_links(topo, path), path[1:], strict=True):
         lk = topo.link_at(node, port) if port else topo.link_between(node, nxt)
@@ -235,7 +276,8 @@ def path_function(topo: Topology, planned: list[Transfer], goodput: float = TCP_
         if key not in cache:
             path = paths[key]
             named = physical_links(topo, path, goodput)
-            cache[key] = ([n for n, _ in named], [c for _, c in named], len(path) - 2)
+            cache[key] = ([n for n, _ in named], [c for _, c in named], DOMAIN if over_domain(topo, path)
+                          else len(path) - 2)
         return cache[key]
 
     return path_of
@@ -280,8 +322,8 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
             for name, cap in named:
                 counts[name] = counts.get(name, 0) + 1
                 capacity[name] = cap
-            lat = model.path(len(t.path) - 2)
-            tail = sum(last_segment_bytes(t.bytes, mss) / cap for _, cap in named[1:])
+            lat = model.path(t.switches)
+            tail = 0.0 if t.domain else sum(last_segment_bytes(t.bytes, mss) / cap for _, cap in named[1:])
             own = lat.handshake_s(t.bytes) + lat.message_s + tail
             fixed = max(fixed, own)
             ab = max(ab, own + t.bytes / min(capacity[link] for link in links))
@@ -289,7 +331,7 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
         mm = (fixed + maxmin_completion([t.bytes for t in items], flows, capacity)) if items else 0.0
         report.steps.append(StepCost(step=step, transfers=len(items), bytes=max((t.bytes for t in items), default=0),
                                      flows_per_link=counts, alpha_beta_s=ab + compute, maxmin_s=mm + compute))
-    report.switch_counts = sorted({len(t.path) - 2 for items in by_step.values() for t in items})
+    report.switch_counts = sorted({t.switches for items in by_step.values() for t in items})
     return report
 
 

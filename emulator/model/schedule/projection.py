@@ -82,9 +82,10 @@ import numpy as np
 
 from emulator.base.errors import FieldError
 from emulator.model import routing
+from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.schedule import generators
-from emulator.model.schedule.cost import Link, bus_bandwidth_mbps, maxmin_rates, physical_links
+from emulator.model.schedule.cost import Link, bus_bandwidth_mbps, maxmin_rates, over_domain, physical_links
 from emulator.model.schedule.format import check_chunking, is_power_of_two
 from emulator.model.schedule.timing import ack_departure, is_reverse
 from emulator.model.topology import (
@@ -155,7 +156,7 @@ class _Paths:
         for pair, nodes in zip(new, routing.routes(self.topo, self.policy, flows, seed=self.seed), strict=True):
             named = physical_links(self.topo, nodes, self.goodput)
             self.cache[pair] = _Path(tuple(n for n, _ in named), tuple(c for _, c in named),
-                                     self.latency.path(len(nodes) - 2))
+                                     self.latency.path(DOMAIN if over_domain(self.topo, nodes) else len(nodes) - 2))
         return [self.cache[pair] for pair in pairs]
 
     def capacity(self) -> dict[Link, float]:

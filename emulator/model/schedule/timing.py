@@ -50,6 +50,11 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    time: its compute operations run one after another in the order they
    became ready, as the agents run them.
 
+Over a server's accelerator interconnect (``switches`` is
+:data:`~emulator.model.fabric.DOMAIN`) a transfer has no frames: it has no
+store-and-forward tail, and its send completes when its bytes drain, as
+:mod:`emulator.emulation.domain` times it.
+
 Connections: the transfers of one sender, receiver and *lane* form one
 connection (rules 3 and 5 hold per connection); different lanes between the
 same ranks are separate connections whose flows share links max-min like any
@@ -72,6 +77,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from emulator.model.fabric import DOMAIN
 from emulator.model.latency import ZERO, PathLatency
 from emulator.model.schedule.cost import Link, maxmin_rates
 from emulator.model.schedule.dispatch import Dispatcher, Ready
@@ -95,6 +101,7 @@ class TransferTiming:
     latency: PathLatency
     tail_s: float
     lane: int = 0
+    domain: bool = False  # over a server's interconnect: complete when drained, no tail, no ACK
     posted: float | None = None
     cts_due: float | None = None  # when its clear to send is due, once known
     requested: float | None = None  # when its request to send left (an Open MPI rendezvous)
@@ -181,10 +188,12 @@ class _Simulation:
             op = self.dispatch[a].ops[send_id]
             links, caps, switches = path_of(a, b, op.lane)
             self.capacity.update(zip(links, caps, strict=True))
-            tail = sum(last_segment_bytes(op.bytes, mss) / cap for cap in caps[1:])
+            domain = switches == DOMAIN
+            # over an interconnect no frame is stored and forwarded: the bytes are through when they drain
+            tail = 0.0 if domain else sum(last_segment_bytes(op.bytes, mss) / cap for cap in caps[1:])
             self.by_send[(a, send_id)] = self.by_recv[(b, recv_id)] = len(self.transfers)
             self.transfers.append(TransferTiming(a, b, send_id, recv_id, op.step, op.bytes, links,
-                                                 latency_of(switches), tail, op.lane))
+                                                 latency_of(switches), tail, op.lane, domain))
         # per connection (src, dst, lane): sends queued, waiting for their clear to send, in order; whether
         # bytes of one are flowing; and the ones whose first byte is due behind those
         self.channel: dict[Conn, list[int]] = defaultdict(list)
@@ -299,7 +308,7 @@ class _Simulation:
 
     def acknowledged(self, tr: TransferTiming) -> bool:
         """The transfer's send is awaited and completes on its receiver's ACK (rule 6; not Open MPI's)."""
-        return tr.send_id in self.dispatch[tr.src].awaited and tr.latency.sends_wait_for_ack
+        return tr.send_id in self.dispatch[tr.src].awaited and tr.latency.sends_wait_for_ack and not tr.domain
 
     def reverse(self, link: Link) -> Link | None:
         """The directed link back along ``link``, if some transfer uses it."""

@@ -53,14 +53,24 @@ Spec strings
     anything above 1000 Mbit/s.
 
 Servers (every kind, all keys optional)
-    ``servers=S,accels_per_server=A,nics_per_server=N[,pcie_bw=R][,nic_placement=P]``.
+    ``servers=S,accels_per_server=A,nics_per_server=N[,pcie_bw=R][,nic_placement=P][,domain_bw=R]``.
     A topology has servers iff ``servers`` is given; ``accels_per_server`` and
     ``nics_per_server`` are then required (integers >= 1, ``N <= A``), and
     any server key without ``servers`` is an error. The fabric's own keys
     define its host *slots* (the hosts it would have without servers, in host
     order); the ``S·N`` NICs take ``S·N`` of them and the others stay empty.
     ``pcie_bw`` (default ``host_bw``) is the rate of the accelerator links
-    inside a server; NIC links run at ``host_bw``. ``nic_placement``:
+    inside a server; NIC links run at ``host_bw``. ``domain_bw`` gives every
+    server an accelerator interconnect (NVLink/NVSwitch-like): each
+    accelerator's port into it runs at ``domain_bw`` per direction, up to
+    :data:`~emulator.model.topology.spec.MAX_DOMAIN_MBPS`; a fabric profile
+    with ``domain_gbps`` sets it where the spec does not. Transfers between
+    two accelerators of one server then cross the interconnect as timed
+    transfers (:mod:`emulator.emulation.domain`), not the PCIe switch; and
+    ``pcie_bw`` defaults to the interconnect's rate (up to 1000), since an
+    accelerator's packets to another's NIC (rail-only's forwarding across
+    rails) cross the interconnect first.
+    ``nic_placement``:
 
     * ``packed`` (the default but on fabrics with rails) -- NIC ``k`` of server ``s`` takes slot ``s·N + k``:
       a server's NICs fill consecutive slots, on one switch as far as possible.

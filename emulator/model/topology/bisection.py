@@ -21,8 +21,8 @@ from emulator.model.topology.kinds import KINDS
 def bisection_mbps(kind: str, params: Mapping[str, Any]) -> float:
     """Bisection bandwidth in Mbit/s (one direction) of the topology ``kind`` with parsed ``params``.
 
-    Without servers the fabric's own; with one server the PCIe links of half
-    its accelerators; with more the fabric's, capped by the NICs of half of
+    Without servers the fabric's own; with one server the PCIe links (or the
+    interconnect ports, ``domain_bw``) of half its accelerators; with more the fabric's, capped by the NICs of half of
     the servers (see :meth:`~emulator.model.topology.model.Topology.bisection_bw_mbps`).
     """
     host_bw = float(params["host_bw"])
@@ -31,5 +31,5 @@ def bisection_mbps(kind: str, params: Mapping[str, Any]) -> float:
         return fabric
     servers, accels, nics = params["servers"], params["accels_per_server"], params["nics_per_server"]
     if servers == 1:
-        return (accels // 2) * float(params["pcie_bw"])
+        return (accels // 2) * float(params.get("domain_bw", params["pcie_bw"]))
     return min(fabric, (servers // 2) * nics * host_bw)

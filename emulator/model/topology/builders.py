@@ -114,9 +114,11 @@ def host_mac(index: int) -> str:
     return f"02:00:00:{(index >> 16) & 255:02x}:{(index >> 8) & 255:02x}:{index & 255:02x}"
 
 
-def build(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> Topology:
-    """Build the topology a spec describes (see the package docstring; ``default_mbps`` as for :func:`parse_spec`)."""
-    kind, params = parse_spec(spec, default_mbps)
+def build(spec: str | Mapping[str, Any], default_mbps: float | None = None,
+          domain_ratio: float | None = None) -> Topology:
+    """Build the topology a spec describes (see the package docstring; ``default_mbps`` and ``domain_ratio`` as
+    for :func:`parse_spec`)."""
+    kind, params = parse_spec(spec, default_mbps, domain_ratio)
     builder = _Builder(params["host_bw"], params["switch_bw"])
     KINDS[kind].build(builder, params)
     return builder.build(kind, params)
@@ -149,9 +151,11 @@ def from_json(data: Mapping[str, Any], where: str = "topology file") -> Topology
     return topo
 
 
-def load(source: str | Mapping[str, Any], default_mbps: float | None = None) -> Topology:
-    """A topology from a spec string, a spec mapping (links of ``default_mbps`` where it sets no rate,
-    see :func:`parse_spec`), or the path of a JSON export (its own rates)."""
+def load(source: str | Mapping[str, Any], default_mbps: float | None = None,
+         domain_ratio: float | None = None) -> Topology:
+    """A topology from a spec string, a spec mapping (links of ``default_mbps`` where it sets no rate, servers'
+    interconnect at ``domain_ratio`` times the host links where it sets none, see :func:`parse_spec`), or the
+    path of a JSON export (its own rates)."""
     if isinstance(source, str) and (source.endswith(".json") or os.sep in source) and ":" not in source:
         try:
             with open(source, encoding="utf-8") as fh:
@@ -163,4 +167,4 @@ def load(source: str | Mapping[str, Any], default_mbps: float | None = None) -> 
         except (ValueError, UnicodeDecodeError) as exc:  # a NUL in the path; a file that is not text
             raise UserError(f"topology file {source!r}: cannot read it ({exc})") from None
         return from_json(data, where=f"topology file {source!r}")
-    return build(source, default_mbps)
+    return build(source, default_mbps, domain_ratio)

@@ -290,6 +290,16 @@ class Topology:
             return self.access_path(src)
         return [src, self.host(src).switch, self.egress_nic(src, dst).b]
 
+    @property
+    def has_domain(self) -> bool:
+        """Whether servers have an accelerator interconnect (``domain_bw``): transfers between two accelerators
+        of one server cross it as timed transfers, not as packets through the server's switch."""
+        return "domain_bw" in self.params
+
+    def over_domain(self, a: str, b: str) -> bool:
+        """True when a transfer from ``a`` to ``b`` crosses their server's accelerator interconnect."""
+        return self.has_domain and self.same_server(a, b)
+
     def same_server(self, a: str, b: str) -> bool:
         """True for two accelerators of one server (always False without servers)."""
         return self.has_servers and self.server_of(a) == self.server_of(b)
@@ -405,6 +415,8 @@ class Topology:
             out.update(servers=self.params["servers"], accels_per_server=self.params["accels_per_server"],
                        nics_per_server=self.params["nics_per_server"], pcie_bw_mbps=self.params["pcie_bw"],
                        nic_placement=self.params["nic_placement"], host_slots=len(self.slots))
+            if self.has_domain:
+                out.update(domain_bw_mbps=self.params["domain_bw"])
         return out
 
 

@@ -29,7 +29,10 @@ MAX_SWITCHES = 512
 NIC_PLACEMENTS = ("packed", "spread", "hdrm", "rail")
 
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
-_SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement")
+_SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement", "domain_bw")
+#: A server's accelerator interconnect is not shaped by HTB (its transfers are timed by the agents, see
+#: emulator.emulation.domain), so its rate may exceed MAX_LINK_MBPS; beyond this the agents cannot move the bytes.
+MAX_DOMAIN_MBPS = 20000.0
 
 
 def _where(spec: object) -> str:
@@ -37,16 +40,17 @@ def _where(spec: object) -> str:
     return f"topology spec {spec!r}" if isinstance(spec, str) else "topology spec"
 
 
-def _parse_rate(where: str, key: str, raw: object) -> float:
-    """A link rate in Mbit/s, from a number or its text, within ``(0, MAX_LINK_MBPS]``; a boolean is no rate."""
-    expected = f"a rate in Mbit/s in (0, {MAX_LINK_MBPS:g}] (Mininet ignores more)"
+def _parse_rate(where: str, key: str, raw: object, maximum: float = MAX_LINK_MBPS,
+                why: str = "Mininet ignores more") -> float:
+    """A link rate in Mbit/s, from a number or its text, within ``(0, maximum]``; a boolean is no rate."""
+    expected = f"a rate in Mbit/s in (0, {maximum:g}] ({why})"
     if isinstance(raw, bool):
         raise FieldError(where, key, expected, raw)
     try:
         value = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
     except ValueError:
         raise FieldError(where, key, expected, raw) from None
-    if not math.isfinite(value) or value <= 0 or value > MAX_LINK_MBPS:
+    if not math.isfinite(value) or value <= 0 or value > maximum:
         raise FieldError(where, key, expected, raw)
     return value
 
@@ -83,14 +87,17 @@ def fabric_keys(kind: str) -> tuple[str, ...]:
     return tuple(KINDS[kind].keys)
 
 
-def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None) -> tuple[str, dict[str, Any]]:
+def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None,
+               domain_ratio: float | None = None) -> tuple[str, dict[str, Any]]:
     """Validate a spec string or mapping; return ``(kind, params)``.
 
     ``params`` holds every key of the kind, plus ``host_bw`` and ``switch_bw``
     resolved from ``bw``; with servers also every server key, defaults
     resolved. ``bw`` defaults to ``default_mbps`` (a fabric profile's
-    emulated rate), else :data:`DEFAULT_LINK_MBPS`. Raises
-    :class:`FieldError` naming the first bad field.
+    emulated rate), else :data:`DEFAULT_LINK_MBPS`. ``domain_ratio`` (a
+    fabric profile's accelerator interconnect over its host links) gives
+    servers a ``domain_bw`` of that many times ``host_bw`` where the spec
+    sets none. Raises :class:`FieldError` naming the first bad field.
     """
     where = _where(spec)
     if isinstance(spec, str):
@@ -133,6 +140,11 @@ def parse_spec(spec: str | Mapping[str, Any], default_mbps: float | None = None)
         raise FieldError(where, "hosts", f"at least {KINDS[kind].min_hosts} {what}", hosts)
     if "servers" in items:
         params.update(_parse_servers(where, kind, params, items, hosts, switches))
+        params.update(_parse_domain(where, params, items, domain_ratio))
+        if "domain_bw" in params and "pcie_bw" not in items:
+            # an accelerator reaches another's NIC over the interconnect (rail-only's forwarding): its link into
+            # the server's switch runs at the interconnect's rate, as far as HTB shapes
+            params["pcie_bw"] = max(params["pcie_bw"], min(params["domain_bw"], MAX_LINK_MBPS))
     elif KINDS[kind].rail_only:
         raise FieldError(where, "servers", f"servers=S with nics_per_server={params['rails']} (a rail-only "
                          "fabric has no spines: its rails meet only inside the servers)", MISSING)
@@ -182,6 +194,23 @@ def _parse_servers(where: str, kind: str, params: Mapping[str, Any], items: Mapp
                          "(servers x accels_per_server)", items["servers"])
     return {"servers": servers, "accels_per_server": accels, "nics_per_server": nics, "pcie_bw": pcie,
             "nic_placement": placement}
+
+
+def _parse_domain(where: str, params: Mapping[str, Any], items: Mapping[str, Any],
+                  ratio: float | None) -> dict[str, Any]:
+    """``domain_bw``: the spec's own, else ``ratio`` times the host links (a profile's), else none (no key)."""
+    if "domain_bw" in items:
+        rate = _parse_rate(where, "domain_bw", items["domain_bw"], MAX_DOMAIN_MBPS,
+                           "the agents move a domain's bytes themselves")
+    elif ratio:
+        rate = float(f"{ratio * params['host_bw']:.12g}")
+        if rate > MAX_DOMAIN_MBPS:
+            raise FieldError(where, "domain_bw", f"at most {MAX_DOMAIN_MBPS:g} Mbit/s (the fabric profile's "
+                             f"interconnect is {ratio:g} times host_bw {params['host_bw']:g}): lower the link rate",
+                             rate)
+    else:
+        return {}
+    return {"domain_bw": rate}
 
 
 def _check_rails(where: str, kind: str, params: Mapping[str, Any], placement: str, raw: object, servers: int,
@@ -268,15 +297,19 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
             parts.append(f"pcie_bw={exact_number(params['pcie_bw'])}")
         if params["nic_placement"] != KINDS[kind].default_placement:
             parts.append(f"nic_placement={params['nic_placement']}")
+        if "domain_bw" in params:
+            parts.append(f"domain_bw={exact_number(params['domain_bw'])}")
     return f"{kind}:{','.join(parts)}"
 
 
 def at_link_rate(spec: str, mbps: float) -> str:
     """The same topology with every link at ``mbps``: for a spec whose rates all came from a fabric profile (a
-    server's PCIe links keep their ratio to the host links)."""
+    server's PCIe links and accelerator interconnect keep their ratio to the host links)."""
     kind, params = parse_spec(spec)
     old = params["host_bw"]
     params.update(bw=mbps, host_bw=mbps, switch_bw=mbps)
     if "servers" in params:
         params["pcie_bw"] = params["pcie_bw"] * mbps / old
+        if "domain_bw" in params:
+            params["domain_bw"] = params["domain_bw"] * mbps / old
     return format_spec(kind, params)

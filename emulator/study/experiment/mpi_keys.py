@@ -45,6 +45,9 @@ def reject_beside_mpi(where: str, rp: str, run: Mapping[str, Any]) -> None:
 def mpi_run(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology, policies: tuple[str, ...],
              rprofile: FabricProfile | None) -> Run:
     """An MPI run (``mpi:`` instead of ``algorithms``): its placements fit the program's ranks."""
+    if topo.has_domain:
+        raise FieldError(where, f"{rp}.topology", "a spec without domain_bw (an MPI program's ranks of one server "
+                         "talk through the server's switch; the interconnect is for replays)", topo.spec)
     placements = (choices_field(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
                   if "placements" in run else ("identity",))
     program = mpi_program(where, f"{rp}.mpi", run["mpi"], topo)

@@ -43,7 +43,10 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
             raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
     auto = _run_auto(where, rp, run)
     rprofile = fabric_field(where, run, f"{rp}.", enclosing) if has_fabric_keys(run) else None
-    topo = _topology(where, f"{rp}.topology", run["topology"], (rprofile or enclosing).emulated_link_mbps)
+    profile = rprofile or enclosing
+    # an MPI program's ranks of one server talk through its switch: no interconnect (emulator.emulation.domain)
+    topo = _topology(where, f"{rp}.topology", run["topology"], profile.emulated_link_mbps,
+                     None if "mpi" in run else profile.domain_ratio)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
     if "mpi" in run:
         return mpi_run(where, rp, run, topo, policies, rprofile)
@@ -72,13 +75,15 @@ def _run_auto(where: str, rp: str, run: Mapping[str, Any]) -> bool | None:
     return False if rated else auto
 
 
-def _topology(where: str, name: str, value: object, link_mbps: float) -> topology.Topology:
+def _topology(where: str, name: str, value: object, link_mbps: float,
+              domain_ratio: float | None) -> topology.Topology:
     """The run's topology; its links run at the fabric's emulated rate ``link_mbps`` unless the spec sets a rate
-    of its own (then the links it leaves unset take the topology's default, as ``experiments/README.md`` says)."""
+    of its own (then the links it leaves unset take the topology's default, as ``experiments/README.md`` says);
+    its servers' interconnect, where the fabric has one, at ``domain_ratio`` times its host links."""
     if not isinstance(value, str | Mapping):
         raise FieldError(where, name, "a topology spec such as 'fattree:k=4' or a mapping with kind:", value)
     try:
-        return topology.build(value, None if topology.sets_link_rate(value) else link_mbps)
+        return topology.build(value, None if topology.sets_link_rate(value) else link_mbps, domain_ratio)
     except FieldError as exc:
         raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
     except UserError as exc:
