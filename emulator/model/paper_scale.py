@@ -11,6 +11,12 @@ against leaf-spine (and fat-tree where one exists at that size) with ECMP
 profile names (no emulation, no machine latency): the profile's bandwidth,
 per-message and per-switch latency.
 
+For experiments on servers (the designs of ``experiments/clusters.yaml``),
+:func:`project_families` grows each design the experiment ran to more
+accelerators instead (:func:`emulator.model.topology.grown_spec`: the same
+servers, rails longer with their spines in proportion, BiGraph by the
+equal-radix rule) and projects each of its algorithms there.
+
 It also summarises the model's measured error at the scales the emulator ran
 (:func:`model_error`), which the report puts beside the projection. Pure.
 """
@@ -23,6 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from emulator.base.errors import FieldError, UserError
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
@@ -91,6 +98,56 @@ def project_comparisons(profile: FabricProfile, sizes: Sequence[int] = SIZES,
                 if role in specs:
                     base = _point(n, size, role, specs[role], policy, algo, profile)
                     out.append(Comparison(hosts=n, size=size, reference=ref, baseline=base))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What an experiment ran on one design: its topology spec (as measured), routing and algorithm."""
+
+    topology: str
+    routing: str
+    algorithm: str
+
+
+@dataclass(frozen=True)
+class Grown:
+    """One family grown to ``hosts`` accelerators and projected at ``size``: its point, or why there is none."""
+
+    family: Family
+    hosts: int
+    size: int
+    point: Point | None
+    why: str | None = None
+
+
+#: Where :func:`project_families` grows the designs to (accelerators), and the bandwidth-bound size it adds.
+FAMILY_HOSTS = (256, 1024)
+FAMILY_LARGE_SIZE = 256 << 20
+
+
+@functools.cache
+def project_families(families: tuple[Family, ...], profile: FabricProfile, sizes: tuple[int, ...],
+                     hosts: tuple[int, ...] = FAMILY_HOSTS) -> tuple[Grown, ...]:
+    """Every family grown to each of ``hosts`` and projected at each of ``sizes`` (cached: it is pure). A
+    design without that size, or an algorithm the projection does not model there, is a :class:`Grown` with
+    ``why``."""
+    out = []
+    for fam in families:
+        for n in hosts:
+            # at the profile's own rate, so that its dilation gives real times (the interconnect's ratio kept)
+            spec = topology.grown_spec(topology.at_link_rate(fam.topology, profile.emulated_link_mbps), n)
+            for size in sizes:
+                if spec is None:
+                    out.append(Grown(fam, n, size, None, f"{fam.topology.split(':')[0]} has no design of {n}"))
+                    continue
+                kind = spec.split(":")[0]
+                try:
+                    point = _point(n, size, kind, spec, fam.routing, fam.algorithm, profile)
+                except (FieldError, UserError) as exc:
+                    out.append(Grown(fam, n, size, None, str(exc)))
+                    continue
+                out.append(Grown(fam, n, size, point))
     return tuple(out)
 
 

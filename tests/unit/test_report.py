@@ -215,6 +215,35 @@ series:
     assert f"×{hier.speedup:.2f} ({lo:.2f}–{hi:.2f})" in md
 
 
+def test_designs_on_servers_are_grown_to_more_accelerators_by_the_model(tmp_path):
+    """An experiment of designs on servers (experiments/clusters.yaml in small): each design the experiment ran is
+    projected at more accelerators, and the answers say how the reference compares there (model only)."""
+    servers = "servers=2,accels_per_server=4,nics_per_server=4"
+    exp = xp.from_dict(yaml.safe_load(f"""
+name: designs
+fabric: h100-ndr400
+sizes: [64KiB]
+reference: {{algorithm: hdrm, routing: bigraph}}
+series:
+  - name: designs
+    runs:
+      - {{topology: "bigraph:upper=2,lower=2,hosts_per_switch=2,{servers},nic_placement=hdrm", routing: bigraph,
+         algorithms: [hdrm]}}
+      - {{topology: "railonly:rails=4,hosts_per_rail=2,{servers}", routing: shortest, algorithms: [hdrm, hier]}}
+"""), where="designs.yaml")
+    out = str(tmp_path / "run")
+    runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
+    built = report.build(out)
+    designs = [a for a in built.answers if a.question == "designs"]
+    assert designs and all(a.hosts == 32 and a.measured is None and a.model for a in designs)
+    assert {a.size for a in designs} == {64 << 10, 256 << 20}
+    assert all(a.comparison.startswith("BiGraph + hdrm / rail-only") for a in designs)
+    md = built.doc.markdown()
+    assert "## The same designs at more accelerators, by the model alone (not measured)" in md
+    assert "`railonly:rails=4,hosts_per_rail=8," in md and "32 accelerators, 256MiB" in md
+    assert "servers' interconnect 3600 Gbit/s" in md
+
+
 # ------------------------------------------------------------------ answers, intervals and summary.json
 ANSWERS_EXP = """
 name: answers

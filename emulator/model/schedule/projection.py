@@ -2,11 +2,11 @@
 
 This module owns :func:`project`, a fast stand-in for
 ``check.predict(generators.generate(algo, topo, size), topo, policy, ...).predicted_time_s``
-for ``ring``, ``hd`` and ``hdrm`` (placements as :func:`generators.generate`
-chooses them: identity for ``ring`` and ``hd``, :func:`generators.hdrm_placement`
-for ``hdrm``), and :func:`paper_scale_topologies`, the equal-radix fabrics of
+for ``ring``, ``hd``, ``hdrm`` and ``hier`` (placements as :func:`generators.generate`
+chooses them: identity but for :func:`generators.hdrm_placement` for ``hdrm``),
+and :func:`paper_scale_topologies`, the equal-radix fabrics of
 ``docs/domain.md`` §5 at 8..1024 hosts. Any other algorithm (``dbtree``,
-``hier``, imported schedules) raises :class:`~emulator.base.errors.FieldError`
+``rd``, imported schedules) raises :class:`~emulator.base.errors.FieldError`
 naming it: use ``emu schedule check`` for those. Every topology
 :func:`emulator.model.topology.build` makes works, servers included (their ranks
 are the accelerators, routed through the PCIe switch and the pinned NIC like
@@ -47,6 +47,18 @@ what repeats instead of to every operation:
   rates of link-disjoint groups of flows are independent, so this is the
   global recomputation's answer). Flows of different rounds overlap where
   ranks drift apart, as in the simulation.
+* Hierarchical (``hier``): its three phases are rings, each phase every
+  group's (or every rail's) ring at once: the ring recurrence above over
+  a grid of rings x members, the flows of all rings sharing links in one
+  progressive filling. Inside every server a reduce-scatter of blocks of
+  ``S`` pieces, then across servers one allreduce ring per local rank (on
+  rail fabrics, one per rail), then inside every server an all-gather. A
+  rank enters a phase when it is done with the one before (its last
+  receive arrived, its last send drained); its receives are posted then,
+  but the all-gather's inside the server, which are posted once the
+  reduce-scatter is done (they write the blocks it last sent). Over a
+  server's accelerator interconnect the paths are its ports
+  (:func:`~emulator.model.schedule.cost.physical_links`), without frames.
 
 Approximation. Halving-doubling is exact up to floating-point rounding: its
 rounds are simulated rank by rank because the ranks do drift apart under
@@ -66,6 +78,14 @@ hosts_per_switch=2``, 64 KiB, no latency), +0.35% at 128 hosts (1 MiB) and
 0 at 16 MiB, where the flows overlap all the time. Measured exactly against
 :func:`check.predict` on every other case of the unit tests (relative
 difference below 1e-9).
+
+``hier`` is the three phases one after another per rank, where the
+timing model posts the allreduce's first receives across servers before
+their phase's clear to send is due: with the fabric's latency up to 1.9%
+slow against :func:`check.predict` on the unit tests' rail, dual-plane,
+rail-only, BiGraph and shared-NIC servers and a plain leaf-spine, with and
+without an interconnect, at 64 KiB and 4 MiB; with bandwidth alone exact
+but where its rings share links, as above (BiGraph: +1.4%).
 
 Local reductions are not modelled (``gamma = 0``, as :func:`check.predict`).
 """
@@ -97,7 +117,7 @@ from emulator.model.topology import (
     tcp_payload_bytes,
 )
 
-ALGORITHMS = ("ring", "hd", "hdrm")
+ALGORITHMS = ("ring", "hd", "hdrm", "hier")
 WHERE = "projection"
 _EPS = 1e-12  # as the timing model: a flow within this many seconds of draining has drained
 
@@ -131,7 +151,10 @@ class _Path:
     latency: PathLatency
 
     def tail_s(self, nbytes: int, mss: int) -> float:
-        """The last frame's store-and-forward over every link after the first."""
+        """The last frame's store-and-forward over every link after the first (none over a server's
+        interconnect: no frames)."""
+        if self.latency.over_domain:
+            return 0.0
         last = last_segment_bytes(nbytes, mss)
         return sum(last / cap for cap in self.caps[1:])
 
@@ -190,7 +213,8 @@ def _routed(topo: Topology, policy: str, seed: int, hosts: list[str], latency: L
 
 @dataclass(frozen=True)
 class _RingEdges:
-    """Per sender rank ``i`` (flow ``i -> i+1``): the latency terms and the step's own times, as arrays."""
+    """Per ring (row) and sender (column ``i``, flow ``i -> i+1`` of its ring): the latency terms and the step's
+    own times, as arrays of rings x members."""
 
     cts: np.ndarray  # rendezvous target: posted -> clear to send
     cts_path: np.ndarray  # posted -> first byte, when the clear to send is what waits
@@ -199,41 +223,83 @@ class _RingEdges:
     tail: np.ndarray  # drained -> arrived
 
 
-def _ring_edges(paths: _Paths, p: int, nbytes: int, mss: int) -> _RingEdges:
-    edges = paths.route((i, (i + 1) % p) for i in range(p))
+def _ring_edges(paths: _Paths, rings: np.ndarray, nbytes: int, mss: int) -> _RingEdges:
+    """The flows of one step of every ring of ``rings`` (rows of ranks) at once, sharing links max-min."""
+    n, m = rings.shape
+    edges = paths.route((int(rings[g, i]), int(rings[g, (i + 1) % m])) for g in range(n) for i in range(m))
     rates = maxmin_rates([list(e.links) for e in edges], paths.capacity())
+
+    def grid(values: Iterable[float]) -> np.ndarray:
+        return np.array(list(values)).reshape(n, m)
+
     return _RingEdges(
-        cts=np.array([e.latency.rendezvous_target_s for e in edges]),
-        cts_path=np.array([e.latency.cts_path_s for e in edges]),
-        message=np.array([e.latency.message_s for e in edges]),
-        transmit=np.array([nbytes / r for r in rates]),
-        tail=np.array([e.tail_s(nbytes, mss) for e in edges]),
+        cts=grid(e.latency.rendezvous_target_s for e in edges),
+        cts_path=grid(e.latency.cts_path_s for e in edges),
+        message=grid(e.latency.message_s for e in edges),
+        transmit=grid(nbytes / r for r in rates),
+        tail=grid(e.tail_s(nbytes, mss) for e in edges),
     )
 
 
-def _ring_time(e: _RingEdges, p: int) -> float:
-    """The timing model's ring recurrence over the ``2(p-1)`` steps, all ranks at once (index = sender)."""
-    zero = np.zeros(p)
-    arrived, drained, started, posted = zero, np.full(p, -math.inf), np.full(p, -math.inf), zero
+def _ring_time(e: _RingEdges, begin: np.ndarray, reduce_scatter: bool = True, all_gather: bool = True,
+               posted: np.ndarray | None = None) -> np.ndarray:
+    """The timing model's ring recurrence, every rank of every ring at once (column = sender): the
+    ``m-1`` reduce-scatter steps and/or the ``m-1`` all-gather steps of rings of ``m`` members, each rank
+    entering at ``begin`` (its data ready) with its receives posted at ``posted`` (default ``begin``; by the
+    receiving rank's position). Returns when each rank is done (its last receive arrived and its last send
+    drained), by rank's position."""
+    m = begin.shape[1]
+    arrived, drained = begin, np.full(begin.shape, -math.inf)
+    started = np.full(begin.shape, -math.inf)
+    # the receive of sender i's flow is at i+1: its posting, by sender
+    posted = np.roll(begin if posted is None else posted, -1, axis=1)
     rs_drained: list[np.ndarray] = []
-    end = 0.0
-    for step in range(2 * (p - 1)):
-        ready = zero if step == 0 else np.roll(arrived, 1)  # data from i-1 of the previous step
-        if step >= p - 1:  # all-gather receive at i+1: posted once i+1's reduce-scatter send drained
-            posted = np.maximum(posted, np.roll(rs_drained[step - (p - 1)], -1))
+    steps = (m - 1) * (reduce_scatter + all_gather)
+    for step in range(steps):
+        ready = begin if step == 0 else np.roll(arrived, 1, axis=1)  # data from i-1 of the previous step
+        gather = step - (m - 1) if reduce_scatter else step
+        if reduce_scatter and gather >= 0:  # all-gather receive at i+1: once i+1's reduce-scatter send drained
+            posted = np.maximum(posted, np.roll(rs_drained[gather], -1, axis=1))
         started = np.maximum(np.maximum(ready, posted + e.cts), started)
         first = np.maximum(started + e.message, posted + e.cts_path)
         drained = np.maximum(first, drained) + e.transmit
         arrived = drained + e.tail
-        if step < p - 1:
+        if reduce_scatter and step < m - 1:
             rs_drained.append(drained)
-        end = max(end, float(arrived.max()))
-    return end
+    if not steps:
+        return begin
+    return np.maximum(np.roll(arrived, 1, axis=1), drained)
 
 
-def _project_ring(paths: _Paths, p: int, size: int, mss: int) -> tuple[float, int]:
+def _project_ring(paths: _Paths, hosts: list[str], size: int, mss: int) -> tuple[float, int]:
+    p = len(hosts)
     chunk = check_chunking(size, p, WHERE)
-    return _ring_time(_ring_edges(paths, p, chunk, mss), p), 1
+    rings = np.arange(p).reshape(1, p)
+    return float(_ring_time(_ring_edges(paths, rings, chunk, mss), np.zeros((1, p))).max()), 1
+
+
+def _project_hier(paths: _Paths, hosts: list[str], size: int, mss: int) -> tuple[float, int]:
+    """``hier``'s three phases, each rank entering a phase when it is done with the one before: rings inside
+    every group (a server) reduce-scatter blocks of ``S`` pieces, rings across the groups (the ``j``-th ranks,
+    one rail each on rail fabrics) allreduce the pieces, rings inside every group all-gather the blocks."""
+    groups = np.array(generators.hier_groups(paths.topo, hosts))
+    n_groups, g = groups.shape
+    unit = check_chunking(size, len(hosts), WHERE)
+    done = np.zeros(groups.shape)
+    phases = 0
+    if g > 1:
+        done = _ring_time(_ring_edges(paths, groups, n_groups * unit, mss), done, all_gather=False)
+        phases += 1
+    first = done
+    if n_groups > 1:  # the rails' rings: rows are local ranks, columns groups
+        done = _ring_time(_ring_edges(paths, groups.T, unit, mss), done.T).T
+        phases += 1
+    if g > 1:
+        # the all-gather's receives write blocks the rank last touched in the reduce-scatter: posted then
+        done = _ring_time(_ring_edges(paths, groups, n_groups * unit, mss), done, reduce_scatter=False,
+                          posted=first)
+        phases += 1
+    return float(done.max()), phases
 
 
 # ---------------------------------------------------------------------------
@@ -528,8 +594,12 @@ def project(algorithm: str, topo: Topology, policy: str, size: int, *, seed: int
     p = len(hosts)
     paths = _routed(topo, policy, seed, hosts, model, tcp_goodput_factor(mtu))
     mss = tcp_payload_bytes(mtu)
-    solve = _project_ring if algorithm == "ring" else _project_hd
-    time_s, distinct = solve(paths, p, size, mss)
+    if algorithm == "ring":
+        time_s, distinct = _project_ring(paths, hosts, size, mss)
+    elif algorithm == "hier":
+        time_s, distinct = _project_hier(paths, hosts, size, mss)
+    else:
+        time_s, distinct = _project_hd(paths, p, size, mss)
     profile = model.profile
     return Projection(algorithm=algorithm, topology=topo.spec, policy=policy, seed=seed, hosts=p, size=size,
                       time_s=time_s, real_time_s=profile.real_seconds(time_s) if profile is not None else None,

@@ -73,6 +73,52 @@ class TopologyKind:
     rails: bool = False            # slots reserved rail by rail, ``hosts_per_rail`` per rail (``rails`` of them)
     rail_only: bool = False        # no spines: traffic between rails crosses the sender's server (needs servers)
     default_placement: str = "packed"  # the NIC placement when a spec with servers names none
+    #: the fabric keys of the same design with ``slots`` host slots (its shape kept, see :func:`grown`), or None
+    #: where the design has no such size
+    grow: Callable[[Mapping[str, Any], int], dict[str, int] | None] | None = None
+
+
+# ------------------------------------------------------------------ growing a design
+def _paper_radix(slots: int) -> int | None:
+    """The radix of the equal-radix fabrics at ``slots`` hosts: the smallest power of two ``k`` with
+    ``k²/2 >= slots`` (``docs/domain.md`` §5), where ``slots`` is a power of two; else None."""
+    if slots < 8 or slots & (slots - 1):
+        return None
+    k = 4
+    while k * k // 2 < slots:
+        k *= 2
+    return k
+
+
+def _grow_bigraph(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
+    k = _paper_radix(slots)
+    return None if k is None else {"upper": k // 2, "lower": k // 2, "hosts_per_switch": slots // k}
+
+
+def _grow_leafspine(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
+    k = _paper_radix(slots)
+    return None if k is None else {"leaves": slots // (k // 2), "spines": k // 2, "hosts_per_leaf": k // 2}
+
+
+def _grow_fattree(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
+    k = round((4 * slots) ** (1 / 3))
+    return {"k": k} if k % 2 == 0 and k**3 // 4 == slots else None
+
+
+def _grow_rails(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
+    """The same rails, longer: ``slots / rails`` hosts per rail, spines in proportion (the leaves'
+    oversubscription kept)."""
+    rails = p["rails"]
+    if slots % rails:
+        return None
+    h = slots // rails
+    out = {"rails": rails, "hosts_per_rail": h}
+    if "spines" in p:
+        spines = p["spines"] * h / p["hosts_per_rail"]
+        if spines != int(spines):
+            return None
+        out["spines"] = int(spines)
+    return out
 
 
 # ------------------------------------------------------------------ bisection helpers
@@ -109,7 +155,7 @@ def _bisect_bigraph(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _BIGRAPH = TopologyKind(
     name="bigraph", title="BiGraph", keys={"upper": 1, "lower": 1, "hosts_per_switch": 1},
     counts=lambda p: ((p["upper"] + p["lower"]) * p["hosts_per_switch"], p["upper"] + p["lower"]),
-    build=_build_bigraph, bisection=_bisect_bigraph, policies=("bigraph",))
+    build=_build_bigraph, bisection=_bisect_bigraph, policies=("bigraph",), grow=_grow_bigraph)
 
 
 # ------------------------------------------------------------------ fat-tree
@@ -144,7 +190,7 @@ def _bisect_fattree(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _FATTREE = TopologyKind(
     name="fattree", title="fat-tree", keys={"k": 2}, even_keys=("k",),
     counts=lambda p: (p["k"] ** 3 // 4, 5 * p["k"] * p["k"] // 4),
-    build=_build_fattree, bisection=_bisect_fattree, policies=("dmodk",))
+    build=_build_fattree, bisection=_bisect_fattree, policies=("dmodk",), grow=_grow_fattree)
 
 
 # ------------------------------------------------------------------ leaf-spine
@@ -172,7 +218,7 @@ def _bisect_leafspine(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _LEAFSPINE = TopologyKind(
     name="leafspine", title="leaf-spine", keys={"leaves": 1, "spines": 1, "hosts_per_leaf": 1},
     counts=lambda p: (p["leaves"] * p["hosts_per_leaf"], p["leaves"] + p["spines"]),
-    build=_build_leafspine, bisection=_bisect_leafspine, policies=("dmodk",))
+    build=_build_leafspine, bisection=_bisect_leafspine, policies=("dmodk",), grow=_grow_leafspine)
 
 
 # ------------------------------------------------------------------ rail-optimized
@@ -187,7 +233,8 @@ def _bisect_rail(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _RAIL = TopologyKind(
     name="rail", title="rail-optimized", keys={"rails": 1, "hosts_per_rail": 1, "spines": 1},
     counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"] + p["spines"]),
-    build=_build_rail, bisection=_bisect_rail, policies=("dmodk",), rails=True, default_placement="rail")
+    build=_build_rail, bisection=_bisect_rail, policies=("dmodk",), rails=True, default_placement="rail",
+    grow=_grow_rails)
 
 
 # ------------------------------------------------------------------ dual-plane
@@ -234,7 +281,7 @@ def _bisect_dualplane(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _DUALPLANE = TopologyKind(
     name="dualplane", title="dual-plane", keys={"rails": 1, "hosts_per_rail": 1, "spines": 1},
     counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"] * p["hosts_per_rail"] + 2 * (p["rails"] + p["spines"])),
-    build=_build_dualplane, bisection=_bisect_dualplane, rails=True, default_placement="rail")
+    build=_build_dualplane, bisection=_bisect_dualplane, rails=True, default_placement="rail", grow=_grow_rails)
 
 
 # ------------------------------------------------------------------ rail-only
@@ -246,7 +293,7 @@ _RAILONLY = TopologyKind(
     name="railonly", title="rail-only", keys={"rails": 1, "hosts_per_rail": 1},
     counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"]),
     build=_build_railonly, bisection=lambda p, hbw, sbw: p["rails"] * (p["hosts_per_rail"] // 2) * hbw,
-    rails=True, rail_only=True, default_placement="rail")
+    rails=True, rail_only=True, default_placement="rail", grow=_grow_rails)
 
 
 # ------------------------------------------------------------------ star
@@ -258,7 +305,8 @@ def _build_star(b: FabricBuilder, p: Mapping[str, Any]) -> None:
 
 _STAR = TopologyKind(
     name="star", title="star", keys={"hosts": 1}, counts=lambda p: (p["hosts"], 1),
-    build=_build_star, bisection=lambda p, hbw, sbw: (p["hosts"] // 2) * hbw, min_hosts=1, ideal=True)
+    build=_build_star, bisection=lambda p, hbw, sbw: (p["hosts"] // 2) * hbw, min_hosts=1, ideal=True,
+    grow=lambda p, slots: {"hosts": slots})
 
 
 #: Every kind by name, in the order error messages list them.

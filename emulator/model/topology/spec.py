@@ -302,6 +302,29 @@ def format_spec(kind: str, params: Mapping[str, Any]) -> str:
     return f"{kind}:{','.join(parts)}"
 
 
+def grown_spec(spec: str, hosts: int) -> str | None:
+    """The same design with ``hosts`` hosts (with servers: accelerators, in servers of the same shape), as its
+    kind grows (:attr:`~emulator.model.topology.kinds.TopologyKind.grow`: BiGraph and leaf-spine by the
+    equal-radix rule, rails longer with spines in proportion); None where the design has no such size. Rates,
+    server shape and NIC placement are kept; whether it fits the limits is for the build to say."""
+    kind, params = parse_spec(spec)
+    grow = KINDS[kind].grow
+    if grow is None:
+        return None
+    slots = hosts
+    if "servers" in params:
+        accels, nics = params["accels_per_server"], params["nics_per_server"]
+        if hosts % accels:
+            return None
+        params["servers"] = hosts // accels
+        slots = params["servers"] * nics
+    keys = grow(params, slots)
+    if keys is None:
+        return None
+    params.update(keys)
+    return format_spec(kind, params)
+
+
 def at_link_rate(spec: str, mbps: float) -> str:
     """The same topology with every link at ``mbps``: for a spec whose rates all came from a fabric profile (a
     server's PCIe links and accelerator interconnect keep their ratio to the host links)."""

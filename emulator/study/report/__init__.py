@@ -128,6 +128,8 @@ from emulator.study.run_folder import RunFolder
 
 #: The host counts the report projects its comparisons to (model only; tests make it smaller, it is their cost).
 PROJECTED_HOSTS: tuple[int, ...] = paper_scale.HOSTS
+#: The accelerator counts an experiment on servers grows its designs to (model only; tests make it smaller too).
+DESIGN_HOSTS: tuple[int, ...] = paper_scale.FAMILY_HOSTS
 
 __all__ = ["CSV_FIELDS", "RESAMPLES", "BaselineEntry", "CellRow", "Compute", "Doc", "LinkStepMatrix", "MpiRow",
            "Plan", "Reference", "Report", "Row", "ScalingKey", "ScalingPoint", "ServerComparison", "SpeedupTable",
@@ -169,6 +171,11 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
     scaled = len({r.hosts for r in collective if ref.matches(r)}) > 1
     projected = paper_scale.project_comparisons(profile, hosts=PROJECTED_HOSTS) if scaled else ()
     found += answers.projection_answers(projected, error)
+    # an experiment on servers (today's designs): each of its designs grown to more accelerators
+    designs = () if scaled else answers.design_families(collective, ref)
+    sizes = tuple(sorted({r.size for r in collective} | {paper_scale.FAMILY_LARGE_SIZE}))
+    grown = paper_scale.project_families(designs, profile, sizes, DESIGN_HOSTS) if designs else ()
+    found += answers.design_answers(grown, error)
 
     doc = Doc()
     sections.title(doc, plan)
@@ -185,6 +192,7 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
     sections.training(doc, training_families(rows), rows, profile, plot_dir)
     if collective or empty:
         sections.projection(doc, projected, error, profile)
+        sections.designs(doc, grown, max((r.hosts for r in collective), default=0), error, profile)
     sections.mpi_programs(doc, mpi_rows)
     if rows or empty:
         sections.every_cell(doc, rows, plot_dir)

@@ -25,6 +25,11 @@ which cells exist, never from series names.
 * **projection** (model only): at the largest scale that
   :mod:`emulator.model.paper_scale` projects, the reference against the leaf-spine
   baselines, beside the model's measured error (:func:`model_error_text`).
+* **designs** (model only): for an experiment on servers, every design it
+  ran grown to :data:`~emulator.model.paper_scale.FAMILY_HOSTS` accelerators
+  (:func:`~emulator.model.paper_scale.project_families`); at the most, per
+  size, the reference against the fastest and the slowest other design
+  (:func:`design_answers`).
 
 Q1, Q2 and scaling are busbw answers: they see only the rows of one
 collective at a size (:func:`~emulator.study.report.rows.busbw_rows`), never a
@@ -55,6 +60,7 @@ QUESTIONS = {
     "scaling": "Scaling: does the reference keep its links busy as hosts are added?",
     "training": "Training: does a data-parallel iteration scale near-linearly?",
     "projection": "At the paper's scale (model only)",
+    "designs": "The same designs grown to more accelerators (model only)",
 }
 PAPER = {
     "Q1": "The paper claims up to ×11.3 from removing NIC congestion.",
@@ -63,6 +69,7 @@ PAPER = {
                 "measures that claim with training iterations."),
     "training": "The paper reports near-linear scaling of ResNet-50 training on BiGraph with HDRM.",
     "projection": "",
+    "designs": "",
 }
 EACH_FAMILY_MAX = 4  # at the largest host count, every baseline family gets a sentence up to this many
 KINDS = {name: kind.title for name, kind in topology.KINDS.items()}
@@ -385,6 +392,46 @@ def projection_answers(comparisons: Iterable[paper_scale.Comparison], error: str
         out.append(Answer(question="projection", text=text, comparison=f"{point_label(c.reference)} / "
                           f"{point_label(c.baseline)}", hosts=c.hosts, size=c.size, measured=None,
                           interval=None, significant=None, model=c.speedup, trusted=True, cells=()))
+    return out
+
+
+def design_families(rows: Iterable[CellRow], ref: Reference) -> tuple[paper_scale.Family, ...]:
+    """The designs an experiment on servers ran (topology, routing, algorithm), the reference's first; none
+    unless every row's topology has servers and one of them is the reference's."""
+    rows = list(rows)
+    if not rows or not all("servers=" in r.topology for r in rows):
+        return ()
+    families = sorted({(not ref.matches(r), r.topology, r.routing, r.algorithm) for r in rows})
+    if families[0][0]:  # no row is the reference's
+        return ()
+    return tuple(paper_scale.Family(t, routing, algo) for _, t, routing, algo in families)
+
+
+def design_answers(grown: Iterable[paper_scale.Grown], error: str) -> list[Answer]:
+    """At the most accelerators projected, per size: the reference design (the first family) against the
+    fastest and the slowest other one, by the model."""
+    grown = [g for g in grown if g.point is not None]
+    if not grown:
+        return []
+    reference = grown[0].family
+    top = max(g.hosts for g in grown)
+    out = []
+    for size in sorted({g.size for g in grown if g.hosts == top}):
+        here = [g for g in grown if g.hosts == top and g.size == size]
+        ref = next((g.point for g in here if g.family == reference), None)
+        others = {g.point: g.point.real_time_s for g in here if g.family != reference and g.point is not None}
+        if ref is None or not others:
+            continue
+        for point in _lowest_and_highest(list(others), lambda p: None, others.get):
+            speedup = point.real_time_s / ref.real_time_s
+            how = f"×{speedup:.2f} faster than" if speedup >= 1 else f"×{speedup:.2f} as fast as"
+            text = (f"Model only, not measured: at {top} accelerators and {format_size(size)} per rank, "
+                    f"{point_label(ref)} would be {how} {point_label(point)} ({ref.real_time_s * 1e6:.0f} µs "
+                    f"against {point.real_time_s * 1e6:.0f} µs on the real fabric); the model's error where the "
+                    f"emulator measured it: {error}.")
+            out.append(Answer(question="designs", text=text, comparison=f"{point_label(ref)} / "
+                              f"{point_label(point)}", hosts=top, size=size, measured=None, interval=None,
+                              significant=None, model=speedup, trusted=True, cells=()))
     return out
 
 

@@ -453,6 +453,43 @@ def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, pr
           f"the emulator measured it: {error}. Efficiency = busbw / link goodput.")
 
 
+def designs(doc: Doc, grown: Sequence[paper_scale.Grown], measured_hosts: int, error: str,
+            profile: fabric.FabricProfile) -> None:
+    """The "designs grown" section: every design of an experiment on servers at more accelerators (model)."""
+    if not grown:
+        return
+    doc.h(2, "The same designs at more accelerators, by the model alone (not measured)")
+    columns = sorted({(g.hosts, g.size) for g in grown})
+    body = []
+    for fam in dict.fromkeys(g.family for g in grown):
+        cells = {(g.hosts, g.size): g for g in grown if g.family == fam}
+        label = next((answers.point_label(g.point) for g in cells.values() if g.point is not None),
+                     f"{fam.topology.split(':')[0]} + {fam.algorithm}")
+        row = [label]
+        for key in columns:
+            g = cells.get(key)
+            if g is None or g.point is None:
+                row.append("–")
+            else:
+                row.append(f"{g.point.real_time_s * 1e6:.0f} µs, busbw {g.point.busbw_gbps:.3g} Gbit/s")
+        body.append(row)
+    doc.table(["design (model)", *(f"{h} accelerators, {format_size(s)}" for h, s in columns)], body)
+    missing = sorted({g.why for g in grown if g.point is None and g.why})
+    grown_specs = sorted({(g.hosts, g.point.topology) for g in grown if g.point is not None})
+    interconnect = (f", servers' interconnect {profile.domain_gbps:g} Gbit/s per accelerator and direction and "
+                    f"{profile.domain_latency_us:g} µs" if profile.domain_gbps else "")
+    doc.p(f"Each design the experiment measured at {measured_hosts} accelerators, grown with the same servers: "
+          "rails longer with their spines in proportion (the leaves' oversubscription kept), BiGraph by the "
+          "equal-radix rule (k/2 switches per group). Real times on the fabric the profile names ("
+          f"{profile.link_gbps:g} Gbit/s links, {profile.alpha_us:g} µs per message, {profile.switch_latency_us:g} "
+          f"µs per switch{interconnect}), by `emulator.model.schedule.projection` (the timing model's rules; hier "
+          "as its three phases, each rank entering a phase when done with the one before); ECMP folded by the "
+          f"median over seeds {', '.join(map(str, paper_scale.SEEDS))}. Grown fabrics: "
+          + ", ".join(f"`{spec}` ({h})" for h, spec in grown_specs)
+          + (". Not projected: " + "; ".join(missing) if missing else "")
+          + f". The model's error where the emulator measured it: {error}.")
+
+
 # ---------------------------------------------------------- MPI programs
 def _mpi_verdict(r: MpiRow) -> str:
     """``trusted``, ``not trusted: over_capacity``, ``–`` (not measured); other flags in brackets."""
