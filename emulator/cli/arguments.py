@@ -22,6 +22,7 @@ from emulator.base.errors import UserError, printable
 from emulator.base.files import read_text
 from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_file
+from emulator.runs.admission import parse_duration
 from emulator.runs.cluster_file import ClusterRun
 
 
@@ -70,25 +71,12 @@ def positive(unit: str, *, finite: bool = False) -> Callable[[str], float]:
     return number(f"{unit} > 0", lambda x: x > 0)
 
 
-_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-
-
 def duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0)."""
-    expected = "a duration > 0 such as 1800, 90s, 30m or 2h"
-    body = text.strip().lower()
-    factor = 1.0
-    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if body.endswith(unit):
-            body, factor = body[: -len(unit)], _DURATION_UNITS[unit]
-            break
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0; :func:`emulator.runs.admission.parse_duration`)."""
     try:
-        value = float(body) * factor
+        return parse_duration(text)
     except ValueError:
-        raise _refuse(expected, text) from None
-    if not 0 < value < math.inf:
-        raise _refuse(expected, text)
-    return value
+        raise _refuse("a duration > 0 such as 1800, 90s, 30m or 2h", text) from None
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

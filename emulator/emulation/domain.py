@@ -118,10 +118,12 @@ class DomainArbiter:
 
     :meth:`start` listens on :func:`arbiter_socket` and serves in a daemon
     thread until :meth:`close`. ``late_s`` is the most its thread woke late
-    for a drain (seconds), ``flows`` how many transfers it timed.
+    for a drain (seconds), ``flows`` how many transfers it timed. Should the
+    thread fail, ``error`` says why and every sender's connection is closed,
+    so their agents fail at once rather than wait for a drain.
     """
 
-    def __init__(self, topo: Topology, directory: str, clock=time.monotonic):
+    def __init__(self, topo: Topology, directory: str, clock: Callable[[], float] = time.monotonic):
         if not topo.has_domain:
             raise ValueError(f"topology {topo.spec} has no accelerator interconnect (domain_bw)")
         self.topo = topo
@@ -134,6 +136,7 @@ class DomainArbiter:
         self.hosts = {h.index: h.name for h in topo.hosts}
         self.late_s = 0.0
         self.flows = 0
+        self.error: str | None = None
         self._selector = selectors.DefaultSelector()
         self._owner: dict[Hashable, tuple[_Client, int]] = {}  # flow -> its client, and its number there
         self._stop = threading.Event()
@@ -173,18 +176,26 @@ class DomainArbiter:
         self.close()
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            due = self.fluid.next_drain()
-            wait = 0.05 if due is None else min(max(due - self.clock(), 0.0), 0.05)
-            for key, _ in self._selector.select(wait):
-                if key.data is None:
-                    self._accept()
-                else:
-                    self._read(key.data)
-            now = self.clock()
-            if due is not None and now >= due:
-                self.late_s = max(self.late_s, now - due)
-            self._notify(self.fluid.advance(now))
+        try:
+            while not self._stop.is_set():
+                due = self.fluid.next_drain()
+                wait = 0.05 if due is None else min(max(due - self.clock(), 0.0), 0.05)
+                for key, _ in self._selector.select(wait):
+                    if key.data is None:
+                        self._accept()
+                    else:
+                        self._read(key.data)
+                now = self.clock()
+                drained = self.fluid.advance(now)
+                self.late_s = max([self.late_s, *(now - d.at for d in drained)])
+                self._notify(drained)
+        except Exception as exc:  # whatever it was, the senders must not wait for it
+            self.error = f"interconnect arbiter failed: {type(exc).__name__}: {exc}"
+            log.error("%s", self.error)
+            for key in list(self._selector.get_map().values()):
+                if key.data is not None:
+                    self._selector.unregister(key.fileobj)
+                    key.data.sock.close()
 
     def _accept(self) -> None:
         assert self._listener is not None
@@ -197,7 +208,10 @@ class DomainArbiter:
         self._selector.register(sock, selectors.EVENT_READ, client)
 
     def _read(self, client: _Client) -> None:
-        data = client.sock.recv(START.size * 64)
+        try:
+            data = client.sock.recv(START.size * 64)
+        except OSError:
+            data = b""
         if not data:  # the sender is gone (its agent ended)
             self._selector.unregister(client.sock)
             client.sock.close()

@@ -421,7 +421,8 @@ class ReplaySession:
                 fleet.close()
             if arbiter is not None:
                 arbiter.close()
-                results.domain = {"flows": arbiter.flows, "arbiter_late_max_s": arbiter.late_s}
+                results.domain = {"flows": arbiter.flows, "arbiter_late_max_s": arbiter.late_s,
+                                  "error": arbiter.error}
             if isinstance(self.launcher, ClusterSpawner):
                 self._collect(self.launcher, results)
             if actions is not None:

@@ -78,6 +78,21 @@ AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
 RESERVE_FRACTION = 0.10
 RESERVE_MIN_BYTES = 1 * GiB
 DEFAULT_MAX_TIME_S = 30 * 60.0
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h``; :class:`ValueError` unless > 0 and finite."""
+    body = text.strip().lower()
+    factor = 1.0
+    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
+        if body.endswith(unit):
+            body, factor = body[: -len(unit)], _DURATION_UNITS[unit]
+            break
+    value = float(body) * factor
+    if not 0 < value < math.inf:
+        raise ValueError(text)
+    return value
 #: Open MPI ranks per core (no model predicts an MPI program's load, so no calibrated rule applies to them):
 #: what 64 agents on 2 cores ran trusted before the agents' costs were calibrated (docs/fidelity.md).
 MAX_MPI_RANKS_PER_CORE = 32

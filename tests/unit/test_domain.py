@@ -3,14 +3,16 @@ agents on loopback whose interconnect transfers take what the timing model says.
 
 from __future__ import annotations
 
+import socket
 import tempfile
+import time
 
 import pytest
 from test_agent import run_agents
 
 from emulator.base.errors import FieldError
 from emulator.emulation import fidelity
-from emulator.emulation.domain import DomainArbiter, check_directory
+from emulator.emulation.domain import START, DomainArbiter, arbiter_socket, check_directory
 from emulator.model import fabric, topology
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel
@@ -171,3 +173,17 @@ def test_agents_time_interconnect_transfers_as_the_model_does(algo, collective, 
         ends = [e for reps in results.values() for _, _, e in reps[rep]["ops"]]
         starts = [s for reps in results.values() for _, s, _ in reps[rep]["ops"]]
         assert max(ends) - min(starts) == pytest.approx(predicted, rel=0.1)
+
+
+def test_an_arbiter_that_fails_says_why_and_lets_its_senders_go():
+    """A start the arbiter cannot time (two accelerators of different servers): it records the error and closes
+    the sender's connection, so the sender fails at once instead of waiting for a drain."""
+    topo = topology.build("star:hosts=4,servers=2,accels_per_server=2,nics_per_server=1,domain_bw=8")
+    with tempfile.TemporaryDirectory(prefix="efdom-") as folder, DomainArbiter(topo, folder) as arbiter:
+        sender = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sender.connect(arbiter_socket(folder))
+        sender.sendall(START.pack(1, 1, 3, 1000, time.monotonic()))  # h1 and h3: different servers
+        sender.settimeout(5)
+        assert sender.recv(16) == b""  # closed, not answered
+        assert arbiter.error is not None and "no link" in arbiter.error
+        sender.close()

@@ -114,6 +114,9 @@ def test_defaults():
     ({"fabric": "dilation=10"}, "fabric.dilation"),
     ({"fabric": 7}, "fabric"),
     ({"fabric": "preset=roce100,dilation=5000", "link_mbps": 10}, "link_mbps"),
+    ({"max_time": "soon"}, "max_time"),
+    ({"max_time": -5}, "max_time"),
+    ({"max_time": True}, "max_time"),
 ])
 def test_bad_top_level_fields_are_named(patch, field):
     data = yaml.safe_load(GOOD)
@@ -149,6 +152,26 @@ def test_bad_nested_fields_are_named(path, value, field):
         xp.from_dict(data, where="experiments/x.yaml")
     assert exc.value.field == field, str(exc.value)
     assert str(exc.value).startswith(f"experiments/x.yaml: field '{field}'")
+
+
+@pytest.mark.parametrize("value, seconds", [(None, None), ("45m", 2700.0), (2700, 2700.0), ("1.5h", 5400.0)])
+def test_a_file_says_how_long_it_may_run(value, seconds):
+    data = yaml.safe_load(GOOD)
+    if value is not None:
+        data["max_time"] = value
+    assert xp.from_dict(data, where="experiments/x.yaml").max_time_s == seconds
+
+
+def test_the_files_max_time_is_the_runs_limit_unless_the_command_line_gives_one(tmp_path, capsys):
+    path = tmp_path / "x.yaml"
+    path.write_text(GOOD + "max_time: 1s\n")
+    assert cli.main(["run", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "field 'max-time': expected a run predicted within --max-time 1 s" in err and "max_time" in err
+    assert cli.main(["run", str(path), "--check", "--max-time", "2h"]) == 0
+    path.write_text(GOOD + "max_time: 2h\n")
+    assert cli.main(["run", str(path), "--check"]) == 0
+    assert cli.main(["run", str(path), "--check", "--max-time", "1s"]) == 2
 
 
 def test_missing_keys_and_duplicate_cells():

@@ -22,8 +22,9 @@ from emulator.runs.dilation import Envelope
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """``--max-time`` and ``--allow-untrusted``."""
-    p.add_argument("--max-time", type=duration, default=admission.DEFAULT_MAX_TIME_S, metavar="DURATION",
-                   help="refuse a run predicted to take longer, e.g. 2h, 90m, 600s (default 30m)")
+    p.add_argument("--max-time", type=duration, default=None, metavar="DURATION",
+                   help="refuse a run predicted to take longer, e.g. 2h, 90m, 600s (default 30m; for `emu run`, "
+                        "the experiment file's max_time where it has one)")
     p.add_argument("--allow-untrusted", action="store_true",
                    help="run even when the model's load exceeds this machine's calibrated datapath capacity, or "
                         "the agents' work exceeds what its cores keep up with (the results are flagged and not "
@@ -31,7 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def policy(args: argparse.Namespace) -> admission.Policy:
-    return admission.Policy(max_time_s=args.max_time, allow_untrusted=args.allow_untrusted)
+    max_time = args.max_time if args.max_time is not None else admission.DEFAULT_MAX_TIME_S
+    return admission.Policy(max_time_s=max_time, allow_untrusted=args.allow_untrusted)
 
 
 def machine() -> admission.Machine:

@@ -118,6 +118,8 @@ def _print_dilations(dilations: list[xp.RunDilation], calibrated: bool) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     exp = xp.load(args.file)
+    if args.max_time is None:  # the file knows how long it runs; the command line still overrides it
+        args.max_time = exp.max_time_s
     cells = xp.expand(exp)
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     cluster = cluster_run(args)

@@ -144,6 +144,7 @@ class Experiment:
     sizes: tuple[int, ...] = DEFAULT_SIZES
     timeout_s: float | None = None
     reference: Mapping[str, str] = field(default_factory=lambda: dict(DEFAULT_REFERENCE))
+    max_time_s: float | None = None  # the file's ``max_time``: --max-time when the command line gives none
     source: str = "experiment"
     dilation_auto: bool = True  # ``dilation: auto``, the default (emulator.runs.dilation)
 

@@ -62,7 +62,9 @@ def experiment_request(todo: Sequence[PreparedCell], envelope_of: Callable[[int]
     empty = admission.MemoryEstimate(ranks=0, rank_bytes=0, programs_bytes=0, network_bytes=0, session_bytes=0)
     return admission.Request("run", admission.largest(memory) if memory else empty, cells_s + networks_s,
                              f"{len(todo)} cells left at the model's times, {len(networks)} bring-ups and probes"
-                             f"{guess}", tuple(loads))
+                             f"{guess}", tuple(loads),
+                             time_hint="raise --max-time (or the file's max_time), or use smaller sizes or fewer "
+                             "repetitions")
 
 
 def cluster_memory(todo: Sequence[PreparedCell], server_of: Callable[[Topology], Mapping[str, str]],

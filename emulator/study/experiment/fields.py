@@ -14,6 +14,7 @@ from typing import Any
 
 from emulator.base.errors import FieldError, int_field
 from emulator.model.schedule.format import parse_size
+from emulator.runs.admission import parse_duration
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
@@ -80,6 +81,20 @@ def choices_field(where: str, name: str, value: object, allowed: tuple[str, ...]
     if len(set(items)) != len(items):
         raise FieldError(where, name, "distinct values", value)
     return tuple(items)
+
+
+def max_time_field(where: str, value: object) -> float | None:
+    """``max_time``: what ``--max-time`` is for this file when the command line gives none (seconds, or a
+    duration such as ``45m``); None when it is left out."""
+    if value is None:
+        return None
+    expected = "a duration > 0 such as 2700, 45m or 1h (or leave it out)"
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise FieldError(where, "max_time", expected, value)
+    try:
+        return parse_duration(str(value))
+    except ValueError:
+        raise FieldError(where, "max_time", expected, value) from None
 
 
 def timeout_field(where: str, value: object) -> float | None:

@@ -37,6 +37,7 @@ from emulator.study.experiment.fields import (
     choices_field,
     list_field,
     mapping_field,
+    max_time_field,
     name_field,
     reject_unknown,
     seeds_field,
@@ -48,7 +49,7 @@ from emulator.study.experiment.grid import expand
 from emulator.study.experiment.run_keys import run_entry
 
 TOP_KEYS = ("name", "description", "fabric", "link_mbps", "dilation", "repeat", "warmup", "ecmp_seeds", "sizes", "timeout_s",
-            "reference", "series")
+            "max_time", "reference", "series")
 SERIES_KEYS = ("name", "description", "fabric", "link_mbps", "dilation", "sizes", "runs")
 REFERENCE_KEYS = ("algorithm", "routing")
 
@@ -82,6 +83,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     seeds = seeds_field(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
     sizes = sizes_field(where, "sizes", top["sizes"]) if "sizes" in top else DEFAULT_SIZES
     timeout = timeout_field(where, top.get("timeout_s"))
+    max_time = max_time_field(where, top.get("max_time"))
     ref = _reference(where, top)
     if "series" not in top:
         raise FieldError(where, "series", "a non-empty list of series (name, runs)", MISSING)
@@ -91,7 +93,8 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
                                    {s.name for s in series_list}))
     exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile,
                      link_mbps=profile.emulated_link_mbps, repeat=repeat, warmup=warmup, ecmp_seeds=seeds,
-                     sizes=sizes, timeout_s=timeout, reference=ref, source=where, dilation_auto=auto is not False)
+                     sizes=sizes, timeout_s=timeout, reference=ref, source=where, dilation_auto=auto is not False,
+                     max_time_s=max_time)
     expand(exp)  # duplicate cells are an error of the file
     return exp
 
