@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -161,6 +162,9 @@ def _bridges() -> list[str]:
 
 def take(tag: str, round_no: int, controller_pid: int | None = None) -> Census:
     """The census now; ``controller_pid`` adds that controller's fds and memory."""
+    # a socket in a reference cycle closes whenever the collector next runs: collect now, so that this process's
+    # descriptors are what it holds (a baseline taken before such a collection was one above every later count)
+    gc.collect()
     bridges = _bridges()
     links = _links()
     veths = _links("veth")
