@@ -410,10 +410,11 @@ def design_families(rows: Iterable[CellRow], ref: Reference) -> tuple[paper_scal
 def design_answers(grown: Iterable[paper_scale.Grown], error: str) -> list[Answer]:
     """At the most accelerators projected, per size: the reference design (the first family) against the
     fastest and the slowest other one, by the model."""
-    grown = [g for g in grown if g.point is not None]
+    every = list(grown)
+    grown = [g for g in every if g.point is not None]
     if not grown:
         return []
-    reference = grown[0].family
+    reference = every[0].family  # the reference's, even where it has no point
     top = max(g.hosts for g in grown)
     out = []
     for size in sorted({g.size for g in grown if g.hosts == top}):
