@@ -67,6 +67,7 @@ from emulator.emulation.peer import (
     SendChannel,
     accept_all,
     check_accepted,
+    close_quietly,
     recv_exact,
 )
 from emulator.model.schedule.cost import domain_capacity, domain_links
@@ -291,11 +292,8 @@ class DomainSendChannel:
         return float(drained)
 
     def close(self) -> None:
-        for sock in (self.sock, self.arbiter):
-            try:
-                sock.close()
-            except OSError:
-                pass
+        close_quietly(self.sock)
+        close_quietly(self.arbiter)
 
 
 class DomainRecvChannel(RecvChannel):

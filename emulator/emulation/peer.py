@@ -340,7 +340,7 @@ class SendChannel:
         self.delivery.wrote(HEADER.size + len(payload))
 
     def close(self) -> None:
-        _close(self.sock)
+        close_quietly(self.sock)
 
 
 class RecvChannel:
@@ -376,10 +376,11 @@ class RecvChannel:
         return recv_exact(self.sock, view, quickack=True)
 
     def close(self) -> None:
-        _close(self.sock)
+        close_quietly(self.sock)
 
 
-def _close(sock: socket.socket) -> None:
+def close_quietly(sock: socket.socket) -> None:
+    """Close ``sock``; a socket already broken closes all the same."""
     try:
         sock.close()
     except OSError:

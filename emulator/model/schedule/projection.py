@@ -106,12 +106,15 @@ from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.schedule import generators
 from emulator.model.schedule.cost import Link, bus_bandwidth_mbps, maxmin_rates, over_domain, physical_links
-from emulator.model.schedule.format import check_chunking, is_power_of_two
+from emulator.model.schedule.format import check_chunking
 from emulator.model.schedule.timing import ack_departure, is_reverse
 from emulator.model.topology import (
     DEFAULT_MTU,
+    KINDS,
     MAX_HOSTS,
     Topology,
+    equal_radix,
+    format_spec,
     last_segment_bytes,
     tcp_goodput_factor,
     tcp_payload_bytes,
@@ -612,12 +615,10 @@ def project(algorithm: str, topo: Topology, policy: str, size: int, *, seed: int
 
 def paper_scale_radix(hosts: int) -> int:
     """The switch radix of :func:`paper_scale_topologies`: the smallest power of two ``k`` with ``k²/2 >= hosts``."""
-    if not is_power_of_two(hosts) or not 8 <= hosts <= MAX_HOSTS:
+    radix = equal_radix(hosts) if hosts <= MAX_HOSTS else None
+    if radix is None:
         raise FieldError(WHERE, "hosts", f"a power of two from 8 to {MAX_HOSTS}", hosts)
-    k = 4
-    while k * k // 2 < hosts:
-        k *= 2
-    return k
+    return radix
 
 
 def paper_scale_topologies(hosts: int) -> list[tuple[str, str]]:
@@ -632,13 +633,12 @@ def paper_scale_topologies(hosts: int) -> list[tuple[str, str]]:
     ``k/2`` spines, ``hosts/(k/2)`` leaves. ``fattree``: only where
     ``k'³/4 = hosts`` for an even ``k'`` (``k' = 8`` for 128, 16 for 1024).
     """
-    k = paper_scale_radix(hosts)
-    half = k // 2
-    out = [("bigraph", f"bigraph:upper={half},lower={half},hosts_per_switch={hosts // k}"),
-           ("leafspine", f"leafspine:leaves={hosts // half},spines={half},hosts_per_leaf={half}")]
-    kk = 2
-    while kk**3 // 4 < hosts:
-        kk += 2
-    if kk**3 // 4 == hosts:
-        out.append(("fattree", f"fattree:k={kk}"))
+    paper_scale_radix(hosts)  # refuses a host count without one
+    out = []
+    for role in ("bigraph", "leafspine", "fattree"):  # each kind's own growth rule (kinds.py)
+        grow = KINDS[role].grow
+        assert grow is not None
+        keys = grow({}, hosts)
+        if keys is not None:
+            out.append((role, format_spec(role, keys)))
     return out

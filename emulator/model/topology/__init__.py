@@ -124,7 +124,7 @@ from emulator.model.topology.builders import (
     host_mac,
     load,
 )
-from emulator.model.topology.kinds import KINDS, NIC_ROLE, FabricBuilder, TopologyKind, is_ideal
+from emulator.model.topology.kinds import KINDS, NIC_ROLE, FabricBuilder, TopologyKind, equal_radix, is_ideal
 from emulator.model.topology.model import (
     DEFAULT_MTU,
     JSON_FORMAT_VERSION,
@@ -178,6 +178,7 @@ __all__ = [
     "at_link_rate",
     "build",
     "fabric_keys",
+    "equal_radix",
     "format_spec",
     "grown_spec",
     "from_json",

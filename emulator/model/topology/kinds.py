@@ -79,9 +79,11 @@ class TopologyKind:
 
 
 # ------------------------------------------------------------------ growing a design
-def _paper_radix(slots: int) -> int | None:
+def equal_radix(slots: int) -> int | None:
     """The radix of the equal-radix fabrics at ``slots`` hosts: the smallest power of two ``k`` with
-    ``k²/2 >= slots`` (``docs/domain.md`` §5), where ``slots`` is a power of two; else None."""
+    ``k²/2 >= slots`` (``docs/domain.md`` §5), where ``slots`` is a power of two of at least 8; else None. The
+    paper-scale fabrics (:func:`emulator.model.schedule.projection.paper_scale_topologies`) are these kinds
+    grown by it."""
     if slots < 8 or slots & (slots - 1):
         return None
     k = 4
@@ -91,12 +93,12 @@ def _paper_radix(slots: int) -> int | None:
 
 
 def _grow_bigraph(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
-    k = _paper_radix(slots)
+    k = equal_radix(slots)
     return None if k is None else {"upper": k // 2, "lower": k // 2, "hosts_per_switch": slots // k}
 
 
 def _grow_leafspine(p: Mapping[str, Any], slots: int) -> dict[str, int] | None:
-    k = _paper_radix(slots)
+    k = equal_radix(slots)
     return None if k is None else {"leaves": slots // (k // 2), "spines": k // 2, "hosts_per_leaf": k // 2}
 
 

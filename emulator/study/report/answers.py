@@ -399,7 +399,7 @@ def design_families(rows: Iterable[CellRow], ref: Reference) -> tuple[paper_scal
     """The designs an experiment on servers ran (topology, routing, algorithm), the reference's first; none
     unless every row's topology has servers and one of them is the reference's."""
     rows = list(rows)
-    if not rows or not all("servers=" in r.topology for r in rows):
+    if not rows or any(r.server_design is None for r in rows):
         return ()
     families = sorted({(not ref.matches(r), r.topology, r.routing, r.algorithm) for r in rows})
     if families[0][0]:  # no row is the reference's
