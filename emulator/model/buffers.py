@@ -1,12 +1,12 @@
 """One rank's buffers and the numeric work on them: inputs, local reduce and copy, received additions, the check.
 
 A rank holds three buffers, ``data``, ``output`` and ``scratch``, in chunks
-of the schedule's ``chunk_bytes`` (float32, or bytes for point-to-point
-traffic). Every chunk of a collective's input is filled with small integers
+laid out as the schedule's :class:`~emulator.model.schedule.format.ChunkLayout`
+says (float32 elements, or bytes for point-to-point traffic). Every chunk of a collective's input is filled with small integers
 that identify the contributing rank and the element of the collective's
 global data it stands for (its *label*, :mod:`emulator.model.schedule.collectives`;
 exact in float32 when summed), so the result each rank must end with is
-known exactly (:func:`expected_sum` for a sum over every rank,
+known exactly (:func:`expected_sum` for a sum over every rank of a group,
 :func:`input_values` for one rank's contribution) and
 :meth:`RankBuffers.wrong` can name the first wrong element. Chunks whose
 result the collective leaves open (a reduce's non-roots, p2p traffic) are not
@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from emulator.model.schedule.collectives import ALL, NOBODY, Shape
-from emulator.model.schedule.format import COMPUTE, DTYPE_BYTES, RECV_REDUCE, REDUCE, Op, Schedule
+from emulator.model.schedule.format import COMPUTE, DTYPE_BYTES, RECV_REDUCE, REDUCE, ChunkLayout, Op, Schedule
 
 BUFFER_NAMES = ("data", "output", "scratch")
 
@@ -37,14 +37,15 @@ def input_values_at(rank: int, elements: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def _sum_table(p: int) -> np.ndarray:
-    """Per residue ``c`` of ``element * 7 mod 61``: the sum over ranks 0..p-1 of their input there."""
-    return np.array([sum(((r * 131 + c) % 61) + 1 for r in range(p)) for c in range(61)], dtype=np.float32)
+def _sum_table(members: tuple[int, ...]) -> np.ndarray:
+    """Per residue ``c`` of ``element * 7 mod 61``: the sum over ``members`` of their input there."""
+    return np.array([sum(((r * 131 + c) % 61) + 1 for r in members) for c in range(61)], dtype=np.float32)
 
 
-def expected_sum_at(p: int, elements: np.ndarray) -> np.ndarray:
-    """The sum over ranks 0..p-1 of :func:`input_values_at`, computed without p passes."""
-    return _sum_table(p)[(elements.astype(np.int64) * 7) % 61]
+def expected_sum_at(p: int | tuple[int, ...], elements: np.ndarray) -> np.ndarray:
+    """The sum over ranks 0..p-1 (or over the ranks ``p`` lists) of :func:`input_values_at`, without p passes."""
+    members = tuple(range(p)) if isinstance(p, int) else p
+    return _sum_table(members)[(elements.astype(np.int64) * 7) % 61]
 
 
 def input_values(rank: int, n: int) -> np.ndarray:
@@ -62,11 +63,17 @@ def expected_sum(p: int, n: int) -> np.ndarray:
 BATCH_ELEMENTS = 1 << 18
 
 
-def element_batches(chunks: Sequence[int], labels: Sequence[int], elems_per_chunk: int,
+def element_batches(chunks: Sequence[int], labels: Sequence[int], layout: ChunkLayout | int,
                     batch: int = BATCH_ELEMENTS) -> Iterator[tuple[np.ndarray | slice, np.ndarray]]:
     """For chunk ``chunks[i]`` standing for global chunk ``labels[i]``: (where in the buffer, which global
-    elements), at most about ``batch`` elements at a time (a chunk larger than that in slices of it)."""
-    e = elems_per_chunk
+    elements), at most about ``batch`` elements at a time (a chunk larger than that in slices of it).
+
+    ``layout`` is the chunks' layout, or the elements of every chunk when they are equal. A chunk and its
+    label are the same size (the layout's rule: labels keep a chunk's place in its block)."""
+    if isinstance(layout, ChunkLayout) and not layout.equal:
+        yield from _uneven_batches(chunks, labels, layout, batch)
+        return
+    e = layout if isinstance(layout, int) else layout.block_elements // layout.block
     if e >= batch:
         for chunk, label in zip(chunks, labels, strict=True):
             for lo in range(0, e, batch):
@@ -82,6 +89,16 @@ def element_batches(chunks: Sequence[int], labels: Sequence[int], elems_per_chun
         yield (c[:, None] * e + offsets).ravel(), (lab[:, None] * e + offsets).ravel()
 
 
+def _uneven_batches(chunks: Sequence[int], labels: Sequence[int], layout: ChunkLayout,
+                    batch: int) -> Iterator[tuple[slice, np.ndarray]]:
+    """:func:`element_batches` for chunks of two sizes: a chunk (or a slice of one) at a time."""
+    for chunk, label in zip(chunks, labels, strict=True):
+        start, origin, n = layout.offset(chunk), layout.offset(label), layout.elements(chunk)
+        for lo in range(0, n, batch):
+            hi = min(n, lo + batch)
+            yield slice(start + lo, start + hi), np.arange(origin + lo, origin + hi, dtype=np.int64)
+
+
 def bytes_view(array: np.ndarray) -> memoryview:
     """A writable byte view of a contiguous numpy array (no copy)."""
     return memoryview(array.data).cast("B")
@@ -92,9 +109,8 @@ class RankBuffers:
 
     def __init__(self, schedule: Schedule, rank: int):
         self.dtype = np.float32 if schedule.dtype == "float32" else np.uint8
-        self.elems_per_chunk = schedule.chunk_bytes // DTYPE_BYTES[schedule.dtype]
-        e = self.elems_per_chunk
-        self.arrays = {buf: np.zeros(max(schedule.buffer_chunks(buf), 1) * e, dtype=self.dtype)
+        self.layout = schedule.layout
+        self.arrays = {buf: np.zeros(self.layout.offset(max(schedule.buffer_chunks(buf), 1)), dtype=self.dtype)
                        for buf in BUFFER_NAMES}
         self.inputs = np.zeros_like(self.arrays["data"])
         #: per buffer: the expected result and where it is checked (a mask), for the buffers that hold results
@@ -105,17 +121,17 @@ class RankBuffers:
 
     def _fill(self, schedule: Schedule, rank: int) -> None:
         """Inputs and expected results of every segment, a segment at a time."""
-        e, p = self.elems_per_chunk, schedule.p
         for shape in schedule.shapes:
+            if rank not in shape.members:
+                continue
             pieces = [shape.input_piece(rank, c) for c in range(shape.chunks)]
             mine = [(shape.data_offset + c, pc.label) for c, pc in enumerate(pieces) if pc.owner != NOBODY]
-            for where, elements in element_batches([c for c, _ in mine], [lab for _, lab in mine], e):
+            for where, elements in element_batches([c for c, _ in mine], [lab for _, lab in mine], self.layout):
                 self.inputs[where] = input_values_at(rank, elements)
-            self._expect(shape, rank, p)
+            self._expect(shape, rank)
 
-    def _expect(self, shape: Shape, rank: int, p: int) -> None:
+    def _expect(self, shape: Shape, rank: int) -> None:
         """The result ``shape`` leaves in this rank's buffers, and the mask of where it is checked."""
-        e = self.elems_per_chunk
         by_owner: dict[tuple[str, int], tuple[list[int], list[int]]] = {}
         for c in range(shape.result_chunks):
             want = shape.result_piece(rank, c)
@@ -128,14 +144,14 @@ class RankBuffers:
         for (buf, owner), (places, labels) in by_owner.items():
             values, mask = self.expected.setdefault(buf, (np.zeros_like(self.arrays[buf]),
                                                           np.zeros(self.arrays[buf].size, dtype=bool)))
-            for where, elements in element_batches(places, labels, e):
-                values[where] = expected_sum_at(p, elements) if owner == ALL else input_values_at(owner, elements)
+            for where, elements in element_batches(places, labels, self.layout):
+                values[where] = (expected_sum_at(shape.members, elements) if owner == ALL
+                                 else input_values_at(owner, elements))
                 mask[where] = True
 
     def view(self, buffer: str, chunk: int, nchunks: int) -> np.ndarray:
         """Chunks ``chunk .. chunk + nchunks - 1`` of ``buffer`` (a view: writing it writes the buffer)."""
-        e = self.elems_per_chunk
-        return self.arrays[buffer][chunk * e:(chunk + nchunks) * e]
+        return self.arrays[buffer][self.layout.offset(chunk):self.layout.offset(chunk + nchunks)]
 
     def target(self, op: Op) -> np.ndarray:
         """The range ``op`` sends, receives into or writes."""
@@ -173,8 +189,15 @@ class RankBuffers:
                 first = int(bad[0])
                 where = "" if buf == "data" else f" of {buf}"
                 return (f"{bad.size} of {int(mask.sum())} elements wrong; element {first}{where} "
-                        f"(chunk {first // self.elems_per_chunk}) is {got[first]:g}, expected {expected[first]:g}")
+                        f"(chunk {self._chunk_at(first)}) is {got[first]:g}, expected {expected[first]:g}")
         return None
+
+    def _chunk_at(self, element: int) -> int:
+        """The chunk holding ``element`` of a buffer."""
+        chunk = element // self.layout.block_elements * self.layout.block
+        while self.layout.offset(chunk + 1) <= element:
+            chunk += 1
+        return chunk
 
 
 def rank_bytes(schedule: Schedule, rank: int) -> int:
@@ -187,7 +210,7 @@ def rank_bytes(schedule: Schedule, rank: int) -> int:
     admission check (:mod:`emulator.runs.admission`) sizes an agent by.
     """
     chunk = schedule.chunk_bytes
-    arrays = {buf: max(schedule.buffer_chunks(buf), 1) * chunk for buf in BUFFER_NAMES}
+    arrays = {buf: schedule.layout.range_bytes(0, max(schedule.buffer_chunks(buf), 1)) for buf in BUFFER_NAMES}
     total = sum(arrays.values()) + arrays["data"]
     if schedule.dtype == "float32":
         element_bytes = DTYPE_BYTES["float32"]

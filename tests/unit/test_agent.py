@@ -107,6 +107,29 @@ def test_agents_compute_an_allreduce_over_tcp(algo, spec):
     assert all(rec["end"] >= rec["start"] for rec in records)
 
 
+@pytest.mark.parametrize("algo,spec,size", [
+    ("ring", "star:hosts=6", 1 << 20),
+    ("hd", "star:hosts=10", 4 * 20_011),
+    ("dbtree", "star:hosts=12", 4 * 1003),
+])
+def test_agents_compute_an_allreduce_of_any_element_count(algo, spec, size):
+    """Chunks one element apart (NCCL's and Open MPI's split) carry the right bytes to the right place."""
+    topo = topology.build(spec)
+    schedule = generators.generate(algo, topo, size)
+    assert not schedule.layout.equal
+    results, errors = run_agents(schedule, topo, base=40 + len(algo))
+    assert not errors, errors
+    assert all(reps[0]["correct"] for reps in results.values()), results
+
+
+def test_agents_compute_collectives_within_their_process_groups():
+    from test_schedule_compose import _grouped
+    schedule = _grouped()
+    results, errors = run_agents(schedule, topology.build("star:hosts=8"), base=60)
+    assert not errors, errors
+    assert all(reps[0]["correct"] for reps in results.values()), results
+
+
 def test_ranks_release_their_first_operations_at_start_at():
     topo = topology.build("star:hosts=4")
     schedule = generators.generate("ring", topo, 16 * 1024)

@@ -187,8 +187,8 @@ def test_missing_keys_and_duplicate_cells():
 
 def test_size_that_does_not_split_is_a_field_error_of_the_cell():
     exp = parse("series: [{name: s, runs: [{topology: 'star:hosts=3', routing: shortest, algorithms: [ring], "
-                "sizes: [100B]}]}]")
-    with pytest.raises(FieldError, match=r"field 'series\[0\].runs\[0\]'.*s.star-3.shortest.ring.100B"):
+                "sizes: [101B]}]}]")
+    with pytest.raises(FieldError, match=r"field 'series\[0\].runs\[0\]'.*s.star-3.shortest.ring.101B"):
         xp.prepare(exp)
 
 

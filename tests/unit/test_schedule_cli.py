@@ -63,7 +63,8 @@ ranks:
 
 @pytest.mark.parametrize("args, needle", [
     (["gen", "--algo", "ring", "--topology", "star:hosts=4", "--size", "64Kb"], "field 'size'"),
-    (["gen", "--algo", "ring", "--topology", "star:hosts=3", "--size", "64KiB"], "multiple of 12 bytes"),
+    (["gen", "--algo", "ring", "--topology", "star:hosts=3", "--size", "8B"], "at least 12 bytes"),
+    (["gen", "--algo", "ring", "--topology", "star:hosts=3", "--size", "10B"], "multiple of 4 bytes"),
     (["gen", "--algo", "bogus", "--topology", "star:hosts=4", "--size", "64KiB"], "field 'algo'"),
     (["gen", "--algo", "hdrm", "--topology", "bigraph:upper=2,lower=2,hosts_per_switch=4", "--size", "1MiB"],
      "at most 2 hosts per switch"),

@@ -79,3 +79,72 @@ def test_mixed_segments_and_their_checks():
     doc["segments"][1].update(chunk=2, collective="allreduce")
     with pytest.raises(FieldError, match=r"segments\[1\]\.output_chunks"):
         fmt.from_dict(doc)
+
+
+def _grouped() -> fmt.Schedule:
+    """Eight ranks: an allreduce within each of the tensor-parallel pairs, then one across each pair's peers
+    (two groups of four), then a reduce-scatter among all eight."""
+    hosts = [f"h{i + 1}" for i in range(8)]
+    tp = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    dp = [[0, 2, 4, 6], [1, 3, 5, 7]]
+    comp = Composer(hosts, 16)
+    first = comp.group_collective(_ring(2, 64), "tp", tp)
+    second = comp.group_collective(_ring(4, 128), "dp", dp, {r: [first[r]] for r in range(8)})
+    everyone = generate("ring", topology.build("star:hosts=8"), 256, collective="reduce_scatter")
+    comp.collective(everyone, "all", {r: [second[r]] for r in range(8)})
+    return comp.build("groups")
+
+
+def test_process_groups_share_a_segment_and_each_computes_its_collective():
+    sched = _grouped()
+    assert [seg.groups for seg in sched.segments] == [((0, 1), (2, 3), (4, 5), (6, 7)),
+                                                      ((0, 2, 4, 6), (1, 3, 5, 7)), ()]
+    assert [len(s.members) for s in sched.shapes] == [2, 2, 2, 2, 4, 4, 8]
+    assert sched.version == 3 and fmt.from_dict(sched.to_dict()) == sched
+    assert executor.execute(sched).valid
+    # every rank's peers in the dp segment are its own group's
+    for r, prog in enumerate(sched.ranks):
+        dp_peers = {op.peer for op in prog.ops if op.peer is not None and sched.segments[1].chunk <= op.chunk
+                    < sched.segments[1].chunk + sched.segments[1].chunks and op.buffer == "data"}
+        assert dp_peers <= {g for g in range(8) if g % 2 == r % 2} - {r}
+
+
+def test_data_crossing_into_another_group_is_caught():
+    """Ranks 0 and 1 trade places in the dp collective: a consistent exchange, but among the wrong groups."""
+    sched = _grouped()
+    seg = sched.segments[1]
+
+    def in_dp(op: fmt.Op) -> bool:
+        return op.is_comm and op.buffer == "data" and seg.chunk <= op.chunk < seg.chunk + seg.chunks
+
+    swap = {0: 1, 1: 0}
+    ops = {r: list(prog.ops) for r, prog in enumerate(sched.ranks)}
+    for r in range(2, 8):
+        ops[r] = [fmt.Op(**{**op.__dict__, "peer": swap.get(op.partner, op.partner)}) if in_dp(op) else op
+                  for op in ops[r]]
+    ops[0], ops[1] = ([theirs if in_dp(theirs) else mine for mine, theirs in zip(ops[a], ops[b], strict=True)]
+                      for a, b in ((0, 1), (1, 0)))
+    assert fmt.with_ops(sched, [ops[r] for r in range(8)]) != sched
+    result = executor.execute(fmt.with_ops(sched, [ops[r] for r in range(8)]))
+    assert not result.valid and not result.deadlock
+    assert any("contribution of rank" in e for e in result.errors), result.errors
+
+
+@pytest.mark.parametrize("groups, needle", [
+    ([[0, 1], [1, 2]], "groups[1][0]"),
+    ([[0]], "groups[0]"),
+    ([[0, 9]], "groups[0][1]"),
+    ("all", "segments[0].groups"),
+])
+def test_bad_groups_are_named(groups, needle):
+    data = _grouped().to_dict()
+    data["segments"][0]["groups"] = groups
+    with pytest.raises(FieldError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        fmt.from_dict(data)
+
+
+def test_groups_need_version_3():
+    data = _grouped().to_dict()
+    data["version"] = 2
+    with pytest.raises(FieldError, match="version 3"):
+        fmt.from_dict(data)

@@ -70,7 +70,7 @@ def _set(doc: dict, path: list, value) -> dict:
 
 
 BAD = [
-    (["version"], 3, "version"),
+    (["version"], 4, "version"),
     (["version"], True, "version"),
     (["collective"], "gossip", "collective"),
     (["root"], 1, "root"),  # an allreduce has no root

@@ -4,13 +4,15 @@ Pure; the one statement of the collectives' semantics, used by the schedule
 format (which buffer shapes a collective allows), the symbolic executor (the
 proof), the agents' data check (:mod:`emulator.model.buffers`) and the metrics.
 
-A schedule works on chunks of equal size. Every chunk of a rank's buffers
+A schedule works on chunks (of one size, or differing by one element:
+:class:`~emulator.model.schedule.format.ChunkLayout`). Every chunk of a rank's buffers
 holds, in the model, a *label* (which chunk of the collective's global data it
 stands for) and the set of ranks whose contribution to that chunk it sums.
 Buffers: ``data`` (the input, and the result when the collective is in
 place), ``output`` (``output_chunks`` chunks, the result of an out-of-place
 collective) and ``scratch``. With ``p`` ranks and ``k`` chunks per rank's
-block:
+block (the ranks of a process group, numbered in the group's order: rank
+``r`` below is the group's ``r``-th):
 
 ================  ===========================  ===========================================
 collective        input (``data``)             result (``output``, or ``data`` in place)
@@ -71,6 +73,11 @@ class Shape:
     ``data`` and ``output_offset`` of ``output``, and its labels at
     ``label_base``. Chunk numbers given to and labels returned by the methods
     below are the segment's own (from 0) plus ``label_base`` for labels.
+
+    ``group`` is a process group: the schedule's ranks the collective spans,
+    in the group's order (``p`` of them; empty: ranks ``0..p-1``). The methods
+    take and return the schedule's ranks; a rank outside the group holds
+    nothing of it and must end with nothing. :data:`ALL` means every member.
     """
 
     collective: str
@@ -81,6 +88,25 @@ class Shape:
     data_offset: int = 0
     output_offset: int = 0
     label_base: int = 0
+    group: tuple[int, ...] = ()
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The schedule's ranks in this collective, in the group's order."""
+        return self.group or tuple(range(self.p))
+
+    def _local(self, rank: int) -> int:
+        """``rank``'s place in the group (-1: not in it)."""
+        if not self.group:
+            return rank if 0 <= rank < self.p else -1
+        try:
+            return self.group.index(rank)
+        except ValueError:
+            return -1
+
+    def _global(self, piece: Piece) -> Piece:
+        owner = piece.owner if piece.owner < 0 or not self.group else self.group[piece.owner]
+        return Piece(piece.label + self.label_base, owner)
 
     @property
     def in_place(self) -> bool:
@@ -126,13 +152,16 @@ class Shape:
 
     def input_piece(self, rank: int, chunk: int) -> Piece:
         """What ``data`` chunk ``chunk`` of ``rank`` holds before the collective (owner NOBODY: nothing)."""
-        piece = self._input(rank, chunk)
-        return Piece(piece.label + self.label_base, piece.owner)
+        local = self._local(rank)
+        if local < 0:
+            return Piece(self.label_base + chunk, NOBODY)
+        return self._global(self._input(local, chunk))
 
     def result_piece(self, rank: int, chunk: int) -> Piece | None:
         """What result chunk ``chunk`` of ``rank`` must hold afterwards (None: anything)."""
-        piece = self._result(rank, chunk)
-        return None if piece is None else Piece(piece.label + self.label_base, piece.owner)
+        local = self._local(rank)
+        piece = None if local < 0 else self._result(local, chunk)
+        return None if piece is None else self._global(piece)
 
     def _input(self, rank: int, chunk: int) -> Piece:
         c, k = self.collective, self.block

@@ -9,6 +9,8 @@ collective in it):
 
 * :meth:`Composer.collective` adds a whole schedule over the same ranks (as
   a generator or importer built it) at fresh buffer ranges;
+* :meth:`Composer.group_collective` adds one within each of several process
+  groups (a communicator split: every group runs it on the same ranges);
 * :meth:`Composer.message` adds one point-to-point message (a ``p2p``
   segment: delivery is checked, no data);
 * :meth:`Composer.compute` adds a ``compute`` operation to one rank.
@@ -84,19 +86,40 @@ class Composer:
         Its ``data``, ``output`` and ``scratch`` chunks get fresh ranges; its
         scratch is reused by no other part, so parts may overlap in time.
         """
-        if part.p != self.p or part.chunk_bytes % self.chunk_bytes:
-            raise ValueError(f"part {name!r}: {part.p} ranks of {part.chunk_bytes}-byte chunks, composing "
-                             f"{self.p} ranks of {self.chunk_bytes}")
+        if part.p != self.p:
+            raise ValueError(f"part {name!r}: {part.p} ranks, composing {self.p}")
+        nodes = self._add(part, name, (tuple(range(self.p)),), after, grouped=False)
+        return [nodes[r] for r in range(self.p)]
+
+    def group_collective(self, part: Schedule, name: str, groups: Sequence[Sequence[int]],
+                         after: Mapping[int, Iterable[Node]] | None = None) -> dict[int, Node]:
+        """Add ``part`` within each of ``groups`` (lists of ranks, each as many as ``part`` has): its rank ``i``
+        runs on the group's ``i``-th rank. One segment for all the groups (they share its buffer ranges, as one
+        collective on a split communicator); one node per rank of every group."""
+        for g in groups:
+            if len(g) != part.p:
+                raise ValueError(f"part {name!r}: {part.p} ranks, group {list(g)} has {len(g)}")
+        return self._add(part, name, tuple(tuple(g) for g in groups), after, grouped=True)
+
+    def _add(self, part: Schedule, name: str, groups: tuple[tuple[int, ...], ...],
+             after: Mapping[int, Iterable[Node]] | None, grouped: bool) -> dict[int, Node]:
+        if not part.layout.equal or part.chunk_bytes % self.chunk_bytes:
+            raise ValueError(f"part {name!r}: chunks of {part.layout.largest_bytes} bytes"
+                             f"{'' if part.layout.equal else ' (unequal)'}, composing {self.chunk_bytes}-byte chunks")
         part = refine(part, part.chunk_bytes // self.chunk_bytes)
         if part.segments:
             raise ValueError(f"part {name!r} has segments of its own")
         offsets = {"data": self.data_chunks, "output": self.output_chunks, "scratch": self.scratch_chunks}
         self.segments.append(Segment(name, part.collective, self.data_chunks, part.chunks, self.output_chunks,
-                                     part.output_chunks, part.root))
+                                     part.output_chunks, part.root, groups if grouped else ()))
         self.data_chunks += part.chunks
         self.output_chunks += part.output_chunks
         self.scratch_chunks += part.scratch_chunks
-        nodes = [self._splice(r, prog.ops, offsets, (after or {}).get(r, ())) for r, prog in enumerate(part.ranks)]
+        nodes = {}
+        for group in groups:
+            for i, prog in enumerate(part.ranks):
+                ops = [op if op.peer is None else replace(op, peer=group[op.peer]) for op in prog.ops]
+                nodes[group[i]] = self._splice(group[i], ops, offsets, (after or {}).get(group[i], ()))
         self.step += part.steps
         return nodes
 

@@ -115,16 +115,18 @@ class _State:
         self.labels = {buf: [[EMPTY] * n for _ in range(p)] for buf, n in sizes.items()}
         self.counts = {buf: [[0] * n for _ in range(p)] for buf, n in sizes.items()}
         for shape in schedule.shapes:
-            for r in range(p):
+            for r in shape.members:
                 for c in range(shape.chunks):
                     piece = shape.input_piece(r, c)
                     if piece.owner != NOBODY:
                         self.labels["data"][r][shape.data_offset + c] = piece.label
-                        self.counts["data"][r][shape.data_offset + c] = self.count_of(piece.owner)
+                        self.counts["data"][r][shape.data_offset + c] = self.count_of(piece.owner, shape.members)
 
-    def count_of(self, owner: int) -> int:
-        """The count vector of one contribution of ``owner`` (every rank's for ALL, none for NOBODY)."""
-        return self.full if owner == ALL else 0 if owner == NOBODY else self.one[owner]
+    def count_of(self, owner: int, members: tuple[int, ...]) -> int:
+        """The count vector of one contribution of ``owner`` (every member's for ALL, none for NOBODY)."""
+        if owner == ALL:
+            return self.full if len(members) == self.p else sum(self.one[m] for m in members)
+        return 0 if owner == NOBODY else self.one[owner]
 
     def unpack(self, packed: int) -> list[int]:
         mask = (1 << FIELD_BITS) - 1
@@ -330,12 +332,12 @@ class _Run:
 def _final_errors(state: _State, schedule: Schedule, limit: int) -> list[str]:
     out: list[str] = []
     for shape in schedule.shapes:
-        for r in range(schedule.p):
+        for r in shape.members:
             for c in range(shape.result_chunks):
                 want = shape.result_piece(r, c)
                 if want is None:
                     continue
-                problem = _result_problem(state, r, *shape.result_location(c), want)
+                problem = _result_problem(state, r, *shape.result_location(c), want, shape.members)
                 if problem:
                     out.append(problem)
                 if len(out) >= limit:
@@ -343,16 +345,17 @@ def _final_errors(state: _State, schedule: Schedule, limit: int) -> list[str]:
     return out
 
 
-def _result_problem(state: _State, r: int, buf: str, c: int, want: Piece) -> str | None:
+def _result_problem(state: _State, r: int, buf: str, c: int, want: Piece, members: tuple[int, ...]) -> str | None:
     """What is wrong with rank ``r``'s chunk ``c`` of ``buf`` against the result it must hold (None: nothing)."""
     where = "" if buf == "data" else f" of {buf}"
     label, count = state.labels[buf][r][c], state.counts[buf][r][c]
     if label != want.label:
         return (f"rank {r} chunk {c}{where}: ends holding {_label_name(label)}'s data, expected "
                 f"{_label_name(want.label)}'s")
-    if count == state.count_of(want.owner):
+    wanted_count = state.count_of(want.owner, members)
+    if count == wanted_count:
         return None
-    vec, wanted = state.unpack(count), state.unpack(state.count_of(want.owner))
+    vec, wanted = state.unpack(count), state.unpack(wanted_count)
     parts = []
     extra = [k for k, n in enumerate(vec) if n > wanted[k]]
     missing = [k for k, n in enumerate(vec) if n < wanted[k]]

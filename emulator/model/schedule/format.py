@@ -2,8 +2,11 @@
 
 This module owns what a schedule *is* (see ``docs/schedule-format.md``): a
 collective (:mod:`emulator.model.schedule.collectives`) over ``p`` ranks, each rank
-placed on one host, on a buffer of ``size`` bytes split into ``chunks`` equal
-chunks; per rank an ordered list of operations with explicit dependencies. It
+placed on one host, on a buffer of ``size`` bytes split into ``chunks`` chunks
+(:class:`ChunkLayout`: equal, or differing by at most one element as NCCL and
+MPI split a count); per rank an ordered list of operations with explicit
+dependencies. A schedule of several collectives names them in *segments*, each
+over every rank or over *groups* of ranks (process groups). It
 checks every field and raises :class:`~emulator.base.errors.FieldError` naming the
 field path (e.g. ``ranks[3].ops[5].peer``). Whether the operations really
 compute the collective is the job of :mod:`emulator.model.schedule.executor`.
@@ -23,7 +26,8 @@ initially empty). A *lane* is one of several connections between the same two
 ranks (an MSCCL channel, a Chakra tag): messages are matched in order per
 sender, receiver and lane.
 
-Version 1 files (allreduce only, no lanes, no compute) read unchanged.
+Version 1 files (allreduce only, no lanes, no compute) and version 2 files (no groups, equal chunks) read
+unchanged.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ from emulator.base.files import read_text, write_atomic
 from emulator.model.schedule.collectives import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
 
 FORMAT_NAME = "eflops-emulator-schedule"
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
 #: ``uint8`` carries point-to-point traffic of any byte count; collectives add numbers, so they need ``float32``.
 DTYPE_BYTES = {"float32": 4, "uint8": 1}
 
@@ -106,13 +110,68 @@ def format_size(n: int) -> str:
 
 
 def check_chunking(size: int, chunks: int, where: str = "schedule", dtype: str = "float32") -> int:
-    """The bytes of one chunk; raises :class:`FieldError` unless ``size`` splits into ``chunks`` whole-element chunks."""
+    """The bytes of one chunk; raises :class:`FieldError` unless ``size`` splits into ``chunks`` whole-element chunks
+    of one size (what a schedule of several segments needs)."""
     elem = DTYPE_BYTES[dtype]
     if size % (elem * chunks):
         lcm = elem * chunks
         raise FieldError(where, "size", f"a multiple of {lcm} bytes ({chunks} equal chunks of whole {dtype} "
                          f"elements, {elem} bytes each)", size)
     return size // chunks
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Where every chunk of a buffer lies: blocks of ``block`` chunks, each block ``block_elements`` elements.
+
+    A block's elements split as NCCL and Open MPI split a count: the first
+    ``block_elements % block`` chunks one element larger than the others. Chunk
+    ``k`` of any buffer (``data``, ``output``, ``scratch``) is the size of
+    chunk ``k % block`` of a block, so a chunk moved to the same place in
+    another block (an all-gather's output, a reduce-scatter's result) keeps its
+    size. With ``block_elements`` a multiple of ``block`` every chunk is equal.
+    """
+
+    element_bytes: int
+    block: int
+    block_elements: int
+
+    @property
+    def equal(self) -> bool:
+        return self.block_elements % self.block == 0
+
+    @property
+    def largest_bytes(self) -> int:
+        """The bytes of the largest chunk (every chunk's when they are equal)."""
+        return -(-self.block_elements // self.block) * self.element_bytes
+
+    def offset(self, chunk: int) -> int:
+        """The element where chunk ``chunk`` starts."""
+        blocks, k = divmod(chunk, self.block)
+        base, extra = divmod(self.block_elements, self.block)
+        return blocks * self.block_elements + k * base + min(k, extra)
+
+    def elements(self, chunk: int, nchunks: int = 1) -> int:
+        """The elements of chunks ``chunk .. chunk + nchunks - 1``."""
+        return self.offset(chunk + nchunks) - self.offset(chunk)
+
+    def range_bytes(self, chunk: int, nchunks: int = 1) -> int:
+        return self.elements(chunk, nchunks) * self.element_bytes
+
+
+def chunk_layout(size: int, chunks: int, block: int, where: str = "schedule", dtype: str = "float32") -> ChunkLayout:
+    """The layout of ``size`` bytes in ``chunks`` chunks, blocks of ``block``; :class:`FieldError` unless the size
+    is whole elements, one equal block per rank's block and at least one element per chunk."""
+    elem = DTYPE_BYTES[dtype]
+    blocks = chunks // block
+    if size % (elem * blocks):
+        what = f"{blocks} equal blocks of whole {dtype} elements" if blocks > 1 else f"whole {dtype} elements"
+        raise FieldError(where, "size", f"a multiple of {elem * blocks} bytes ({what}, {elem} bytes each)", size)
+    block_elements = size // elem // blocks
+    if block_elements < block:
+        raise FieldError(where, "size", f"at least {block * blocks * elem} bytes (one {dtype} element for each of "
+                         f"the {chunks} chunks)", size)
+    return ChunkLayout(elem, block, block_elements)
 
 
 # ---------------------------------------------------------------------------
@@ -203,7 +262,13 @@ class RankProgram:
 
 @dataclass(frozen=True)
 class Segment:
-    """One collective among several in a schedule: its chunks of ``data`` (from ``chunk``) and of ``output``."""
+    """One collective among several in a schedule: its chunks of ``data`` (from ``chunk``) and of ``output``.
+
+    ``groups`` are its process groups, each a list of ranks in the group's own
+    rank order: the collective runs within each group on the same chunks, as a
+    communicator split does (``root`` is a rank of the group's order). No
+    groups: one group of every rank.
+    """
 
     name: str
     collective: str
@@ -212,6 +277,7 @@ class Segment:
     output_chunk: int = 0
     output_chunks: int = 0
     root: int = 0
+    groups: tuple[tuple[int, ...], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "collective": self.collective, "chunk": self.chunk,
@@ -220,6 +286,8 @@ class Segment:
             out.update(output_chunk=self.output_chunk, output_chunks=self.output_chunks)
         if self.collective in ROOTED:
             out["root"] = self.root
+        if self.groups:
+            out["groups"] = [list(g) for g in self.groups]
         return out
 
 
@@ -249,22 +317,30 @@ class Schedule:
 
     @property
     def shapes(self) -> tuple[Shape, ...]:
-        """Every segment's collective in place on the buffers (one, the whole schedule, without segments)."""
+        """Every segment's collective in place on the buffers, one per group (one, the whole schedule, without
+        segments). The groups of one segment share its chunks and labels."""
         if not self.segments:
             return (self.shape,)
         out = []
         base = 0
         for seg in self.segments:
-            shape = Shape(seg.collective, self.p, seg.chunks, seg.output_chunks, seg.root, seg.chunk,
-                          seg.output_chunk, base)
-            base += shape.labels
-            out.append(shape)
+            groups = seg.groups or (tuple(range(self.p)),)
+            shapes = [Shape(seg.collective, len(g), seg.chunks, seg.output_chunks, seg.root, seg.chunk,
+                            seg.output_chunk, base, g if seg.groups else ()) for g in groups]
+            base += max(shape.labels for shape in shapes)
+            out += shapes
         return tuple(out)
+
+    @property
+    def layout(self) -> ChunkLayout:
+        """Where each chunk lies (:class:`ChunkLayout`); equal chunks in a schedule of segments."""
+        block = self.chunks if self.segments or self.collective == MIXED else self.shape.block
+        return ChunkLayout(DTYPE_BYTES[self.dtype], block, self.size // DTYPE_BYTES[self.dtype] // (self.chunks // block))
 
     @property
     def collective_bytes(self) -> int:
         """nccl-tests' size of the collective: the larger of its input and output, in bytes."""
-        return max(self.chunks, self.output_chunks) * self.chunk_bytes
+        return max(self.size, self.layout.range_bytes(0, self.output_chunks))
 
     @property
     def compute_ops(self) -> int:
@@ -276,7 +352,8 @@ class Schedule:
 
     @property
     def chunk_bytes(self) -> int:
-        return self.size // self.chunks
+        """The bytes of the largest chunk (of every chunk, when they are equal: :attr:`layout`)."""
+        return self.layout.largest_bytes
 
     @property
     def hosts(self) -> list[str]:
@@ -294,8 +371,10 @@ class Schedule:
         out: dict[str, Any] = {
             "format": FORMAT_NAME, "version": self.version, "collective": self.collective,
             "algorithm": self.algorithm, "dtype": self.dtype, "size": self.size, "chunks": self.chunks,
-            "chunk_bytes": self.chunk_bytes, "scratch_chunks": self.scratch_chunks,
         }
+        if self.layout.equal:
+            out["chunk_bytes"] = self.chunk_bytes
+        out["scratch_chunks"] = self.scratch_chunks
         if self.output_chunks:
             out["output_chunks"] = self.output_chunks
         if self.collective in ROOTED:
@@ -341,7 +420,7 @@ def match_transfers(schedule: Schedule) -> list[tuple[int, int, int, int]]:
 
 _TOP_KEYS = {"format", "version", "collective", "algorithm", "dtype", "size", "chunks", "chunk_bytes",
              "scratch_chunks", "output_chunks", "root", "segments", "topology", "placement", "meta", "ranks"}
-_SEGMENT_KEYS = {"name", "collective", "chunk", "chunks", "output_chunk", "output_chunks", "root"}
+_SEGMENT_KEYS = {"name", "collective", "chunk", "chunks", "output_chunk", "output_chunks", "root", "groups"}
 _RANK_KEYS = {"rank", "host", "ops"}
 _OP_KEYS = {"id", "kind", "peer", "lane", "chunk", "nchunks", "bytes", "step", "buffer", "src", "src_chunk", "deps",
             "seconds"}
@@ -368,7 +447,7 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     _reject_unknown(where, "", data, _TOP_KEYS)
     if "format" in data and data["format"] != FORMAT_NAME:
         raise FieldError(where, "format", repr(FORMAT_NAME), data["format"])
-    collective, raw_segments, root = _parse_collective(where, data)
+    version, collective, raw_segments, root = _parse_collective(where, data)
     bufs = _parse_buffers(where, data, collective, raw_segments)
     for key in ("topology", "placement"):
         if data.get(key) is not None and not isinstance(data[key], str):
@@ -382,11 +461,13 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
     if len(raw_ranks) > MAX_RANKS:
         raise FieldError(where, "ranks", f"at most {MAX_RANKS} ranks", len(raw_ranks))
     p = len(raw_ranks)
-    segments = _parse_segments(where, raw_segments, collective, p, bufs.chunks, bufs.output)
-    problem = (None if segments or collective == MIXED
-               else Shape(collective, p, bufs.chunks, bufs.output, root).problem())
+    segments = _parse_segments(where, raw_segments, collective, p, bufs.chunks, bufs.output, version)
+    whole = Shape(collective, p, bufs.chunks, bufs.output, root)
+    problem = None if segments or collective == MIXED else whole.problem()
     if problem is not None:
         raise FieldError(where, *problem)
+    several = bool(segments) or collective == MIXED
+    bufs = _with_layout(where, data, bufs, bufs.chunks if several else whole.block, version < 3 or several)
     ranks = _parse_ranks(where, raw_ranks, bufs)
     return Schedule(algorithm=bufs.algorithm, size=bufs.size, chunks=bufs.chunks, ranks=ranks,
                     scratch_chunks=bufs.scratch, dtype=bufs.dtype, collective=collective,
@@ -394,7 +475,7 @@ def from_dict(data: object, where: str = "schedule") -> Schedule:
                     output_chunks=bufs.output, root=root, segments=segments)
 
 
-def _parse_collective(where: str, data: Mapping[str, Any]) -> tuple[str, list[Any], int]:
+def _parse_collective(where: str, data: Mapping[str, Any]) -> tuple[int, str, list[Any], int]:
     """``version``, ``collective``, ``segments`` (still raw) and ``root``."""
     version = data.get("version", "nothing")
     if isinstance(version, bool) or version not in READ_VERSIONS:
@@ -409,7 +490,7 @@ def _parse_collective(where: str, data: Mapping[str, Any]) -> tuple[str, list[An
     root = int_field(where, "root", data.get("root", 0), 0)
     if root and collective not in ROOTED:
         raise FieldError(where, "root", f"nothing for {collective} (only {' and '.join(ROOTED)} have a root)", root)
-    return collective, raw_segments, root
+    return version, collective, raw_segments, root
 
 
 @dataclass(frozen=True)
@@ -420,9 +501,14 @@ class _Buffers:
     dtype: str
     size: int
     chunks: int
-    chunk_bytes: int
     scratch: int
     output: int
+    layout: ChunkLayout | None = None
+
+    @property
+    def chunks_of(self) -> ChunkLayout:
+        assert self.layout is not None, "the layout is set before operations are parsed"
+        return self.layout
 
     def limits(self) -> dict[str, int]:
         return {"data": self.chunks, "output": self.output, "scratch": self.scratch}
@@ -443,12 +529,22 @@ def _parse_buffers(where: str, data: Mapping[str, Any], collective: str, raw_seg
         raise FieldError(where, "size", "a positive size in bytes", "nothing")
     size = parse_size(data["size"], where)
     chunks = int_field(where, "chunks", data.get("chunks", "nothing"), 1, MAX_CHUNKS)
-    chunk_bytes = check_chunking(size, chunks, where, dtype)
-    if "chunk_bytes" in data and data["chunk_bytes"] != chunk_bytes:
-        raise FieldError(where, "chunk_bytes", f"{chunk_bytes} (size / chunks)", data["chunk_bytes"])
     scratch = int_field(where, "scratch_chunks", data.get("scratch_chunks", 0), 0, MAX_CHUNKS)
     output = int_field(where, "output_chunks", data.get("output_chunks", 0), 0, MAX_CHUNKS)
-    return _Buffers(algorithm, dtype, size, chunks, chunk_bytes, scratch, output)
+    return _Buffers(algorithm, dtype, size, chunks, scratch, output)
+
+
+def _with_layout(where: str, data: Mapping[str, Any], bufs: _Buffers, block: int, equal: bool) -> _Buffers:
+    """``bufs`` with its :class:`ChunkLayout`; ``equal``: the chunks must be equal (before version 3, and in a
+    schedule of segments)."""
+    if equal:
+        check_chunking(bufs.size, bufs.chunks, where, bufs.dtype)
+    layout = chunk_layout(bufs.size, bufs.chunks, block, where, bufs.dtype)
+    if "chunk_bytes" in data and (not layout.equal or data["chunk_bytes"] != layout.largest_bytes):
+        expected = (f"{layout.largest_bytes} (size / chunks)" if layout.equal
+                    else "nothing (the chunks differ by one element)")
+        raise FieldError(where, "chunk_bytes", expected, data["chunk_bytes"])
+    return replace(bufs, layout=layout)
 
 
 def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers) -> tuple[RankProgram, ...]:
@@ -477,7 +573,7 @@ def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers) -> tuple[Rank
         ops: list[Op] = []
         steps_by_id: dict[int, int] = {}
         for i, rop in enumerate(raw_ops):
-            op = _parse_op(where, f"{path}.ops[{i}]", rop, r, p, limits, bufs.chunk_bytes, steps_by_id)
+            op = _parse_op(where, f"{path}.ops[{i}]", rop, r, p, limits, bufs.chunks_of, steps_by_id)
             steps_by_id[op.id] = op.step
             ops.append(op)
         ranks.append(RankProgram(r, host, tuple(ops)))
@@ -485,7 +581,7 @@ def _parse_ranks(where: str, raw_ranks: list[Any], bufs: _Buffers) -> tuple[Rank
 
 
 def _parse_segments(where: str, raw: list[Any], collective: str, p: int, chunks: int,
-                    output: int) -> tuple[Segment, ...]:
+                    output: int, version: int) -> tuple[Segment, ...]:
     """The segments, each a valid collective on its own disjoint ranges of ``data`` and ``output``."""
     if collective == MIXED and not raw:
         raise FieldError(where, "segments", f"a non-empty list for collective {MIXED}", raw)
@@ -509,16 +605,19 @@ def _parse_segments(where: str, raw: list[Any], collective: str, p: int, chunks:
         n_out = int_field(where, f"{path}.output_chunks", seg.get("output_chunks", 0), 0, output)
         first_out = int_field(where, f"{path}.output_chunk", seg.get("output_chunk", 0), 0, output - n_out)
         root = int_field(where, f"{path}.root", seg.get("root", 0), 0)
-        problem = Shape(kind, p, n, n_out, root).problem()
-        if problem is not None:
-            raise FieldError(where, f"{path}.{problem[0]}", problem[1], problem[2])
+        groups = _parse_groups(where, path, seg.get("groups"), p, version)
+        for g, group in enumerate(groups or (tuple(range(p)),)):
+            problem = Shape(kind, len(group), n, n_out, root).problem()
+            if problem is not None:
+                of = f" (in group {g}, {len(group)} ranks)" if groups else ""
+                raise FieldError(where, f"{path}.{problem[0]}", problem[1] + of, problem[2])
         for buf, lo, count in (("data", first, n), ("output", first_out, n_out)):
             taken = next((c for c in range(lo, lo + count) if used[buf][c]), None)
             if taken is not None:
                 raise FieldError(where, f"{path}.{'chunk' if buf == 'data' else 'output_chunk'}",
                                  f"{buf} chunks no other segment uses (chunk {taken} is taken)", lo)
             used[buf][lo:lo + count] = [1] * count
-        out.append(Segment(name, kind, first, n, first_out, n_out, root))
+        out.append(Segment(name, kind, first, n, first_out, n_out, root, groups))
     if out:
         expected = kinds.pop() if len(kinds) == 1 else MIXED
         if collective != expected:
@@ -526,8 +625,32 @@ def _parse_segments(where: str, raw: list[Any], collective: str, p: int, chunks:
     return tuple(out)
 
 
+def _parse_groups(where: str, path: str, raw: object, p: int, version: int) -> tuple[tuple[int, ...], ...]:
+    """A segment's process groups: lists of at least two distinct ranks, no rank in two groups."""
+    if raw is None:
+        return ()
+    if version < 3:
+        raise FieldError(where, f"{path}.groups", "nothing before version 3 (groups came with version 3)", raw)
+    if not isinstance(raw, list) or not raw:
+        raise FieldError(where, f"{path}.groups", "a non-empty list of groups, each a list of ranks", raw)
+    seen: dict[int, int] = {}
+    out = []
+    for g, group in enumerate(raw):
+        gpath = f"{path}.groups[{g}]"
+        if not isinstance(group, list) or len(group) < 2:
+            raise FieldError(where, gpath, "a list of at least 2 ranks", group)
+        for i, rank in enumerate(group):
+            rank = int_field(where, f"{gpath}[{i}]", rank, 0, p - 1)
+            if rank in seen:
+                raise FieldError(where, f"{gpath}[{i}]", f"a rank in no other group of the segment (group "
+                                 f"{seen[rank]} has it)", rank)
+            seen[rank] = g
+        out.append(tuple(group))
+    return tuple(out)
+
+
 def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Mapping[str, int],
-              chunk_bytes: int, steps_by_id: Mapping[int, int]) -> Op:
+              layout: ChunkLayout, steps_by_id: Mapping[int, int]) -> Op:
     if not isinstance(raw, Mapping):
         raise FieldError(where, path, "a mapping with id, kind, chunk, nchunks, bytes, step, deps", raw)
     _reject_unknown(where, f"{path}.", raw, _OP_KEYS)
@@ -561,10 +684,12 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
     if chunk + nchunks > limit:
         raise FieldError(where, f"{path}.nchunks", f"at most {limit - chunk} (the {buffer} buffer has {limit} "
                          f"chunks, this op starts at chunk {chunk})", nchunks)
-    nbytes = raw.get("bytes", nchunks * chunk_bytes)
-    if nbytes != nchunks * chunk_bytes or isinstance(nbytes, bool):
-        raise FieldError(where, f"{path}.bytes", f"{nchunks * chunk_bytes} (nchunks x chunk_bytes "
-                         f"{chunk_bytes})", nbytes)
+    wanted = layout.range_bytes(chunk, nchunks)
+    nbytes = raw.get("bytes", wanted)
+    if nbytes != wanted or isinstance(nbytes, bool):
+        how = (f"nchunks x chunk_bytes {layout.largest_bytes}" if layout.equal
+               else f"the bytes of chunks {chunk}..{chunk + nchunks - 1}")
+        raise FieldError(where, f"{path}.bytes", f"{wanted} ({how})", nbytes)
     step = int_field(where, f"{path}.step", raw.get("step", "nothing"), 0, MAX_STEPS - 1)
     src = raw.get("src")
     src_chunk = raw.get("src_chunk")
@@ -581,6 +706,9 @@ def _parse_op(where: str, path: str, raw: object, rank: int, p: int, bufsize: Ma
         if src == buffer and src_chunk < chunk + nchunks and chunk < src_chunk + nchunks:
             raise FieldError(where, f"{path}.src_chunk", "a source range that does not overlap the target range",
                              src_chunk)
+        if layout.range_bytes(src_chunk, nchunks) != wanted:
+            raise FieldError(where, f"{path}.src_chunk", f"a source range of {wanted} bytes, as the target's (the "
+                             "chunks differ by one element)", src_chunk)
     else:
         for key in ("src", "src_chunk"):
             if raw.get(key) is not None:

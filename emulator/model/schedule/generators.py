@@ -134,6 +134,7 @@ from emulator.model.schedule.collectives import (
     REDUCE_SCATTER,
     REDUCE_TO_ROOT,
     ROOTED,
+    Shape,
 )
 from emulator.model.schedule.deps import derive_dep_indices
 from emulator.model.schedule.format import (
@@ -142,10 +143,11 @@ from emulator.model.schedule.format import (
     RECV_REDUCE,
     REDUCE,
     SEND,
+    ChunkLayout,
     Op,
     RankProgram,
     Schedule,
-    check_chunking,
+    chunk_layout,
     is_power_of_two,
 )
 from emulator.model.topology import Topology, hdrm_problem, hdrm_slot_order
@@ -249,9 +251,9 @@ class _Pending:
 class Builder:
     """Collects transfers; :meth:`programs` sorts each rank's ops by step and derives deps."""
 
-    def __init__(self, p: int, chunk_bytes: int):
+    def __init__(self, p: int, layout: ChunkLayout):
         self.p = p
-        self.chunk_bytes = chunk_bytes
+        self.layout = layout
         self.ops: list[list[_Pending]] = [[] for _ in range(p)]
         self.scratch_chunks = 0
 
@@ -294,7 +296,7 @@ class Builder:
             pending = sorted(pending, key=lambda o: o.step)
             deps = derive_dep_indices(pending, _round_barriers(pending) if lockstep else None)
             ops = tuple(Op(id=i, kind=o.kind, peer=o.peer, chunk=o.chunk, nchunks=o.nchunks,
-                           bytes=o.nchunks * self.chunk_bytes, step=o.step, buffer=o.buffer, src=o.src,
+                           bytes=self.layout.range_bytes(o.chunk, o.nchunks), step=o.step, buffer=o.buffer, src=o.src,
                            src_chunk=o.src_chunk, deps=tuple(d))
                         for i, (o, d) in enumerate(zip(pending, deps, strict=True)))
             out.append(RankProgram(r, hosts[r], ops))
@@ -892,7 +894,8 @@ def generate(algo: str, topo: Topology, size: int, placement: str | None = None,
         chunks = how.default or base
     elif chunks < base or chunks % base:
         raise FieldError(WHERE, "chunks", f"a multiple of {base} for {algo} on {p} ranks ({how.why})", chunks)
-    b = Builder(p, check_chunking(size, chunks, WHERE))
+    shape = Shape(collective, p, chunks, chunks if collective == ALLTOALL else 0, root)
+    b = Builder(p, chunk_layout(size, chunks, shape.block, WHERE))
     how.build(Plan(b, p, chunks, chunks // base, root, topo, hosts))
     meta = {"generator": algo, "seed": seed} if placement == "random" else {"generator": algo}
     # Halving-doubling and pairwise exchanges run in MPI_Sendrecv rounds; ring, hier and dbtree pipeline
