@@ -81,6 +81,17 @@ def test_eight_ranks_every_collective_msccl_lanes_and_chakra_traces(tmp_path):
     assert sum(op.bytes for r in p2p.ranks for op in r.ops if op.kind == "send") == 8 * 14 * 131072
 
 
+def test_any_size_on_any_rank_count_replays_with_its_data(tmp_path):
+    """1 MiB on 6, 10 and 12 ranks: ring's chunks one element apart, halving-doubling's extra ranks, the double
+    binary tree's unpaired nodes; every byte where it belongs (the data check)."""
+    session, _ = _session("star:hosts=12")
+    schedules = {f"{algo}-{p}": generators.generate(algo, topology.build(f"star:hosts={p}"), 1 << 20)
+                 for p in (6, 10, 12) for algo in ("ring", "hd", "dbtree")}
+    assert not schedules["ring-6"].layout.equal
+    with session:
+        _replay_all(session, schedules, tmp_path)
+
+
 def test_four_ranks_msccl_allgather_and_reduce_scatter(tmp_path):
     session, _ = _session("star:hosts=4")
     schedules = {name: msccl.load(os.path.join(DATA, "msccl", f"{name}.xml"), 288 << 10)  # 24 chunks of ar_tree

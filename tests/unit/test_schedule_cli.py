@@ -170,3 +170,15 @@ def test_gen_collective_errors_are_one_line_and_write_nothing(tmp_path, capsys, 
     assert main(["schedule", "gen", *args, "--size", "64KiB", "-o", str(out)]) == 2
     assert needle in _err_line(capsys)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("algo", ["ring", "hd", "dbtree"])
+@pytest.mark.parametrize("hosts", [6, 10, 12])
+def test_one_mebibyte_on_six_ten_and_twelve_ranks(tmp_path, capsys, algo, hosts):
+    out = str(tmp_path / "s.yaml")
+    spec = f"star:hosts={hosts}"
+    assert main(["schedule", "gen", "--algo", algo, "--topology", spec, "--size", "1MiB", "-o", out]) == 0
+    capsys.readouterr()
+    assert main(["schedule", "check", out, "--topology", spec, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["valid"] is True
