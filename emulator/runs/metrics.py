@@ -35,6 +35,7 @@ from emulator.model import topology
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel, PathLatency
 from emulator.model.schedule import check as scheck
 from emulator.model.schedule import cost as scost
+from emulator.model.schedule import group_share
 from emulator.model.schedule.collectives import ROOTED, bus_factor
 from emulator.model.schedule.format import COMPUTE, RECV, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.runs.results import Iteration, Repetition, StepTime
@@ -137,7 +138,15 @@ def repetition_metrics(schedule: Schedule, op_times: OpTimes, predicted: scheck.
         out.predicted_time_s = predicted.predicted_time_s
         out.measured_over_predicted = elapsed / predicted.predicted_time_s if predicted.predicted_time_s else None
         if predicted.compute_only_s is not None:
-            out.iteration = Iteration(iteration_s=elapsed, compute_only_s=predicted.compute_only_s)
+            measured: list[group_share.GroupShare] = []
+            model: list[group_share.GroupShare] = []
+            if schedule.segments and predicted.timing is not None:
+                measured = group_share.shares(schedule, group_share.measured_intervals(schedule, op_times), elapsed)
+                model = group_share.shares(schedule, group_share.model_intervals(predicted.timing),
+                                           predicted.predicted_time_s)
+            out.iteration = Iteration(iteration_s=elapsed, compute_only_s=predicted.compute_only_s,
+                                      comm_share={g.kind: g.share for g in measured},
+                                      model_comm_share={g.kind: g.share for g in model})
     return out
 
 

@@ -125,6 +125,10 @@ class Iteration:
 
     iteration_s: float
     compute_only_s: float
+    #: per kind of process group (:mod:`emulator.model.schedule.group_share`): its communication's share of the
+    #: iteration, measured, and the timing model's for the same schedule
+    comm_share: dict[str, float] = field(default_factory=dict)
+    model_comm_share: dict[str, float] = field(default_factory=dict)
 
     @property
     def scaling_efficiency(self) -> float:
@@ -132,14 +136,19 @@ class Iteration:
         return self.compute_only_s / self.iteration_s if self.iteration_s > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"iteration_s": self.iteration_s, "compute_only_s": self.compute_only_s,
-                "scaling_efficiency": self.scaling_efficiency}
+        out: dict[str, Any] = {"iteration_s": self.iteration_s, "compute_only_s": self.compute_only_s,
+                               "scaling_efficiency": self.scaling_efficiency}
+        if self.comm_share:
+            out.update(comm_share=self.comm_share, model_comm_share=self.model_comm_share)
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Iteration | None:
         if data.get("iteration_s") is None:
             return None
-        return cls(float(data["iteration_s"]), float(data.get("compute_only_s") or 0.0))
+        return cls(float(data["iteration_s"]), float(data.get("compute_only_s") or 0.0),
+                   {str(k): float(v) for k, v in (data.get("comm_share") or {}).items()},
+                   {str(k): float(v) for k, v in (data.get("model_comm_share") or {}).items()})
 
 
 @dataclass
