@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import tarfile
 
 import pytest
 
@@ -90,6 +91,21 @@ def test_any_size_on_any_rank_count_replays_with_its_data(tmp_path):
     assert not schedules["ring-6"].layout.equal
     with session:
         _replay_all(session, schedules, tmp_path)
+
+
+def test_a_pytorch_recorded_resnet_trace_replicated_to_eight_ranks_replays_with_its_data(tmp_path):
+    """mlcommons/chakra's ResNet-50 trace, recorded on one rank of a PyTorch DDP job (tests/data/chakra/SOURCES.md),
+    replicated to 8 ranks and scaled by 100 (1 MiB of gradients, 2.9 ms of kernels): its 1209 GPU kernels as
+    compute, its 7 collectives over every rank, every rank's data checked."""
+    with tarfile.open(os.path.join(DATA, "chakra", "feeder_tests_trace.tar.gz")) as tar:
+        member = tar.extractfile("tests/data/chakra.0.et")
+        assert member is not None
+        (tmp_path / "resnet.0.et").write_bytes(member.read())
+    schedule = chakra.load([str(tmp_path / "resnet.0.et")], ranks=8, scale=100)
+    assert schedule.compute_ops == 8 * 1209 and len(schedule.segments) == 7
+    session, _ = _session("star:hosts=8")
+    with session:
+        _replay_all(session, {"resnet50-trace": schedule}, tmp_path)
 
 
 def test_four_ranks_msccl_allgather_and_reduce_scatter(tmp_path):

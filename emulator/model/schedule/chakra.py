@@ -1,12 +1,13 @@
 """Import Chakra execution traces (MLCommons, package ``mlc-chakra``) as recorded.
 
 Files
-    One per rank, ``<prefix>.<rank>.et`` for ranks ``0..p-1``: a sequence of
-    protobuf messages (``schema/protobuf/et_def.proto``), each preceded by
-    its length as a varint -- first a ``GlobalMetadata``, then ``Node``
-    messages (``id, name, type, ctrl_deps, data_deps, duration_micros,
-    attr[]``). Node ids are per file. Rank ``r`` runs on the host the
-    placement gives it (``star:hosts=p`` unless a topology is given).
+    One per rank, ``<prefix>.<rank>.et`` for ranks ``0..p-1`` (or one file
+    replicated, see "One-rank traces"): a sequence of protobuf messages
+    (``schema/protobuf/et_def.proto``), each preceded by its length as a
+    varint -- first a ``GlobalMetadata``, then ``Node`` messages (``id,
+    name, type, ctrl_deps, data_deps, duration_micros, inputs, attr[]``).
+    Node ids are per file. Rank ``r`` runs on the host the placement gives
+    it (``star:hosts=p`` unless a topology is given).
 
 What each node becomes (attributes as ASTRA-sim's feeder reads them; any
 integer kind is accepted for an integer attribute)
@@ -15,33 +16,45 @@ integer kind is accepted for an integer attribute)
         dilates it). At most an hour. Compute nodes are ready as their
         dependencies allow, and a rank's one compute stream (the agents' and
         the timing model's) runs them one at a time in the order they become
-        ready, as ASTRA-sim's GPU runs one kernel at a time.
+        ready, as ASTRA-sim's GPU runs one kernel at a time. With
+        ``is_cpu_op`` true, see "CPU-side nodes".
     ``COMM_SEND_NODE`` / ``COMM_RECV_NODE``
         One message (:meth:`Composer.message`, a ``p2p`` segment). A send's
         peer is ``comm_dst``, a receive's ``comm_src`` (the other end
         attribute, when present, must be the file's own rank, which is also
         ASTRA-sim's default); ``comm_size`` bytes; ``comm_tag`` (default 0).
-        ``comm_type`` is ignored on them (the MSCCL converter stores the node
-        type there). The k-th send of rank ``a`` to ``b`` with tag ``t`` (in
-        ``a``'s dependency order) and the k-th receive of ``b`` from ``a``
-        with tag ``t`` (in ``b``'s) are one message; a send or receive left
-        over, or a pair of different sizes, is an error naming the nodes.
-        Tags become lanes per ordered pair in order of first appearance
-        (in the sender's dependency order): from lane 0 in a trace without
-        collectives, from lane 1 in one with (lane 0 carries the
-        collectives, so no message queues behind one on its connection), at
-        most :data:`~emulator.model.schedule.format.MAX_LANES` lanes.
+        ``comm_type`` and ``pg_name`` are ignored on them (the MSCCL
+        converter stores the node type in ``comm_type``; peers are global
+        ranks, as ASTRA-sim reads them). The k-th send of rank ``a`` to
+        ``b`` with tag ``t`` (in ``a``'s dependency order) and the k-th
+        receive of ``b`` from ``a`` with tag ``t`` (in ``b``'s) are one
+        message; a send or receive left over, or a pair of different sizes,
+        is an error naming the nodes. Tags become lanes per ordered pair in
+        order of first appearance (in the sender's dependency order): from
+        lane 0 in a trace without collectives, from lane 1 in one with (lane
+        0 carries the collectives, so no message queues behind one on its
+        connection), at most :data:`~emulator.model.schedule.format.MAX_LANES`
+        lanes.
     ``COMM_COLL_NODE``
-        The k-th collective node of every rank (in each rank's dependency
-        order) together form collective ``k``: ``comm_type``, ``comm_size``
-        and ``pg_name`` must agree on every rank. It is expanded with
-        generator ``algo`` over all ranks (``pg_name`` and ``involved_dim``
-        are not interpreted: a trace of several communicators is not
-        replayed faithfully). ``is_cpu_op`` true is refused (ASTRA-sim
-        refuses it too). ``comm_size`` is each rank's *input*, as ASTRA-sim
-        reads it (``Ring.cc``: allgather's result is ``comm_size·p``,
-        reduce_scatter's ``comm_size/p``) and as the PyTorch converter
-        records it (the sum of the kernel's input tensors):
+        A collective of the process group ``pg_name`` names (none: every
+        rank); :mod:`~emulator.model.schedule.chakra_groups` reads the groups
+        from the trace's ``## process_group:init ##`` metadata and matches the
+        nodes: the k-th node of a group on each of its ranks (in each rank's
+        dependency order) are one collective, and must agree on
+        ``comm_type`` and ``comm_size``. Alike collectives of disjoint groups
+        (tensor-parallel pairs, data-parallel groups) share one segment, its
+        ``groups`` the process groups (:meth:`Composer.group_collective`).
+        A collective over every rank in rank order is expanded with
+        generator ``algo`` over the topology and placement; one over a group
+        with its ``len(group)`` ranks, as over ``star:hosts=len(group)``
+        (``hdrm``, a placement of every rank, becomes ``hd``), its rank ``i``
+        being the group's ``i``-th. A node on a one-rank group only passes
+        its dependencies on. ``involved_dim`` is not interpreted. With
+        ``is_cpu_op`` true, see "CPU-side nodes". ``comm_size`` is each
+        rank's *input*, as ASTRA-sim reads it (``Ring.cc``: allgather's
+        result is ``comm_size·p``, reduce_scatter's ``comm_size/p``, ``p``
+        the group's ranks) and as the PyTorch converter records it (the sum
+        of the kernel's input tensors):
 
         ========================  ==============  =============================  ==========
         comm_type                 collective      generator size                 fallback
@@ -59,39 +72,71 @@ integer kind is accepted for an integer attribute)
         ``algo`` is used where the generators have it for that collective
         and rank count (:func:`~emulator.model.schedule.generators.algorithms`),
         else the fallback; ``meta.collectives`` says which ran. Chakra has
-        no root attribute: broadcast and reduce are rooted at rank 0. A
-        BARRIER is ``ceil(log2 p)`` rounds of one-chunk messages on lane 0,
-        round ``s`` from rank ``r`` to ``r + 2^s`` (each after the rank's
-        receive of the round before).
+        no root attribute: broadcast and reduce are rooted at the group's
+        first rank (rank 0 for every rank). A BARRIER is ``ceil(log2 p)``
+        rounds of one-chunk messages on lane 0 within each group, round
+        ``s`` from its ``j``-th rank to its ``j + 2^s``-th (each after the
+        rank's receive of the round before).
     ``METADATA_NODE``, ``INVALID_NODE``
         Zero-time nodes that only pass their dependencies on (ASTRA-sim skips
-        them the same way).
+        them the same way); a ``METADATA_NODE`` named ``## process_group:init
+        ##`` gives the process groups.
     ``MEM_LOAD_NODE``, ``MEM_STORE_NODE``
         Refused: ASTRA-sim's remote memory has no counterpart here, and
         dropping its time silently would misreport the trace.
     Anything else (an unknown node type or collective) is refused.
 
+CPU-side nodes
+    A ``COMP_NODE`` or ``COMM_COLL_NODE`` with ``is_cpu_op`` true (the
+    PyTorch converter's host operators: ``aten::`` ops, the ``c10d::`` calls
+    that launch a collective kernel) only passes its dependencies on: a rank
+    has one compute stream, the GPU's, and putting host time on it would
+    serialize the host's work with the kernels it overlaps (ASTRA-sim runs
+    CPU operators on a resource of their own, ``HardwareResource.cc``, which
+    the schedule format lacks). The collective itself is its GPU kernel's
+    node. ``meta.cpu_ops`` counts them and their recorded time. Nodes
+    without ``is_cpu_op`` (ASTRA-sim's microbenchmarks, MSCCL) or with it
+    false stay compute and collectives.
+
 Dependencies
     ``ctrl_deps`` and ``data_deps`` alike; each rank's nodes replay in its
     dependency order (a topological order, ties broken by file order). A
-    duplicate node id, a dependency on an id the file lacks, or a cycle is
-    an error naming the node. Sends are *posted*, not awaited: a node that
-    depends on a send waits for what the send waited for. ASTRA-sim's sends
-    are buffered (a send finishes once delivered, whether or not its
-    receive is posted), the replay's are rendezvous (a send completes with
-    its receive), so waiting for a send would deadlock traces ASTRA-sim
-    runs, such as the MSCCL ring where every rank sends before it receives.
+    duplicate node id is an error naming it. Tolerated and counted in
+    ``meta.dropped_dependencies`` (over the files read), as the PyTorch
+    converter leaves them: a dependency on the node itself (``self``), on
+    an id the file lacks (``dangling``), and -- when the dependencies form
+    a cycle -- every ``ctrl_deps`` entry between two nodes of one strongly
+    connected component (``cyclic_ctrl``: older converters record the
+    caller-callee relation there, which can point both ways). A cycle of
+    ``data_deps`` alone is an error naming it. Sends are *posted*, not
+    awaited: a node that depends on a send waits for what the send waited
+    for. ASTRA-sim's sends are buffered (a send finishes once delivered,
+    whether or not its receive is posted), the replay's are rendezvous (a
+    send completes with its receive), so waiting for a send would deadlock
+    traces ASTRA-sim runs, such as the MSCCL ring where every rank sends
+    before it receives.
+
+One-rank traces
+    :func:`load` with ``ranks`` (``emu schedule import FILE.et --ranks N``)
+    replicates one file to ``N`` identical ranks: one rank of a symmetric
+    data-parallel job. Its collectives span all ``N`` ranks (``pg_name``
+    empty, ``"0"``, or a group the metadata gives as every rank of the
+    recorded job, scaled to ``N``); one on a smaller group is refused, as
+    are point-to-point nodes (their peers are ranks of the recorded job).
 
 Replay order
     All ranks are composed together: every rank's nodes are added as soon as
     their dependencies are (compute and dependency-only nodes at once, a
     message once both its send and its receive are ready), until every rank
-    waits at its next collective node; then that collective is added for
-    all ranks, and so on. A trace for which this stops short (a receive
-    whose send comes after its own rank's collective, two ranks each
-    receiving before sending) is an error naming the rank, the node and
-    what it waits for. Everything added waits only for things added before
-    it, so an imported schedule never deadlocks.
+    waits at a collective node; then the first collective (by number) every
+    rank of every group of it has reached is added, else the groups of the
+    first that some group has reached (split off into a segment of their
+    own; the others follow), a process group's collectives in their order;
+    and so on. A trace for which this stops short (a receive whose send
+    comes after its own rank's collective, two ranks each receiving before
+    sending) is an error naming the rank, the node and what it waits for.
+    Everything added waits only for things added before it, so an imported
+    schedule never deadlocks.
 
 Chunks
     One chunk size for the whole schedule: the gcd of what the parts need
@@ -109,23 +154,29 @@ Chunks
 
 meta
     ``imported_from: chakra``, ``trace`` (the files' prefix), ``version``
-    (rank 0's ``GlobalMetadata`` version or schema), ``nodes`` (counts per
-    node type over all ranks), ``collectives`` (per collective: its
-    collective, ``comm_size``, algorithm, rank 0's node id and name),
-    ``messages``, ``lanes`` (per ordered pair with messages, its tags in lane
-    order), ``chunk_bytes``, and the padding above.
+    (rank 0's ``GlobalMetadata`` version or schema), ``replicated`` (the
+    file and ``ranks``, with ``ranks``), ``process_groups`` (name: ranks,
+    when the trace has the metadata), ``one_rank_collectives``,
+    ``dropped_dependencies`` and ``cpu_ops`` (above; :func:`notes` words
+    them), ``nodes`` (counts per node type over all ranks), ``collectives``
+    (per collective: its collective, ``comm_size``, algorithm, its first
+    rank's node id and name, and for groups ``groups`` and
+    ``process_groups``), ``messages``, ``lanes`` (per ordered pair with
+    messages, its tags in lane order), ``chunk_bytes``, and the padding
+    above.
 
-:func:`load` with ``index`` imports only the index-th collective node
-instead (counted in dependency order, the same on every rank), as the
-generator's schedule of it (its size rounded up as above when it does not
-split into whole chunks, recorded in ``meta.padded``). :func:`write_trace`, :func:`coll_node`,
-:func:`comm_node` and :func:`comp_node` write such files (for tests and
-samples).
+:func:`load` with ``index`` imports only the index-th collective (numbered
+as above; one over every rank) instead, as the generator's schedule of it
+(its size rounded up as above when it does not split into whole chunks,
+recorded in ``meta.padded``). :func:`write_trace`, :func:`coll_node`,
+:func:`comm_node`, :func:`comp_node` and :func:`pg_init_node` write such
+files (for tests and samples).
 """
 
 from __future__ import annotations
 
 import heapq
+import json
 import math
 import os
 import re
@@ -137,6 +188,18 @@ from typing import Any
 from emulator.base.errors import MISSING, FieldError, UserError
 from emulator.model import topology as topology_mod
 from emulator.model.schedule import generators
+from emulator.model.schedule.chakra_groups import (
+    PG_INIT,
+    CollNode,
+    GroupTable,
+    Instance,
+    Matching,
+    ProcessGroup,
+    TraceCollective,
+    group_table,
+    match_collectives,
+    parse_pg_config,
+)
 from emulator.model.schedule.collectives import (
     ALLGATHER,
     ALLREDUCE,
@@ -268,6 +331,23 @@ def comp_node(node_id: int, name: str, micros: int, deps: Sequence[int] = (), ct
     return node
 
 
+def pg_init_node(node_id: int, groups: Sequence[ProcessGroup], deps: Sequence[int] = (),
+                 ctrl_deps: Sequence[int] = ()) -> Any:
+    """A ``METADATA_NODE`` ``## process_group:init ##`` listing ``groups`` as PyTorch's ``pg_config`` (each
+    group's ``size`` is its ``group_size``), its ``inputs.values`` as Chakra's PyTorch converter writes it: Python's
+    ``str`` of the one-input list holding the JSON."""
+    pb = _pb()
+    node = _node(node_id, f"## {PG_INIT} ##", "METADATA_NODE", deps, ctrl_deps)
+    config = [{"pg_name": g.name, "pg_desc": g.desc or "undefined", "backend_config": "cuda:nccl",
+               "ranks": list(g.ranks), "group_size": g.size or len(g.ranks), "group_count": len(groups)}
+              for g in groups]
+    node.inputs.values = str([json.dumps(config)])
+    node.inputs.shapes = str([[]])
+    node.inputs.types = str(["String"])
+    node.attr.append(pb.AttributeProto(name="is_cpu_op", bool_val=True))
+    return node
+
+
 # ---------------------------------------------------------------------------
 # Reading
 # ---------------------------------------------------------------------------
@@ -288,6 +368,8 @@ class TraceNode:
     size: int = 0
     collective: str = ""
     pg_name: str = ""
+    #: a CPU-side node (``is_cpu_op`` true) kept as a dependency only; ``seconds`` is its recorded time
+    cpu: bool = False
 
     @property
     def deps(self) -> tuple[int, ...]:
@@ -300,12 +382,17 @@ class TraceNode:
 
 @dataclass(frozen=True)
 class RankTrace:
-    """One rank's file: its nodes in dependency order."""
+    """One rank's file: its nodes in dependency order, the process groups its metadata lists, and how many
+    dependencies were dropped: on the node itself, on ids the file lacks, and ``ctrl_deps`` closing a cycle."""
 
     rank: int
     path: str
     version: str
     nodes: tuple[TraceNode, ...]
+    groups: tuple[ProcessGroup, ...] = ()
+    self_deps: int = 0
+    dangling_deps: int = 0
+    cyclic_ctrl_deps: int = 0
 
     @property
     def where(self) -> str:
@@ -330,13 +417,18 @@ def read_trace(path: str, rank: int, p: int) -> RankTrace:
         raise FieldError(where, "message 0", "a Chakra GlobalMetadata", "bytes that do not parse as one") from None
     schema = next((a.string_val for a in meta.attr if a.name == "schema"), "")
     nodes = []
+    groups: list[ProcessGroup] = []
     for k, raw in enumerate(messages[1:], start=1):
         try:
             node = pb.Node.FromString(raw)
         except Exception:
             raise FieldError(where, f"message {k}", "a Chakra Node", "bytes that do not parse as one") from None
         nodes.append(_parse_node(pb, node, where, rank, p))
-    return RankTrace(rank, path, meta.version or schema, _dependency_order(nodes, where))
+        if node.type == pb.METADATA_NODE and PG_INIT in node.name:
+            groups += parse_pg_config(node.inputs.values, where, nodes[-1].label)
+    order = _dependency_order(nodes, where)
+    return RankTrace(rank, path, meta.version or schema, order.nodes, tuple(groups), order.self_deps,
+                     order.dangling_deps, order.cyclic_ctrl_deps)
 
 
 def _attr_value(attr: Any) -> object:
@@ -368,6 +460,8 @@ def _parse_node(pb: Any, node: Any, where: str, rank: int, p: int) -> TraceNode:
         raise FieldError(where, f"{label}.type", f"one of {', '.join(_KINDS)}", node.type)
     base = TraceNode(node.id, node.name, type_name, _KINDS[type_name], tuple(node.ctrl_deps), tuple(node.data_deps))
     attrs = {a.name: _attr_value(a) for a in node.attr}
+    if base.kind in (COMP, COLL) and attrs.get("is_cpu_op") is True:
+        return replace(base, kind=DEP, cpu=True, seconds=node.duration_micros / 1e6)
     if base.kind == COMP:
         if node.duration_micros > MAX_COMPUTE_S * 1e6:
             raise FieldError(where, f"{label}.duration_micros", f"at most {MAX_COMPUTE_S * 1e6:.0f} "
@@ -394,9 +488,6 @@ def _parse_message_end(base: TraceNode, attrs: Mapping[str, object], where: str,
 
 
 def _parse_collective(pb: Any, base: TraceNode, attrs: Mapping[str, object], where: str) -> TraceNode:
-    if attrs.get("is_cpu_op") is True:
-        raise FieldError(where, f"{base.label}.attr.is_cpu_op", "false (a collective runs on the GPU; ASTRA-sim "
-                         "refuses collectives on the CPU too)", True)
     comm_type = _int_attr(attrs, "comm_type", where, base.label)
     name = pb.CollectiveCommType.Name(comm_type) if comm_type in pb.CollectiveCommType.values() else None
     if name not in _COLLECTIVES:
@@ -409,21 +500,57 @@ def _parse_collective(pb: Any, base: TraceNode, attrs: Mapping[str, object], whe
                    else repr(pg_name))
 
 
-def _dependency_order(nodes: Sequence[TraceNode], where: str) -> tuple[TraceNode, ...]:
-    """``nodes`` in a topological order of their dependencies, ties broken by file order."""
+def _without_bad_deps(nodes: Sequence[TraceNode], pos: Mapping[int, int]) -> tuple[list[TraceNode], int, int]:
+    """``nodes`` without dependencies on themselves or on ids not in ``pos``, and how many of each were dropped
+    (every entry of ``ctrl_deps`` and ``data_deps`` counted)."""
+    out, self_deps, dangling = [], 0, 0
+    for node in nodes:
+        both = node.ctrl_deps + node.data_deps
+        self_deps += sum(d == node.node_id for d in both)
+        dangling += sum(d != node.node_id and d not in pos for d in both)
+        ctrl, data = ([d for d in deps if d != node.node_id and d in pos] for deps in (node.ctrl_deps, node.data_deps))
+        out.append(node if len(ctrl) + len(data) == len(both) else
+                   replace(node, ctrl_deps=tuple(ctrl), data_deps=tuple(data)))
+    return out, self_deps, dangling
+
+
+@dataclass(frozen=True)
+class _Order:
+    """A file's nodes in dependency order, and how many dependencies were dropped: on the node itself, on ids not
+    in the file, and ``ctrl_deps`` closing a cycle."""
+
+    nodes: tuple[TraceNode, ...]
+    self_deps: int
+    dangling_deps: int
+    cyclic_ctrl_deps: int
+
+
+def _dependency_order(nodes: Sequence[TraceNode], where: str) -> _Order:
+    """``nodes`` in a topological order of their dependencies, ties broken by file order (module docstring,
+    "Dependencies"); :class:`FieldError` for a duplicate id or a cycle of ``data_deps``."""
     pos: dict[int, int] = {}
     for i, node in enumerate(nodes):
         if node.node_id in pos:
             raise FieldError(where, f"node {node.node_id}", "a node id no other node of the file has",
                              f"the ids of messages {pos[node.node_id] + 1} and {i + 1}")
         pos[node.node_id] = i
+    nodes, self_deps, dangling = _without_bad_deps(nodes, pos)
+    order, waiting = _topological(nodes, pos)
+    cyclic = 0
+    if len(order) < len(nodes):
+        nodes, cyclic = _without_cyclic_ctrl(nodes, pos)
+        order, waiting = _topological(nodes, pos)
+        if len(order) < len(nodes):
+            raise _cycle_error(nodes, pos, waiting, where)
+    return _Order(tuple(nodes[i] for i in order), self_deps, dangling, cyclic)
+
+
+def _topological(nodes: Sequence[TraceNode], pos: Mapping[int, int]) -> tuple[list[int], list[int]]:
+    """Positions of ``nodes`` in a topological order (ties by file order), and per node its dependencies left
+    unreleased (non-zero for the nodes on or after a cycle, which the order lacks)."""
     children: list[list[int]] = [[] for _ in nodes]
     waiting = [0] * len(nodes)
     for i, node in enumerate(nodes):
-        for key, deps in (("ctrl_deps", node.ctrl_deps), ("data_deps", node.data_deps)):
-            unknown = next((d for d in deps if d not in pos), None)
-            if unknown is not None:
-                raise FieldError(where, f"{node.label}.{key}", "ids of nodes of this file", unknown)
         for dep in node.deps:
             children[pos[dep]].append(i)
             waiting[i] += 1
@@ -436,9 +563,61 @@ def _dependency_order(nodes: Sequence[TraceNode], where: str) -> tuple[TraceNode
             waiting[child] -= 1
             if not waiting[child]:
                 heapq.heappush(heap, child)
-    if len(order) < len(nodes):
-        raise _cycle_error(nodes, pos, waiting, where)
-    return tuple(nodes[i] for i in order)
+    return order, waiting
+
+
+def _without_cyclic_ctrl(nodes: Sequence[TraceNode], pos: Mapping[int, int]) -> tuple[list[TraceNode], int]:
+    """``nodes`` without the ``ctrl_deps`` inside a cycle (between two nodes of one strongly connected component of
+    all dependencies), and how many were dropped."""
+    comp = _components([[pos[d] for d in node.deps] for node in nodes])
+    out, dropped = [], 0
+    for i, node in enumerate(nodes):
+        ctrl = tuple(d for d in node.ctrl_deps if comp[pos[d]] != comp[i])
+        dropped += len(node.ctrl_deps) - len(ctrl)
+        out.append(node if len(ctrl) == len(node.ctrl_deps) else replace(node, ctrl_deps=ctrl))
+    return out, dropped
+
+
+def _components(deps: Sequence[Sequence[int]]) -> list[int]:
+    """Per node of the graph ``i -> deps[i]`` its strongly connected component (Tarjan's algorithm, iterative)."""
+    n = len(deps)
+    index, low, comp, on = [-1] * n, [0] * n, [-1] * n, [False] * n
+    stack: list[int] = []
+    count = components = 0
+    for root in range(n):
+        if index[root] >= 0:
+            continue
+        index[root] = low[root] = count
+        count += 1
+        stack.append(root)
+        on[root] = True
+        work = [(root, 0)]
+        while work:
+            v, k = work[-1]
+            if k < len(deps[v]):
+                work[-1] = (v, k + 1)
+                w = deps[v][k]
+                if index[w] < 0:
+                    index[w] = low[w] = count
+                    count += 1
+                    stack.append(w)
+                    on[w] = True
+                    work.append((w, 0))
+                elif on[w]:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                while True:
+                    w = stack.pop()
+                    on[w] = False
+                    comp[w] = components
+                    if w == v:
+                        break
+                components += 1
+    return comp
 
 
 def _cycle_error(nodes: Sequence[TraceNode], pos: Mapping[int, int], waiting: Sequence[int],
@@ -473,29 +652,31 @@ def rank_files(paths: Sequence[str]) -> list[str]:
     if sorted(by_rank) != list(range(len(by_rank))):
         raise FieldError(WHERE, "FILE", f"ranks 0..{len(by_rank) - 1}, one file each", sorted(by_rank))
     if not 2 <= len(by_rank) <= MAX_RANKS:
-        raise FieldError(WHERE, "FILE", f"trace files of 2 to {MAX_RANKS} ranks", len(by_rank))
+        raise FieldError(WHERE, "FILE", f"trace files of 2 to {MAX_RANKS} ranks (or one file and --ranks N to "
+                         "replicate it)", len(by_rank))
     return [by_rank[r] for r in range(len(by_rank))]
+
+
+def replicate(paths: Sequence[str], ranks: int) -> list[RankTrace]:
+    """The one trace file of ``paths`` as ``ranks`` identical ranks (module docstring, "One-rank traces")."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or not 2 <= ranks <= MAX_RANKS:
+        raise FieldError(WHERE, "ranks", f"an integer in 2..{MAX_RANKS}", ranks)
+    if len(paths) != 1:
+        raise FieldError(WHERE, "ranks", "one trace file to replicate (a trace of several files gives each rank "
+                         "its own)", f"{ranks} ranks for {len(paths)} files")
+    if not paths[0].lower().endswith(".et"):
+        raise FieldError(WHERE, "FILE", "a Chakra trace file (.et)", paths[0])
+    trace = read_trace(paths[0], 0, ranks)
+    p2p = next((n for n in trace.nodes if n.kind in (SEND, RECV)), None)
+    if p2p is not None:
+        raise FieldError(trace.where, p2p.label, "no point-to-point node in a one-rank trace to replicate (its peer "
+                         "is a rank of the recorded job)", p2p.type_name)
+    return [replace(trace, rank=r) for r in range(ranks)]
 
 
 # ---------------------------------------------------------------------------
 # Matching: collectives across ranks, sends with receives
 # ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TraceCollective:
-    """Collective ``index``: the ``index``-th collective node of every rank (``members[r]``: its position)."""
-
-    index: int
-    collective: str
-    comm_size: int
-    members: tuple[int, ...]
-    node_id: int
-    node_name: str
-
-    @property
-    def name(self) -> str:
-        return f"collective {self.index} ({self.collective}, node {self.node_id} {self.node_name or 'unnamed'})"
-
 
 @dataclass(frozen=True)
 class TraceMessage:
@@ -508,26 +689,18 @@ class TraceMessage:
     name: str
 
 
-def match_collectives(traces: Sequence[RankTrace]) -> list[TraceCollective]:
-    """Collective ``k`` of every rank grouped; :class:`FieldError` unless ranks agree on each."""
-    per_rank = [[i for i, n in enumerate(t.nodes) if n.kind == COLL] for t in traces]
-    counts = [len(c) for c in per_rank]
-    if len(set(counts)) > 1:
-        r = next(r for r, n in enumerate(counts) if n != counts[0])
-        raise FieldError(traces[r].where, "COMM_COLL_NODE nodes", f"{counts[0]}, as many as rank 0 has", counts[r])
-    out = []
-    for k in range(counts[0]):
-        first = traces[0].nodes[per_rank[0][k]]
-        for r in range(1, len(traces)):
-            node = traces[r].nodes[per_rank[r][k]]
-            for key, mine, theirs in (("comm_type", node.collective, first.collective),
-                                      ("comm_size", node.size, first.size), ("pg_name", node.pg_name, first.pg_name)):
-                if mine != theirs:
-                    raise FieldError(traces[r].where, f"{node.label}.attr.{key}", f"{theirs!r}, as rank 0's "
-                                     f"collective {k} ({first.label}) has", mine)
-        out.append(TraceCollective(k, first.collective, first.size, tuple(c[k] for c in per_rank), first.node_id,
-                                   first.name))
-    return out
+def groups_of(traces: Sequence[RankTrace], replicated: bool = False) -> GroupTable:
+    """The process groups the traces' metadata list (:func:`~emulator.model.schedule.chakra_groups.group_table`)."""
+    return group_table([(t.where, t.groups) for t in traces[:1 if replicated else len(traces)]], len(traces),
+                       replicated)
+
+
+def collectives_of(traces: Sequence[RankTrace], table: GroupTable) -> Matching:
+    """Every rank's collective nodes matched into collectives
+    (:func:`~emulator.model.schedule.chakra_groups.match_collectives`)."""
+    per_rank = [[CollNode(t.rank, i, n.pg_name, n.collective, n.size, n.node_id, n.name)
+                 for i, n in enumerate(t.nodes) if n.kind == COLL] for t in traces]
+    return match_collectives(per_rank, [t.where for t in traces], table)
 
 
 def match_messages(traces: Sequence[RankTrace], lane_base: int) -> tuple[list[TraceMessage], dict[str, list[int]]]:
@@ -655,14 +828,34 @@ def algorithm_for(collective: str, algo: str, p: int) -> str:
     return _FALLBACK.get(collective, "ring")
 
 
+def algorithm_of(coll: TraceCollective, algo: str, p: int) -> str:
+    """The algorithm of ``coll``'s part: :func:`algorithm_for` over its group (``hdrm``, a placement of every rank,
+    is ``hd`` within groups)."""
+    if coll.world:
+        return algorithm_for(coll.collective, algo, p)
+    return algorithm_for(coll.collective, "hd" if algo == "hdrm" else algo, coll.group_size)
+
+
 @dataclass
 class _Generator:
-    """Generates every collective part over one topology and placement (and caches their chunk counts)."""
+    """Generates every collective part over one topology and placement (and caches their chunk counts); the parts
+    of collectives in groups over a star of the group's size (:meth:`of`)."""
 
     topo: Topology
     placement: str
     seed: int
     shapes: dict[tuple[str, str], Schedule] = field(default_factory=dict)
+    by_size: dict[int, _Generator] = field(default_factory=dict)
+
+    def of(self, coll: TraceCollective) -> _Generator:
+        """This generator for a collective over every rank in rank order, else one over ``star:hosts=<group
+        size>`` with the identity placement (a group's part: its rank ``i`` runs on the group's ``i``-th rank)."""
+        if coll.world:
+            return self
+        g = coll.group_size
+        if g not in self.by_size:
+            self.by_size[g] = _Generator(topology_mod.build(f"star:hosts={g}"), "identity", self.seed)
+        return self.by_size[g]
 
     def chunks(self, collective: str, algo: str) -> int:
         how = generators.recipe(collective, algo)
@@ -680,9 +873,13 @@ class _Generator:
                                    chunks=self.chunks(collective, algo), collective=collective, root=0)
 
     def need(self, coll: TraceCollective, algo: str) -> Need:
-        shape = self.shape(coll.collective, algo)
-        scale = len(self.topo.hosts) if coll.collective == ALLGATHER else 1
+        gen = self.of(coll)
+        shape = gen.shape(coll.collective, algo)
+        scale = len(gen.topo.hosts) if coll.collective == ALLGATHER else 1
         return Need(coll.name, coll.comm_size * scale, shape.chunks, shape.output_chunks, shape.scratch_chunks, scale)
+
+    def part(self, coll: TraceCollective, algo: str, size: int) -> Schedule:
+        return self.of(coll).generate(coll.collective, algo, size)
 
 
 # ---------------------------------------------------------------------------
@@ -697,10 +894,10 @@ class _Replay:
     send or a dependency-only node what it waited for).
     """
 
-    def __init__(self, traces: Sequence[RankTrace], collectives: Sequence[TraceCollective],
-                 messages: Sequence[TraceMessage], parts: Mapping[int, Schedule], nchunks: Mapping[str, int],
-                 composer: Composer):
-        self.traces, self.collectives, self.parts, self.nchunks, self.c = traces, collectives, parts, nchunks, composer
+    def __init__(self, traces: Sequence[RankTrace], matching: Matching, messages: Sequence[TraceMessage],
+                 parts: Mapping[int, Schedule], nchunks: Mapping[str, int], composer: Composer):
+        self.traces, self.parts, self.nchunks, self.c = traces, parts, nchunks, composer
+        self.collectives, self.solo = matching.collectives, matching.solo
         self.message_of = {end: m for m in messages for end in (m.send, m.recv)}
         self.pos = [{n.node_id: i for i, n in enumerate(t.nodes)} for t in traces]
         self.deps = [[tuple(pos[d] for d in n.deps) for n in t.nodes] for t, pos in zip(traces, self.pos, strict=True)]
@@ -713,24 +910,59 @@ class _Replay:
         self.frontier: list[dict[int, tuple[Node, ...]]] = [{} for _ in traces]
         self.ready: set[tuple[int, int]] = set()  # receives and collectives whose dependencies are released
         self.queue = deque((r, i) for r, w in enumerate(self.waiting) for i, n in enumerate(w) if not n)
-        self.next = 0  # the next collective
+        # instances not yet added, per collective (in index order); per process group how many were added
+        self.pending = {c.index: list(c.instances) for c in self.collectives}
+        self.added: Counter[str] = Counter()
+        self.per_pg = Counter(inst.pg for c in self.collectives for inst in c.instances)
+        self.home = {(inst.pg, inst.k): c.index for c in self.collectives for inst in c.instances}
+        self.collective_of = {m: c.index for c in self.collectives for m in c.members}
+        self.preds: dict[Node, tuple[Node, ...]] = {}  # per part added, what it was added after on its rank
 
     def run(self) -> None:
         while True:
             while self.queue:
                 self._visit(*self.queue.popleft())
-            if self.next == len(self.collectives):
+            if not self.pending:
                 if any(len(f) < len(t.nodes) for f, t in zip(self.frontier, self.traces, strict=True)):
                     raise self._stuck()
                 return
-            coll = self.collectives[self.next]
-            if not all((r, i) in self.ready for r, i in enumerate(coll.members)):
+            step = self._next()
+            if step is None:
                 raise self._stuck()
-            self._collective(coll)
-            self.next += 1
+            self._collective(*step)
+
+    def _heads(self) -> list[Instance]:
+        """Per process group its next instance (a group's collectives are added in their order), by collective."""
+        indices = sorted({self.home[(pg, self.added[pg])] for pg, n in self.per_pg.items() if self.added[pg] < n})
+        return [inst for index in indices for inst in self.pending[index] if self.added[inst.pg] == inst.k]
+
+    def _next(self) -> tuple[TraceCollective, list[Instance]] | None:
+        """The first collective whose every pending instance every rank of it has reached, else the first with some
+        (those are split off: its other groups come later); None if none."""
+        heads = [inst for inst in self._heads() if all(m in self.ready for m in inst.members)]
+        for index in dict.fromkeys(self.home[(inst.pg, inst.k)] for inst in heads):
+            ready = [inst for inst in heads if self.home[(inst.pg, inst.k)] == index]
+            if len(ready) == len(self.pending[index]):
+                return self.collectives[index], ready
+        if heads:
+            index = self.home[(heads[0].pg, heads[0].k)]
+            return self.collectives[index], [i for i in heads if self.home[(i.pg, i.k)] == index]
+        return None
 
     def _after(self, r: int, i: int) -> tuple[Node, ...]:
-        return tuple(dict.fromkeys(node for d in self.deps[r][i] for node in self.frontier[r][d]))
+        """What node ``i`` of rank ``r`` waits for: its dependencies' frontiers, less what another part in them was
+        itself added after (waiting for that part waits for it too; this keeps long chains of dependency-only nodes
+        from gathering every part before them)."""
+        nodes = dict.fromkeys(node for d in self.deps[r][i] for node in self.frontier[r][d])
+        if len(nodes) < 2:
+            return tuple(nodes)
+        covered = {before for node in nodes for before in self.preds.get(node, ())}
+        return tuple(node for node in nodes if node not in covered)
+
+    def _added(self, node: Node, after: tuple[Node, ...]) -> tuple[Node, ...]:
+        """Record that ``node`` was added after ``after``; ``(node,)``, the frontier of what it ends."""
+        self.preds[node] = after
+        return (node,)
 
     def _release(self, r: int, i: int, frontier: tuple[Node, ...]) -> None:
         self.frontier[r][i] = frontier
@@ -743,8 +975,9 @@ class _Replay:
     def _visit(self, r: int, i: int) -> None:
         node = self.traces[r].nodes[i]
         if node.kind == COMP:
-            self._release(r, i, (self.c.compute(r, node.seconds, self._after(r, i)),))
-        elif node.kind == DEP:
+            after = self._after(r, i)
+            self._release(r, i, self._added(self.c.compute(r, node.seconds, after), after))
+        elif node.kind == DEP or (r, i) in self.solo:
             self._release(r, i, self._after(r, i))
         elif node.kind == SEND:
             self._release(r, i, self._after(r, i))  # posted: what depends on it need not wait for the receive
@@ -757,39 +990,56 @@ class _Replay:
     def _match(self, m: TraceMessage) -> None:
         (a, s), (b, i) = m.send, m.recv
         if s in self.frontier[a] and (b, i) in self.ready:
+            after = self._after(b, i)
             _, recv = self.c.message(a, b, self.nchunks[m.name], m.lane, m.name, after_src=self.frontier[a][s],
-                                     after_dst=self._after(b, i))
-            self._release(b, i, (recv,))
+                                     after_dst=after)
+            self._release(b, i, self._added(recv, after))
 
-    def _collective(self, coll: TraceCollective) -> None:
-        after = {r: self._after(r, i) for r, i in enumerate(coll.members)}
-        if coll.collective == BARRIER:
-            ends = self._barrier(coll, after)
+    def _collective(self, coll: TraceCollective, insts: Sequence[Instance]) -> None:
+        """Add ``insts`` of ``coll`` (all its groups, or those split off) after what each member waits for."""
+        left = [inst for inst in self.pending[coll.index] if inst not in insts]
+        if left:
+            self.pending[coll.index] = left
         else:
-            ends = {r: (node,) for r, node in enumerate(self.c.collective(self.parts[coll.index], coll.name, after))}
-        for r, i in enumerate(coll.members):
-            self._release(r, i, ends[r])
+            del self.pending[coll.index]
+        name = coll.name
+        if len(insts) < len(coll.instances):
+            name += ", groups " + " ".join(str(list(inst.group)) for inst in insts)
+        after = {r: self._after(r, i) for inst in insts for r, i in inst.members}
+        if coll.collective == BARRIER:
+            ends = self._barrier(name, insts, after)
+        elif coll.world:
+            ends = {r: self._added(node, after[r]) for r, node in
+                    enumerate(self.c.collective(self.parts[coll.index], name, after))}
+        else:
+            nodes = self.c.group_collective(self.parts[coll.index], name, [inst.group for inst in insts], after)
+            ends = {r: self._added(node, after[r]) for r, node in nodes.items()}
+        for inst in insts:
+            self.added[inst.pg] += 1
+            for r, i in inst.members:
+                self._release(r, i, ends[r])
 
-    def _barrier(self, coll: TraceCollective, after: dict[int, tuple[Node, ...]]) -> dict[int, tuple[Node, ...]]:
-        """A dissemination barrier: round ``s`` sends one chunk from rank ``r`` to ``r + 2^s``."""
-        p = len(self.traces)
-        for s in range((p - 1).bit_length()):
-            now = dict(after)
-            for r in range(p):
-                dst = (r + (1 << s)) % p
-                _, recv = self.c.message(r, dst, 1, 0, f"{coll.name} round {s} rank {r}", after_src=after[r],
-                                         after_dst=after[dst])
-                now[dst] = (recv,)
-            after = now
-        return after
+    def _barrier(self, name: str, insts: Sequence[Instance],
+                 after: dict[int, tuple[Node, ...]]) -> dict[int, tuple[Node, ...]]:
+        """A dissemination barrier in each group: round ``s`` sends one chunk from its ``j``-th rank to its
+        ``j + 2^s``-th."""
+        ends = dict(after)
+        for inst in insts:
+            g, n = inst.group, len(inst.group)
+            for s in range((n - 1).bit_length()):
+                now = dict(ends)
+                for j, r in enumerate(g):
+                    dst = g[(j + (1 << s)) % n]
+                    _, recv = self.c.message(r, dst, 1, 0, f"{name} round {s} rank {r}", after_src=ends[r],
+                                             after_dst=ends[dst])
+                    now[dst] = self._added(recv, ends[dst])
+                ends = now
+        return ends
 
     # ----------------------------------------------------------- diagnosis
     def _stuck(self) -> FieldError:
         """The error for a trace that cannot go on: where it stopped and the chain of what waits for what."""
-        start = None
-        if self.next < len(self.collectives):
-            members = enumerate(self.collectives[self.next].members)
-            start = next(((r, i) for r, i in members if (r, i) not in self.ready), None)
+        start = next((m for inst in self._heads() for m in inst.members if m not in self.ready), None)
         if start is None:
             start = next((r, i) for r, t in enumerate(self.traces) for i in range(len(t.nodes))
                          if i not in self.frontier[r])
@@ -820,7 +1070,9 @@ class _Replay:
             if b != i:
                 parts.append(self._describe(r, b))
             if self.traces[r].nodes[b].kind != RECV:
-                parts[-1] += ", which waits for every rank to reach it" if (r, b) in self.ready else ""
+                if (r, b) in self.ready:
+                    coll = self.collectives[self.collective_of[(r, b)]]
+                    parts[-1] += f", which waits for every rank{'' if coll.world else ' of its group'} to reach it"
                 return " waits for ".join(parts)
             r, i = self.message_of[(r, b)].send
             parts.append(f"its send {self._describe(r, i)}")
@@ -829,8 +1081,7 @@ class _Replay:
     def _describe(self, r: int, i: int) -> str:
         node = self.traces[r].nodes[i]
         what = {SEND: f"send to rank {node.peer}, tag {node.tag}", RECV: f"receive from rank {node.peer}, tag "
-                f"{node.tag}", COLL: "collective " + str(next((c.index for c in self.collectives
-                                                                 if c.members[r] == i), "?"))}
+                f"{node.tag}", COLL: f"collective {self.collective_of.get((r, i), '?')}"}
         return f"rank {r} node {node.node_id} ({what.get(node.kind, node.type_name)})"
 
 
@@ -848,31 +1099,121 @@ def _topology(topology: Topology | str | None, p: int) -> Topology:
 
 
 def load(paths: Sequence[str], algo: str = "ring", index: int | None = None, topology: Topology | str | None = None,
-         placement: str | None = None, seed: int = 0) -> Schedule:
+         placement: str | None = None, seed: int = 0, ranks: int | None = None, scale: float = 1.0) -> Schedule:
     """The trace of ``paths`` (one ``<prefix>.<rank>.et`` per rank) as one schedule, as recorded.
 
     Collective nodes are expanded with generator ``algo`` (or their
     collective's fallback), over ``topology`` (default ``star:hosts=p``) with
     ``placement`` (default ``hdrm`` for ``hdrm``, else ``identity``) and
-    ``seed``. With ``index``, only the index-th collective node, as its
-    generator's schedule. See the module docstring for the rules; every bad
-    input raises one :class:`FieldError`.
+    ``seed``; those of process groups within their groups. With ``ranks``,
+    the one file of ``paths`` is replicated to that many ranks. With
+    ``index``, only the index-th collective, as its generator's schedule.
+    ``scale`` (>= 1) divides every size and compute time, as a training
+    iteration's does (:func:`scaled`). See the module docstring for the rules;
+    every bad input raises one :class:`FieldError`.
     """
     if algo not in _algorithms():
         raise FieldError(WHERE, "algo", f"one of {', '.join(_algorithms())}", algo)
-    files = rank_files(paths)
-    p = len(files)
-    traces = [read_trace(path, r, p) for r, path in enumerate(files)]
-    collectives = match_collectives(traces)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1 <= scale <= 1e6:
+        raise FieldError(WHERE, "scale", "a number from 1 to 10^6 (sizes and compute times are divided by it)",
+                         scale)
+    replicated = ranks is not None
+    if ranks is not None:
+        traces = replicate(paths, ranks)
+    else:
+        files = rank_files(paths)
+        traces = [read_trace(path, r, len(files)) for r, path in enumerate(files)]
+    traces = [scaled(t, scale) for t in traces]
+    p = len(traces)
+    table = groups_of(traces, replicated)
+    matching = collectives_of(traces, table)
     topo = _topology(topology, p)
     gen = _Generator(topo, placement or ("hdrm" if algo == "hdrm" else "identity"), seed)
     generators.placement_hosts(topo, gen.placement, seed)  # a bad placement is named before anything else
-    prefix = FILE_RE.match(os.path.basename(files[0]))
-    meta: dict[str, Any] = {"imported_from": "chakra", "trace": prefix.group("prefix") if prefix else files[0],
-                            "version": traces[0].version}
+    meta = _meta(traces, table, matching, replicated)
+    if scale != 1:
+        meta["scale"] = float(scale)
     if index is not None:
-        return _load_one(collectives, index, algo, gen, meta)
-    return _load_all(traces, collectives, algo, gen, meta)
+        return _load_one(matching.collectives, index, algo, gen, meta)
+    return _load_all(traces, matching, algo, gen, meta)
+
+
+def scaled(trace: RankTrace, scale: float) -> RankTrace:
+    """``trace`` with every message's and collective's size divided by ``scale`` (rounded up, a collective's to
+    whole float32 elements) and every node's recorded time divided by it: the rule of a training iteration's
+    ``scale`` (:mod:`emulator.model.schedule.training`), so a replay's fabric latencies are divided alike."""
+    if scale == 1:
+        return trace
+
+    def one(node: TraceNode) -> TraceNode:
+        size = node.size
+        if node.kind == COLL and size:
+            size = 4 * max(1, math.ceil(size / scale / 4))
+        elif node.kind in (SEND, RECV) and size:
+            size = max(1, math.ceil(size / scale))
+        return replace(node, size=size, seconds=node.seconds / scale)
+
+    return replace(trace, nodes=tuple(one(n) for n in trace.nodes))
+
+
+@dataclass(frozen=True)
+class TraceNotes:
+    """What an import dropped or kept as dependencies only, counted over the files read (a replicated trace's one
+    file once): dependencies on the node itself, on ids not in the file and ``ctrl_deps`` closing a cycle, and
+    CPU-side nodes with their recorded time."""
+
+    self_deps: int = 0
+    dangling_deps: int = 0
+    cyclic_ctrl_deps: int = 0
+    cpu_nodes: int = 0
+    cpu_micros: int = 0
+
+    @classmethod
+    def of(cls, traces: Sequence[RankTrace]) -> TraceNotes:
+        cpu = [n for t in traces for n in t.nodes if n.cpu]
+        return cls(sum(t.self_deps for t in traces), sum(t.dangling_deps for t in traces),
+                   sum(t.cyclic_ctrl_deps for t in traces), len(cpu), round(sum(n.seconds for n in cpu) * 1e6))
+
+    def meta(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.self_deps or self.dangling_deps or self.cyclic_ctrl_deps:
+            out["dropped_dependencies"] = {"self": self.self_deps, "dangling": self.dangling_deps,
+                                           "cyclic_ctrl": self.cyclic_ctrl_deps}
+        if self.cpu_nodes:
+            out["cpu_ops"] = {"nodes": self.cpu_nodes, "micros": self.cpu_micros}
+        return out
+
+
+def notes(meta: Mapping[str, Any]) -> list[str]:
+    """The lines ``emu schedule import`` prints about what an import dropped (a warning) or kept as dependencies
+    only; none when nothing was."""
+    out = []
+    dropped = meta.get("dropped_dependencies")
+    if dropped:
+        out.append(f"warning: dropped {dropped['self']} self-dependencies, {dropped['dangling']} dependencies on "
+                   f"node ids not in their file and {dropped['cyclic_ctrl']} ctrl_deps closing a cycle (counted over "
+                   "the files read)")
+    cpu = meta.get("cpu_ops")
+    if cpu:
+        out.append(f"note: {cpu['nodes']} CPU-side nodes (is_cpu_op) kept as dependencies only, "
+                   f"{cpu['micros'] / 1000:.1f} ms of recorded host time not replayed")
+    return out
+
+
+def _meta(traces: Sequence[RankTrace], table: GroupTable, matching: Matching, replicated: bool) -> dict[str, Any]:
+    """What every import records: the trace, its process groups, and :class:`TraceNotes`."""
+    base = os.path.basename(traces[0].path)
+    prefix = FILE_RE.match(base)
+    meta: dict[str, Any] = {"imported_from": "chakra", "trace": prefix.group("prefix") if prefix else
+                            base.removesuffix(".et"), "version": traces[0].version}
+    if replicated:
+        meta["replicated"] = {"file": base, "ranks": len(traces)}
+    if table.has_metadata:
+        meta["process_groups"] = {name: list(ranks) for name, ranks in sorted(table.groups.items())}
+    if matching.solo:
+        meta["one_rank_collectives"] = len(matching.solo)
+    meta.update(TraceNotes.of(traces[:1] if replicated else traces).meta())
+    return meta
 
 
 def _load_one(collectives: Sequence[TraceCollective], index: int, algo: str, gen: _Generator,
@@ -884,6 +1225,9 @@ def _load_one(collectives: Sequence[TraceCollective], index: int, algo: str, gen
     coll = collectives[index]
     if coll.collective == BARRIER:
         raise FieldError(WHERE, "index", "a collective other than a BARRIER (it has no generator)", index)
+    if not coll.world:
+        raise FieldError(WHERE, "index", "a collective over every rank (this one runs in process groups of "
+                         f"{coll.group_size}: import the whole trace)", index)
     p = len(gen.topo.hosts)
     chosen = algorithm_for(coll.collective, algo, p)
     need = gen.need(coll, chosen)
@@ -896,29 +1240,36 @@ def _load_one(collectives: Sequence[TraceCollective], index: int, algo: str, gen
     return replace(sched, meta=meta)
 
 
-def _load_all(traces: Sequence[RankTrace], collectives: Sequence[TraceCollective], algo: str, gen: _Generator,
+def _coll_meta(coll: TraceCollective, algorithm: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"collective": coll.collective, "comm_size": coll.comm_size, "algorithm": algorithm,
+                           "node": coll.node_id, "name": coll.node_name}
+    if not coll.world:
+        out.update(groups=[list(g) for g in coll.groups], process_groups=[inst.pg for inst in coll.instances])
+    return out
+
+
+def _load_all(traces: Sequence[RankTrace], matching: Matching, algo: str, gen: _Generator,
               meta: dict[str, Any]) -> Schedule:
     p = len(traces)
+    collectives = matching.collectives
     messages, lanes = match_messages(traces, 1 if collectives else 0)
     if not messages and not collectives:
         raise FieldError(WHERE, "trace", "communication (COMM_SEND_NODE, COMM_RECV_NODE or COMM_COLL_NODE nodes)",
                          "none in any rank's file")
-    algos = {c.index: algorithm_for(c.collective, algo, p) for c in collectives if c.collective != BARRIER}
+    algos = {c.index: algorithm_of(c, algo, p) for c in collectives if c.collective != BARRIER}
     needs = [gen.need(c, algos[c.index]) for c in collectives if c.index in algos]
     needs += [Need(m.name, m.size) for m in messages]
-    barriers = sum(c.collective == BARRIER for c in collectives)
+    barrier_messages = sum(len(inst.group) * (len(inst.group) - 1).bit_length() for c in collectives
+                           if c.collective == BARRIER for inst in c.instances)
     elem = 4 if algos else 1
-    chunking = choose_chunks(needs, elem, barriers * p * (p - 1).bit_length())
-    parts = {c.index: gen.generate(c.collective, algos[c.index], chunking.replayed[c.name]) for c in collectives
-             if c.index in algos}
+    chunking = choose_chunks(needs, elem, barrier_messages)
+    parts = {c.index: gen.part(c, algos[c.index], chunking.replayed[c.name]) for c in collectives if c.index in algos}
     hosts = generators.placement_hosts(gen.topo, gen.placement, gen.seed)
     composer = Composer(hosts, chunking.chunk_bytes, dtype="float32" if elem == 4 else "uint8")
     nchunks = {m.name: chunking.replayed[m.name] // chunking.chunk_bytes for m in messages}
-    _Replay(traces, collectives, messages, parts, nchunks, composer).run()
+    _Replay(traces, matching, messages, parts, nchunks, composer).run()
     meta.update(nodes=dict(sorted(Counter(n.type_name for t in traces for n in t.nodes).items())),
-                collectives=[{"collective": c.collective, "comm_size": c.comm_size,
-                              "algorithm": algos.get(c.index, "dissemination"), "node": c.node_id,
-                              "name": c.node_name} for c in collectives],
+                collectives=[_coll_meta(c, algos.get(c.index, "dissemination")) for c in collectives],
                 messages=len(messages), lanes=lanes, chunk_bytes=chunking.chunk_bytes)
     padded = chunking.padded(needs)
     if padded:
