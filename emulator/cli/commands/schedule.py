@@ -1,7 +1,9 @@
 """``emu schedule gen|check|import``: schedules of collectives as data (see docs/schedule-format.md).
 
 ``gen`` writes one collective's schedule, or with ``--model`` one
-data-parallel training iteration (:mod:`emulator.model.schedule.training`).
+data-parallel training iteration (:mod:`emulator.model.schedule.training`)
+or one hybrid-parallel language-model iteration
+(:mod:`emulator.model.schedule.llm`, with ``--tp/--pp/--dp``).
 ``check`` exits 0 when the schedule is proved to compute its collective(s),
 1 when it is well formed but wrong (deadlock, double counting, race...), 2
 for malformed input.
@@ -18,7 +20,7 @@ from emulator.base.errors import FieldError
 from emulator.cli.arguments import int_at_least, number
 from emulator.emulation import calibration_file, fidelity
 from emulator.model import fabric, routing, topology
-from emulator.model.schedule import chakra, msccl, training
+from emulator.model.schedule import chakra, llm, llm_models, msccl, training
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.check import check
 from emulator.model.schedule.collectives import ALLREDUCE
@@ -32,8 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     gen = sub.add_parser("gen", help="generate a collective's schedule (default allreduce) for every host of a "
                          "topology")
-    gen.add_argument("--algo", required=True, metavar="ALGO",
-                     help="; ".join(f"{', '.join(algorithms(c))} for {c}" for c in GENERATED))
+    gen.add_argument("--algo", metavar="ALGO",
+                     help="; ".join(f"{', '.join(algorithms(c))} for {c}" for c in GENERATED)
+                     + f"; with a language model, the data-parallel one: {', '.join(llm.DP_ALGOS)} (default ring)")
     gen.add_argument("--collective", default=ALLREDUCE, choices=GENERATED, metavar="COLLECTIVE",
                      help=f"one of {', '.join(GENERATED)} (default allreduce)")
     gen.add_argument("--root", type=int_at_least(0), default=0, metavar="N",
@@ -41,11 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--topology", required=True, metavar="SPEC", help="topology spec or exported JSON file")
     gen.add_argument("--size", metavar="SIZE",
                      help="bytes of every rank's data buffer (nccl-tests' size), e.g. 64KiB, 16MiB, 1MB")
-    gen.add_argument("--model", choices=tuple(training.MODELS), metavar="MODEL",
+    gen.add_argument("--model", choices=(*training.MODELS, *llm_models.MODELS), metavar="MODEL",
                      help=f"instead of --size: one data-parallel training iteration of {', '.join(training.MODELS)} "
-                     "(forward, backward per layer, DDP's bucketed allreduces overlapping it)")
+                     "(forward, backward per layer, DDP's bucketed allreduces overlapping it), or one Megatron-LM "
+                     f"iteration of {', '.join(llm_models.MODELS)} (with --tp, --pp, --dp)")
     gen.add_argument("--batch", type=int_at_least(1), metavar="N",
                      help=f"--model: samples per accelerator (default {training.DEFAULT_BATCH})")
+    _add_llm_arguments(gen)
     gen.add_argument("--scale", type=number("a number >= 1", lambda x: 1 <= x <= 1e6), default=1.0, metavar="S",
                      help="--model: divide every gradient and compute time by S, to keep emulated runs short "
                      "(check and replay divide the fabric's latencies by S as well)")
@@ -85,7 +90,57 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--placement", metavar="P", help=f"Chakra: placement of the generated collectives' ranks "
                      f"(one of {', '.join(PLACEMENTS)})")
     imp.add_argument("--topology", metavar="SPEC", help="Chakra: topology (default star:hosts=<ranks>)")
+    imp.add_argument("--ranks", type=int_at_least(2), default=None, metavar="N",
+                     help="Chakra: replicate one rank's trace file to N ranks (one rank of a symmetric data-parallel "
+                     "job; its collectives span all N)")
+    imp.add_argument("--scale", type=float, default=1.0, metavar="S",
+                     help="Chakra: divide every size and compute time by S (>= 1), as a training iteration's "
+                     "--scale does; replays divide the fabric's latencies alike (default 1)")
     imp.set_defaults(func=cmd_import)
+
+
+def _add_llm_arguments(gen: argparse.ArgumentParser) -> None:
+    """``gen``'s options for a language model (:mod:`emulator.model.schedule.llm`); None: not given."""
+    for flag, what in (("--tp", "tensor"), ("--pp", "pipeline"), ("--dp", "data")):
+        gen.add_argument(flag, type=int_at_least(1), metavar="N", help=f"language model: {what}-parallel size "
+                         "(tp x pp x dp = the topology's hosts)")
+    gen.add_argument("--ep", type=int_at_least(1), metavar="E", help="language model: expert-parallel size, "
+                     "dividing dp and the experts (default 1)")
+    gen.add_argument("--microbatches", type=int_at_least(1), metavar="M",
+                     help=f"language model: microbatches per iteration (default {llm.DEFAULT_MICROBATCHES})")
+    gen.add_argument("--micro-batch", type=int_at_least(1), metavar="B",
+                     help="language model: sequences per microbatch (default 1)")
+    gen.add_argument("--sequence-parallel", action="store_true", default=None,
+                     help="language model: Megatron's sequence parallelism (reduce-scatter and all-gather pairs)")
+    gen.add_argument("--tp-algo", metavar="ALGO", help="language model: the tensor-parallel collectives' "
+                     "algorithm (default ring)")
+    gen.add_argument("--layers-per-collective", type=int_at_least(1), metavar="K",
+                     help="language model: treat every K layers of a stage as one (one compute op and one "
+                     "collective of K layers' bytes each): K times fewer collectives, same bytes (default 1)")
+    gen.add_argument("--accelerator", choices=tuple(llm_models.ACCELERATORS), metavar="NAME",
+                     help=f"language model: one of {', '.join(llm_models.ACCELERATORS)} (default a100)")
+    gen.add_argument("--placement-file", metavar="FILE",
+                     help="language model: YAML or JSON list of hosts, the host of rank 0, 1, ... (default "
+                     "Megatron's rank order on the topology's hosts)")
+
+
+_LLM_OPTIONS = ("tp", "pp", "dp", "ep", "microbatches", "micro_batch", "sequence_parallel", "tp_algo",
+                "layers_per_collective", "accelerator", "placement_file")
+
+
+def _llm_gen(args: argparse.Namespace, where: str) -> fmt.Schedule:
+    """``gen --model`` of a language model (:func:`emulator.model.schedule.llm.gen`)."""
+    for name, default in (("size", None), ("chunks", None), ("collective", ALLREDUCE), ("root", 0),
+                          ("batch", None), ("placement", None), ("seed", 0)):
+        if getattr(args, name) != default:
+            raise FieldError(where, name, f"nothing with --model {args.model} (use --tp, --pp, --dp, --micro-batch "
+                             "and --placement-file)", getattr(args, name))
+    for name in ("tp", "pp", "dp"):
+        if getattr(args, name) is None:
+            raise FieldError(where, name, f"--{name} N for --model {args.model}", "nothing")
+    given = {k: getattr(args, k) for k in _LLM_OPTIONS[3:] if getattr(args, k) is not None}
+    return llm.gen(args.model, topology.load(args.topology), tp=args.tp, pp=args.pp, dp=args.dp,
+                   dp_algo=args.algo or "ring", scale=args.scale, **given)
 
 
 def _summary(s: fmt.Schedule) -> str:
@@ -109,6 +164,14 @@ def _save(sched: fmt.Schedule, path: str, where: str) -> None:
 def gen_schedule(args: argparse.Namespace) -> fmt.Schedule:
     """The schedule ``emu schedule gen`` writes, from its parsed options (raises :class:`FieldError`)."""
     where = "schedule gen"
+    if args.model in llm_models.MODELS:
+        return _llm_gen(args, where)
+    for name in _LLM_OPTIONS:
+        if getattr(args, name) is not None:
+            raise FieldError(where, name, "a language model to go with it (--model "
+                             f"{' or '.join(llm_models.MODELS)})", getattr(args, name))
+    if args.algo is None:
+        raise FieldError(where, "algo", "an algorithm (--algo ALGO)", "nothing")
     if args.model is None:
         for name in ("batch",):
             if getattr(args, name) is not None:
@@ -137,6 +200,8 @@ def cmd_gen(args: argparse.Namespace) -> int:
     _save(sched, args.output, "schedule gen")
     what = "" if sched.collective == ALLREDUCE else f"{sched.collective} "
     print(f"wrote {args.output}: {what}{_summary(sched)}")
+    for line in llm.describe(sched) if sched.meta.get("generator") == "llm" else ():
+        print(line)
     return 0
 
 
@@ -212,15 +277,22 @@ def cmd_import(args: argparse.Namespace) -> int:
     if all(f.lower().endswith(".xml") for f in files):
         if len(files) != 1:
             raise FieldError("schedule import", "FILE", "one MSCCL XML file", f"{len(files)} files")
+        if args.ranks is not None:
+            raise FieldError("schedule import", "ranks", "no --ranks for MSCCL (the XML gives its ranks)", args.ranks)
+        if args.scale != 1:
+            raise FieldError("schedule import", "scale", "no --scale for MSCCL (--size gives its size)", args.scale)
         size = fmt.parse_size(args.size, "schedule import", "size") if args.size else None
         sched = msccl.load(files[0], size, instances=args.instances)
     elif all(f.lower().endswith(".et") for f in files):
         if args.size:
             raise FieldError("schedule import", "size", "no --size for Chakra traces (comm_size gives it)",
                              args.size)
-        sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology, placement=args.placement)
+        sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology, placement=args.placement,
+                            ranks=args.ranks, scale=args.scale)
     else:
         raise FieldError("schedule import", "FILE", "one MSCCL .xml file or Chakra .et files", " ".join(files))
     _save(sched, args.output, "schedule import")
     print(f"wrote {args.output}: {_summary(sched)}")
+    for line in chakra.notes(sched.meta) if sched.meta.get("imported_from") == "chakra" else ():
+        print(line)
     return 0

@@ -18,6 +18,7 @@ The same rule reads a replay's recorded operation times
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -43,23 +44,21 @@ def send_kinds(schedule: Schedule) -> dict[tuple[int, int], str]:
     """
     if not schedule.segments:
         return {}
+    ranges = {buf: sorted((first, first + n, kind_of(seg.name)) for seg in schedule.segments
+                          for first, n in [(seg.chunk, seg.chunks) if buf == "data" else
+                                           (seg.output_chunk, seg.output_chunks)] if n)
+              for buf in ("data", "output")}
+    starts = {buf: [lo for lo, _, _ in spans] for buf, spans in ranges.items()}
     by_step: dict[int, str] = {}
     for prog in schedule.ranks:
         for op in prog.ops:
-            seg = _segment_of(schedule, op.buffer, op.chunk) if op.is_comm else None
-            if seg is not None:
-                by_step.setdefault(op.step, kind_of(schedule.segments[seg].name))
+            if not op.is_comm or op.step in by_step or op.buffer not in ranges:
+                continue
+            i = bisect.bisect_right(starts[op.buffer], op.chunk) - 1
+            if i >= 0 and op.chunk < ranges[op.buffer][i][1]:
+                by_step[op.step] = ranges[op.buffer][i][2]
     return {(prog.rank, op.id): by_step[op.step] for prog in schedule.ranks for op in prog.ops
             if op.kind == SEND and op.step in by_step}
-
-
-def _segment_of(schedule: Schedule, buffer: str, chunk: int) -> int | None:
-    for i, seg in enumerate(schedule.segments):
-        if buffer == "data" and seg.chunk <= chunk < seg.chunk + seg.chunks:
-            return i
-        if buffer == "output" and seg.output_chunk <= chunk < seg.output_chunk + seg.output_chunks:
-            return i
-    return None
 
 
 @dataclass(frozen=True)

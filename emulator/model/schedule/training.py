@@ -438,9 +438,10 @@ def iteration(topo: Topology, algo: str, config: TrainingConfig | None = None, p
 
 
 def workload_scale(schedule: Schedule) -> float:
-    """The ``scale`` a training iteration was built with (1 for any other schedule)."""
+    """The ``scale`` a training iteration (this module's or :mod:`emulator.model.schedule.llm`'s) was built with,
+    or an imported Chakra trace was scaled by (1 for any other schedule)."""
     meta = schedule.meta
-    if meta.get("generator") != "training":
+    if meta.get("generator") not in ("training", "llm") and meta.get("imported_from") != "chakra":
         return 1.0
     scale = meta.get("scale", 1.0)
     return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale >= 1 else 1.0
