@@ -676,6 +676,24 @@ def iteration(topo: Topology, config: LlmConfig, *, dp_algo: str = "ring", tp_al
     return replace(sched, meta=meta)
 
 
+def dp_phase(topo: Topology, config: LlmConfig, *, dp_algo: str = "ring", scale: float = 1.0,
+             max_padding: float = 0.01) -> Schedule:
+    """What :func:`iteration` does after its pipeline, alone: the distributed optimizer's reduce-scatters and
+    all-gathers (and the tied embedding's allreduce), every rank starting at once, on the same placement, sizes
+    and algorithms. What the projection to more accelerators changes (:mod:`emulator.model.llm_scale`): the
+    pipeline's work per rank does not grow with the data-parallel degree, this phase's does."""
+    config.check(len(topo.hosts))
+    _check_scale(scale)
+    algos = _Algos("ring", dp_algo)
+    _check_algos(config, algos)
+    placement = place(topo, config.grid, None, "megatron")
+    chunk_bytes, padded = padding(config, scale, max_padding)
+    builder = _Builder(config, placement, algos, scale, chunk_bytes, padded)
+    builder.finish()
+    return builder.comp.build("megatron-dp-phase", meta={"generator": "llm", "scale": scale, "phase": "dp"},
+                              topology=topo.spec, placement="megatron")
+
+
 def gen(model_name: str, topo: Topology, *, tp: int, pp: int, dp: int, ep: int = 1,
         microbatches: int = DEFAULT_MICROBATCHES, micro_batch: int = 1, sequence_parallel: bool = False,
         dp_algo: str = "ring", tp_algo: str = "ring", scale: float = 1.0, placement_file: str | None = None,

@@ -21,7 +21,7 @@ from typing import Any
 
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators, training
+from emulator.model.schedule import generators, llm, llm_models, training
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_LINK_MBPS, Topology
 from emulator.runs import allreduce_bench as mpi_bench
@@ -55,18 +55,43 @@ class Run:
 
 @dataclass(frozen=True)
 class Workload:
-    """A run's training iteration (:mod:`emulator.model.schedule.training`): the model, per-accelerator batch, scale."""
+    """A run's training iteration: the model, per-accelerator batch and scale of a data-parallel one
+    (:mod:`emulator.model.schedule.training`), or a language model's hybrid-parallel split
+    (:mod:`emulator.model.schedule.llm`: ``tp``, ``pp``, ``ep``, microbatches; ``dp`` is the hosts over
+    ``tp·pp``). Flat, so that a plan's entry reads back with ``Workload(**entry)``."""
 
     model: str
-    batch: int | None = None  # None: the model's default
+    batch: int | None = None  # None: the model's default (a language model: its micro-batch of 1 sequence)
     scale: float = 1.0
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    microbatches: int = 0  # 0: a data-parallel model (no pipeline)
+    sequence_parallel: bool = False
+    layers_per_collective: int = 1
+    accelerator: str = ""
+
+    @property
+    def is_llm(self) -> bool:
+        return self.model in llm_models.MODELS
 
     @property
     def slug(self) -> str:
-        """How cell ids name it, where a size would go: ``resnet50``, ``resnet50-b32-s16``."""
+        """How cell ids name it, where a size would go: ``resnet50``, ``resnet50-b32-s16``,
+        ``gpt3-13b-t8p2m4-h100-s1000``."""
         batch = f"-b{self.batch}" if self.batch is not None else ""
         scale = f"-s{self.scale:g}" if self.scale != 1 else ""
-        return f"{self.model}{batch}{scale}"
+        if not self.is_llm:
+            return f"{self.model}{batch}{scale}"
+        split = f"-t{self.tp}p{self.pp}" + (f"e{self.ep}" if self.ep > 1 else "") + f"m{self.microbatches}"
+        extra = ("-sp" if self.sequence_parallel else "") + (
+            f"-l{self.layers_per_collective}" if self.layers_per_collective > 1 else "")
+        acc = f"-{self.accelerator}" if self.accelerator else ""
+        return f"{self.model}{split}{batch}{extra}{acc}{scale}"
+
+    def dp(self, hosts: int) -> int:
+        """The data-parallel degree on ``hosts`` ranks."""
+        return hosts // (self.tp * self.pp)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
@@ -242,6 +267,12 @@ class Cell:
         """The cell's schedule: its collective at its size, or its workload's training iteration."""
         if self.mpi is not None:
             raise ValueError(f"cell {self.id} runs an MPI program: it has no schedule")
+        if self.workload is not None and self.workload.is_llm:
+            w = self.workload
+            return llm.gen(w.model, topo, tp=w.tp, pp=w.pp, dp=w.dp(len(topo.hosts)), ep=w.ep,
+                           microbatches=w.microbatches, micro_batch=w.batch or 1,
+                           sequence_parallel=w.sequence_parallel, dp_algo=self.algorithm, scale=w.scale,
+                           layers_per_collective=w.layers_per_collective, accelerator=w.accelerator or "a100")
         if self.workload is not None:
             w = self.workload
             return training.gen(w.model, self.algorithm, topo, batch=w.batch, scale=w.scale,

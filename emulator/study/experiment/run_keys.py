@@ -8,12 +8,13 @@ leaves unset run at the fabric profile's emulated rate.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.model import routing, topology
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators, training
+from emulator.model.schedule import generators, llm, llm_models, training
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Run, Workload
 from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys
@@ -29,7 +30,9 @@ from emulator.study.experiment.mpi_keys import mpi_run, reject_beside_mpi
 
 RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes", "faults", "fabric", "link_mbps",
             "dilation",
-            "collective", "model", "batch", "scale", "mpi")
+            "collective", "model", "batch", "scale", "llm", "mpi")
+#: A language model's split (``llm:``), beside ``model``, ``batch`` (sequences per microbatch) and ``scale``.
+LLM_KEYS = ("tp", "pp", "ep", "microbatches", "sequence_parallel", "layers_per_collective", "accelerator")
 
 
 def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int) -> Run:
@@ -50,9 +53,14 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
     if "mpi" in run:
         return mpi_run(where, rp, run, topo, policies, rprofile)
-    collective, workload = _collective(where, rp, run)
-    algos = choices_field(where, f"{rp}.algorithms", run["algorithms"], generators.algorithms(collective))
-    placements = _placements(where, rp, run, topo, algos)
+    collective, workload = _collective(where, rp, run, topo)
+    llm_run = workload is not None and workload.is_llm
+    algos = choices_field(where, f"{rp}.algorithms", run["algorithms"],
+                          llm.DP_ALGOS if llm_run else generators.algorithms(collective))
+    if llm_run and "placements" in run:
+        raise FieldError(where, f"{rp}.placements", "nothing for a language model (its ranks are placed in "
+                         "Megatron-LM's order: docs/schedule-format.md)", run["placements"])
+    placements = ("megatron",) if llm_run else _placements(where, rp, run, topo, algos)
     return Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
                seeds=seeds_field(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
                sizes=sizes_field(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
@@ -101,13 +109,14 @@ def _routings(where: str, name: str, value: object, topo: topology.Topology) -> 
     return policies
 
 
-def _collective(where: str, rp: str, run: Mapping[str, Any]) -> tuple[str, Workload | None]:
+def _collective(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology
+                ) -> tuple[str, Workload | None]:
     """The run's collective and its training iteration, if any (which allreduces, and has its own sizes)."""
     collective = run.get("collective", "allreduce")
     if collective not in generators.GENERATED:
         raise FieldError(where, f"{rp}.collective", f"one of {', '.join(generators.GENERATED)} (one per run)",
                          collective)
-    workload = _workload(where, rp, run)
+    workload = _workload(where, rp, run, topo)
     if workload is not None and collective != "allreduce":
         raise FieldError(where, f"{rp}.collective", f"allreduce for a {workload.model} iteration (DDP allreduces "
                          "its gradients)", collective)
@@ -117,19 +126,54 @@ def _collective(where: str, rp: str, run: Mapping[str, Any]) -> tuple[str, Workl
     return collective, workload
 
 
-def _workload(where: str, rp: str, run: Mapping[str, Any]) -> Workload | None:
-    """A run's ``model`` (with ``batch`` and ``scale``), or None for a collective per size."""
+def _workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology) -> Workload | None:
+    """A run's ``model`` (with ``batch``, ``scale`` and a language model's ``llm``), or None for a collective
+    per size."""
     if "model" not in run:
-        for key in ("batch", "scale"):
+        for key in ("batch", "scale", "llm"):
             if key in run:
                 raise FieldError(where, f"{rp}.{key}", "a model to go with it (model: resnet50)", run[key])
         return None
-    name = choices_field(where, f"{rp}.model", run["model"], tuple(training.MODELS))[0]
+    name = choices_field(where, f"{rp}.model", run["model"], (*training.MODELS, *llm_models.MODELS))[0]
     batch = int_field(where, f"{rp}.batch", run["batch"], 1, 1 << 16) if "batch" in run else None
     scale = run.get("scale", 1)
     if isinstance(scale, bool) or not isinstance(scale, int | float) or not 1 <= scale <= 1e6:
         raise FieldError(where, f"{rp}.scale", "a number >= 1 (gradients and compute divided by it)", scale)
-    return Workload(name, batch, float(scale))
+    if name not in llm_models.MODELS:
+        if "llm" in run:
+            raise FieldError(where, f"{rp}.llm", f"nothing for {name} (a data-parallel model)", run["llm"])
+        return Workload(name, batch, float(scale))
+    return _llm_workload(where, rp, run, topo, Workload(name, batch, float(scale)))
+
+
+def _llm_workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology,
+                  base: Workload) -> Workload:
+    """A language model's split from the run's ``llm`` mapping, checked against the topology's hosts."""
+    if "llm" not in run:
+        raise FieldError(where, f"{rp}.llm", "a mapping with tp and pp (and ep, microbatches, ...) for "
+                         f"{base.model}", MISSING)
+    raw = mapping_field(where, f"{rp}.llm", run["llm"])
+    reject_unknown(where, f"{rp}.llm.", raw, LLM_KEYS)
+    ints = {key: int_field(where, f"{rp}.llm.{key}", raw.get(key, default), 1, 1 << 16)
+            for key, default in (("tp", 1), ("pp", 1), ("ep", 1), ("microbatches", llm.DEFAULT_MICROBATCHES),
+                                 ("layers_per_collective", 1))}
+    sp = raw.get("sequence_parallel", False)
+    if not isinstance(sp, bool):
+        raise FieldError(where, f"{rp}.llm.sequence_parallel", "true or false", sp)
+    acc = choices_field(where, f"{rp}.llm.accelerator", raw.get("accelerator", "a100"),
+                        tuple(llm_models.ACCELERATORS))[0]
+    w = replace(base, tp=ints["tp"], pp=ints["pp"], ep=ints["ep"], microbatches=ints["microbatches"],
+                layers_per_collective=ints["layers_per_collective"], sequence_parallel=sp, accelerator=acc)
+    hosts = len(topo.hosts)
+    if hosts % (w.tp * w.pp):
+        raise FieldError(where, f"{rp}.llm.pp", f"tp x pp dividing the {hosts} hosts of {topo.spec}", w.pp)
+    cfg = llm.LlmConfig(llm_models.model(w.model), w.tp, w.pp, w.dp(hosts), w.ep, w.microbatches, w.batch or 1,
+                        w.sequence_parallel, llm_models.ACCELERATORS[acc], w.layers_per_collective)
+    try:
+        cfg.check(hosts)
+    except FieldError as exc:
+        raise FieldError(where, f"{rp}.llm.{exc.field}", exc.expected, exc.given) from None
+    return w
 
 
 def _placements(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology,

@@ -10,6 +10,7 @@ cell's schedule, prediction and fault plan, its ``results.json`` is an
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.runs import fault_plan as faults
-from emulator.runs.results import CellResults, FaultRecord, ProbeVerdict, SchemaError, Summary
+from emulator.runs.results import CellResults, FaultRecord, Iteration, ProbeVerdict, SchemaError, Summary
 from emulator.study import experiment as xp
 from emulator.study.cell_state import CellState
 from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
@@ -101,6 +102,11 @@ class CellRow:
     workload_model: str = ""  # the workload's slug without its scale (``resnet50-b32``): its training family
     fabric: FabricProfile | None = None  # the cell's fabric profile; None in plans older than fabric profiles
     rep_efficiency: list[float] = field(default_factory=list)  # scaling efficiency of every measured repetition
+    #: per kind of process group, its communication's share of the iteration: the median over the measured
+    #: repetitions, and the timing model's (:mod:`emulator.model.schedule.group_share`)
+    comm_share: dict[str, float] = field(default_factory=dict)
+    model_comm_share: dict[str, float] = field(default_factory=dict)
+    llm: xp.Workload | None = None  # a language model's iteration: its split (``workload`` is its slug)
 
     @property
     def is_training(self) -> bool:
@@ -162,7 +168,18 @@ def _measured(res: CellResults | None, finished: bool) -> dict[str, Any]:
             "iteration_s": summary.iteration_s if summary else None,
             "scaling_efficiency": summary.scaling_efficiency if summary else None,
             "rep_efficiency": [r.iteration.scaling_efficiency for r in reps if r.iteration is not None]
-            if finished else []}
+            if finished else [],
+            **_shares([r.iteration for r in reps if r.iteration is not None] if finished else [])}
+
+
+def _shares(iterations: list[Iteration]) -> dict[str, dict[str, float]]:
+    """The median of every kind's communication share over the repetitions, measured and by the model."""
+    out: dict[str, dict[str, float]] = {"comm_share": {}, "model_comm_share": {}}
+    for name in out:
+        kinds = sorted({k for it in iterations for k in getattr(it, name)})
+        out[name] = {k: statistics.median(getattr(it, name)[k] for it in iterations if k in getattr(it, name))
+                     for k in kinds}
+    return out
 
 
 def _predicted(entry: Mapping[str, Any], res: CellResults | None, finished: bool) -> dict[str, Any]:
@@ -190,7 +207,14 @@ def _planned(entry: Mapping[str, Any]) -> dict[str, Any]:
             "server_design": _server_design(params), "collective": entry.get("collective", "allreduce"),
             "workload": _workload_slug(workload),
             "workload_model": _workload_slug({**workload, "scale": 1.0}) if workload else "",
-            "workload_scale": float((workload or {}).get("scale") or 1.0), "fabric": read_fabric(entry.get("fabric"))}
+            "workload_scale": float((workload or {}).get("scale") or 1.0), "fabric": read_fabric(entry.get("fabric")),
+            "llm": _llm(workload)}
+
+
+def _llm(workload: Mapping[str, Any] | None) -> xp.Workload | None:
+    """A plan entry's language-model workload (None for any other cell)."""
+    w = xp.Workload(**workload) if workload else None
+    return w if w is not None and w.is_llm else None
 
 
 def _workload_slug(workload: Mapping[str, Any] | None) -> str:

@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from emulator.base.files import write_atomic, write_json_atomic
 from emulator.model import fabric, paper_scale
 from emulator.study.kinds import DEFAULT_KINDS, Kinds
-from emulator.study.report import answers, sections
+from emulator.study.report import answers, llm_section, sections
 from emulator.study.report.doc import Doc
 from emulator.study.report.families import (
     ScalingKey,
@@ -190,6 +190,7 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
         sections.congestion(doc, *pick_heatmap_cells(collective, ref), plot_dir)
         sections.scaling(doc, scaling_families(collective), plot_dir)
     sections.training(doc, training_families(rows), rows, profile, plot_dir)
+    llm_section.section(doc, rows, profile)
     if collective or empty:
         sections.projection(doc, projected, error, profile)
         sections.designs(doc, grown, max((r.hosts for r in collective), default=0), error, profile)

@@ -131,5 +131,11 @@ def busbw_rows(rows: Iterable[CellRow]) -> list[CellRow]:
 
 
 def training_rows(rows: Iterable[CellRow]) -> list[CellRow]:
-    """The rows of training iterations (a workload instead of a size)."""
-    return [r for r in rows if r.is_training]
+    """The rows of data-parallel training iterations (a workload instead of a size; a language model's
+    hybrid-parallel iterations have a section of their own, :mod:`emulator.study.report.llm_section`)."""
+    return [r for r in rows if r.is_training and r.llm is None]
+
+
+def llm_rows(rows: Iterable[CellRow]) -> list[CellRow]:
+    """The rows of language models' hybrid-parallel iterations."""
+    return [r for r in rows if r.llm is not None]

@@ -1,0 +1,101 @@
+"""The report's "Language-model iteration" section: hybrid-parallel iterations measured, beside the model, and
+grown to more accelerators by the model.
+
+Per cell of a language model (:mod:`emulator.model.schedule.llm`): the
+iteration time, measured (median over repetitions) and the timing model's,
+their ratio, the compute-only time and the scaling efficiency (compute-only
+over iteration time), and every kind of process group's communication share
+of the iteration, measured and the model's
+(:mod:`emulator.model.schedule.group_share`). Then each cell's design grown
+to :data:`emulator.model.llm_scale.HOSTS` accelerators, its data-parallel
+groups with it (:mod:`emulator.model.llm_scale`), model only.
+"""
+
+from __future__ import annotations
+
+from emulator.base.errors import FieldError, UserError
+from emulator.model import fabric, llm_scale
+from emulator.model.schedule import llm, llm_models
+from emulator.study.report.doc import Doc
+from emulator.study.report.rows import CellRow, llm_rows
+
+
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _shares(row: CellRow) -> str:
+    """``dp 0.31 (0.29), pp 0.05 (0.05), tp 0.20 (0.21)``: measured (model) per kind."""
+    kinds = sorted(set(row.comm_share) | set(row.model_comm_share))
+    return ", ".join(f"{k} {_fmt(row.comm_share.get(k))} ({_fmt(row.model_comm_share.get(k))})" for k in kinds)
+
+
+def _label(row: CellRow) -> str:
+    return f"{row.topology_slug} {row.routing} dp-{row.algorithm}"
+
+
+def _config(row: CellRow) -> llm.LlmConfig | None:
+    w = row.llm
+    if w is None:
+        return None
+    return llm.LlmConfig(llm_models.model(w.model), w.tp, w.pp, w.dp(row.hosts), w.ep, w.microbatches, w.batch or 1,
+                         w.sequence_parallel, llm_models.ACCELERATORS[w.accelerator or "a100"],
+                         w.layers_per_collective)
+
+
+def grown(row: CellRow, profile: fabric.FabricProfile) -> list[llm_scale.LlmPoint]:
+    """The cell's iteration grown by the model (nothing without a prediction)."""
+    config = _config(row)
+    if config is None or row.predicted_time_s is None or row.compute_only_s is None:
+        return []
+    own = row.fabric or fabric.for_workload_scale(profile, row.workload_scale)
+    try:
+        return llm_scale.grow(row.topology, row.routing, config, row.algorithm, row.workload_scale, own,
+                              row.predicted_time_s, row.compute_only_s)
+    except (FieldError, UserError) as exc:
+        return [llm_scale.LlmPoint(0, None, 0, why=str(exc))]
+
+
+def section(doc: Doc, rows: list[CellRow], profile: fabric.FabricProfile) -> None:
+    """The section (nothing without language-model cells)."""
+    cells = llm_rows(rows)
+    if not cells:
+        return
+    doc.h(2, "Language-model iteration: time, communication per group, scaling")
+    doc.p("One hybrid-parallel training iteration per cell, as Megatron-LM runs it (tensor-parallel collectives "
+          "per layer inside each server, the 1F1B pipeline's messages between stages, then the distributed "
+          "optimizer's data-parallel reduce-scatter and all-gather; `docs/schedule-format.md`). Iteration times "
+          "are emulated seconds, measured (median over repetitions) and the timing model's. Scaling efficiency = "
+          "compute-only time / iteration time (the pipeline's bubble is in both). A group's communication share "
+          "is the time its transfers are in flight on a rank (overlapping ones once) over the iteration, "
+          "averaged over its ranks, measured (model); shares overlap each other and compute.")
+    body = []
+    for r in cells:
+        body.append([_label(r), f"`{r.workload}`", str(r.hosts), f"{_fmt(r.iteration_s, 1)} "
+                     f"({_fmt(r.predicted_time_s, 1)})", _fmt(r.measured_over_predicted),
+                     _fmt(r.compute_only_s, 1), f"{_fmt(r.scaling_efficiency)} ({_fmt(r.predicted_scaling_efficiency)})",
+                     _shares(r), "yes" if r.trusted else "no" if r.trusted is False else r.status])
+    doc.table(["fabric", "workload", "accelerators", "iteration s (model)", "measured/model", "compute-only s",
+               "efficiency (model)", "communication share per group, measured (model)", "trusted"], body)
+    _grown(doc, cells, profile)
+
+
+def _grown(doc: Doc, cells: list[CellRow], profile: fabric.FabricProfile) -> None:
+    body = []
+    for r in cells:
+        for pt in grown(r, profile):
+            if pt.iteration_s is None:
+                body.append([_label(r), str(pt.hosts), pt.topology or "", str(pt.dp), "", "", pt.why])
+                continue
+            body.append([_label(r), str(pt.hosts), f"`{pt.topology}`", str(pt.dp), _fmt(pt.real_iteration_s, 3),
+                         _fmt(pt.efficiency), ""])
+    if not body:
+        return
+    doc.p("The same iterations grown by the model alone (not measured): each design at more accelerators "
+          "(`topology.grown_spec`), the tensor- and pipeline-parallel split kept and the data-parallel groups "
+          "grown with it (weak scaling: each rank's compute unchanged). The iteration there is the model's "
+          "iteration here plus the change of the data-parallel phase, that phase alone by the timing model on "
+          "both fabrics (`emulator/model/llm_scale.py`). Iteration times are real seconds of the full-size "
+          "iteration (the dilation and the scale undone).")
+    doc.table(["fabric", "accelerators", "grown design", "dp", "iteration s, real (model)", "efficiency (model)",
+               "why not"], body)
