@@ -31,7 +31,7 @@ from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule import llm
-from emulator.model.schedule.check import check
+from emulator.model.schedule.check import time_only
 
 #: The sizes the report grows a language-model cell to.
 HOSTS = (256, 1024)
@@ -71,10 +71,9 @@ def dp_phase_s(spec: str, routing: str, config: llm.LlmConfig, dp_algo: str, sca
     (emulated seconds on ``profile``, the fabric the scaled workload replays on)."""
     topo = topology.build(spec, profile.emulated_link_mbps, profile.domain_ratio)
     phase = llm.dp_phase(topo, config, dp_algo=dp_algo, scale=scale)
-    report = check(phase, topo, routing, latency=LatencyModel(profile), mtu=profile.emulated_mtu)
-    if not report.valid:  # a generator's parts always prove; this would be a bug worth seeing
-        raise UserError(f"the data-parallel phase on {spec} did not prove: {report.execution.errors[:1]}")
-    return report.predicted_time_s
+    # not proved here: at 1024 ranks the proof would take tens of GiB; the same generators' parts prove in the
+    # iteration that was measured and in tests/unit/test_llm_scale.py
+    return time_only(phase, topo, routing, latency=LatencyModel(profile), mtu=profile.emulated_mtu)
 
 
 def grow(spec: str, routing: str, config: llm.LlmConfig, dp_algo: str, scale: float, profile: FabricProfile,

@@ -1,24 +1,29 @@
 """Every collective over real TCP with its data check on every rank: our generators, public MSCCL algorithm
 files (several channels per pair: a connection per lane), ASTRA-sim's Chakra traces (per collective, and its
-MSCCL-generated point-to-point allreduce), on one star network per rank count; and lanes under ECMP.
+MSCCL-generated point-to-point allreduce), on one star network per rank count; and lanes under ECMP. Then
+issue 31's: any size on any rank count, mlcommons/chakra's PyTorch-recorded ResNet-50 trace, collectives within
+process groups, and a Megatron-LM iteration.
 
 The files are in tests/data/msccl and tests/data/chakra (sources and licences in their SOURCES.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
 import tarfile
 
 import pytest
+from chakra.schema.protobuf import et_def_pb2 as pb
 
 from emulator.base.naming import switch_intf
 from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.replay import ReplaySession, lanes_of
 from emulator.model import fabric, routing, topology
-from emulator.model.schedule import chakra, cost, generators, msccl
+from emulator.model.schedule import chakra, cost, generators, llm, llm_models, msccl
+from emulator.model.schedule.chakra_groups import ProcessGroup
 from emulator.model.schedule.format import Schedule, match_transfers
 
 from .measured import band
@@ -82,30 +87,62 @@ def test_eight_ranks_every_collective_msccl_lanes_and_chakra_traces(tmp_path):
     assert sum(op.bytes for r in p2p.ranks for op in r.ops if op.kind == "send") == 8 * 14 * 131072
 
 
-def test_any_size_on_any_rank_count_replays_with_its_data(tmp_path):
-    """1 MiB on 6, 10 and 12 ranks: ring's chunks one element apart, halving-doubling's extra ranks, the double
-    binary tree's unpaired nodes; every byte where it belongs (the data check)."""
-    session, _ = _session("star:hosts=12")
-    schedules = {f"{algo}-{p}": generators.generate(algo, topology.build(f"star:hosts={p}"), 1 << 20)
-                 for p in (6, 10, 12) for algo in ("ring", "hd", "dbtree")}
-    assert not schedules["ring-6"].layout.equal
-    with session:
-        _replay_all(session, schedules, tmp_path)
-
-
-def test_a_pytorch_recorded_resnet_trace_replicated_to_eight_ranks_replays_with_its_data(tmp_path):
-    """mlcommons/chakra's ResNet-50 trace, recorded on one rank of a PyTorch DDP job (tests/data/chakra/SOURCES.md),
-    replicated to 8 ranks and scaled by 100 (1 MiB of gradients, 2.9 ms of kernels): its 1209 GPU kernels as
-    compute, its 7 collectives over every rank, every rank's data checked."""
+def _resnet_trace(directory) -> str:
+    """mlcommons/chakra's ResNet-50 trace, recorded on one rank of a PyTorch DDP job (tests/data/chakra/SOURCES.md)."""
     with tarfile.open(os.path.join(DATA, "chakra", "feeder_tests_trace.tar.gz")) as tar:
         member = tar.extractfile("tests/data/chakra.0.et")
         assert member is not None
-        (tmp_path / "resnet.0.et").write_bytes(member.read())
-    schedule = chakra.load([str(tmp_path / "resnet.0.et")], ranks=8, scale=100)
-    assert schedule.compute_ops == 8 * 1209 and len(schedule.segments) == 7
-    session, _ = _session("star:hosts=8")
+        (directory / "resnet.0.et").write_bytes(member.read())
+    return str(directory / "resnet.0.et")
+
+
+def _hybrid_trace(directory) -> list[str]:
+    """An 8-rank step as PyTorch records it with process groups: each rank's pg_config metadata, then a
+    tensor-parallel pair's allreduce, a data-parallel group's (4 ranks) reduce-scatter and an allreduce of all."""
+    tp = [(0, 1), (2, 3), (4, 5), (6, 7)]
+    dp = [(0, 2, 4, 6), (1, 3, 5, 7)]
+    pgs = [ProcessGroup("0", (), 8, "default_pg")] + [ProcessGroup(str(1 + i), g) for i, g in enumerate(tp + dp)]
+    paths = []
+    for r in range(8):
+        mine = [g for g in pgs if not g.ranks or r in g.ranks]
+        tp_pg = next(g.name for g in mine if g.ranks in tp)
+        dp_pg = next(g.name for g in mine if g.ranks in dp)
+        nodes = [chakra.pg_init_node(1, mine), chakra.comp_node(2, "fwd", 200, deps=[1]),
+                 chakra.coll_node(3, "tp ar", pb.ALL_REDUCE, 64 << 10, tp_pg, deps=[2]),
+                 chakra.comp_node(4, "bwd", 400, deps=[3]),
+                 chakra.coll_node(5, "dp rs", pb.REDUCE_SCATTER, 128 << 10, dp_pg, deps=[4]),
+                 chakra.coll_node(6, "world ar", pb.ALL_REDUCE, 16 << 10, "0", deps=[5])]
+        paths.append(str(directory / f"hybrid.{r}.et"))
+        chakra.write_trace(paths[-1], nodes)
+    return paths
+
+
+def test_any_size_process_groups_a_pytorch_trace_and_a_language_model_replay_with_their_data(tmp_path):
+    """Issue 31's schedules over real TCP on one network, every rank's data checked:
+    - 1 MiB on 6, 10 and 12 ranks by ring (chunks one element apart), hd (extra ranks folded in) and dbtree;
+    - mlcommons/chakra's ResNet-50 trace, one rank of a PyTorch DDP job replicated to 8 ranks and scaled by 1000
+      (its 1209 GPU kernels as compute, its 7 collectives over every rank);
+    - a Chakra trace with process groups (tensor-parallel pairs, data-parallel groups of 4), each collective
+      within its groups;
+    - a Megatron-LM iteration of a small GPT (TP 2, PP 2, DP 2: 1F1B messages between the stages, the
+      distributed optimizer's reduce-scatter and all-gather after them)."""
+    schedules = {f"{algo}-{p}": generators.generate(algo, topology.build(f"star:hosts={p}"), 1 << 20)
+                 for p in (6, 10, 12) for algo in ("ring", "hd", "dbtree")}
+    assert not schedules["ring-6"].layout.equal
+    resnet = chakra.load([_resnet_trace(tmp_path)], ranks=8, scale=1000)
+    assert resnet.compute_ops == 8 * 1209 and len(resnet.segments) == 7
+    trace = chakra.load(_hybrid_trace(tmp_path))
+    assert [(seg.collective, len(seg.groups)) for seg in trace.segments] == [
+        ("allreduce", 4), ("reduce_scatter", 2), ("allreduce", 0)]
+    tiny = dataclasses.replace(llm_models.MODELS["gpt3-13b"], name="tiny-gpt", layers=4, hidden=64, heads=8,
+                               ffn=256, seq_length=32, vocab=1000)
+    iteration = llm.iteration(topology.build("star:hosts=8"), llm.LlmConfig(tiny, tp=2, pp=2, dp=2, microbatches=2),
+                              max_padding=0.2)
+    assert {seg.name.split()[0] for seg in iteration.segments} == {"tp", "pp", "dp"}
+    schedules.update({"resnet50-trace": resnet, "hybrid-trace": trace, "tiny-gpt": iteration})
+    session, _ = _session("star:hosts=12")
     with session:
-        _replay_all(session, {"resnet50-trace": schedule}, tmp_path)
+        _replay_all(session, schedules, tmp_path)
 
 
 def test_four_ranks_msccl_allgather_and_reduce_scatter(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 from test_llm import TINY_GPT
 
 from emulator.model import fabric, llm_scale, topology
+from emulator.model.latency import LatencyModel
 from emulator.model.schedule import llm
 from emulator.model.schedule.check import check
 
@@ -41,3 +42,12 @@ def test_growing_adds_the_dp_phases_change_and_keeps_the_compute():
     assert big.real_iteration_s == pytest.approx(big.iteration_s / profile.dilation)
     # 12 accelerators are not 3 replicas of a design that grows: said, not guessed
     assert odd.iteration_s is None and odd.why
+
+
+def test_the_unproved_timing_is_the_checked_prediction():
+    topo = topology.build(SPEC)
+    phase = llm.dp_phase(topo, _config(2), dp_algo="hdrm")
+    assert llm_scale.dp_phase_s(SPEC, "bigraph", _config(2), "hdrm", 1.0, fabric.default()) == pytest.approx(
+        check(phase, topology.build(SPEC, fabric.default().emulated_link_mbps), "bigraph",
+              latency=LatencyModel(fabric.default()),
+              mtu=fabric.default().emulated_mtu).predicted_time_s)

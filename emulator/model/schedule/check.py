@@ -201,6 +201,21 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
                        compute_dilation=dilation, compute_only_s=compute_only)
 
 
+def time_only(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
+              mtu: int = DEFAULT_MTU) -> float:
+    """The timing model's makespan of ``schedule`` (emulated seconds), without its proof: for a schedule made of
+    generators' parts at a size where the proof cannot run (its count vectors hold a field per rank for every
+    chunk: a projection's 1024 ranks of 50,000 chunks are tens of GiB). The same parts are proved at the sizes
+    that run. Raises :class:`ValueError` if it deadlocks."""
+    check_hosts(schedule, topo, "schedule")
+    model = latency or LatencyModel()
+    costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, mtu=mtu)
+    path_of = cost.path_function(topo, costs.transfers, costs.goodput)
+    sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu),
+                          compute_dilation=dilation_of(model, None))
+    return sim.makespan_s
+
+
 def predict(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
             mtu: int = DEFAULT_MTU, compute_dilation: float | None = None, where: str = "schedule") -> CheckReport:
     """:func:`check`, raising :class:`UserError` unless the schedule computes its collectives (what a replay runs
