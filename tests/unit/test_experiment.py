@@ -654,3 +654,34 @@ def test_a_spec_with_a_rate_of_its_own_keeps_it_and_one_without_takes_the_fabric
     assert plain.host_bw == plain.switch_bw == 20
     # experiments/README.md: the fabric's rate goes to specs that set none of bw, host_bw, switch_bw
     assert own.host_bw == 5 and own.switch_bw == topology.DEFAULT_LINK_MBPS
+
+
+LLM_RUN = ("series: [{{name: s, runs: [{{topology: 'star:hosts=8,servers=2,accels_per_server=4,nics_per_server=4', "
+           "routing: shortest, algorithms: [ring], model: llama2-7b{extra}}}]}}]")
+
+
+def test_a_language_model_run_takes_its_split_and_names_it_in_its_cells():
+    exp = parse(LLM_RUN.format(extra=", scale: 1000, llm: {tp: 2, pp: 2, microbatches: 2, accelerator: h100}"))
+    (run,) = exp.series[0].runs
+    w = run.workload
+    assert w is not None and w.is_llm and (w.tp, w.pp, w.dp(8), w.microbatches) == (2, 2, 2, 2)
+    assert run.placements == ("megatron",) and w.slug == "llama2-7b-t2p2m2-h100-s1000"
+    assert xp.Workload(**json.loads(json.dumps(w.__dict__))) == w  # a plan entry reads back
+
+
+@pytest.mark.parametrize("extra, field", [
+    ("", "llm"),
+    (", llm: {tp: 3, pp: 2}", "llm.pp"),
+    (", llm: {tp: 2, pp: 2, colour: red}", "llm.colour"),
+    (", llm: {tp: 2, pp: 2, accelerator: tpu}", "llm.accelerator"),
+    (", llm: {tp: 2, pp: 2, ep: 2}", "llm.ep"),
+    (", llm: {tp: 2, pp: 2}, placements: [identity]", "placements"),
+])
+def test_a_bad_language_model_run_is_named(extra, field):
+    with pytest.raises(FieldError, match=rf"field 'series\[0\]\.runs\[0\]\.{field}'"):
+        parse(LLM_RUN.format(extra=extra))
+
+
+def test_llm_beside_a_data_parallel_model_is_refused():
+    with pytest.raises(FieldError, match=r"runs\[0\]\.llm'"):
+        parse(LLM_RUN.replace("llama2-7b", "resnet50").format(extra=", llm: {tp: 2}"))

@@ -160,8 +160,9 @@ def _llm_workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.To
     sp = raw.get("sequence_parallel", False)
     if not isinstance(sp, bool):
         raise FieldError(where, f"{rp}.llm.sequence_parallel", "true or false", sp)
-    acc = choices_field(where, f"{rp}.llm.accelerator", raw.get("accelerator", "a100"),
-                        tuple(llm_models.ACCELERATORS))[0]
+    acc = raw.get("accelerator", "a100")
+    if acc not in llm_models.ACCELERATORS:
+        raise FieldError(where, f"{rp}.llm.accelerator", f"one of {', '.join(llm_models.ACCELERATORS)}", acc)
     w = replace(base, tp=ints["tp"], pp=ints["pp"], ep=ints["ep"], microbatches=ints["microbatches"],
                 layers_per_collective=ints["layers_per_collective"], sequence_parallel=sp, accelerator=acc)
     hosts = len(topo.hosts)
