@@ -209,7 +209,16 @@ from emulator.model.schedule.collectives import (
     REDUCE_TO_ROOT,
 )
 from emulator.model.schedule.compose import Composer, Node
-from emulator.model.schedule.format import MAX_CHUNKS, MAX_COMPUTE_S, MAX_LANES, MAX_RANKS, Schedule, is_power_of_two
+from emulator.model.schedule.format import (
+    DTYPE_BYTES,
+    MAX_CHUNKS,
+    MAX_COMPUTE_S,
+    MAX_LANES,
+    MAX_RANKS,
+    Schedule,
+    is_power_of_two,
+)
+from emulator.model.schedule.training import scaled_bytes
 from emulator.model.topology import Topology
 
 FILE_RE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et$")
@@ -1148,9 +1157,9 @@ def scaled(trace: RankTrace, scale: float) -> RankTrace:
     def one(node: TraceNode) -> TraceNode:
         size = node.size
         if node.kind == COLL and size:
-            size = 4 * max(1, math.ceil(size / scale / 4))
+            size = scaled_bytes(size, scale, DTYPE_BYTES["float32"])
         elif node.kind in (SEND, RECV) and size:
-            size = max(1, math.ceil(size / scale))
+            size = scaled_bytes(size, scale, DTYPE_BYTES["uint8"])
         return replace(node, size=size, seconds=node.seconds / scale)
 
     return replace(trace, nodes=tuple(one(n) for n in trace.nodes))

@@ -106,7 +106,7 @@ from emulator.model.schedule.format import DTYPE_BYTES, RECV, SEND, Op, RankProg
 from emulator.model.schedule.generators import RECIPES, algorithms, generate
 from emulator.model.schedule.llm_models import A100, ACCELERATORS, MODELS, TransformerModel, model
 from emulator.model.schedule.llm_placement import Grid, Placement, place, read_placement_file
-from emulator.model.schedule.training import Accelerator, chunk_multiple, pad_sizes
+from emulator.model.schedule.training import Accelerator, chunk_multiple, pad_sizes, scaled_bytes
 from emulator.model.topology import Topology
 from emulator.model.topology import build as build_topology
 
@@ -550,12 +550,8 @@ def padding(cfg: LlmConfig, scale: float, max_padding: float) -> tuple[int, dict
     """``(chunk_bytes, real size -> scaled and padded size)`` for every size of :func:`raw_sizes`."""
     elem = DTYPE_BYTES["float32"]
     raw = raw_sizes(cfg)
-
-    def scaled(n: int) -> int:
-        return elem * max(1, math.ceil(n / elem / scale))
-
     multiple = math.lcm(*(chunk_multiple(p) for p in _group_sizes(cfg)))
-    chunk_bytes, padded = pad_sizes([scaled(n) for n in raw], multiple, max_padding, elem)
+    chunk_bytes, padded = pad_sizes([scaled_bytes(n, scale, elem) for n in raw], multiple, max_padding, elem)
     return chunk_bytes, dict(zip(raw, padded, strict=True))
 
 

@@ -364,6 +364,12 @@ def pad_sizes(sizes: Sequence[int], multiple: int, max_padding: float = 0.01,
         c *= 2
 
 
+def scaled_bytes(n: int, scale: float, element_bytes: int) -> int:
+    """``n`` bytes divided by ``scale``, rounded up to whole elements, at least one: the ``scale`` rule for every
+    size (this iteration's buckets, a language model's collectives, a scaled Chakra trace's)."""
+    return element_bytes * max(1, math.ceil(n / element_bytes / scale))
+
+
 def compute_seconds(m: Model, config: TrainingConfig, scale: float = 1.0) -> tuple[float, list[float]]:
     """``(forward, backward per layer)`` seconds of one iteration on one rank, divided by ``scale``."""
     per = config.batch / config.accelerator.flops_per_s / scale
@@ -391,7 +397,7 @@ def iteration(topo: Topology, algo: str, config: TrainingConfig | None = None, p
     m = model(config.model)
     elem = DTYPE_BYTES[GRADIENT_DTYPE]
     buckets = ddp_buckets(m, config.bucket_cap_bytes, config.first_bucket_bytes, elem)
-    scaled = [elem * max(1, math.ceil(b.bytes / elem / scale)) for b in buckets]
+    scaled = [scaled_bytes(b.bytes, scale, elem) for b in buckets]
     p = len(topo.hosts)
     if p < 2:
         raise FieldError(WHERE, "topology", "a topology with at least 2 hosts", topo.spec)
