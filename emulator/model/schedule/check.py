@@ -192,9 +192,7 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     sim = None
     compute_only = None
     if execution.valid:
-        path_of = cost.path_function(topo, costs.transfers, costs.goodput)  # every lane's connection its own route
-        sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu), gamma=gamma,
-                              compute_dilation=dilation)
+        sim = _simulate(schedule, topo, costs, model, mtu, gamma, dilation)
         if schedule.compute_ops:
             compute_only = timing.compute_only_s(schedule, dilation)
     return CheckReport(schedule=schedule, topology=topo.spec, execution=execution, costs=costs, timing=sim,
@@ -210,10 +208,15 @@ def time_only(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0,
     check_hosts(schedule, topo, "schedule")
     model = latency or LatencyModel()
     costs = cost.analyze(schedule, topo, policy, seed=seed, latency=model, mtu=mtu)
+    return _simulate(schedule, topo, costs, model, mtu, 0.0, dilation_of(model, None)).makespan_s
+
+
+def _simulate(schedule: Schedule, topo: Topology, costs: cost.CostReport, model: LatencyModel, mtu: int,
+              gamma: float, dilation: float) -> timing.Timing:
+    """The timing model on the routes ``costs`` found, every lane's connection its own route."""
     path_of = cost.path_function(topo, costs.transfers, costs.goodput)
-    sim = timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu),
-                          compute_dilation=dilation_of(model, None))
-    return sim.makespan_s
+    return timing.simulate(schedule, path_of, model.path, mss=tcp_payload_bytes(mtu), gamma=gamma,
+                           compute_dilation=dilation)
 
 
 def predict(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, latency: LatencyModel | None = None,
