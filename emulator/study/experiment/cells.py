@@ -93,6 +93,12 @@ class Workload:
         """The data-parallel degree on ``hosts`` ranks."""
         return hosts // (self.tp * self.pp)
 
+    def llm_config(self, hosts: int) -> llm.LlmConfig:
+        """A language model's configuration on ``hosts`` ranks (``batch``: sequences per microbatch)."""
+        return llm.LlmConfig(llm_models.model(self.model), self.tp, self.pp, self.dp(hosts), self.ep,
+                             self.microbatches, self.batch or 1, self.sequence_parallel,
+                             llm_models.ACCELERATORS[self.accelerator or "a100"], self.layers_per_collective)
+
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -269,10 +275,7 @@ class Cell:
             raise ValueError(f"cell {self.id} runs an MPI program: it has no schedule")
         if self.workload is not None and self.workload.is_llm:
             w = self.workload
-            return llm.gen(w.model, topo, tp=w.tp, pp=w.pp, dp=w.dp(len(topo.hosts)), ep=w.ep,
-                           microbatches=w.microbatches, micro_batch=w.batch or 1,
-                           sequence_parallel=w.sequence_parallel, dp_algo=self.algorithm, scale=w.scale,
-                           layers_per_collective=w.layers_per_collective, accelerator=w.accelerator or "a100")
+            return llm.iteration(topo, w.llm_config(len(topo.hosts)), dp_algo=self.algorithm, scale=w.scale)
         if self.workload is not None:
             w = self.workload
             return training.gen(w.model, self.algorithm, topo, batch=w.batch, scale=w.scale,

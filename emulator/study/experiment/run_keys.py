@@ -168,10 +168,8 @@ def _llm_workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.To
     hosts = len(topo.hosts)
     if hosts % (w.tp * w.pp):
         raise FieldError(where, f"{rp}.llm.pp", f"tp x pp dividing the {hosts} hosts of {topo.spec}", w.pp)
-    cfg = llm.LlmConfig(llm_models.model(w.model), w.tp, w.pp, w.dp(hosts), w.ep, w.microbatches, w.batch or 1,
-                        w.sequence_parallel, llm_models.ACCELERATORS[acc], w.layers_per_collective)
     try:
-        cfg.check(hosts)
+        w.llm_config(hosts).check(hosts)
     except FieldError as exc:
         raise FieldError(where, f"{rp}.llm.{exc.field}", exc.expected, exc.given) from None
     return w

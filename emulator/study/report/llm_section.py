@@ -15,39 +15,26 @@ from __future__ import annotations
 
 from emulator.base.errors import FieldError, UserError
 from emulator.model import fabric, llm_scale
-from emulator.model.schedule import llm, llm_models
 from emulator.study.report.doc import Doc
 from emulator.study.report.rows import CellRow, llm_rows
-
-
-def _fmt(x: float | None, digits: int = 2) -> str:
-    return "n/a" if x is None else f"{x:.{digits}f}"
+from emulator.study.report.sections import fmt_number
 
 
 def _shares(row: CellRow) -> str:
     """``dp 0.31 (0.29), pp 0.05 (0.05), tp 0.20 (0.21)``: measured (model) per kind."""
     kinds = sorted(set(row.comm_share) | set(row.model_comm_share))
-    return ", ".join(f"{k} {_fmt(row.comm_share.get(k))} ({_fmt(row.model_comm_share.get(k))})" for k in kinds)
+    return ", ".join(f"{k} {fmt_number(row.comm_share.get(k))} ({fmt_number(row.model_comm_share.get(k))})" for k in kinds)
 
 
 def _label(row: CellRow) -> str:
     return f"{row.topology_slug} {row.routing} dp-{row.algorithm}"
 
 
-def _config(row: CellRow) -> llm.LlmConfig | None:
-    w = row.llm
-    if w is None:
-        return None
-    return llm.LlmConfig(llm_models.model(w.model), w.tp, w.pp, w.dp(row.hosts), w.ep, w.microbatches, w.batch or 1,
-                         w.sequence_parallel, llm_models.ACCELERATORS[w.accelerator or "a100"],
-                         w.layers_per_collective)
-
-
 def grown(row: CellRow, profile: fabric.FabricProfile) -> list[llm_scale.LlmPoint]:
     """The cell's iteration grown by the model (nothing without a prediction)."""
-    config = _config(row)
-    if config is None or row.predicted_time_s is None or row.compute_only_s is None:
+    if row.llm is None or row.predicted_time_s is None or row.compute_only_s is None:
         return []
+    config = row.llm.llm_config(row.hosts)
     own = row.fabric or fabric.for_workload_scale(profile, row.workload_scale)
     try:
         return llm_scale.grow(row.topology, row.routing, config, row.algorithm, row.workload_scale, own,
@@ -71,9 +58,9 @@ def section(doc: Doc, rows: list[CellRow], profile: fabric.FabricProfile) -> Non
           "averaged over its ranks, measured (model); shares overlap each other and compute.")
     body = []
     for r in cells:
-        body.append([_label(r), f"`{r.workload}`", str(r.hosts), f"{_fmt(r.iteration_s, 1)} "
-                     f"({_fmt(r.predicted_time_s, 1)})", _fmt(r.measured_over_predicted),
-                     _fmt(r.compute_only_s, 1), f"{_fmt(r.scaling_efficiency)} ({_fmt(r.predicted_scaling_efficiency)})",
+        body.append([_label(r), f"`{r.workload}`", str(r.hosts), f"{fmt_number(r.iteration_s, 1)} "
+                     f"({fmt_number(r.predicted_time_s, 1)})", fmt_number(r.measured_over_predicted),
+                     fmt_number(r.compute_only_s, 1), f"{fmt_number(r.scaling_efficiency)} ({fmt_number(r.predicted_scaling_efficiency)})",
                      _shares(r), "yes" if r.trusted else "no" if r.trusted is False else r.status])
     doc.table(["fabric", "workload", "accelerators", "iteration s (model)", "measured/model", "compute-only s",
                "efficiency (model)", "communication share per group, measured (model)", "trusted"], body)
@@ -87,8 +74,8 @@ def _grown(doc: Doc, cells: list[CellRow], profile: fabric.FabricProfile) -> Non
             if pt.iteration_s is None:
                 body.append([_label(r), str(pt.hosts), pt.topology or "", str(pt.dp), "", "", pt.why])
                 continue
-            body.append([_label(r), str(pt.hosts), f"`{pt.topology}`", str(pt.dp), _fmt(pt.real_iteration_s, 3),
-                         _fmt(pt.efficiency), ""])
+            body.append([_label(r), str(pt.hosts), f"`{pt.topology}`", str(pt.dp), fmt_number(pt.real_iteration_s, 3),
+                         fmt_number(pt.efficiency), ""])
     if not body:
         return
     doc.p("The same iterations grown by the model alone (not measured): each design at more accelerators "

@@ -33,7 +33,7 @@ INTERVAL_SENTENCE = (f"In brackets after a speedup: its 95% bootstrap interval (
                      "pooled draw on each side); **n.s.** = not significant, the interval contains 1.")
 
 
-def _fmt(x: float | None, digits: int = 2) -> str:
+def fmt_number(x: float | None, digits: int = 2) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
@@ -180,20 +180,20 @@ def _headline(table: SpeedupTable) -> str:
     best = min(entries, key=lambda f: entries[f].speedup or 0)
     worst = max(entries, key=lambda f: entries[f].speedup or 0)
     return (f"At {format_size(size)}: the reference `{rr.family()}` reaches **{rr.busbw_mbps:.2f} Mbit/s** "
-            f"busbw (model {_fmt(rr.predicted_busbw_mbps)}), ahead of {len(ahead)} of {len(entries)} "
+            f"busbw (model {fmt_number(rr.predicted_busbw_mbps)}), ahead of {len(ahead)} of {len(entries)} "
             f"baselines. Best baseline: `{best}` {entries[best].busbw:.2f} (model "
-            f"{_fmt(entries[best].model_busbw)}); worst: `{worst}` {entries[worst].busbw:.2f} (model "
-            f"{_fmt(entries[worst].model_busbw)}).")
+            f"{fmt_number(entries[best].model_busbw)}); worst: `{worst}` {entries[worst].busbw:.2f} (model "
+            f"{fmt_number(entries[worst].model_busbw)}).")
 
 
 def _baseline_cell(e: BaselineEntry) -> str:
     """One baseline at one size: ``×1.24 (1.10–1.38); model ×1.25; seeds ×1.20..×1.28; busbw 4.1 (4.2)``."""
-    text = speedup_text(e.speedup, e.interval, e.significant) + f"; model ×{_fmt(e.model_speedup)}"
+    text = speedup_text(e.speedup, e.interval, e.significant) + f"; model ×{fmt_number(e.model_speedup)}"
     if e.by_efficiency:
         text += "; by efficiency"
     if e.range:
         text += f"; seeds ×{e.range[0]:.2f}..×{e.range[1]:.2f}"
-    return text + f"; busbw {_fmt(e.busbw)} ({_fmt(e.model_busbw)})"
+    return text + f"; busbw {fmt_number(e.busbw)} ({fmt_number(e.model_busbw)})"
 
 
 def _speedup_table(doc: Doc, t: SpeedupTable) -> None:
@@ -205,7 +205,7 @@ def _speedup_table(doc: Doc, t: SpeedupTable) -> None:
     ref_row = ["**reference busbw**, Mbit/s (model)"]
     for s in t.sizes:
         rr = t.reference.get(s)
-        ref_row.append(f"**{_fmt(rr.busbw_mbps if rr else None)}** ({_fmt(rr.predicted_busbw_mbps if rr else None)})"
+        ref_row.append(f"**{fmt_number(rr.busbw_mbps if rr else None)}** ({fmt_number(rr.predicted_busbw_mbps if rr else None)})"
                        + (f" {rr.id.split('.')[1]}" if rr else ""))
     body = [ref_row]
     for fam in sorted(t.baselines):
@@ -236,9 +236,9 @@ def servers(doc: Doc, server_tables: list[ServerComparison]) -> None:
                "NIC per accelerator busbw (model)", "shared NIC busbw (model)"],
               [[t.family, format_size(t.size),
                 speedup_text(t.speedup, t.interval, t.significant)
-                + f", model ×{_fmt(t.model_speedup)}" + (", by efficiency" if t.by_efficiency else ""),
-                f"{_fmt(t.own.busbw_mbps)} ({_fmt(t.own.predicted_busbw_mbps)})",
-                f"{_fmt(t.shared.busbw_mbps)} ({_fmt(t.shared.predicted_busbw_mbps)})"]
+                + f", model ×{fmt_number(t.model_speedup)}" + (", by efficiency" if t.by_efficiency else ""),
+                f"{fmt_number(t.own.busbw_mbps)} ({fmt_number(t.own.predicted_busbw_mbps)})",
+                f"{fmt_number(t.shared.busbw_mbps)} ({fmt_number(t.shared.predicted_busbw_mbps)})"]
                for t in server_tables])
     doc.p("Each server's accelerators sit behind one PCIe switch; with a shared NIC they all leave the "
           "server through one link, with a NIC each every accelerator uses its own (EFLOPS). Speedup = busbw "
@@ -310,7 +310,7 @@ def scaling(doc: Doc, fams: dict[ScalingKey, dict[int, ScalingPoint]], plot_dir:
     body = []
     for (kind, routing, algo, size), by_hosts in sorted(fams.items()):
         body.append([f"{kind} {routing} {algo} {format_size(size)}"]
-                    + [f"{_fmt(by_hosts[h].efficiency)} ({_fmt(by_hosts[h].model_efficiency)})"
+                    + [f"{fmt_number(by_hosts[h].efficiency)} ({fmt_number(by_hosts[h].model_efficiency)})"
                        if h in by_hosts else "" for h in hosts])
     doc.table(["family"] + [f"{h} hosts" for h in hosts], body)
     doc.p("Efficiency = busbw / link goodput (1 = near-linear scaling: the allreduce keeps every host link "
@@ -321,7 +321,7 @@ def scaling(doc: Doc, fams: dict[ScalingKey, dict[int, ScalingPoint]], plot_dir:
 def _range(point: TrainingPoint) -> str:
     """``0.94 (0.93..0.95)``: the median and the range over repetitions."""
     spread = point.efficiency_range
-    return _fmt(point.efficiency) + (f" ({spread[0]:.2f}..{spread[1]:.2f})" if spread else "")
+    return fmt_number(point.efficiency) + (f" ({spread[0]:.2f}..{spread[1]:.2f})" if spread else "")
 
 
 def _notes(cells: list[CellRow]) -> str:
@@ -397,9 +397,9 @@ def training(doc: Doc, fams: dict[TrainingKey, dict[int, TrainingPoint]], rows: 
     for key, by_hosts in fams.items():
         for hosts, pt in by_hosts.items():
             body.append([key.label, str(hosts), ", ".join(f"{s:g}" for s in pt.scales), _range(pt),
-                         _fmt(pt.model_efficiency),
-                         f"{_fmt(pt.iteration_s, 3)} ({_fmt(pt.model_iteration_s, 3)})", _fmt(pt.compute_only_s, 3),
-                         _fmt(pt.measured_over_model), _notes(pt.cells)])
+                         fmt_number(pt.model_efficiency),
+                         f"{fmt_number(pt.iteration_s, 3)} ({fmt_number(pt.model_iteration_s, 3)})", fmt_number(pt.compute_only_s, 3),
+                         fmt_number(pt.measured_over_model), _notes(pt.cells)])
     doc.table(["family (kind, routing, algorithm, workload)", "hosts", "scale", "efficiency (min..max)",
                "model efficiency",
                "iteration s (model)", "compute-only s", "measured/model iteration time", "notes"], body)
@@ -518,9 +518,9 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
     doc.h(2, "MPI programs")
     doc.table(["cell", "program", "ranks", "placement", "exit status", "wall s", "busbw (largest size)",
                "busbw / link goodput", "measured / model", "trusted or flags"],
-              [[f"`{r.id}`", f"`{r.program}`", str(r.ranks), r.placement, _exit_text(r), _fmt(r.time_s, 1),
-                f"{_fmt(r.busbw_mbps)} at {format_size(r.busbw_size)}" if r.busbw_size is not None else "–",
-                _fmt(r.efficiency), _fmt(r.measured_over_predicted), _mpi_verdict(r)] for r in rows])
+              [[f"`{r.id}`", f"`{r.program}`", str(r.ranks), r.placement, _exit_text(r), fmt_number(r.time_s, 1),
+                f"{fmt_number(r.busbw_mbps)} at {format_size(r.busbw_size)}" if r.busbw_size is not None else "–",
+                fmt_number(r.efficiency), fmt_number(r.measured_over_predicted), _mpi_verdict(r)] for r in rows])
     doc.p("Each of these cells ran an Open MPI program the way `emu mpirun` does: one rank per host (the "
           "placement's first ranks), `mpirun` in rank 0's host, TCP over the emulated links, every rank at "
           "niceness 19 unless the file says otherwise, on its network after the network's probe and beside that "
@@ -540,9 +540,9 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
     if bench:
         doc.table(["cell", "size", "time per iteration s", "algbw Mbit/s", "busbw Mbit/s", "busbw / link goodput",
                    "wrong elements"],
-                  [[f"`{r.id}`", format_size(b["size"]), _fmt(_number(b.get("time_s")), 4),
-                    _fmt(_number(b.get("algbw_mbps"))), _fmt(_number(b.get("busbw_mbps"))),
-                    _fmt(_ratio(_number(b.get("busbw_mbps")), r.capacity_mbps)),
+                  [[f"`{r.id}`", format_size(b["size"]), fmt_number(_number(b.get("time_s")), 4),
+                    fmt_number(_number(b.get("algbw_mbps"))), fmt_number(_number(b.get("busbw_mbps"))),
+                    fmt_number(_ratio(_number(b.get("busbw_mbps")), r.capacity_mbps)),
                     "unchecked" if b.get("wrong") is None else str(b["wrong"])]
                    for r, b in bench])
 
@@ -567,10 +567,10 @@ def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
         if r.is_training:
             value = r.scaling_efficiency if measured else r.predicted_scaling_efficiency
             return "–" if value is None else f"eff. {value:.2f}"
-        return _fmt(r.busbw_mbps if measured else r.predicted_busbw_mbps)
+        return fmt_number(r.busbw_mbps if measured else r.predicted_busbw_mbps)
 
-    body = [[f"`{r.id}`", r.status, rate(r, True), rate(r, False), _fmt(r.time_s, 3),
-             _fmt(r.predicted_time_s, 3), _fmt(r.measured_over_predicted), str(r.max_flows_per_link),
+    body = [[f"`{r.id}`", r.status, rate(r, True), rate(r, False), fmt_number(r.time_s, 3),
+             fmt_number(r.predicted_time_s, 3), fmt_number(r.measured_over_predicted), str(r.max_flows_per_link),
              ", ".join(r.flags) or "none", str(r.qdisc_drops), str(r.tcp_retransmits)] for r in rows]
     doc.table(["cell", "status", "busbw", "model busbw", "time s", "model s", "measured/model time",
                "max flows/link", "fidelity flags", "qdisc drops", "TCP retrans."], body)
