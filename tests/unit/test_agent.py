@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from test_schedule_compose import _grouped
 
 from emulator.emulation import agent as agent_mod
 from emulator.emulation import peer
@@ -123,7 +124,6 @@ def test_agents_compute_an_allreduce_of_any_element_count(algo, spec, size):
 
 
 def test_agents_compute_collectives_within_their_process_groups():
-    from test_schedule_compose import _grouped
     schedule = _grouped()
     results, errors = run_agents(schedule, topology.build("star:hosts=8"), base=60)
     assert not errors, errors

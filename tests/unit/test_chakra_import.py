@@ -18,6 +18,7 @@ from emulator.base.errors import FieldError
 from emulator.model.schedule import chakra
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.executor import execute
+from emulator.model.schedule.training import workload_scale
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 REAL = os.path.join(DATA, "chakra")
@@ -505,7 +506,6 @@ def test_truncated_and_garbage_files(tmp_path):
 
 
 def test_a_scaled_import_divides_sizes_and_times_and_replays_read_its_scale(tmp_path):
-    from emulator.model.schedule.training import workload_scale
     sched = chakra.load([_resnet(tmp_path)], ranks=8, scale=100)
     assert sched.meta["scale"] == 100 and workload_scale(sched) == 100
     sizes = [c["comm_size"] for c in sched.meta["collectives"]]

@@ -13,9 +13,11 @@ from fake_session import FakeSession, factory
 from emulator.base.errors import FieldError, UserError
 from emulator.cli import main as cli
 from emulator.model import fabric, topology
+from emulator.model.schedule.executor import execute
 from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
 from emulator.study import run_folder, runner
+from emulator.study.experiment.grid import expand
 from emulator.study.run_folder import RunFolder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -685,3 +687,13 @@ def test_a_bad_language_model_run_is_named(extra, field):
 def test_llm_beside_a_data_parallel_model_is_refused():
     with pytest.raises(FieldError, match=r"runs\[0\]\.llm'"):
         parse(LLM_RUN.replace("llama2-7b", "resnet50").format(extra=", llm: {tp: 2}"))
+
+
+def test_a_language_model_cell_builds_its_iteration():
+    exp = parse(LLM_RUN.format(extra=", scale: 1000, llm: {tp: 2, pp: 2, microbatches: 2, layers_per_collective: 16, "
+                                     "accelerator: h100}"))
+    (cell,) = expand(exp)
+    schedule = cell.schedule(topology.build(cell.topology))
+    assert schedule.meta["generator"] == "llm" and schedule.meta["scale"] == 1000
+    assert {seg.name.split()[0] for seg in schedule.segments} == {"tp", "pp", "dp"}
+    assert execute(schedule).valid
