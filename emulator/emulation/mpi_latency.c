@@ -9,7 +9,11 @@
  * emulator/runs/mpi_plan.py) and frame the bytes of the segment they came in. The emulated links release a
  * frame at the start of its time on the wire, not at its end, so a frame reaches the receiver its
  * serialisation on every link of the path (byte_seconds per byte) earlier than on a real link of that rate:
- * the second term gives it back, as the agents do for a message's last frame.
+ * the second term gives it back, as the agents do for a message's last frame. Bytes the kernel dated with one
+ * time are taken as one segment, but never as more than one frame (the connection's MSS): the kernel dates
+ * frames it handled together with one time (a busy host's receive path merges them; a read that spans several
+ * queued segments reports the last one's time), and charging such a batch as one long frame held its bytes
+ * the serialisation of the whole batch, tens of milliseconds late.
  *
  * Only TCP sockets with a local or peer port in EF_LATENCY_PORTS ("MIN MAX", Open MPI's TCP BTL ports) are
  * held; everything else passes straight through. read(), readv(), recv() and poll() are interposed: Open
@@ -47,10 +51,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +80,7 @@ struct held {
     int passes;   /* 1: the shared marker of sockets and files that pass through */
     ino_t ino;    /* the socket's: an fd number closed some way this library does not see is classified again */
     double hold_s, byte_s;
+    size_t frame_max; /* the most bytes one frame carries on this connection (its MSS) */
     pthread_mutex_t mu; /* guards what follows */
     struct chunk **ring; /* the chunks read from the kernel and not yet handed over, oldest at head */
     size_t slots, head, count;
@@ -201,6 +208,9 @@ static struct held *classify(int fd, const struct stat *sb) {
             setsockopt(fd, SOL_SOCKET, SO_TIMESTAMPNS, &on, sizeof on);
             st->ino = sb->st_ino, st->slots = queue_slots;
             st->hold_s = pairs[hold].seconds, st->byte_s = pairs[hold].byte_seconds;
+            int mss = 0;
+            socklen_t mlen = sizeof mss;
+            st->frame_max = getsockopt(fd, IPPROTO_TCP, TCP_MAXSEG, &mss, &mlen) == 0 && mss > 0 ? (size_t)mss : SIZE_MAX;
             pthread_mutex_init(&st->mu, NULL);
         }
         atomic_store(&table[fd], st);
@@ -232,8 +242,8 @@ static void forget(int fd) {
 /* Read what the kernel has for ``fd`` into st's queue, chunk by chunk, each dated by its arrival, while there
  * is room; never blocks. Reading at once keeps the kernel's buffer empty, so it acknowledges and advertises
  * its window as the link delivers (bytes left in it would hold back its acknowledgements), and dates each
- * chunk by its own arrival. Consecutive chunks with one timestamp came in one segment (a frame): they are all
- * due its serialisation (byte_s per byte of it) after the hold. Called with st->mu held. */
+ * chunk by its own arrival. Consecutive chunks with one timestamp came in one segment: they are all due its
+ * serialisation (byte_s per byte of it, at most a frame's) after the hold. Called with st->mu held. */
 static void drain(int fd, struct held *st) {
     double frame_stamp = -1;
     size_t frame_bytes = 0, frame_chunks = 0;
@@ -263,7 +273,8 @@ static void drain(int fd, struct held *st) {
         frame_bytes += (size_t)n, frame_chunks++;
         c->len = (size_t)n, c->off = 0;
         st->ring[(st->head + st->count++) % st->slots] = c;
-        double due = arrived + st->hold_s + st->byte_s * (double)frame_bytes;
+        size_t frame = frame_bytes < st->frame_max ? frame_bytes : st->frame_max;
+        double due = arrived + st->hold_s + st->byte_s * (double)frame;
         for (size_t k = 1; k <= frame_chunks; k++) st->ring[(st->head + st->count - k) % st->slots]->due = due;
     }
 }

@@ -239,6 +239,66 @@ def test_a_segment_is_held_its_serialisation_on_the_path_besides_the_hold(tmp_pa
     assert len(result["latency"]) == 5 and all(0.0628 <= x < 0.0628 + 0.02 for x in result["latency"]), result
 
 
+#: A receiver that lets a message's segments queue in the kernel before it first polls, so that one read of the
+#: library returns several segments under one timestamp; prints when the whole message was handed over.
+LATE_RECEIVER = textwrap.dedent('''
+    import json, random, select, socket, sys, time
+    srv = socket.socket()
+    low, high, size = map(int, sys.argv[1:4])
+    for port in random.sample(range(low, high + 1), high + 1 - low):
+        try:
+            srv.bind(("127.0.0.1", port))
+            break
+        except OSError:
+            continue
+    srv.listen(1)
+    print(port, flush=True)
+    conn, _ = srv.accept(); conn.setblocking(False)
+    time.sleep(0.02)  # every segment is in the kernel's queue before the library first looks
+    poller = select.poll(); poller.register(conn, select.POLLIN)
+    data = b""
+    while len(data) < size and poller.poll(5000):
+        try:
+            data += conn.recv(1 << 16)
+        except BlockingIOError:
+            continue
+    print(json.dumps({"latency": time.time() - float(data[:32].decode()), "bytes": len(data)}), flush=True)
+''')
+
+#: A sender whose segments carry at most 244 bytes (an MSS of 256 less the timestamp option): one message of
+#: argv[2] bytes, its send time first.
+SMALL_SEGMENT_SENDER = textwrap.dedent('''
+    import socket, sys, time
+    c = socket.socket()
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 256)
+    c.connect(("127.0.0.1", int(sys.argv[1])))
+    c.sendall(f"{time.time():.6f}".ljust(int(sys.argv[2])).encode())
+    time.sleep(0.5)
+    c.close()
+''')
+
+
+def test_segments_read_together_are_held_one_frames_serialisation_not_all_of_theirs(tmp_path):
+    # 2048 bytes in nine segments of at most 244, read by the library in one go under the last one's timestamp,
+    # at 0.1 ms per byte: each segment is due 50 ms + 24.4 ms after its arrival, not 50 + 204.8 ms
+    holds = tmp_path / "holds"
+    holds.write_text("127.0.0.1 127.0.0.1 0.05 1e-4\n", encoding="ascii")
+    env = dict(os.environ, LD_PRELOAD=LIBRARY, EF_LATENCY_FILE=str(holds), EF_LATENCY_PORTS=HELD,
+               EF_LATENCY_QUEUE_BYTES=str(1 << 20))
+    receiver = subprocess.Popen([sys.executable, "-c", LATE_RECEIVER, *map(str, PORTS), "2048"],
+                                stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert receiver.stdout is not None
+        port = int(receiver.stdout.readline())
+        subprocess.run([sys.executable, "-c", SMALL_SEGMENT_SENDER, str(port), "2048"], check=True, timeout=30)
+        out, _ = receiver.communicate(timeout=30)
+    finally:
+        receiver.kill()
+    result = json.loads(out)
+    assert result["bytes"] == 2048
+    assert 0.05 + 0.0244 <= result["latency"] < 0.05 + 0.0244 + 0.03, result
+
+
 def test_a_held_stream_keeps_its_rate_the_hold_is_paid_once(tmp_path):
     # 64 MiB over loopback with 50 ms held: the stream is pipelined, it does not pay 50 ms per chunk
     result = _run_pair(tmp_path, 0.05, HELD, 64 << 20)
