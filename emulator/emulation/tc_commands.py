@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from emulator.base.naming import switch_intf, switch_of_intf
 from emulator.model.latency import SHAPER_BURST_BYTES
 from emulator.model.topology import Topology
+from emulator.runs.mpi_plan import BTL_PORT_MIN, BTL_PORT_RANGE
 
 #: Bytes a switch port queues before it drops (the HTB leaf's pfifo limit is
 #: this in whole frames, at least 16): about 0.7 s at 10 Mbit/s.
@@ -42,6 +43,11 @@ PCIE_QUEUE_BYTES = 64 << 20
 #: leave a host before its queued data frames. A power of two: the filter
 #: matches the IP total length's high bits.
 HOST_CONTROL_PACKET_BYTES = 256
+
+#: TCP ports whose connections keep their packets in order in a host's queue
+#: (first port, how many): Open MPI's transport, whose one connection per pair
+#: of ranks carries both directions' messages (:func:`host_queue_commands`).
+IN_ORDER_PORTS = (BTL_PORT_MIN, BTL_PORT_RANGE)
 
 
 def root_interface_rates(topo: Topology) -> dict[str, float]:
@@ -112,6 +118,16 @@ def switch_port_queue_commands(topo: Topology, mtu: int, queue_packets: int | No
     return [leaf_queue_command(name, limits[name], delay_s=delay_s) for name in root_interfaces(topo)]
 
 
+def port_block_match(first: int, count: int) -> tuple[int, int]:
+    """The (value, mask) of a 16-bit match of the ports ``first`` .. ``first + count - 1``.
+
+    :class:`ValueError` unless they are an aligned power-of-two block (one mask cannot match another range).
+    """
+    if count <= 0 or count & (count - 1) or first % count or not 0 < first + count <= 1 << 16:
+        raise ValueError(f"ports {first}..{first + count - 1} are not an aligned power-of-two block")
+    return first, 0xFFFF & ~(count - 1)
+
+
 def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
     """A host NIC's queue under the shaping class 5:1: control packets first, then data frames (FIFO of ``packets``).
 
@@ -121,8 +137,22 @@ def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
     never limit (10 Gbit/s; the shaping is 5:1's) and differ only in
     priority; a ``u32`` filter sends IP packets under
     :data:`HOST_CONTROL_PACKET_BYTES` to the first.
+
+    A NIC keeps one connection's packets in one queue, in order. The control
+    class would let a connection's ACKs overtake its own queued data: harmless
+    where the data flows one way (the agents), but Open MPI's connections carry
+    both directions' messages, so a data frame reached the peer with an
+    acknowledgement older than ACKs already sent by more than a window, and
+    the peer dropped it as a blind injection (RFC 5961); a lost last frame
+    then waited for the retransmission timeout (docs/fidelity.md, 2026-12-05).
+    Every packet of a connection with an end in :data:`IN_ORDER_PORTS` goes to
+    the data FIFO (hosts send no IP options: the TCP ports are at bytes 20-23).
     """
     short = 0xFFFF & ~(HOST_CONTROL_PACKET_BYTES - 1)  # total length & mask == 0 <=> shorter than the constant
+    port, port_mask = port_block_match(*IN_ORDER_PORTS)
+    in_order = [["tc", "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "u8", "6", "0xff", "at", "9", "match", "u16", f"0x{port:04x}", f"0x{port_mask:04x}",
+                 "at", str(offset), "flowid", "10:2"] for offset in (20, 22)]
     return [
         ["tc", "qdisc", "replace", "dev", intf, "parent", "5:1", "handle", "10:", "htb", "default", "2"],
         ["tc", "class", "add", "dev", intf, "parent", "10:", "classid", "10:1", "htb", "rate", "10gbit",
@@ -131,7 +161,8 @@ def host_queue_commands(intf: str, packets: int) -> list[list[str]]:
          "burst", "1mb", "cburst", "1mb", "prio", "1"],
         leaf_queue_command(intf, packets, parent="10:1", handle="11:"),
         leaf_queue_command(intf, packets, parent="10:2", handle="12:"),
-        ["tc", "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+        *in_order,
+        ["tc", "filter", "add", "dev", intf, "parent", "10:", "protocol", "ip", "prio", "2", "u32",
          "match", "u16", "0x0000", f"0x{short:04x}", "at", "2", "flowid", "10:1"],
     ]
 

@@ -59,9 +59,11 @@ RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", 
                 "orte_output_filename", "btl_tcp_port_min_v4", "btl_tcp_port_range_v4")
 #: The ports the ranks' TCP transport listens on: below the kernel's ephemeral ports, so that a connection
 #: with one end here is the transport's, not the out-of-band channel's (the prediction routes it by its ports,
-#: emulator.runs.mpi_prediction).
-BTL_PORT_MIN = 20000
-BTL_PORT_RANGE = 1000
+#: emulator.runs.mpi_prediction), and below the agents' source ports. An aligned power-of-two block: a host's
+#: queue keeps these connections' packets in order with one masked match
+#: (:func:`emulator.emulation.tc_commands.host_queue_commands`).
+BTL_PORT_MIN = 16384
+BTL_PORT_RANGE = 1024
 #: The least the library may hold per socket (bytes): a kernel's default receive buffer.
 MIN_QUEUE_BYTES = 128 << 10
 #: The preloaded library that gives Open MPI's messages the fabric's latency (``emulator/emulation/mpi_latency.c``;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from emulator.emulation.runstate import alive, all_runs
 from emulator.emulation.system import run
 from emulator.emulation.tc_commands import parse_htb_rates
 from emulator.model import topology
+from emulator.runs.mpi_plan import BTL_PORT_MIN
 
 pytestmark = pytest.mark.integration
 
@@ -106,6 +108,46 @@ def test_a_host_sends_its_frames_at_the_link_pace(tmp_path):
     gaps = [b - a for a, b in itertools.pairwise(times)]
     assert len(times) > 100, f"captured {len(times)} data frames of 10 x 128 KiB"
     assert min(gaps) > 0.5 * frame_s, f"{sum(g < 0.5 * frame_s for g in gaps)} frames left back to back"
+
+
+#: A sink on Open MPI's transport's first port and on one outside it.
+TWO_SINKS = ("import socket, threading\n"
+             "def serve(port):\n    s = socket.create_server(('', port), backlog=4)\n    while True:\n"
+             "        c, _ = s.accept()\n        while c.recv(1 << 16):\n            pass\n        c.close()\n"
+             f"for p in ({BTL_PORT_MIN}, 5303):\n    threading.Thread(target=serve, args=(p,)).start()\n")
+#: Fifty 100-byte messages to a port, a packet each.
+SHORT_PACKETS = ("import socket, sys, time\nc = socket.create_connection((sys.argv[1], int(sys.argv[2])))\n"
+                 "c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\nfor _ in range(50):\n"
+                 "    c.sendall(bytes(100))\n    time.sleep(0.002)\nc.close()\n")
+
+
+def host_class_packets(host, name: str) -> dict[str, int]:
+    """Packets sent so far through the host queue's control (10:1) and data (10:2) classes."""
+    out = host.cmd(f"tc -s class show dev {host_intf(name)}")
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"class htb (10:[12]) [^\n]*\n\s*Sent \d+ bytes (\d+) pkt", out)}
+
+
+def test_open_mpis_connections_keep_their_packets_in_order_in_a_host(tmp_path):
+    """Short packets of Open MPI's transport's connections go through the host's data FIFO, not ahead of it:
+    one connection carries both directions' messages, and its ACKs overtaking its own data made the peer drop
+    data as a blind injection (RFC 5961, docs/fidelity.md 2026-12-05). Other connections' short packets keep
+    the control band."""
+    topo = topology.build("star:hosts=2")
+    with EmulatedNetwork(topo, routing="shortest", label="test-order") as en:
+        h1, h2 = en.host("h1"), en.host("h2")
+        (tmp_path / "sinks.py").write_text(TWO_SINKS)
+        (tmp_path / "short.py").write_text(SHORT_PACKETS)
+        h2.cmd(f"python3 {tmp_path / 'sinks.py'} >/dev/null 2>&1 &")
+        time.sleep(1.0)
+        sent = {}
+        for port in (BTL_PORT_MIN, 5303):
+            before = host_class_packets(h1, "h1")
+            h1.cmd(f"python3 {tmp_path / 'short.py'} {topo.host('h2').ip} {port}")
+            after = host_class_packets(h1, "h1")
+            sent[port] = {klass: after[klass] - before[klass] for klass in after}
+        h2.cmd("kill %1")
+    assert sent[BTL_PORT_MIN]["10:2"] >= 50 and sent[BTL_PORT_MIN]["10:1"] < 5, sent
+    assert sent[5303]["10:1"] >= 50, sent
 
 
 def ovs_bridges() -> list[str]:

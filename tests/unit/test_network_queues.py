@@ -9,6 +9,8 @@ import platform
 import shlex
 import subprocess
 
+import pytest
+
 from emulator.emulation.host_commands import (
     failed_command,
     host_script,
@@ -24,6 +26,7 @@ from emulator.emulation.tc_commands import (
     host_queue_commands,
     leaf_queue_command,
     parse_htb_rates,
+    port_block_match,
     queue_packets_for,
     root_interface_rates,
     root_interfaces,
@@ -34,6 +37,8 @@ from emulator.emulation.tc_commands import (
 )
 from emulator.model import topology
 from emulator.model.latency import SHAPER_BURST_BYTES
+from emulator.model.routing import AGENT_LISTEN_PORT, AGENT_SOURCE_PORT_BASE
+from emulator.runs.mpi_plan import BTL_PORT_MIN, BTL_PORT_RANGE
 
 #: ``tc class show`` of a host NIC after bring-up's commands (20 Mbit/s), captured with iproute2 6.1
 #: (whose ``tc -j class show`` prints exactly this text too).
@@ -47,7 +52,7 @@ OTHER_RATES = ("class htb 5:1 root prio 0 rate 500Kbit ceil 500Kbit burst 100b c
 
 def test_host_queues_send_short_ip_packets_to_the_high_priority_class():
     cmds = host_queue_commands("efh1-eth0", 28)
-    [flt] = [c for c in cmds if c[1] == "filter"]
+    [flt] = [c for c in cmds if c[1] == "filter" and c[c.index("prio") + 1] == "2"]
     mask = int(flt[flt.index("u16") + 2], 16)
     assert HOST_CONTROL_PACKET_BYTES == 256 and mask == 0xFF00
     # a 52-byte ACK matches (length & mask == 0), a 32000-byte frame and a 256-byte packet do not
@@ -172,3 +177,57 @@ def test_a_host_script_runs_its_commands_in_one_shell_and_stops_at_the_first_fai
                         capture_output=True, text=True)
     assert "__rc=0" in ok.stdout
     assert failed_command("no trace here") == "?"
+
+
+def _u32_matches(flt: list[str]) -> list[tuple[int, int, int, int]]:
+    """(width in bits, value, mask, offset) of every ``match`` of a ``u32`` filter command."""
+    out = []
+    for i, word in enumerate(flt):
+        if word == "match":
+            width = {"u8": 8, "u16": 16, "u32": 32}[flt[i + 1]]
+            out.append((width, int(flt[i + 2], 0), int(flt[i + 3], 0), int(flt[i + 5])))
+    return out
+
+
+def _packet_class(cmds: list[list[str]], packet: bytes) -> str:
+    """The class the host queue's filters put ``packet`` (an IP packet) in: the lowest ``prio`` whose matches all
+    hold, else the qdisc's default (10:2)."""
+    filters = sorted((c for c in cmds if c[1] == "filter"), key=lambda c: int(c[c.index("prio") + 1]))
+    for flt in filters:
+        if all(int.from_bytes(packet[off:off + width // 8], "big") & mask == value & mask
+               for width, value, mask, off in _u32_matches(flt)):
+            return flt[flt.index("flowid") + 1]
+    return "10:2"
+
+
+def _tcp_packet(sport: int, dport: int, payload: int) -> bytes:
+    """A TCP/IPv4 packet without options: total length, protocol and ports where the filters look."""
+    total = 20 + 32 + payload
+    ip = bytes([0x45, 0]) + total.to_bytes(2, "big") + bytes(5) + bytes([6]) + bytes(10)
+    return ip + sport.to_bytes(2, "big") + dport.to_bytes(2, "big") + bytes(28) + bytes(payload)
+
+
+@pytest.mark.parametrize("sport,dport", [(BTL_PORT_MIN, 40000), (45678, BTL_PORT_MIN + BTL_PORT_RANGE - 1),
+                                         (BTL_PORT_MIN + 7, BTL_PORT_MIN + 300)])
+def test_an_open_mpi_connections_acks_stay_behind_its_own_data(sport, dport):
+    # one connection carries both directions of a pair's messages: its ACKs must not overtake its data frames
+    cmds = host_queue_commands("efh1-eth0", 28)
+    assert _packet_class(cmds, _tcp_packet(sport, dport, 0)) == "10:2"
+    assert _packet_class(cmds, _tcp_packet(sport, dport, 8948)) == "10:2"
+
+
+@pytest.mark.parametrize("sport,dport", [(20000 + 5, AGENT_LISTEN_PORT), (AGENT_LISTEN_PORT, 32767),
+                                         (BTL_PORT_MIN - 1, 40000), (40000, BTL_PORT_MIN + BTL_PORT_RANGE)])
+def test_other_connections_acks_still_leave_before_queued_data(sport, dport):
+    cmds = host_queue_commands("efh1-eth0", 28)
+    assert _packet_class(cmds, _tcp_packet(sport, dport, 0)) == "10:1"
+    assert _packet_class(cmds, _tcp_packet(sport, dport, 8948)) == "10:2"
+
+
+def test_open_mpis_ports_are_one_aligned_block_below_the_ephemeral_ones_and_the_agents():
+    assert port_block_match(BTL_PORT_MIN, BTL_PORT_RANGE) == (BTL_PORT_MIN, 0xFFFF & ~(BTL_PORT_RANGE - 1))
+    assert BTL_PORT_MIN + BTL_PORT_RANGE <= min(AGENT_SOURCE_PORT_BASE, 32768)
+    assert not BTL_PORT_MIN <= AGENT_LISTEN_PORT < BTL_PORT_MIN + BTL_PORT_RANGE
+    for first, count in [(20000, 1000), (16384, 1000), (16000, 1024), (0, 0)]:
+        with pytest.raises(ValueError, match="aligned power-of-two block"):
+            port_block_match(first, count)
