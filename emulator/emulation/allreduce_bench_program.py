@@ -119,7 +119,7 @@ def _all_ranks(checks: list[tuple[bool | None, str]]) -> tuple[bool | None, str]
 
 
 def measure(MPI: Any, comm: Any, opts: bench.Options, size: int) -> bench.BenchRow:
-    """One size: warm-up, then ``iters`` timed out-of-place allreduces between barriers; checked after both."""
+    """One size: the untimed iterations, then ``iters`` timed out-of-place allreduces; checked after both."""
     rank, p = comm.Get_rank(), comm.Get_size()
     count = size // opts.itemsize
     send = bench.pattern(rank, count, opts.dtype)
@@ -128,23 +128,60 @@ def measure(MPI: Any, comm: Any, opts: bench.Options, size: int) -> bench.BenchR
     wrong = np.zeros(count, dtype=bool)
     op = {"sum": MPI.SUM}[opts.op]
     recv.fill(bench.SENTINEL)
-    for _ in range(opts.warmup):
+    slowest = 0.0
+    for _ in range(opts.sizing_iterations):
+        began = time.time()
         comm.Allreduce(send, recv, op=op)
-    if want is not None and opts.warmup:
+        slowest = max(slowest, time.time() - began)
+    if want is not None and opts.sizing_iterations:
         wrong |= bench.wrong_mask(recv, want)
     recv.fill(bench.SENTINEL)
+    if opts.start == "window":
+        time_s, late = timed_in_windows(MPI, comm, send, recv, op, opts, comm.allreduce(slowest, op=MPI.MAX), size)
+    else:
+        time_s, late = timed_after_barrier(MPI, comm, send, recv, op, opts), 0
+    if want is None:
+        return bench.BenchRow.measured(size, count, time_s, p, None, late)
+    wrong |= bench.wrong_mask(recv, want)
+    total = comm.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
+    return bench.BenchRow.measured(size, count, time_s, p, total, late)
+
+
+def timed_after_barrier(MPI: Any, comm: Any, send: Any, recv: Any, op: Any, opts: bench.Options) -> float:
+    """The timed iterations back to back after one barrier: the mean per iteration, the slowest rank's."""
     comm.Barrier()
     start = MPI.Wtime()
     for _ in range(opts.iters):
         comm.Allreduce(send, recv, op=op)
     elapsed = MPI.Wtime() - start
     comm.Barrier()
-    time_s = comm.allreduce(bench.time_per_iteration(elapsed, opts.iters), op=MPI.MAX)
-    if want is None:
-        return bench.BenchRow.measured(size, count, time_s, p, None)
-    wrong |= bench.wrong_mask(recv, want)
-    total = comm.allreduce(int(np.count_nonzero(wrong)), op=MPI.SUM)
-    return bench.BenchRow.measured(size, count, time_s, p, total)
+    return float(comm.allreduce(bench.time_per_iteration(elapsed, opts.iters), op=MPI.MAX))
+
+
+def timed_in_windows(MPI: Any, comm: Any, send: Any, recv: Any, op: Any, opts: bench.Options, slowest_s: float,
+                     size: int) -> tuple[float, int]:
+    """Each timed iteration from a start shared by every rank (:func:`bench.window_starts`): its time and how many
+    iterations some rank began late. Rank 0 names the first start one window ahead: the broadcast that tells
+    the others takes less than an allreduce did."""
+    window = bench.window_seconds(slowest_s)
+    first = comm.bcast(time.time() + window if comm.Get_rank() == 0 else None, root=0)
+    took = np.zeros(opts.iters)
+    late = np.zeros(opts.iters)
+    for i, start in enumerate(bench.window_starts(first, window, opts.iters)):
+        wait = start - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        late[i] = max(0.0, time.time() - start)
+        comm.Allreduce(send, recv, op=op)
+        took[i] = time.time() - start
+    slowest = np.empty_like(took)
+    worst_late = np.empty_like(late)
+    comm.Allreduce(took, slowest, op=MPI.MAX)
+    comm.Allreduce(late, worst_late, op=MPI.MAX)
+    late_starts = sum(1 for x in worst_late if bench.is_late(float(x), window))
+    if late_starts and comm.Get_rank() == 0:
+        print(bench.late_line(size, late_starts, opts.iters, float(worst_late.max())), flush=True)
+    return bench.windowed_time(list(slowest)), late_starts
 
 
 def addresses() -> list[str]:

@@ -25,8 +25,20 @@ elements than the largest power of two <= ranks runs basic_linear, and
 Each rank's send buffer holds ``(rank + 1) * (i % 13 + 1)`` at element ``i``
 (:func:`pattern`): small integers whose sum over the ranks, and every partial
 sum, is exact in the data type, so the result is compared exactly
-(:func:`expected`, :func:`wrong_mask`). The time of a size is the mean per
-iteration over the timed iterations, the maximum over ranks; ``algbw`` is
+(:func:`expected`, :func:`wrong_mask`). By default (``--start window``) every
+timed iteration starts at one time shared by all ranks, in windows of
+:data:`WINDOW_FACTOR` times the slowest untimed iteration (the window-based
+scheme of Hunold and Carpen-Amarie, "Reproducible MPI Benchmarking Is Still
+Not As Easy As You Think", IEEE TPDS 2016): an ``MPI_Barrier`` lets ranks go
+at different times, and the emulated fabric's dilated latency made that
+spread a large part of an allreduce (docs/fidelity.md, 2026-12-05). The time
+of a size is then the mean over the timed iterations of the slowest rank's
+time from the shared start to its end; an iteration that began late (the one
+before ran past its window) is counted and warned of. The ranks read one
+clock (``time.time()``): exact where every emulated host is on one machine,
+as good as the machines' clock synchronisation across a cluster. With
+``--start barrier`` the timed iterations run back to back after one barrier,
+and the time is the mean per iteration, the maximum over ranks. ``algbw`` is
 ``size * 8 / time`` in Mbit/s (the emulated links run at 5..100 Mbit/s) and
 ``busbw`` is ``algbw`` times nccl-tests' bus factor ``2 (p - 1) / p``
 (:func:`emulator.model.schedule.collectives.bus_factor`).
@@ -92,6 +104,14 @@ MAX_SIZE = 2**30
 MAX_SIZES = 1000
 DEFAULT_ITERS, DEFAULT_WARMUP = 20, 5
 MAX_ITERS = 10**6
+#: How the timed iterations start: ``window``, each at a time shared by every rank; ``barrier``, back to back
+#: after one ``MPI_Barrier`` (as OSU's and nccl-tests' loops run).
+START_MODES = ("window", "barrier")
+#: A window is this many times the slowest untimed iteration (any rank's, timed from its own start).
+WINDOW_FACTOR = 1.5
+#: A rank that begins an iteration more than this share of a window after the window opened started late (the
+#: iteration before ran past its window).
+LATE_SHARE = 0.02
 
 
 # ---------------------------------------------------------------------------
@@ -108,6 +128,12 @@ class Options:
     op: str = "sum"
     check: bool = True
     json_path: str | None = None
+    start: str = "window"
+
+    @property
+    def sizing_iterations(self) -> int:
+        """Untimed iterations per size: the warm-up, and with ``--start window`` at least one, which sizes the window."""
+        return max(self.warmup, 1) if self.start == "window" else self.warmup
 
     @property
     def algorithm_id(self) -> int | None:
@@ -144,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"timed iterations per size (default {DEFAULT_ITERS})")
     parser.add_argument("--warmup", metavar="N", default=str(DEFAULT_WARMUP),
                         help=f"untimed iterations before them (default {DEFAULT_WARMUP})")
+    parser.add_argument("--start", default="window", metavar="HOW",
+                        help="window (default): every timed iteration starts at one time shared by all ranks, each "
+                             f"window {WINDOW_FACTOR} times the slowest untimed iteration (at least one runs); "
+                             "barrier: the timed iterations run back to back after one MPI_Barrier")
     parser.add_argument("--dtype", default="float32", metavar="TYPE", help=f"{'|'.join(DTYPES)} (default float32)")
     parser.add_argument("--op", default="sum", metavar="OP", help="reduction: sum")
     parser.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
@@ -180,6 +210,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         raise FieldError(PROG, "dtype", "one of " + ", ".join(DTYPES), ns.dtype)
     if ns.op not in OPS:
         raise FieldError(PROG, "op", "one of " + ", ".join(OPS), ns.op)
+    if ns.start not in START_MODES:
+        raise FieldError(PROG, "start", "one of " + ", ".join(START_MODES), ns.start)
     iters = _count("iters", ns.iters, 1, MAX_ITERS)
     warmup = _count("warmup", ns.warmup, 0, MAX_ITERS)
     itemsize = np.dtype(DTYPES[ns.dtype][0]).itemsize
@@ -196,7 +228,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     for size in sizes:
         check_size(size, ns.dtype, itemsize)
     return Options(algo=algo, sizes=sizes, iters=iters, warmup=warmup, dtype=ns.dtype, op=ns.op,
-                   check=ns.check, json_path=ns.json)
+                   check=ns.check, json_path=ns.json, start=ns.start)
 
 
 def _count(name: str, text: str, minimum: int, maximum: int) -> int:
@@ -316,6 +348,32 @@ def time_per_iteration(elapsed_s: float, iters: int) -> float:
     return elapsed_s / iters
 
 
+def window_seconds(slowest_untimed_s: float) -> float:
+    """The length of a timed iteration's window: :data:`WINDOW_FACTOR` times the slowest untimed iteration."""
+    if not slowest_untimed_s > 0:
+        raise ValueError(f"an untimed iteration must take some time, got {slowest_untimed_s!r}")
+    return WINDOW_FACTOR * slowest_untimed_s
+
+
+def window_starts(first_s: float, window_s: float, iters: int) -> list[float]:
+    """When each timed iteration starts: one window after the other from ``first_s``."""
+    return [first_s + i * window_s for i in range(iters)]
+
+
+def is_late(lateness_s: float, window_s: float) -> bool:
+    """True when a rank began an iteration so long after its window opened that the iteration before must
+    have run past its window (:data:`LATE_SHARE`)."""
+    return lateness_s > LATE_SHARE * window_s
+
+
+def windowed_time(slowest_per_iteration_s: Sequence[float]) -> float:
+    """The time of a size started in windows: the mean over the timed iterations of the slowest rank's time from
+    the iteration's shared start to its own end."""
+    if not slowest_per_iteration_s:
+        raise ValueError("no timed iteration")
+    return sum(slowest_per_iteration_s) / len(slowest_per_iteration_s)
+
+
 def algbw_mbps(size: int, time_s: float) -> float:
     """``size`` bytes in ``time_s`` seconds, in Mbit/s."""
     if not time_s > 0:
@@ -338,22 +396,25 @@ class BenchRow:
     algbw_mbps: float
     busbw_mbps: float
     wrong: int | None
+    #: timed iterations some rank began late (``--start window``; always 0 with ``barrier``)
+    late_starts: int = 0
 
     @classmethod
-    def measured(cls, size: int, count: int, time_s: float, p: int, wrong: int | None) -> BenchRow:
+    def measured(cls, size: int, count: int, time_s: float, p: int, wrong: int | None,
+                 late_starts: int = 0) -> BenchRow:
         algbw = algbw_mbps(size, time_s)
         return cls(size=size, count=count, time_s=time_s, algbw_mbps=algbw, busbw_mbps=busbw_mbps(algbw, p),
-                   wrong=wrong)
+                   wrong=wrong, late_starts=late_starts)
 
     def to_json(self) -> dict[str, Any]:
         return {"size": self.size, "count": self.count, "time_s": self.time_s, "algbw_mbps": self.algbw_mbps,
-                "busbw_mbps": self.busbw_mbps, "wrong": self.wrong}
+                "busbw_mbps": self.busbw_mbps, "wrong": self.wrong, "late_starts": self.late_starts}
 
     @classmethod
     def from_json(cls, data: object, where: str = PROG) -> BenchRow:
         if not isinstance(data, dict):
             raise FieldError(where, "row", "an object", data)
-        unknown = sorted(set(data) - {"size", "count", "time_s", "algbw_mbps", "busbw_mbps", "wrong"})
+        unknown = sorted(set(data) - {"size", "count", "time_s", "algbw_mbps", "busbw_mbps", "wrong", "late_starts"})
         if unknown:
             raise FieldError(where, unknown[0], "no such field", data[unknown[0]])
         ints = {name: _json_int(where, name, data.get(name, MISSING), 1) for name in ("size", "count")}
@@ -362,7 +423,8 @@ class BenchRow:
         wrong = data.get("wrong", MISSING)
         return cls(size=ints["size"], count=ints["count"], time_s=floats["time_s"],
                    algbw_mbps=floats["algbw_mbps"], busbw_mbps=floats["busbw_mbps"],
-                   wrong=None if wrong is None else _json_int(where, "wrong", wrong, 0))
+                   wrong=None if wrong is None else _json_int(where, "wrong", wrong, 0),
+                   late_starts=_json_int(where, "late_starts", data.get("late_starts", 0), 0))
 
 
 def _json_int(where: str, name: str, value: object, minimum: int) -> int:
@@ -450,6 +512,19 @@ def library_name(version: str) -> str:
     return lines[0].strip() if lines else "unknown"
 
 
+#: What a row's time is, per :data:`START_MODES`.
+TIME_MEANING = {
+    "window": "mean over the timed iterations of the slowest rank's time from the iteration's shared start to its end",
+    "barrier": "mean per iteration of the timed iterations, the maximum over ranks",
+}
+
+
+def late_line(size: int, late: int, iters: int, worst_s: float) -> str:
+    """The warning rank 0 prints under a row whose windows were too short for some iterations."""
+    return (f"# WARNING: size {size}: {late} of {iters} iteration starts were late (by up to {worst_s * 1e3:.1f} ms): "
+            "an iteration ran past its window, so the next did not start with the others")
+
+
 def header_lines(opts: Options, p: int, library: str, check_note: str, verified: bool | None,
                  hosts: Sequence[Mapping[str, Any]]) -> list[str]:
     number = opts.algorithm_id
@@ -463,8 +538,8 @@ def header_lines(opts: Options, p: int, library: str, check_note: str, verified:
              f"# algorithm: {chosen}",
              f"# {'WARNING: ' if verified is False else ''}{check_note}",
              f"# dtype {opts.dtype}, op {opts.op}, iters {opts.iters}, warmup {opts.warmup}, "
-             f"check {'on' if opts.check else 'off'}",
-             "# time: mean per iteration of the timed iterations, the maximum over ranks; "
+             f"check {'on' if opts.check else 'off'}, start {opts.start}",
+             f"# time: {TIME_MEANING[opts.start]}; "
              "algbw = size*8/time, busbw = algbw*2(p-1)/p, both in Mbit/s"]
     for host in hosts:
         addresses = ", ".join(host.get("addresses", [])) or "no address but loopback"
@@ -484,7 +559,8 @@ def document(opts: Options, p: int, library: str, cvars: Mapping[str, int | None
     ``ompi_algorithm_id`` (None for default), ``environment`` (what the program set), ``mpi_t`` (the
     control variables read back, None where unreadable) and ``algorithm_verified`` (:func:`algorithm_check`);
     ``mpi_library``; ``ranks`` and ``hosts`` (per rank: ``rank``, ``processor_name``, ``pid``, ``addresses``);
-    ``dtype``, ``op``, ``iters``, ``warmup``, ``check``; ``rows`` (:meth:`BenchRow.to_json`).
+    ``dtype``, ``op``, ``iters``, ``warmup``, ``check``, ``start`` (:data:`START_MODES`), ``time`` (what a row's
+    time is); ``rows`` (:meth:`BenchRow.to_json`).
     """
     return {
         "program": PROG,
@@ -504,7 +580,8 @@ def document(opts: Options, p: int, library: str, cvars: Mapping[str, int | None
         "iters": opts.iters,
         "warmup": opts.warmup,
         "check": opts.check,
-        "time": "mean per iteration of the timed iterations, the maximum over ranks",
+        "start": opts.start,
+        "time": TIME_MEANING[opts.start],
         "rows": [row.to_json() for row in rows],
     }
 

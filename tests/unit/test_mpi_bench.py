@@ -43,6 +43,27 @@ def test_the_arguments_and_their_defaults():
     assert mb.parse_args(["--algo", "default", "--sizes", "4"]).algorithm_id is None
 
 
+def test_the_timed_iterations_start_in_shared_windows_unless_told_otherwise():
+    opts = mb.parse_args(["--algo", "ring", "--sizes", "4", "--warmup", "0"])
+    assert opts.start == "window" and opts.sizing_iterations == 1  # one untimed iteration sizes the window
+    barrier = mb.parse_args(["--algo", "ring", "--sizes", "4", "--warmup", "0", "--start", "barrier"])
+    assert barrier.start == "barrier" and barrier.sizing_iterations == 0
+    assert mb.parse_args(["--algo", "ring", "--sizes", "4", "--warmup", "3"]).sizing_iterations == 3
+
+
+def test_windows_arithmetic():
+    assert mb.window_seconds(2.0) == pytest.approx(mb.WINDOW_FACTOR * 2.0)
+    with pytest.raises(ValueError):
+        mb.window_seconds(0.0)
+    assert mb.window_starts(10.0, 3.0, 3) == [10.0, 13.0, 16.0]
+    assert not mb.is_late(mb.LATE_SHARE * 3.0 * 0.9, 3.0) and mb.is_late(mb.LATE_SHARE * 3.0 * 1.1, 3.0)
+    assert mb.windowed_time([1.0, 2.0, 3.0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        mb.windowed_time([])
+    line = mb.late_line(65536, 2, 20, 0.0123)
+    assert line.startswith("# WARNING: size 65536: 2 of 20 iteration starts were late (by up to 12.3 ms)")
+
+
 def test_nccl_tests_style_size_ranges():
     assert mb.parse_args(["--algo", "ring", "-b", "4KiB", "-e", "64KiB", "-f", "4"]).sizes == (4096, 16384, 65536)
     assert mb.parse_args(["--algo", "ring", "-b", "4KiB", "-e", "40KiB"]).sizes == (4096, 8192, 16384, 32768)
@@ -76,6 +97,7 @@ def test_nccl_tests_style_size_ranges():
     (["--algo", "ring", "--sizes", "4", "--dtype", "float16"],
      "field 'dtype': expected one of float32, float64, int32, got 'float16'"),
     (["--algo", "ring", "--sizes", "4", "--op", "max"], "field 'op': expected one of sum, got 'max'"),
+    (["--algo", "ring", "--sizes", "4", "--start", "now"], "field 'start': expected one of window, barrier, got 'now'"),
     (["--algo", "ring", "--sizes", "4", "-b", "4"], "field 'sizes': expected either --sizes or -b/-e/-f, not both, "
      "got '4'"),
     (["--algo", "ring", "-e", "4"], "field 'minbytes': expected a size with -e/-f, got nothing"),
@@ -278,7 +300,11 @@ def test_the_header():
     text = "\n".join(lines)
     assert "\x00" not in text and "# MPI library: Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4\n" in text
     assert "# algorithm: ring (coll_tuned_allreduce_algorithm=4, coll_tuned_use_dynamic_rules=1" in text
-    assert "# WARNING: MPI_T reads ..." in text and "the maximum over ranks" in text and "Mbit/s" in text
+    assert "# WARNING: MPI_T reads ..." in text and "Mbit/s" in text
+    assert "start window" in text and "the iteration's shared start" in text
+    barrier = "\n".join(mb.header_lines(mb.parse_args(["--algo", "ring", "--sizes", "4", "--start", "barrier"]),
+                                        2, library, "n", True, hosts))
+    assert "start barrier" in barrier and "the maximum over ranks" in barrier
     assert "rank    0 on h1 (10.0.0.1)" in text and "rank    1 on h2 (no address but loopback)" in text
     default = mb.header_lines(mb.parse_args(["--algo", "default", "--sizes", "4"]), 2, "", "n", None, [])
     assert "# algorithm: default (Open MPI's own decision; this program set nothing)" in default
@@ -292,7 +318,8 @@ def test_the_header():
 rows_strategy = st.builds(
     mb.BenchRow, size=st.integers(1, 2**30), count=st.integers(1, 2**28),
     time_s=st.floats(0, 1e6, allow_nan=False), algbw_mbps=st.floats(0, 1e9, allow_nan=False),
-    busbw_mbps=st.floats(0, 1e9, allow_nan=False), wrong=st.none() | st.integers(0, 2**40))
+    busbw_mbps=st.floats(0, 1e9, allow_nan=False), wrong=st.none() | st.integers(0, 2**40),
+    late_starts=st.integers(0, 10**6))
 
 
 @given(row=rows_strategy)
@@ -303,7 +330,7 @@ def test_a_row_round_trips_through_json(row):
 @pytest.mark.parametrize("change, field", [
     ({"size": 0}, "size"), ({"count": True}, "count"), ({"time_s": "1"}, "time_s"),
     ({"busbw_mbps": -1.0}, "busbw_mbps"), ({"wrong": -1}, "wrong"), ({"wrong": 1.5}, "wrong"),
-    ({"extra": 1}, "extra"),
+    ({"late_starts": -1}, "late_starts"), ({"extra": 1}, "extra"),
 ])
 def test_a_bad_row_names_its_field(change, field):
     data = {**mb.BenchRow.measured(4, 1, 1e-3, 2, 0).to_json(), **change}
@@ -311,9 +338,15 @@ def test_a_bad_row_names_its_field(change, field):
         mb.BenchRow.from_json(data, "r.json: rows[0]")
     assert err.value.field == field and str(err.value).startswith(f"r.json: rows[0]: field '{field}'")
     del data[field]
-    if field != "extra":
+    if field not in ("extra", "late_starts"):
         with pytest.raises(FieldError, match="got nothing"):
             mb.BenchRow.from_json(data)
+
+
+def test_a_row_written_before_windows_reads_with_no_late_start():
+    data = mb.BenchRow.measured(4, 1, 1e-3, 2, 0).to_json()
+    del data["late_starts"]
+    assert mb.BenchRow.from_json(data).late_starts == 0
 
 
 def test_the_document_and_load_rows(tmp_path):
@@ -334,6 +367,7 @@ def test_the_document_and_load_rows(tmp_path):
     assert back["environment"] == {"OMPI_MCA_coll_tuned_use_dynamic_rules": "1",
                                    "OMPI_MCA_coll_tuned_allreduce_algorithm": "6"}
     assert back["hosts"] == hosts and back["mpi_t"] == cvars
+    assert back["start"] == "window" and back["time"] == mb.TIME_MEANING["window"]
     assert all(math.isfinite(row["busbw_mbps"]) for row in back["rows"])
 
 
