@@ -110,8 +110,9 @@ START_MODES = ("window", "barrier")
 #: A window is this many times the slowest untimed iteration (any rank's, timed from its own start).
 WINDOW_FACTOR = 1.5
 #: A rank that begins an iteration more than this share of a window after the window opened started late (the
-#: iteration before ran past its window).
+#: iteration before ran past its window), and never for less than :data:`LATE_FLOOR_S` (a sleep's overshoot).
 LATE_SHARE = 0.02
+LATE_FLOOR_S = 0.001
 
 
 # ---------------------------------------------------------------------------
@@ -362,8 +363,8 @@ def window_starts(first_s: float, window_s: float, iters: int) -> list[float]:
 
 def is_late(lateness_s: float, window_s: float) -> bool:
     """True when a rank began an iteration so long after its window opened that the iteration before must
-    have run past its window (:data:`LATE_SHARE`)."""
-    return lateness_s > LATE_SHARE * window_s
+    have run past its window (:data:`LATE_SHARE`, :data:`LATE_FLOOR_S`)."""
+    return lateness_s > max(LATE_SHARE * window_s, LATE_FLOOR_S)
 
 
 def windowed_time(slowest_per_iteration_s: Sequence[float]) -> float:
@@ -388,7 +389,7 @@ def busbw_mbps(algbw: float, p: int) -> float:
 
 @dataclass(frozen=True)
 class BenchRow:
-    """One size's result: the time is the mean per iteration, the maximum over ranks; ``wrong`` None: unchecked."""
+    """One size's result: the time as :data:`TIME_MEANING` says for the run's start; ``wrong`` None: unchecked."""
 
     size: int
     count: int
@@ -520,7 +521,7 @@ TIME_MEANING = {
 
 
 def late_line(size: int, late: int, iters: int, worst_s: float) -> str:
-    """The warning rank 0 prints under a row whose windows were too short for some iterations."""
+    """The warning rank 0 prints before a row whose windows were too short for some iterations."""
     return (f"# WARNING: size {size}: {late} of {iters} iteration starts were late (by up to {worst_s * 1e3:.1f} ms): "
             "an iteration ran past its window, so the next did not start with the others")
 

@@ -24,6 +24,7 @@ from emulator.model.schedule import timing
 from emulator.model.schedule.format import RECV, SEND, Op, RankProgram, Schedule
 from emulator.runs.mpi_plan import (
     BTL_PORT_MIN,
+    BTL_PORT_RANGE,
     DEFAULT_MCA,
     LATENCY_LIBRARY,
     MIN_QUEUE_BYTES,
@@ -85,7 +86,8 @@ def test_the_queue_holds_twice_what_a_link_delivers_during_the_longest_hold():
 def test_the_ranks_get_the_library_its_file_and_the_transports_ports_and_nothing_else_does():
     env = latency_environment("/v/lib/x.so", "/out/latency-holds", 300000)
     assert dict(env) == {"LD_PRELOAD": "/v/lib/x.so", "EF_LATENCY_FILE": "/out/latency-holds",
-                         "EF_LATENCY_PORTS": f"{BTL_PORT_MIN} {BTL_PORT_MIN + 999}", "EF_LATENCY_QUEUE_BYTES": "300000",
+                         "EF_LATENCY_PORTS": f"{BTL_PORT_MIN} {BTL_PORT_MIN + BTL_PORT_RANGE - 1}",
+                         "EF_LATENCY_QUEUE_BYTES": "300000",
                          "EF_YIELD_SLEEP_US": str(YIELD_SLEEP_US)}
     cmd = mpirun_command(2, "/out/hostfile", [], ["/bin/prog"], "/out/ranks", environment=env)
     assert cmd[cmd.index("-x", cmd.index("PYTHONUNBUFFERED")) + 1] == "LD_PRELOAD=/v/lib/x.so"
