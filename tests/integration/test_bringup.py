@@ -121,9 +121,9 @@ SHORT_PACKETS = ("import socket, sys, time\nc = socket.create_connection((sys.ar
                  "    c.sendall(bytes(100))\n    time.sleep(0.002)\nc.close()\n")
 
 
-def host_class_packets(host, name: str) -> dict[str, int]:
+def host_class_packets(host) -> dict[str, int]:
     """Packets sent so far through the host queue's control (10:1) and data (10:2) classes."""
-    out = host.cmd(f"tc -s class show dev {host_intf(name)}")
+    out = host.cmd(f"tc -s class show dev {host_intf(host.name)}")
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"class htb (10:[12]) [^\n]*\n\s*Sent \d+ bytes (\d+) pkt", out)}
 
 
@@ -141,9 +141,9 @@ def test_open_mpis_connections_keep_their_packets_in_order_in_a_host(tmp_path):
         time.sleep(1.0)
         sent = {}
         for port in (BTL_PORT_MIN, 5303):
-            before = host_class_packets(h1, "h1")
+            before = host_class_packets(h1)
             h1.cmd(f"python3 {tmp_path / 'short.py'} {topo.host('h2').ip} {port}")
-            after = host_class_packets(h1, "h1")
+            after = host_class_packets(h1)
             sent[port] = {klass: after[klass] - before[klass] for klass in after}
         h2.cmd("kill %1")
     assert sent[BTL_PORT_MIN]["10:2"] >= 50 and sent[BTL_PORT_MIN]["10:1"] < 5, sent

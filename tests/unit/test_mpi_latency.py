@@ -159,7 +159,9 @@ def test_a_rendezvous_request_leaves_behind_the_bytes_written_before_it_on_its_c
 
 # --- the library, over loopback ---
 
-RECEIVER = textwrap.dedent('''
+#: Every receiver's start: listen on a free port between argv[1] and argv[2], print it, accept one connection
+#: (``conn``, non-blocking).
+LISTENER = textwrap.dedent('''
     import json, random, select, socket, sys, time
     srv = socket.socket()
     low, high = map(int, sys.argv[1:3])
@@ -172,6 +174,9 @@ RECEIVER = textwrap.dedent('''
     srv.listen(1)
     print(port, flush=True)
     conn, _ = srv.accept(); conn.setblocking(False)
+''')
+
+RECEIVER = LISTENER + textwrap.dedent('''
     poller = select.poll(); poller.register(conn, select.POLLIN)
     stamps, early, got = [], 0, 0
     while True:
@@ -205,28 +210,35 @@ PORTS = (BTL_PORT_MIN + 500, BTL_PORT_MIN + 999)
 HELD = f"{PORTS[0]} {PORTS[1]}"
 
 
-def _run_pair(tmp_path, hold_s: float, held_ports: str, bulk: int, byte_s: float = 0.0) -> dict:
-    """A receiver with the library (holding ``hold_s`` and ``byte_s`` per byte of each segment on sockets of
-    ``held_ports``), and a sender of five 64-byte timestamps 0.1 s apart followed by ``bulk`` bytes; the
-    receiver's findings."""
+def _held_receive(tmp_path, receiver_program: str, sender_program: str, args: tuple[str, ...], hold_s: float,
+                  byte_s: float, held_ports: str = HELD) -> dict:
+    """``receiver_program`` with the library (holding ``hold_s`` and ``byte_s`` per byte of each segment on sockets
+    of ``held_ports``), run with :data:`PORTS` and ``args``; then ``sender_program`` with its port and ``args``. The
+    receiver's JSON findings, and ``sent_at`` when the sender started."""
     assert os.path.isfile(LIBRARY), f"{LIBRARY} is missing: make setup builds it"
     holds = tmp_path / "holds"
     holds.write_text(f"127.0.0.1 127.0.0.1 {hold_s} {byte_s}\n", encoding="ascii")
     env = dict(os.environ, LD_PRELOAD=LIBRARY, EF_LATENCY_FILE=str(holds), EF_LATENCY_PORTS=held_ports,
                EF_LATENCY_QUEUE_BYTES=str(1 << 20))
-    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, *map(str, PORTS)], stdout=subprocess.PIPE,
-                                text=True, env=env)
+    receiver = subprocess.Popen([sys.executable, "-c", receiver_program, *map(str, PORTS), *args],
+                                stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert receiver.stdout is not None
         port = int(receiver.stdout.readline())
         start = time.time()
-        subprocess.run([sys.executable, "-c", SENDER, str(port), str(bulk)], check=True, timeout=30)
+        subprocess.run([sys.executable, "-c", sender_program, str(port), *args], check=True, timeout=30)
         out, _ = receiver.communicate(timeout=30)
     finally:
         receiver.kill()
     result = json.loads(out)
     result["sent_at"] = start
     return result
+
+
+def _run_pair(tmp_path, hold_s: float, held_ports: str, bulk: int, byte_s: float = 0.0) -> dict:
+    """A receiver with the library, and a sender of five 64-byte timestamps 0.1 s apart followed by ``bulk``
+    bytes (:func:`_held_receive`); the receiver's findings."""
+    return _held_receive(tmp_path, RECEIVER, SENDER, (str(bulk),), hold_s, byte_s, held_ports)
 
 
 def test_the_library_hands_bytes_over_a_hold_after_they_arrived_and_never_reports_them_early(tmp_path):
@@ -243,19 +255,8 @@ def test_a_segment_is_held_its_serialisation_on_the_path_besides_the_hold(tmp_pa
 
 #: A receiver that lets a message's segments queue in the kernel before it first polls, so that one read of the
 #: library returns several segments under one timestamp; prints when the whole message was handed over.
-LATE_RECEIVER = textwrap.dedent('''
-    import json, random, select, socket, sys, time
-    srv = socket.socket()
-    low, high, size = map(int, sys.argv[1:4])
-    for port in random.sample(range(low, high + 1), high + 1 - low):
-        try:
-            srv.bind(("127.0.0.1", port))
-            break
-        except OSError:
-            continue
-    srv.listen(1)
-    print(port, flush=True)
-    conn, _ = srv.accept(); conn.setblocking(False)
+LATE_RECEIVER = LISTENER + textwrap.dedent('''
+    size = int(sys.argv[3])
     time.sleep(0.02)  # every segment is in the kernel's queue before the library first looks
     poller = select.poll(); poller.register(conn, select.POLLIN)
     data = b""
@@ -283,20 +284,7 @@ SMALL_SEGMENT_SENDER = textwrap.dedent('''
 def test_segments_read_together_are_held_one_frames_serialisation_not_all_of_theirs(tmp_path):
     # 2048 bytes in nine segments of at most 244, read by the library in one go under the last one's timestamp,
     # at 0.1 ms per byte: each segment is due 50 ms + 24.4 ms after its arrival, not 50 + 204.8 ms
-    holds = tmp_path / "holds"
-    holds.write_text("127.0.0.1 127.0.0.1 0.05 1e-4\n", encoding="ascii")
-    env = dict(os.environ, LD_PRELOAD=LIBRARY, EF_LATENCY_FILE=str(holds), EF_LATENCY_PORTS=HELD,
-               EF_LATENCY_QUEUE_BYTES=str(1 << 20))
-    receiver = subprocess.Popen([sys.executable, "-c", LATE_RECEIVER, *map(str, PORTS), "2048"],
-                                stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert receiver.stdout is not None
-        port = int(receiver.stdout.readline())
-        subprocess.run([sys.executable, "-c", SMALL_SEGMENT_SENDER, str(port), "2048"], check=True, timeout=30)
-        out, _ = receiver.communicate(timeout=30)
-    finally:
-        receiver.kill()
-    result = json.loads(out)
+    result = _held_receive(tmp_path, LATE_RECEIVER, SMALL_SEGMENT_SENDER, ("2048",), 0.05, 1e-4)
     assert result["bytes"] == 2048
     assert 0.05 + 0.0244 <= result["latency"] < 0.05 + 0.0244 + 0.03, result
 
