@@ -42,8 +42,8 @@
  * main thread, told to yield while it waits (mpi_yield_when_idle), calls sched_yield() in its progress loop;
  * with every rank on this machine's few cores those loops took the cores from the progress threads and the
  * datapath that had bytes to move, and ranks fell out of step. A short sleep leaves the cores to them; it
- * delays a rank's noticing a finished request by at most the sleep (plus the kernel's timer slack), a few
- * parts in a thousand of a step at the dilations this emulator runs.
+ * delays a rank's noticing a finished request by at most the sleep (plus the kernel's timer slack). Without
+ * EF_LATENCY_FILE nothing is held and the library does only this (emu mpirun --latency off).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>

@@ -87,6 +87,7 @@ from emulator.runs.mpi_plan import (
     require_rank0_on_head,
     resolve_program,
     split_fetched,
+    yield_environment,
 )
 
 #: The run folder's files: Open MPI's launch agent, and the latency library's holds per pair of hosts.
@@ -112,7 +113,8 @@ class Prepared:
     mca: tuple[tuple[str, str], ...]
     calibration: Calibration | None
     memory_limit_bytes: int | None = None  # RLIMIT_DATA of every process of the run
-    latency_library: str | None = None  # preloaded into every rank for the fabric's latency; None: none
+    library: str | None = None  # preloaded into every rank (sleeping yields; the latency when latency_on)
+    latency_on: bool = False  # the library holds the ranks' messages for the fabric's latency
 
     @property
     def out(self) -> str:
@@ -124,15 +126,19 @@ def own_bin() -> str:
     return os.path.dirname(sys.executable)
 
 
-def latency_library(cfg: MpiRunConfig, prefix: str = sys.prefix) -> str | None:
-    """The library that gives the ranks' messages the profile's latency, when the run asks for it and the
-    profile has any; :class:`FieldError` when it is asked for and ``make setup`` has not built it."""
-    if not (cfg.latency and has_latency(cfg.fabric)):
-        return None
+def latency_on(cfg: MpiRunConfig) -> bool:
+    """Whether the ranks' messages get the profile's latency: the run asks for it and the profile has any."""
+    return cfg.latency and has_latency(cfg.fabric)
+
+
+def rank_library(prefix: str = sys.prefix) -> str:
+    """The library every rank preloads, with or without latency: its waiting main thread sleeps instead of
+    spinning in ``sched_yield()`` (:data:`~emulator.runs.mpi_plan.YIELD_SLEEP_US`); :class:`FieldError` when
+    ``make setup`` has not built it."""
     path = os.path.join(prefix, "lib", LATENCY_LIBRARY)
     if not os.path.isfile(path):
-        raise FieldError(WHERE, "latency", f"the latency library {path} (make setup builds it), or --latency off",
-                         "not built")
+        raise FieldError(WHERE, "latency", f"the ranks' library {path} (make setup builds it; every rank preloads "
+                         "it, with or without latency)", "not built")
     return path
 
 
@@ -167,11 +173,11 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
     out = os.path.abspath(cfg.out)
     if limit is None:
         limit = memory_limit_bytes(cfg.program, len(hosts))
-    library = latency_library(cfg)
-    if library is not None:
+    holds = latency_on(cfg)
+    if holds:
         check_latency_mca(mca)
     return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
-                    limit, library)
+                    limit, rank_library(), holds)
 
 
 def memory_limit_bytes(program: Sequence[str], ranks: int,
@@ -298,7 +304,7 @@ def _predict(prep: Prepared, rows: Sequence[dict], connections: Sequence[tuple[s
     """The benchmark's rows beside the timing model, on the run's fabric with its connections' ports."""
     flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.seed)
                if prep.cfg.routing == "ecmp" else None)
-    profile = message_profile(prep.profile, prep.latency_library is not None)
+    profile = message_profile(prep.profile, prep.latency_on)
     latency = replace(fidelity.latency_model(profile, prep.calibration), eager_bytes=eager_bytes(prep.mca))
     given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts), latency,
                                            prep.profile.emulated_mtu, flow_of)
@@ -350,7 +356,7 @@ def _remote_output_folders(prep: Prepared, session: ReplaySession) -> list[tuple
             if state == "made":
                 made.append((name, runner))
                 _copy_file(runner, name, os.path.join(out, LAUNCH_AGENT), "the launch agent")
-                if prep.latency_library is not None:
+                if prep.latency_on:
                     _copy_file(runner, name, os.path.join(out, LATENCY_HOLDS), "the latency file")
     finally:
         os.unlink(mark)
@@ -393,14 +399,14 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     hostfile = os.path.join(out, "hostfile")
     with open(hostfile, "w", encoding="ascii") as fh:
         fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
-    environment = []
-    if prep.latency_library is not None:
+    environment = [] if prep.library is None else yield_environment(prep.library)
+    if prep.library is not None and prep.latency_on:
         holds = os.path.join(out, LATENCY_HOLDS)
         mtu = prep.profile.emulated_mtu
         pairs = latency_holds(topo, prep.hosts, prep.latency, prep.cfg.routing, prep.cfg.seed, mtu)
         with open(holds, "w", encoding="ascii") as fh:
             fh.write(latency_file_text(pairs))
-        environment = latency_environment(prep.latency_library, holds, queue_bytes(pairs, topo.host_bw, mtu))
+        environment = latency_environment(prep.library, holds, queue_bytes(pairs, topo.host_bw, mtu))
     mca = mca_settings(prep.mca, agent)
     return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
                           memory_limit_bytes=prep.memory_limit_bytes, environment=environment)

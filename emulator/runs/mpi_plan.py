@@ -72,16 +72,23 @@ LATENCY_LIBRARY = "ef-mpi-latency.so"
 #: Messages up to this size go eagerly (no rendezvous), in one fragment of the TCP transport.
 TCP_EAGER_BYTES = 1 << 20
 #: Larger messages: a rendezvous carrying this much data, then fragments of :data:`TCP_FRAGMENT_BYTES`, at most
-#: :data:`SEND_PIPELINE_DEPTH` of them queued in the transport at a time.
+#: :data:`SEND_PIPELINE_DEPTH` of them queued in the transport at a time. The reply to a rendezvous crosses the
+#: connection that carries the replier's own data, first in first out: in an exchange one side's data started
+#: after the other's by what that side had queued (its fragments in the transport and the socket's unsent
+#: bytes), about 40 ms with two fragments of 32 KiB. With one of 16 KiB a 4 MiB Rabenseifner on 16 ranks of
+#: BiGraph without latency went from 1.09-1.14 of the model to 1.07-1.09 (docs/fidelity.md, 2026-12-05 morning).
 TCP_RENDEZVOUS_DATA_BYTES = 4 << 10
-TCP_FRAGMENT_BYTES = 32 << 10
-SEND_PIPELINE_DEPTH = 2
-#: How long the library makes a rank's ``sched_yield()`` sleep (microseconds). Open MPI's main thread yields
-#: in a loop while it waits (``mpi_yield_when_idle``); sixteen such loops kept about a quarter of this machine's
-#: two cores busy, and a 16 MiB ring on 16 ranks of BiGraph ran at 1.10-1.15 of the model with 16% idle. Sleeping
-#: instead: 1.07-1.08 with 30% idle (docs/fidelity.md). A rank notices a finished request at most this much (and
-#: the kernel's 50 us timer slack) late, against the 40 ms of the default profile's dilated per-message latency.
-YIELD_SLEEP_US = 100
+TCP_FRAGMENT_BYTES = 16 << 10
+SEND_PIPELINE_DEPTH = 1
+#: How long the library makes a rank's ``sched_yield()`` sleep (microseconds), in every run (latency or not).
+#: Open MPI's main thread yields in a loop while it waits (``mpi_yield_when_idle``); sixteen such loops kept
+#: about a quarter of this machine's two cores busy, and a 16 MiB ring on 16 ranks of BiGraph ran at 1.10-1.15
+#: of the model with 16% idle; sleeping 100 us, 1.07-1.08 with 30% idle. Sixteen threads waking every 100 us
+#: still took most of a core (a 4 MiB Rabenseifner without latency: 57-61% idle, 1.02-1.25 of the model over
+#: nine runs); every 1 ms, 67-69% idle and 1.03-1.07 (docs/fidelity.md). A rank notices a finished request at
+#: most this much (and the kernel's 50 us timer slack) late, against the 40 ms of the default profile's dilated
+#: per-message latency and the 26 ms a 64 KiB message takes on a link.
+YIELD_SLEEP_US = 1000
 #: The TCP transport's flags without ``put``: large messages use the send protocol (fragments pipelined on the
 #: socket), not the RDMA emulation that sends the whole rest of a message as one fragment.
 TCP_FLAGS_WITHOUT_PUT = "send,inplace,need-ack,need-csum,hetero-rdma"
@@ -104,8 +111,10 @@ HOST_SYSCTLS_AFTER = (("net.ipv4.tcp_notsent_lowat", "4294967295"),)
 #:   a wait of about 13 ms per step (a 64 KiB ring on 16 ranks of a star: 453 ms without, 55 ms with);
 #: * no ``put``: with it, the rest of a message after the rendezvous went as one fragment, and the reply to the
 #:   partner's rendezvous waited behind all of it, so an exchange's two directions took turns;
-#: * messages up to :data:`TCP_EAGER_BYTES` eager (a ring's steps then need no handshake), a rendezvous with
-#:   little data and small fragments two deep above it (a reply waits behind little of the replier's data).
+#: * messages up to :data:`TCP_EAGER_BYTES` eager (no handshake), a rendezvous with little data and one small
+#:   fragment at a time above it (a reply waits behind little of the replier's data). Eager above 1 MiB too was
+#:   no better: it lets a rank that finished a step send the next one's data into links its partners still
+#:   share (a 4 MiB Rabenseifner on leaf-spine with ECMP: 1.00-1.26 of the model, against 1.03-1.10).
 DEFAULT_MCA = (("btl", "tcp,self"), ("btl_tcp_progress_thread", "1"), ("mpi_yield_when_idle", "1"),
                ("btl_tcp_flags", TCP_FLAGS_WITHOUT_PUT),
                ("btl_tcp_eager_limit", str(TCP_EAGER_BYTES)),
@@ -235,14 +244,20 @@ def latency_file_text(holds: Sequence[LatencyHold]) -> str:
     return "".join(f"{h.receiver} {h.sender} {h.seconds:.9f} {h.byte_s:.6e}\n" for h in holds)
 
 
+def yield_environment(library: str) -> list[tuple[str, str]]:
+    """What every rank's environment gets in any run: the library preloaded, and how long a yielding main
+    thread sleeps (:data:`YIELD_SLEEP_US`). Without it sixteen waiting main threads spun in ``sched_yield()``:
+    both cores busy through a 4 MiB allreduce without latency (docs/fidelity.md)."""
+    return [("LD_PRELOAD", library), ("EF_YIELD_SLEEP_US", str(YIELD_SLEEP_US))]
+
+
 def latency_environment(library: str, holds_file: str, queue: int) -> list[tuple[str, str]]:
-    """What every rank's environment gets for the library: preloaded, its file, the BTL's ports (only
-    sockets on them are held: Open MPI's start-up and control connections are not the fabric's), the bytes it
-    may hold per socket (:func:`queue_bytes`), and how long a yielding main thread sleeps
-    (:data:`YIELD_SLEEP_US`)."""
-    return [("LD_PRELOAD", library), ("EF_LATENCY_FILE", holds_file),
-            ("EF_LATENCY_PORTS", f"{BTL_PORT_MIN} {BTL_PORT_MIN + BTL_PORT_RANGE - 1}"),
-            ("EF_LATENCY_QUEUE_BYTES", str(queue)), ("EF_YIELD_SLEEP_US", str(YIELD_SLEEP_US))]
+    """:func:`yield_environment`, and for the latency the library's file, the BTL's ports (only sockets on
+    them are held: Open MPI's start-up and control connections are not the fabric's) and the bytes it may hold
+    per socket (:func:`queue_bytes`)."""
+    return yield_environment(library) + [
+        ("EF_LATENCY_FILE", holds_file), ("EF_LATENCY_PORTS", f"{BTL_PORT_MIN} {BTL_PORT_MIN + BTL_PORT_RANGE - 1}"),
+        ("EF_LATENCY_QUEUE_BYTES", str(queue))]
 
 
 def parse_mca(pairs: Sequence[Sequence[str]]) -> tuple[tuple[str, str], ...]:

@@ -38,6 +38,7 @@ from emulator.runs.mpi_plan import (
     message_profile,
     mpirun_command,
     queue_bytes,
+    yield_environment,
 )
 
 LIBRARY = os.path.join(sys.prefix, "lib", LATENCY_LIBRARY)
@@ -94,19 +95,26 @@ def test_the_ranks_get_the_library_its_file_and_the_transports_ports_and_nothing
     assert cmd[-1] == "/bin/prog"
 
 
-def test_the_library_is_asked_for_only_where_the_profile_has_latency_and_must_be_built(tmp_path):
+def test_the_latency_is_on_only_where_the_run_asks_and_the_profile_has_some():
     cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",))
-    assert cfg.latency and cfg.to_json()["latency"] is True
-    (tmp_path / "lib").mkdir()
-    with pytest.raises(FieldError, match="field 'latency'.*make setup builds it"):
-        mpi_run.latency_library(cfg, prefix=str(tmp_path))
-    (tmp_path / "lib" / LATENCY_LIBRARY).write_bytes(b"")
-    assert mpi_run.latency_library(cfg, prefix=str(tmp_path)) == str(tmp_path / "lib" / LATENCY_LIBRARY)
+    assert cfg.latency and cfg.to_json()["latency"] is True and mpi_run.latency_on(cfg)
     off = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",), latency=False)
     bare = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",),
                         fabric=message_profile(PROFILE, latency=False))
-    assert mpi_run.latency_library(off, prefix="/nowhere") is None
-    assert mpi_run.latency_library(bare, prefix="/nowhere") is None
+    assert not mpi_run.latency_on(off) and not mpi_run.latency_on(bare)
+
+
+def test_every_run_preloads_the_library_which_must_be_built(tmp_path):
+    (tmp_path / "lib").mkdir()
+    with pytest.raises(FieldError, match="field 'latency'.*make setup builds it"):
+        mpi_run.rank_library(prefix=str(tmp_path))
+    (tmp_path / "lib" / LATENCY_LIBRARY).write_bytes(b"")
+    assert mpi_run.rank_library(prefix=str(tmp_path)) == str(tmp_path / "lib" / LATENCY_LIBRARY)
+
+
+def test_without_latency_the_ranks_get_the_library_for_its_sleeping_yield_and_nothing_to_hold():
+    assert dict(yield_environment("/v/lib/x.so")) == {"LD_PRELOAD": "/v/lib/x.so",
+                                                      "EF_YIELD_SLEEP_US": str(YIELD_SLEEP_US)}
 
 
 def test_the_defaults_yield_while_waiting_and_the_eager_limit_follows_the_users_choice():

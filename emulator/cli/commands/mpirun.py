@@ -90,7 +90,7 @@ def cmd_mpirun(args: argparse.Namespace) -> int:
         print(f"# {spread}")
     for line in verdict.lines:
         print(f"# {line}")
-    if prep.latency_library is not None:
+    if prep.latency_on:
         print("# Open MPI's messages get the profile's latency (alpha + switches x switch latency) where they are "
               "received, from a library preloaded into every rank; TCP's round trip stays this machine's own "
               "(docs/fidelity.md)")
