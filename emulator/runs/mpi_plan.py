@@ -84,10 +84,10 @@ SEND_PIPELINE_DEPTH = 1
 #: Open MPI's main thread yields in a loop while it waits (``mpi_yield_when_idle``); sixteen such loops kept
 #: about a quarter of this machine's two cores busy, and a 16 MiB ring on 16 ranks of BiGraph ran at 1.10-1.15
 #: of the model with 16% idle; sleeping 100 us, 1.07-1.08 with 30% idle. Sixteen threads waking every 100 us
-#: still took most of a core (a 4 MiB Rabenseifner without latency: 57-61% idle, 1.02-1.25 of the model over
-#: nine runs); every 1 ms, 67-69% idle and 1.03-1.07 (docs/fidelity.md). A rank notices a finished request at
-#: most this much (and the kernel's 50 us timer slack) late, against the 40 ms of the default profile's dilated
-#: per-message latency and the 26 ms a 64 KiB message takes on a link.
+#: still took most of a core (a 4 MiB Rabenseifner without latency: 57-61% idle over the run); every 1 ms,
+#: 67-69% idle, and that Rabenseifner went from 1.11-1.16 of the model to 1.09-1.14 (docs/fidelity.md). A rank
+#: notices a finished request at most this much (and the kernel's 50 us timer slack) late, against the 40 ms of
+#: the default profile's dilated per-message latency and the 26 ms a 64 KiB message takes on a link.
 YIELD_SLEEP_US = 1000
 #: The TCP transport's flags without ``put``: large messages use the send protocol (fragments pipelined on the
 #: socket), not the RDMA emulation that sends the whole rest of a message as one fragment.
