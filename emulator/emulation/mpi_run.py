@@ -112,9 +112,9 @@ class Prepared:
     argv: list[str]  # what every rank runs
     mca: tuple[tuple[str, str], ...]
     calibration: Calibration | None
+    library: str  # preloaded into every rank (sleeping yields; the latency when latency_on)
+    latency_on: bool  # the library holds the ranks' messages for the fabric's latency
     memory_limit_bytes: int | None = None  # RLIMIT_DATA of every process of the run
-    library: str | None = None  # preloaded into every rank (sleeping yields; the latency when latency_on)
-    latency_on: bool = False  # the library holds the ranks' messages for the fabric's latency
 
     @property
     def out(self) -> str:
@@ -177,7 +177,7 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
     if holds:
         check_latency_mca(mca)
     return Prepared(cfg, topo, profile, model, hosts, program_argv(cfg.program, resolved, out), mca, calibration,
-                    limit, rank_library(), holds)
+                    library=rank_library(), latency_on=holds, memory_limit_bytes=limit)
 
 
 def memory_limit_bytes(program: Sequence[str], ranks: int,
@@ -399,14 +399,15 @@ def _write_launch_files(prep: Prepared, session: ReplaySession) -> list[str]:
     hostfile = os.path.join(out, "hostfile")
     with open(hostfile, "w", encoding="ascii") as fh:
         fh.write(hostfile_text([topo.host(h).ip for h in prep.hosts]))
-    environment = [] if prep.library is None else yield_environment(prep.library)
-    if prep.library is not None and prep.latency_on:
+    if prep.latency_on:
         holds = os.path.join(out, LATENCY_HOLDS)
         mtu = prep.profile.emulated_mtu
         pairs = latency_holds(topo, prep.hosts, prep.latency, prep.cfg.routing, prep.cfg.seed, mtu)
         with open(holds, "w", encoding="ascii") as fh:
             fh.write(latency_file_text(pairs))
         environment = latency_environment(prep.library, holds, queue_bytes(pairs, topo.host_bw, mtu))
+    else:
+        environment = yield_environment(prep.library)
     mca = mca_settings(prep.mca, agent)
     return mpirun_command(len(prep.hosts), hostfile, mca, prep.argv, os.path.join(out, "ranks"), prep.cfg.nice,
                           memory_limit_bytes=prep.memory_limit_bytes, environment=environment)
