@@ -13,7 +13,7 @@ Started by :mod:`emulator.emulation.replay` (through :mod:`emulator.emulation.ag
    socket: it crosses network namespaces) and waits for ``go`` -- the
    barrier, so every connection is established before the clock starts;
 3. per repetition: fills its buffers with values that identify the rank and
-   element (:mod:`emulator.model.buffers`), runs its operations honouring their
+   element (:mod:`emulator.model.schedule.buffers`), runs its operations honouring their
    dependencies (sends and receives on different connections run
    concurrently; on one connection in program order, so TCP stream order
    matches the schedule), really adds received data for
@@ -32,7 +32,7 @@ each send complete when the arbiter says its bytes are through.
 The parts: :mod:`emulator.emulation.peer` owns the data connections (set-up, framing,
 delivery tracking); :class:`~emulator.model.schedule.dispatch.Dispatcher` decides
 which operation may run when (the rules the schedule checker proves
-schedules with); :mod:`emulator.model.buffers` does the numeric work. This module
+schedules with); :mod:`emulator.model.schedule.buffers` does the numeric work. This module
 composes them: per repetition, one send worker thread per connection it
 sends on, one receive worker per connection it receives on, one compute
 worker, and the main thread, which feeds the workers' events to the
@@ -90,9 +90,9 @@ from emulator.emulation.peer import (
     open_channels,
 )
 from emulator.model import routing, topology
-from emulator.model.buffers import RankBuffers, Staging, bytes_view, expected_sum, input_values, rank_bytes
 from emulator.model.latency import ZERO, PathLatency
 from emulator.model.schedule import format as sformat
+from emulator.model.schedule.buffers import RankBuffers, Staging, bytes_view, expected_sum, input_values, rank_bytes
 from emulator.model.schedule.dispatch import Completed, Dispatcher, Ready, Written
 from emulator.model.schedule.format import COMPUTE, COPY, RECV, RECV_REDUCE, REDUCE, SEND, Op, Schedule
 

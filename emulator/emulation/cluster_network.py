@@ -2,7 +2,7 @@
 
 :class:`ClusterNetwork` is :class:`~emulator.emulation.network.EmulatedNetwork`
 with its nodes placed on a cluster's servers
-(:func:`emulator.model.placement.place`). What differs from one machine:
+(:func:`emulator.model.cluster_placement.place`). What differs from one machine:
 
 * **Nodes.** Every node of the head is a local Mininet node; every other
   server's is a Cluster Edition remote node (its shell over ssh, its pid on
@@ -55,7 +55,7 @@ from emulator.emulation.network import EmulatedNetwork, host_address
 from emulator.emulation.runstate import proc_netns
 from emulator.emulation.system import Result, Runner, run
 from emulator.emulation.tc_commands import root_interface_rates
-from emulator.model.placement import Placement
+from emulator.model.cluster_placement import Placement
 from emulator.model.topology import Topology
 from emulator.runs.cluster_file import Cluster, Server
 

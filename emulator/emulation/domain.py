@@ -8,13 +8,13 @@ many times the NIC rate (NVLink 4: 450 GB/s per GPU and direction against a
 datapath would cost this machine nine times a NIC's load for every
 accelerator, on the one thread that already carries the fabric. So these
 transfers do not cross the datapath: they are *timed*, by the timing model's
-own rule (rule 4 of :mod:`emulator.model.schedule.timing`, flows sharing
+own rule (rule 4 of :mod:`emulator.model.prediction.timing`, flows sharing
 links max-min fairly), with the bytes carried by a Unix socket beside the
 timing:
 
 * one :class:`DomainArbiter` per replay (a thread of the replay's process)
-  holds every server's ports (:func:`emulator.model.schedule.cost.domain_links`)
-  in a :class:`~emulator.model.schedule.fluid.FluidLinks`;
+  holds every server's ports (:func:`emulator.model.prediction.cost.domain_links`)
+  in a :class:`~emulator.model.prediction.fluid.FluidLinks`;
 * a sender whose transfer starts (its clear to send in, its message latency
   passed, as on the fabric) tells the arbiter (:data:`START`), writes the
   header and payload into the Unix socket to the receiver at once, and
@@ -70,8 +70,8 @@ from emulator.emulation.peer import (
     close_quietly,
     recv_exact,
 )
-from emulator.model.schedule.cost import domain_capacity, domain_links
-from emulator.model.schedule.fluid import Drained, FluidLinks
+from emulator.model.prediction.cost import domain_capacity, domain_links
+from emulator.model.prediction.fluid import Drained, FluidLinks
 from emulator.model.schedule.format import Op
 from emulator.model.topology import Topology
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from emulator.base.waiting import wait_until
 from emulator.emulation.system import Runner, run
-from emulator.model.schedule.cost import Transfer
+from emulator.model.prediction.cost import Transfer
 from emulator.model.topology import Topology, node_sort_key
 from emulator.runs import fault_plan as faults
 from emulator.runs.fault_plan import Fault, FaultEvent

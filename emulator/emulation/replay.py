@@ -68,13 +68,13 @@ from emulator.emulation.fleet import ReplayFailed as ReplayFailed
 from emulator.emulation.network import EmulatedNetwork
 from emulator.emulation.ovs_sockets import vswitchd_pid
 from emulator.model import fabric, routing, topology
+from emulator.model.cluster_placement import Placement
 from emulator.model.latency import LatencyModel, PathLatency
-from emulator.model.placement import Placement
-from emulator.model.schedule import check as scheck
-from emulator.model.schedule import cost as scost
+from emulator.model.prediction import check as scheck
+from emulator.model.prediction import cost as scost
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import training
 from emulator.model.schedule.format import Schedule
+from emulator.model.workloads import training
 from emulator.runs import admission, clocks
 from emulator.runs import fault_plan as faults
 from emulator.runs.cluster_file import Cluster, ClusterRun

@@ -211,7 +211,7 @@ def for_workload_scale(profile: FabricProfile, scale: float, where: str = "fabri
     """The fabric a workload shrunk by ``scale`` replays on: the same, with its latencies divided by ``scale``.
 
     A training iteration whose gradients and compute times are divided by
-    ``scale`` (:mod:`emulator.model.schedule.training`) takes ``1/scale`` of the
+    ``scale`` (:mod:`emulator.model.workloads.training`) takes ``1/scale`` of the
     real iteration's time; dividing the per-message and per-switch latencies
     by the same factor keeps every term of that time in proportion, so the
     replay still stands for the full iteration (the emulator's own

@@ -1,7 +1,7 @@
 """Per-message latency: what a fabric profile asks for, what this machine adds by itself, and what the agents do.
 
 Pure data and arithmetic, shared by the timing model
-(:mod:`emulator.model.schedule.timing`) and the host agents (:mod:`emulator.emulation.agent`),
+(:mod:`emulator.model.prediction.timing`) and the host agents (:mod:`emulator.emulation.agent`),
 so that the model predicts exactly the rules the agents follow.
 
 For a transfer whose path crosses ``s`` switches, in emulated seconds:
@@ -235,7 +235,7 @@ class LatencyModel:
 
     ``eager_bytes`` None is the agents' protocol: every transfer waits for its clear to send. A number is Open
     MPI's: messages up to it are sent eagerly, without one; a larger one waits for a rendezvous reply, which is
-    a message of its own. The timing model follows it; the projection (:mod:`emulator.model.schedule.projection`)
+    a message of its own. The timing model follows it; the projection (:mod:`emulator.model.prediction.projection`)
     knows the agents' protocol only.
     """
 

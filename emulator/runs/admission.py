@@ -20,7 +20,7 @@ memory limit (``RLIMIT_DATA``) every agent runs under, so a runaway fails its
 own run instead of waking the kernel's out-of-memory killer.
 
 How memory is counted (an upper bound, measured on this machine,
-docs/fidelity.md): an agent is :func:`emulator.model.buffers.rank_bytes` of
+docs/fidelity.md): an agent is :func:`emulator.model.schedule.buffers.rank_bytes` of
 buffers plus :data:`AGENT_BASE_BYTES` (the Python process forked from the
 launcher); a Mininet host :data:`HOST_BYTES`; a switch :data:`SWITCH_BYTES`;
 the session (this process, the controller, the launcher)
@@ -38,9 +38,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model.buffers import rank_bytes
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule.check import CheckReport
+from emulator.model.prediction.check import CheckReport
+from emulator.model.schedule.buffers import rank_bytes
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import Topology, switch_ports
 from emulator.runs import allreduce_bench as mpi_bench
@@ -70,7 +70,7 @@ MPI_RANK_THREADS = 8
 #: What an agent's memory limit allows beyond its estimate: allocator slack (glibc keeps freed temporaries in its
 #: heap), the schedule's own objects. Measured with RLIMIT_DATA bisected, 8 ranks on a star, 16 MiB: the agent's
 #: buffers peak at 0.92-1.14 x rank_bytes (allreduce ring and hd, broadcast dbtree, reduce_scatter, alltoall) and
-#: 1.48 x for allgather (rank_bytes 58 MiB, peak 86 MiB). Before emulator.model.buffers filled them in bounded batches
+#: 1.48 x for allgather (rank_bytes 58 MiB, peak 86 MiB). Before emulator.model.schedule.buffers filled them in bounded batches
 #: they peaked at up to 3.8 x (whole-segment int64 index arrays) and a 64 MiB ring's agents ran out of 747 MiB.
 AGENT_LIMIT_SLACK = 1.5
 AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
@@ -202,7 +202,7 @@ def replay_memory(schedule: Schedule, topo: Topology) -> MemoryEstimate:
 def replay_memory_per_server(schedule: Schedule, topo: Topology, server_of: Mapping[str, str],
                              head: str) -> dict[str, MemoryEstimate]:
     """A replay spread over a cluster (``server_of``: every host and switch's server, e.g.
-    :attr:`emulator.model.placement.Placement.of`): what each server holds. A rank's agent runs on its host's
+    :attr:`emulator.model.cluster_placement.Placement.of`): what each server holds. A rank's agent runs on its host's
     server, a node's share of the network on its own; the session (controller, results) on the ``head``."""
     servers = sorted({*server_of.values(), head})
     out = {}

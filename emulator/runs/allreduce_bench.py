@@ -41,7 +41,7 @@ as good as the machines' clock synchronisation across a cluster. With
 and the time is the mean per iteration, the maximum over ranks. ``algbw`` is
 ``size * 8 / time`` in Mbit/s (the emulated links run at 5..100 Mbit/s) and
 ``busbw`` is ``algbw`` times nccl-tests' bus factor ``2 (p - 1) / p``
-(:func:`emulator.model.schedule.collectives.bus_factor`).
+(:func:`emulator.model.schedule.semantics.bus_factor`).
 
 Exit status: 0 when every row's data is right, 1 when some is wrong (after the
 rows are printed), 2 with one line for a bad argument (before ``MPI_Init``),
@@ -62,8 +62,8 @@ import numpy as np
 from emulator import __version__
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.base.files import read_json
-from emulator.model.schedule.collectives import ALLREDUCE, bus_factor
 from emulator.model.schedule.format import format_size, parse_size
+from emulator.model.schedule.semantics import ALLREDUCE, bus_factor
 
 PROG = "emu-allreduce-bench"
 FORMAT_VERSION = 1

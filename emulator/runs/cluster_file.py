@@ -42,8 +42,8 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, int_field, printable
 from emulator.base.files import read_text
-from emulator.model import placement
-from emulator.model.placement import Placement
+from emulator.model import cluster_placement
+from emulator.model.cluster_placement import Placement
 from emulator.model.schedule.format import parse_text
 from emulator.model.topology import Topology
 
@@ -219,7 +219,7 @@ def _is_ipv4(text: str) -> bool:
 
 @dataclass(frozen=True)
 class ClusterRun:
-    """A run spread over ``cluster``: where each topology's nodes go (:func:`emulator.model.placement.place`,
+    """A run spread over ``cluster``: where each topology's nodes go (:func:`emulator.model.cluster_placement.place`,
     with a placement file's choices on top when one was given: ``overrides``, as parsed)."""
 
     cluster: Cluster
@@ -227,7 +227,7 @@ class ClusterRun:
     where: str = "placement file"
 
     def placement(self, topo: Topology) -> Placement:
-        placed = placement.place(topo, self.cluster.names)
+        placed = cluster_placement.place(topo, self.cluster.names)
         if self.overrides is not None:
-            placed = placement.overridden(placed, topo, self.overrides, where=self.where)
+            placed = cluster_placement.overridden(placed, topo, self.overrides, where=self.where)
         return placed

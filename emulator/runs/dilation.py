@@ -24,7 +24,7 @@ Under dilation every time the model predicts scales with ``D`` and every
 load with ``1/D`` (both bandwidth and the profile's latencies dilate), so the
 cells are predicted once, at the profile's own dilation ``D0``, and each rule
 is solved for ``D`` from that prediction (its per-step loads,
-:attr:`~emulator.model.schedule.check.CheckReport.step_loads`), with
+:attr:`~emulator.model.prediction.check.CheckReport.step_loads`), with
 :data:`MARGIN` on top. The dilation is then rounded up so that the emulated
 link rate has two significant digits (a rate people can read, never faster
 than the rules allow); the caller predicts the cells again at it
@@ -47,7 +47,7 @@ from emulator.base.errors import UserError
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.check import CheckReport
+from emulator.model.prediction.check import CheckReport
 from emulator.model.schedule.format import SEND, Schedule
 
 #: Share of the datapath capacity (at the network's ports) the busiest step may offer, and share of the machine's

@@ -193,7 +193,7 @@ def link_ends(topo: Topology, a: str, b: str) -> list[str]:
 
 
 def crossing_transfers(transfers: Sequence[Any], a: str, b: str) -> list[dict[str, int]]:
-    """The planned transfers (:func:`emulator.model.schedule.cost.transfers`) whose path crosses ``a``-``b``."""
+    """The planned transfers (:func:`emulator.model.prediction.cost.transfers`) whose path crosses ``a``-``b``."""
     link = {a, b}
     out = []
     for t in transfers:

@@ -5,7 +5,7 @@ feeds them what the agents report (:class:`emulator.emulation.fleet.RankReport`)
 
 * :func:`repetition_metrics` -- the repetition's time, algbw/busbw
   (nccl-tests definitions for the schedule's collective,
-  :func:`emulator.model.schedule.collectives.bus_factor`, Mbit/s) and per-step
+  :func:`emulator.model.schedule.semantics.bus_factor`, Mbit/s) and per-step
   times, against the prediction, as a :class:`emulator.runs.results.Repetition`;
 * :func:`timeline_records` -- one ``timeline.jsonl`` record per transfer, and
   :func:`compute_records` one per compute operation (``"kind": "compute"``);
@@ -33,11 +33,11 @@ from typing import Any
 
 from emulator.model import topology
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel, PathLatency
-from emulator.model.schedule import check as scheck
-from emulator.model.schedule import cost as scost
-from emulator.model.schedule import group_share
-from emulator.model.schedule.collectives import ROOTED, bus_factor
+from emulator.model.prediction import check as scheck
+from emulator.model.prediction import cost as scost
+from emulator.model.prediction import group_share
 from emulator.model.schedule.format import COMPUTE, RECV, RECV_REDUCE, SEND, Schedule, match_transfers
+from emulator.model.schedule.semantics import ROOTED, bus_factor
 from emulator.runs.results import Iteration, Repetition, StepTime
 
 OpTimes = Mapping[int, Mapping[int, tuple[float, float]]]

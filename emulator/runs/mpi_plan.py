@@ -34,10 +34,10 @@ from emulator.base.errors import FieldError, UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
 from emulator.model import fabric, routing
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.cost import path_byte_s
+from emulator.model.prediction.cost import path_byte_s
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_goodput_factor, tcp_payload_bytes
 from emulator.runs.results import Fidelity
 
@@ -303,7 +303,7 @@ def rank_hosts(topo: Topology, placement: str, np: int | None, seed: int = 0,
                read_file: Callable[[str], list[str]] = read_placement_file) -> list[str]:
     """The host of every rank ``0..np-1``: the first ``np`` of the placement's order.
 
-    ``placement`` is one of :data:`emulator.model.schedule.generators.PLACEMENTS`
+    ``placement`` is one of :data:`emulator.model.collectives.generators.PLACEMENTS`
     (hdrm as for schedules) or a file naming one host per rank
     (:func:`read_placement_file`; each host at most once, at least ``np`` of them).
     """

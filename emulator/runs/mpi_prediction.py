@@ -2,7 +2,7 @@
 
 Open MPI's allreduce algorithms (``coll tuned``, :data:`emulator.runs.allreduce_bench.ALGORITHMS`) move
 the same data between the same ranks, step by step, as these schedule generators
-(:mod:`emulator.model.schedule.generators`), in Open MPI's rank order (rank ``r`` on the ``r``-th host of the
+(:mod:`emulator.model.collectives.generators`), in Open MPI's rank order (rank ``r`` on the ``r``-th host of the
 run) -- the mapping is :data:`GENERATOR_OF`:
 
 * ``ring``: ``ring`` (``p`` blocks, reduce-scatter then all-gather to rank ``r+1``);
@@ -17,7 +17,7 @@ runs basic_linear), the prediction follows it or says why there is none. ``defau
 by its own rules), ``basic_linear`` and ``nonoverlapping`` (a reduce to rank 0, then a broadcast) are not
 predicted.
 
-The schedule is predicted on the run's topology and routing (:func:`emulator.model.schedule.check.check`)
+The schedule is predicted on the run's topology and routing (:func:`emulator.model.prediction.check.check`)
 with the latency model the run's messages get. Under ``ecmp`` each connection's path depends on its
 ports: :func:`btl_flow_function` gives the model the ports Open MPI's TCP connections had (the
 controller's log of what it learned), so the prediction routes them as the switches did. Pure: no
@@ -32,10 +32,10 @@ from typing import Any
 
 from emulator.base.errors import UserError
 from emulator.model import routing
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import check
-from emulator.model.schedule.cost import FlowOf
+from emulator.model.prediction.check import check
+from emulator.model.prediction.cost import FlowOf
 from emulator.model.schedule.format import RankProgram, Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology
 from emulator.model.topology import build as build_topology

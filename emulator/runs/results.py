@@ -17,7 +17,7 @@ The layout (schema :data:`SCHEMA_VERSION`):
   profile, the latency model and ``schedule check``'s prediction, as their
   owners write them (:meth:`emulator.model.fabric.FabricProfile.to_json`,
   :meth:`emulator.model.latency.LatencyModel.to_json`,
-  :meth:`emulator.model.schedule.check.CheckReport.to_json`);
+  :meth:`emulator.model.prediction.check.CheckReport.to_json`);
 * ``link_mbps``, ``switch_link_mbps``, ``datapath``, ``bringup_s`` -- the
   network as it was built;
 * ``repetitions`` and ``warmup`` -- one :class:`Repetition` each;
@@ -125,7 +125,7 @@ class Iteration:
 
     iteration_s: float
     compute_only_s: float
-    #: per kind of process group (:mod:`emulator.model.schedule.group_share`): its communication's share of the
+    #: per kind of process group (:mod:`emulator.model.prediction.group_share`): its communication's share of the
     #: iteration, measured, and the timing model's for the same schedule
     comm_share: dict[str, float] = field(default_factory=dict)
     model_comm_share: dict[str, float] = field(default_factory=dict)

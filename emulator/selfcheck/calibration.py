@@ -68,8 +68,8 @@ from emulator.emulation.replay import ReplaySession
 from emulator.emulation.system import cpu_times, load_average, machine_identity, run
 from emulator.emulation.tc_commands import class_show_command, parse_htb_rates, shaping_class_command
 from emulator.model import fabric, routing, topology
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators
 from emulator.model.topology import Topology
 from emulator.runs.dilation import LOAD_FRACTION, CostSample, fit_agent_costs, readable_rate, traffic
 from emulator.selfcheck import intrinsic_latency as latency_probe

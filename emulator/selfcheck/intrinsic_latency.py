@@ -38,8 +38,8 @@ from emulator.base.files import read_jsonl
 from emulator.emulation.calibration_file import LatencyCalibration, PathMeasurement
 from emulator.emulation.replay import ReplaySession
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.latency import Curve, Intrinsic
-from emulator.model.schedule import generators
 
 #: (topology spec without rates, routing, {switches crossed: (host, host)}): the bigraph gives paths of 1, 2 and
 #: 3 switches (same switch, opposite groups, same group), the fat-tree's cross-pod path 5.

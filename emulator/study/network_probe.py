@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import statistics
 
+from emulator.model.collectives.generators import pair_exchange
 from emulator.model.schedule.format import Schedule
-from emulator.model.schedule.generators import pair_exchange
 from emulator.model.topology import Topology
 from emulator.runs.results import CellResults, ProbeVerdict
 

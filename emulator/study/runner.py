@@ -56,7 +56,7 @@ from typing import Any, Protocol, TextIO
 from emulator.emulation import mpi_run as mpirun
 from emulator.emulation.replay import ReplaySession
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.check import CheckReport, predict
+from emulator.model.prediction.check import CheckReport, predict
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology
 from emulator.runs.mpi_plan import MpiResults

@@ -23,7 +23,7 @@ import pytest
 from emulator.emulation import calibration_file
 from emulator.emulation.system import memory_available
 from emulator.model import topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 from emulator.model.schedule.format import save
 
 pytestmark = pytest.mark.integration

@@ -20,8 +20,8 @@ import pytest
 from emulator.emulation.replay import ReplayConfig, replay
 from emulator.emulation.runstate import all_runs
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import generators
 from emulator.runs.metrics import LAG_SHARE
 
 pytestmark = pytest.mark.integration

@@ -11,8 +11,8 @@ import pytest
 
 from emulator.emulation import calibration_file
 from emulator.model import routing, topology
+from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import generators
 from emulator.model.topology import DEFAULT_MTU
 from emulator.selfcheck import calibration
 

@@ -22,9 +22,11 @@ from emulator.base.naming import switch_intf
 from emulator.emulation import calibration_file, fidelity
 from emulator.emulation.replay import ReplaySession, lanes_of
 from emulator.model import fabric, routing, topology
-from emulator.model.schedule import chakra, cost, generators, llm, llm_models, msccl
-from emulator.model.schedule.chakra_groups import ProcessGroup
+from emulator.model.collectives import generators, msccl
+from emulator.model.prediction import cost
 from emulator.model.schedule.format import Schedule, match_transfers
+from emulator.model.workloads import chakra, llm, llm_models
+from emulator.model.workloads.chakra_groups import ProcessGroup
 
 from .measured import band
 
@@ -171,7 +173,7 @@ def test_lanes_under_ecmp_each_take_their_own_hashed_path(tmp_path):
 
     What the switches counted says so: each leaf sends its cross-leaf neighbour's lanes over both spines (one
     connection per pair would load one uplink per leaf), and every switch-to-switch link carries the bytes
-    :func:`emulator.model.schedule.cost.transfers` routes over it (each lane's own 5-tuple hashed, seed 0)."""
+    :func:`emulator.model.prediction.cost.transfers` routes over it (each lane's own 5-tuple hashed, seed 0)."""
     session, topo = _session("leafspine:leaves=4,spines=2,hosts_per_leaf=2", "ecmp", lanes=4)
     schedule = msccl.load(os.path.join(DATA, "msccl", "allreduce_ring_8gpus_4channels_1instance.xml"), SIZE)
     assert lanes_of(schedule) == 4

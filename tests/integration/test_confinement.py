@@ -22,7 +22,7 @@ import pytest
 from emulator.emulation import runstate, system
 from emulator.emulation.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 from emulator.runs import admission
 
 from .census import clean_removals

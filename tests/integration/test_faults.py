@@ -17,8 +17,8 @@ from emulator.emulation.replay import ReplayConfig, ReplayFailed, replay
 from emulator.emulation.runstate import all_runs
 from emulator.emulation.system import run
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import generators
 from emulator.study import experiment as xp
 from emulator.study.run_folder import RunFolder
 

@@ -9,8 +9,8 @@ import pytest
 from emulator.emulation import fidelity
 from emulator.emulation.replay import ReplayConfig, prepare, replay
 from emulator.model import fabric, topology
+from emulator.model.collectives.generators import pair_exchange
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule.generators import pair_exchange
 
 from .measured import BENCH_ACCURACY
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from emulator.model import topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 from emulator.runs.mpi_plan import load_results
 from emulator.runs.mpi_prediction import MpiPrediction
 

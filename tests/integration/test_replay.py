@@ -18,9 +18,9 @@ from emulator.emulation.replay import ReplayConfig, ReplaySession, prepare, repl
 from emulator.emulation.runstate import all_runs
 from emulator.emulation.system import run
 from emulator.model import topology
+from emulator.model.collectives import generators
+from emulator.model.prediction.check import check
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import check
 
 from .measured import band, step_time
 

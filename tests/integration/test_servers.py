@@ -6,7 +6,8 @@ import pytest
 
 from emulator.emulation.replay import ReplayConfig, replay
 from emulator.model import fabric, topology
-from emulator.model.schedule import cost, generators
+from emulator.model.collectives import generators
+from emulator.model.prediction import cost
 from emulator.model.schedule import format as sformat
 
 from .measured import BENCH_ACCURACY, band, step_time

@@ -30,8 +30,8 @@ import pytest
 
 from emulator.emulation.replay import ReplaySession
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule import generators
 from emulator.runs.results import load as load_results
 
 from . import census

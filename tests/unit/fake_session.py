@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from emulator.base.files import append_jsonl, write_json_atomic
-from emulator.model.schedule import cost
+from emulator.model.prediction import cost
 from emulator.model.schedule import format as sformat
 from emulator.runs.results import CellResults, Fidelity, Repetition
 

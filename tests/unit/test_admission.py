@@ -1,6 +1,6 @@
 """Admission (emulator.runs.admission): the estimates of memory, time and load, and the refusals they make.
 
-The memory estimate of an agent is held against what :class:`emulator.model.buffers.RankBuffers` really allocates; the
+The memory estimate of an agent is held against what :class:`emulator.model.schedule.buffers.RankBuffers` really allocates; the
 rate a capacity refusal suggests is predicted again to check that it fits; the command line refuses before
 anything is written, with the machine's memory replaced by a small one.
 """
@@ -28,10 +28,10 @@ from emulator.cli.commands import experiment as cmd
 from emulator.cli.main import main
 from emulator.emulation.system import cgroup_memory_headroom
 from emulator.model import fabric, topology
-from emulator.model.buffers import BUFFER_NAMES, RankBuffers, rank_bytes
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import predict
+from emulator.model.prediction.check import predict
+from emulator.model.schedule.buffers import BUFFER_NAMES, RankBuffers, rank_bytes
 from emulator.model.schedule.format import RECV_REDUCE, save
 from emulator.runs import admission
 from emulator.runs.admission import GiB, MiB
@@ -373,8 +373,8 @@ BUILD_UNDER_LIMIT = """
 import resource, sys
 from emulator.runs import admission
 from emulator.model import topology
-from emulator.model.buffers import RankBuffers, rank_bytes
-from emulator.model.schedule import generators
+from emulator.model.schedule.buffers import RankBuffers, rank_bytes
+from emulator.model.collectives import generators
 algo, collective, size, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 schedule = generators.generate(algo, topology.build("star:hosts=8"), size, collective=collective)
 used = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmData"))

@@ -16,8 +16,9 @@ from emulator.emulation import agent as agent_mod
 from emulator.emulation import peer
 from emulator.emulation.agent import Agent, AgentError, expected_sum, input_values
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel, PathLatency
-from emulator.model.schedule import cost, generators
+from emulator.model.prediction import cost
 from emulator.model.schedule.format import match_transfers, with_ops
 from emulator.runs import metrics
 from emulator.runs.results import Repetition

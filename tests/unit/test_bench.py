@@ -7,8 +7,8 @@ import pytest
 from emulator.base.errors import UserError
 from emulator.cli.main import main
 from emulator.model import fabric
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
 from emulator.model.topology import build
 from emulator.runs.mpi_plan import message_profile
 from emulator.selfcheck import bench

@@ -29,9 +29,9 @@ from google.protobuf.internal.encoder import _VarintBytes
 
 from emulator.base.errors import FieldError
 from emulator.cli.main import main
-from emulator.model.schedule import chakra
-from emulator.model.schedule.chakra_groups import ProcessGroup, parse_pg_config
 from emulator.model.schedule.executor import execute
+from emulator.model.workloads import chakra
+from emulator.model.workloads.chakra_groups import ProcessGroup, parse_pg_config
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 WORLD = 8

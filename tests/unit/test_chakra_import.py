@@ -15,10 +15,10 @@ import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule import chakra
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.executor import execute
-from emulator.model.schedule.training import workload_scale
+from emulator.model.workloads import chakra
+from emulator.model.workloads.training import workload_scale
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "data")
 REAL = os.path.join(DATA, "chakra")

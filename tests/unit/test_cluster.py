@@ -1,5 +1,5 @@
 """The cluster file (emulator/runs/cluster_file.py) and the placement of a topology on its servers
-(emulator/model/placement.py): parsing with one line per bad field, and placements whose cross-server links are
+(emulator/model/cluster_placement.py): parsing with one line per bad field, and placements whose cross-server links are
 the fewest any balanced placement has (checked against every placement of small fabrics)."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError, UserError
 from emulator.cli.main import main
-from emulator.model import placement, topology
-from emulator.model.schedule import generators
+from emulator.model import cluster_placement, topology
+from emulator.model.collectives import generators
 from emulator.runs import admission, cluster_file
 
 GOOD = {
@@ -115,7 +115,7 @@ def test_any_changed_field_parses_or_is_refused_with_a_user_error(path, value):
 # ---------------------------------------------------------------- placement
 def _best_balanced_cut(topo: topology.Topology, servers: list[str]) -> int:
     """The fewest cross-server links of every placement of whole groups within the same limits as place()."""
-    parts = placement.groups(topo)
+    parts = cluster_placement.groups(topo)
     sizes = [len(p) for p in parts]
     total, biggest = sum(sizes), max(sizes)
     limit = -(-total // len(servers)) + biggest - 1
@@ -127,7 +127,7 @@ def _best_balanced_cut(topo: topology.Topology, servers: list[str]) -> int:
         if max(loads) > limit:
             continue
         of = {n: servers[s] for g, s in enumerate(assignment) for n in parts[g]}
-        c = placement.cut(topo, of)
+        c = cluster_placement.cut(topo, of)
         best = c if best is None else min(best, c)
     assert best is not None
     return best
@@ -143,12 +143,12 @@ def _best_balanced_cut(topo: topology.Topology, servers: list[str]) -> int:
 ])
 def test_placement_crosses_servers_as_little_as_any_balanced_placement(spec, servers):
     topo = topology.build(spec)
-    placed = placement.place(topo, servers)
-    assert placed.cross_links == placement.cut(topo, placed.of) == _best_balanced_cut(topo, servers)
+    placed = cluster_placement.place(topo, servers)
+    assert placed.cross_links == cluster_placement.cut(topo, placed.of) == _best_balanced_cut(topo, servers)
     for host in topo.hosts:  # a host runs where its switch does
         assert placed.of[host.name] == placed.of[host.switch]
     # no server beyond its share by more than a group (groups do not split); fewer tunnels may leave one empty
-    biggest = max(len(g) for g in placement.groups(topo))
+    biggest = max(len(g) for g in cluster_placement.groups(topo))
     share = -(-len(placed.of) // len(servers))
     assert all(len(placed.nodes_on(s)) <= share + biggest - 1 for s in servers)
     assert set(placed.of) == {h.name for h in topo.hosts} | {s.name for s in topo.switches}
@@ -156,30 +156,30 @@ def test_placement_crosses_servers_as_little_as_any_balanced_placement(spec, ser
 
 def test_one_server_has_everything_and_no_tunnel():
     topo = topology.build("fattree:k=4")
-    placed = placement.place(topo, ["only"])
+    placed = cluster_placement.place(topo, ["only"])
     assert placed.cross_links == 0 and set(placed.of.values()) == {"only"}
 
 
 def test_a_server_of_accelerators_stays_whole_and_weights_share_the_nodes():
     topo = topology.build("bigraph:upper=4,lower=4,hosts_per_switch=2,servers=4,accels_per_server=4,"
                           "nics_per_server=4,nic_placement=hdrm")
-    placed = placement.place(topo, ["a", "b"])
+    placed = cluster_placement.place(topo, ["a", "b"])
     for server_hosts in topo.servers():
         assert len({placed.of[h] for h in server_hosts}) == 1
-    big = placement.place(topology.build("leafspine:leaves=4,spines=2,hosts_per_leaf=4"), ["a", "b"],
+    big = cluster_placement.place(topology.build("leafspine:leaves=4,spines=2,hosts_per_leaf=4"), ["a", "b"],
                           weights={"a": 3, "b": 1})
     assert len(big.nodes_on("a")) > len(big.nodes_on("b"))
 
 
 def test_a_placement_file_overrides_and_names_what_is_wrong():
     topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
-    placed = placement.place(topo, ["a", "b"])
-    moved = placement.overridden(placed, topo, {"b": ["h1"]})
-    assert moved.of["h1"] == "b" and moved.cross_links == placement.cut(topo, moved.of)
+    placed = cluster_placement.place(topo, ["a", "b"])
+    moved = cluster_placement.overridden(placed, topo, {"b": ["h1"]})
+    assert moved.of["h1"] == "b" and moved.cross_links == cluster_placement.cut(topo, moved.of)
     for data, field in [({"c": ["h1"]}, "c"), ({"a": ["h99"]}, "a[0]"), ({"a": ["h1"], "b": ["h1"]}, "b[0]"),
                         ({"a": "h1"}, "a"), (["h1"], "placement")]:
         with pytest.raises(FieldError) as info:
-            placement.overridden(placed, topo, data)
+            cluster_placement.overridden(placed, topo, data)
         assert info.value.field == field
 
 
@@ -209,7 +209,7 @@ def test_a_replays_memory_spread_over_servers_adds_up_to_the_one_machines():
     """Each server holds its hosts' agents and its nodes' share of the network; the head the session too."""
     topo = topology.build("bigraph:upper=4,lower=4,hosts_per_switch=2")
     schedule = generators.generate("hdrm", topo, 1 << 20)
-    placed = placement.place(topo, ["a", "b"])
+    placed = cluster_placement.place(topo, ["a", "b"])
     per = admission.replay_memory_per_server(schedule, topo, placed.of, head="a")
     whole = admission.replay_memory(schedule, topo)
     assert sum(e.ranks for e in per.values()) == whole.ranks == 16

@@ -17,7 +17,7 @@ from emulator.emulation.agent_protocol import AgentChannel, ControlServer, Msg, 
 from emulator.emulation.fleet import RankReport
 from emulator.emulation.system import Result
 from emulator.emulation.tc_commands import root_interface_rates
-from emulator.model import placement, topology
+from emulator.model import cluster_placement, topology
 from emulator.runs import clocks, cluster_file
 
 SERVERS = [
@@ -69,7 +69,7 @@ def test_inline_batches_keep_whole_lines_under_the_limit_and_add_up_to_the_text(
 
 def test_each_link_end_is_set_up_on_the_server_of_its_switch():
     topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=2")
-    placed = placement.place(topo, ["a", "b"])
+    placed = cluster_placement.place(topo, ["a", "b"])
     grouped = cluster_network.interfaces_by_server(topo, placed)
     assert sorted(grouped) == ["a", "b"]
     merged = {name: rate for part in grouped.values() for name, rate in part.items()}
@@ -186,12 +186,12 @@ def test_tcp_prefix_is_what_the_server_listens_on():
 
 def test_admission_holds_each_servers_share_to_its_own_memory():
     topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=2")
-    from emulator.model.schedule import generators
+    from emulator.model.collectives import generators
     from emulator.runs import admission
 
     schedule = generators.generate("ring", topo, 64 << 20)
     small = generators.generate("ring", topo, 1 << 20)
-    placed = placement.place(topo, ["a", "b"])
+    placed = cluster_placement.place(topo, ["a", "b"])
     big = admission.replay_memory_per_server(schedule, topo, placed.of, "a")
     little = admission.replay_memory_per_server(small, topo, placed.of, "a")
     peak = admission.largest_per_server([little, big, little])
@@ -261,7 +261,7 @@ def test_mpi_on_a_cluster_needs_rank_0_on_the_head_and_each_server_holds_its_ran
 
 def test_a_faults_link_command_runs_on_the_server_of_its_interface():
     topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=1")
-    placed = placement.place(topo, ["a", "b"])
+    placed = cluster_placement.place(topo, ["a", "b"])
     seen: list[list[str]] = []
 
     def local(cmd):

@@ -21,8 +21,8 @@ from emulator.emulation import confinement
 from emulator.emulation.agent import AgentError, latency_plan
 from emulator.emulation.fleet import AgentFiles, Fleet, ReplayFailed
 from emulator.model import topology
-from emulator.model.buffers import rank_bytes
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
+from emulator.model.schedule.buffers import rank_bytes
 from emulator.runs import admission
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import Curve, Intrinsic, LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import CheckReport, predict
+from emulator.model.prediction.check import CheckReport, predict
 from emulator.runs import dilation
 from emulator.runs.dilation import AgentCosts, CostSample, Envelope, agents_share, choose_dilation, fit_agent_costs
 from emulator.study import experiment as xp

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule.dispatch import Channel, Completed, Dispatcher, Written
 from emulator.model.schedule.format import Op, RankProgram, Schedule
-from emulator.model.schedule.generators import generate
 
 
 def _ids(ready):

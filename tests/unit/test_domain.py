@@ -14,10 +14,11 @@ from emulator.base.errors import FieldError
 from emulator.emulation import fidelity
 from emulator.emulation.domain import START, DomainArbiter, arbiter_socket, check_directory
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import check, cost, generators, timing
-from emulator.model.schedule.fluid import Drained, FluidLinks
+from emulator.model.prediction import check, cost, timing
+from emulator.model.prediction.fluid import Drained, FluidLinks
 from emulator.runs import metrics
 
 SERVER = "star:hosts=4,servers=1,accels_per_server=4,nics_per_server=1,domain_bw=8"

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError
 from emulator.cli.main import main
 from emulator.model import fabric, topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule import format as sformat
-from emulator.model.schedule.generators import generate
 
 
 def test_presets_and_the_default():

@@ -9,7 +9,8 @@ import pytest
 from emulator.emulation.fault_injection import FaultActions, fault_records, link_commands, link_key, measure_affected
 from emulator.emulation.system import Result
 from emulator.model import topology
-from emulator.model.schedule import cost, generators
+from emulator.model.collectives import generators
+from emulator.model.prediction import cost
 from emulator.runs import fault_plan as faults
 from emulator.runs.fault_plan import Fault, FaultEvent
 

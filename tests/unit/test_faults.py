@@ -12,7 +12,8 @@ from emulator.emulation.agent_protocol import Msg
 from emulator.emulation.fleet import Fleet
 from emulator.emulation.replay import ReplayFailed
 from emulator.model import topology
-from emulator.model.schedule import cost, generators
+from emulator.model.collectives import generators
+from emulator.model.prediction import cost
 from emulator.runs import fault_plan as faults
 
 TOPO = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")

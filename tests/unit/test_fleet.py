@@ -17,7 +17,7 @@ from fake_agents import STEP_S, FakeLauncher
 from emulator.emulation.agent_protocol import Msg
 from emulator.emulation.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
 from emulator.model import topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 
 TOPO = topology.build("star:hosts=3")
 RING = generators.generate("ring", TOPO, 3 * 1024)

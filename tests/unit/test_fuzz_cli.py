@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from controllers.core import Settings, parse_listen
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule import format as fmt
-from emulator.model.schedule.generators import generate
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

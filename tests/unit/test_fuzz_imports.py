@@ -22,9 +22,10 @@ from fuzz_support import FUZZ, ODD_STRINGS, check_cli, cli_fixture, snapshot, us
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator.model.schedule import chakra, msccl
+from emulator.model.collectives import msccl
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.executor import execute
+from emulator.model.workloads import chakra
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

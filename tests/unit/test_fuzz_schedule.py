@@ -2,7 +2,7 @@
 
 Random text and structured corruptions of valid generated schedules go
 through :func:`emulator.model.schedule.format.loads` / ``from_dict`` / ``validate``,
-:func:`emulator.model.schedule.check.check` and the CLI (``emu schedule check``,
+:func:`emulator.model.prediction.check.check` and the CLI (``emu schedule check``,
 ``emu schedule gen``): the result is a schedule (or a report), or a
 :class:`UserError` / exit status 2 with exactly one line naming the problem.
 """
@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
+from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
-from emulator.model.schedule import training
-from emulator.model.schedule.check import check
-from emulator.model.schedule.generators import generate
+from emulator.model.workloads import training
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
 

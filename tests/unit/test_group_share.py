@@ -6,8 +6,8 @@ import pytest
 from test_schedule_compose import _grouped
 
 from emulator.model import topology
-from emulator.model.schedule import group_share
-from emulator.model.schedule.check import check
+from emulator.model.prediction import group_share
+from emulator.model.prediction.check import check
 from emulator.model.schedule.format import match_transfers
 
 

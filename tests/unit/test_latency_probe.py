@@ -9,8 +9,8 @@ import pytest
 from emulator.emulation import calibration_file
 from emulator.emulation.calibration_file import Calibration, LatencyCalibration
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.latency import Intrinsic
-from emulator.model.schedule import generators
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import check_hosts
 from emulator.selfcheck import intrinsic_latency as latency_probe

@@ -12,10 +12,12 @@ import pytest
 from emulator.base.errors import FieldError
 from emulator.cli.main import main
 from emulator.model import topology
-from emulator.model.schedule import executor, llm, timing, training
+from emulator.model.prediction import timing
+from emulator.model.schedule import executor
 from emulator.model.schedule.format import COMPUTE, Schedule
-from emulator.model.schedule.llm_models import MODELS, TransformerModel
-from emulator.model.schedule.llm_placement import Grid
+from emulator.model.workloads import llm, training
+from emulator.model.workloads.llm_models import MODELS, TransformerModel
+from emulator.model.workloads.llm_placement import Grid
 
 #: Test-only shapes: the named models' architectures, a few small layers, so that proofs take a second.
 TINY_GPT = replace(MODELS["gpt3-13b"], name="tiny-gpt", layers=4, hidden=64, heads=8, ffn=256, seq_length=32,

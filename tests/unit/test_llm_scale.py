@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from test_llm import TINY_GPT
 
-from emulator.model import fabric, llm_scale, topology
+from emulator.model import fabric, topology
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import llm
-from emulator.model.schedule.check import check
+from emulator.model.prediction.check import check
+from emulator.model.workloads import llm, llm_scale
 
 #: 8 accelerators in 4 servers of 2, a NIC each, on BiGraph 2/2/2.
 SPEC = "bigraph:upper=2,lower=2,hosts_per_switch=2,servers=4,accels_per_server=2,nics_per_server=2,nic_placement=hdrm"

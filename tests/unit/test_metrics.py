@@ -6,9 +6,10 @@ import pytest
 
 from emulator.emulation import fidelity
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import check as scheck
-from emulator.model.schedule import cost, generators
+from emulator.model.prediction import check as scheck
+from emulator.model.prediction import cost
 from emulator.runs.metrics import (
     AgentLag,
     agent_lag,

@@ -16,7 +16,7 @@ from emulator.base.errors import FieldError, UserError
 from emulator.cli.commands.mpirun import exit_code
 from emulator.cli.main import main
 from emulator.model import topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 from emulator.runs.mpi_plan import (
     BENCH_JSON,
     DEFAULT_NICE,

@@ -14,9 +14,9 @@ import statistics
 import pytest
 
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import check
+from emulator.model.prediction.check import check
 from emulator.runs import mpi_prediction
 from emulator.runs.mpi_plan import BTL_PORT_MIN, message_profile
 from emulator.selfcheck.bench.cases import MPI_FABRICS, MPI_SIZE

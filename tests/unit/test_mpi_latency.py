@@ -20,7 +20,7 @@ from emulator.base.errors import FieldError
 from emulator.emulation import mpi_run
 from emulator.model import fabric, topology
 from emulator.model.latency import SHAPER_BURST_BYTES, Curve, Intrinsic, LatencyModel
-from emulator.model.schedule import timing
+from emulator.model.prediction import timing
 from emulator.model.schedule.format import RECV, SEND, Op, RankProgram, Schedule
 from emulator.runs.mpi_plan import (
     BTL_PORT_MIN,

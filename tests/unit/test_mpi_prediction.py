@@ -10,9 +10,11 @@ import pytest
 
 from emulator.emulation.controller_process import ControllerProcess
 from emulator.model import routing, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import cost, executor, generators
-from emulator.model.schedule.check import check
+from emulator.model.prediction import cost
+from emulator.model.prediction.check import check
+from emulator.model.schedule import executor
 from emulator.runs.mpi_plan import BTL_PORT_MIN, MpiResults, mca_settings
 from emulator.runs.mpi_prediction import (
     GENERATOR_OF,

@@ -12,8 +12,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model.schedule import msccl
-from emulator.model.schedule.check import check
+from emulator.model.collectives import msccl
+from emulator.model.prediction.check import check
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import RECV, RECV_REDUCE, SEND, Schedule, validate
 from emulator.model.topology import build

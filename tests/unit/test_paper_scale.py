@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator.model import fabric, paper_scale, topology
+from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import predict
+from emulator.model.prediction import paper_scale
+from emulator.model.prediction.check import predict
 
 
 def _predicted_s(algo: str, spec: str, policy: str, size: int, seed: int, profile: fabric.FabricProfile) -> float:

@@ -8,10 +8,11 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError, UserError
 from emulator.model import fabric, routing, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import Curve, Intrinsic, LatencyModel
-from emulator.model.schedule import check, generators
-from emulator.model.schedule.cost import allreduce_formula, bus_bandwidth_mbps
-from emulator.model.schedule.projection import paper_scale_radix, paper_scale_topologies, project
+from emulator.model.prediction import check
+from emulator.model.prediction.cost import allreduce_formula, bus_bandwidth_mbps
+from emulator.model.prediction.projection import paper_scale_radix, paper_scale_topologies, project
 from emulator.model.topology import DEFAULT_MTU, hdrm_problem, tcp_goodput_factor, tcp_payload_bytes
 
 #: The contract: the projection is the timing model's time to within this.

@@ -13,10 +13,10 @@ from test_topology import brute_force_bisection
 
 from emulator.base.errors import FieldError
 from emulator.model import routing, topology
+from emulator.model.collectives.generators import generate
+from emulator.model.prediction import cost
 from emulator.model.routing import Flow
-from emulator.model.schedule import cost
 from emulator.model.schedule.executor import execute
-from emulator.model.schedule.generators import generate
 
 RAIL = "rail:rails=4,hosts_per_rail=4,spines=2"
 RAIL_SERVERS = f"{RAIL},servers=4,accels_per_server=4,nics_per_server=4"

@@ -22,8 +22,8 @@ from emulator.base.files import read_jsonl, write_json_atomic
 from emulator.emulation import fidelity
 from emulator.emulation.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
 from emulator.runs import admission, results
 from emulator.runs.results import CellResults
 

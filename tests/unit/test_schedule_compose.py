@@ -6,10 +6,10 @@ import pytest
 
 from emulator.base.errors import FieldError
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule import executor
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.compose import Composer
-from emulator.model.schedule.generators import generate
 
 
 def _ring(p: int, size: int) -> fmt.Schedule:

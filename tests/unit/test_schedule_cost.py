@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 
 from emulator.model import fabric, routing, topology
+from emulator.model.collectives.generators import RECIPES, generate, hier_groups
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.check import check
-from emulator.model.schedule.collectives import ROOTED
-from emulator.model.schedule.cost import (
+from emulator.model.prediction.check import check
+from emulator.model.prediction.cost import (
     allreduce_formula,
     analyze,
     bus_bandwidth_mbps,
@@ -21,7 +21,7 @@ from emulator.model.schedule.cost import (
 )
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import compute_op, match_transfers, validate, with_ops
-from emulator.model.schedule.generators import RECIPES, generate, hier_groups
+from emulator.model.schedule.semantics import ROOTED
 from emulator.model.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule.deps import derive_deps
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import Op, RankProgram, Schedule, from_dict, validate
-from emulator.model.schedule.generators import generate
 
 
 def _ring(p: int = 4) -> Schedule:

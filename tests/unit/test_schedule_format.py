@@ -9,8 +9,8 @@ import yaml
 
 from emulator.base.errors import FieldError, UserError
 from emulator.model import topology
+from emulator.model.collectives.generators import generate
 from emulator.model.schedule import format as fmt
-from emulator.model.schedule.generators import generate
 
 
 @pytest.mark.parametrize("text, value", [("64KiB", 65536), ("16MiB", 16 << 20), ("1GiB", 1 << 30),

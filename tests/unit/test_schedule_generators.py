@@ -11,11 +11,7 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError
 from emulator.model import routing, topology
-from emulator.model.schedule.collectives import COLLECTIVES, ROOTED
-from emulator.model.schedule.cost import analyze
-from emulator.model.schedule.executor import execute
-from emulator.model.schedule.format import Schedule, match_transfers, validate, with_ops
-from emulator.model.schedule.generators import (
+from emulator.model.collectives.generators import (
     ALGORITHMS,
     GENERATED,
     RECIPES,
@@ -25,6 +21,10 @@ from emulator.model.schedule.generators import (
     hdrm_placement,
     rooted_trees,
 )
+from emulator.model.prediction.cost import analyze
+from emulator.model.schedule.executor import execute
+from emulator.model.schedule.format import Schedule, match_transfers, validate, with_ops
+from emulator.model.schedule.semantics import COLLECTIVES, ROOTED
 
 PS = list(range(2, 65))
 

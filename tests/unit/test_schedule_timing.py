@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from emulator.model import fabric, topology
+from emulator.model.collectives.generators import generate
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import check, timing
+from emulator.model.prediction import check, timing
 from emulator.model.schedule.compose import Composer
-from emulator.model.schedule.generators import generate
 
 MB = 1_000_000
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError
 from emulator.cli.main import main
 from emulator.model import routing, topology
+from emulator.model.collectives.generators import generate
+from emulator.model.prediction import cost
 from emulator.model.routing import Flow
-from emulator.model.schedule import cost
 from emulator.model.schedule.executor import execute
-from emulator.model.schedule.generators import generate
 
 BIG = "bigraph:upper=4,lower=4,hosts_per_switch=4"
 EFLOPS = f"{BIG},servers=8,accels_per_server=4,nics_per_server=4,nic_placement=hdrm"

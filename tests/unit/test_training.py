@@ -6,9 +6,11 @@ import pytest
 
 from emulator.base.errors import FieldError
 from emulator.model import topology
-from emulator.model.schedule import check, executor, timing, training
+from emulator.model.collectives.generators import generate
+from emulator.model.prediction import check, timing
+from emulator.model.schedule import executor
 from emulator.model.schedule.format import COMPUTE, from_dict
-from emulator.model.schedule.generators import generate
+from emulator.model.workloads import training
 
 BIGRAPH8 = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 BIGRAPH16 = "bigraph:upper=4,lower=4,hosts_per_switch=2"

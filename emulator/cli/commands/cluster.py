@@ -15,7 +15,7 @@ from emulator.base.errors import printable
 from emulator.base.files import read_json, read_text
 from emulator.emulation import calibration_file, cluster_probe, remote_shell
 from emulator.emulation.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
-from emulator.model import fabric, placement, topology
+from emulator.model import cluster_placement, fabric, topology
 from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_check, cluster_file
 from emulator.runs.cluster_check import CalibrationStatus, ServerFindings, Ssh
@@ -53,11 +53,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_place(args: argparse.Namespace) -> int:
     cluster = cluster_file.load(args.cluster)
     topo = topology.load(args.topology)
-    placed = placement.place(topo, cluster.names)
+    placed = cluster_placement.place(topo, cluster.names)
     if args.placement:
         where = f"placement file {printable(args.placement)}"
         data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
-        placed = placement.overridden(placed, topo, data, where=printable(args.placement))
+        placed = cluster_placement.overridden(placed, topo, data, where=printable(args.placement))
     if args.json:
         print(json.dumps({"cluster": cluster.name, "topology": topo.spec, **placed.to_json()}, sort_keys=True))
         return 0

@@ -12,7 +12,7 @@ from emulator.emulation.fidelity import flag_text
 from emulator.emulation.mpi_run import check_cluster, prepare, run
 from emulator.emulation.system import interrupt_on_sigterm, require_root
 from emulator.model import fabric
-from emulator.model.schedule.generators import PLACEMENTS
+from emulator.model.collectives.generators import PLACEMENTS
 from emulator.runs import admission, cluster_file
 from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig, has_latency

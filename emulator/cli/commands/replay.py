@@ -12,7 +12,7 @@ from emulator.cli.commands import admit
 from emulator.emulation.replay import ReplayConfig, ReplayFailed, prepare, replay
 from emulator.emulation.system import interrupt_on_sigterm, require_root
 from emulator.model import fabric, topology
-from emulator.model.schedule import training
+from emulator.model.workloads import training
 from emulator.runs import admission
 from emulator.runs.fault_plan import fault_line
 from emulator.runs.metrics import nccl_table

@@ -1,9 +1,9 @@
 """``emu schedule gen|check|import``: schedules of collectives as data (see docs/schedule-format.md).
 
 ``gen`` writes one collective's schedule, or with ``--model`` one
-data-parallel training iteration (:mod:`emulator.model.schedule.training`)
+data-parallel training iteration (:mod:`emulator.model.workloads.training`)
 or one hybrid-parallel language-model iteration
-(:mod:`emulator.model.schedule.llm`, with ``--tp/--pp/--dp``).
+(:mod:`emulator.model.workloads.llm`, with ``--tp/--pp/--dp``).
 ``check`` exits 0 when the schedule is proved to compute its collective(s),
 1 when it is well formed but wrong (deadlock, double counting, race...), 2
 for malformed input.
@@ -20,11 +20,12 @@ from emulator.base.errors import FieldError
 from emulator.cli.arguments import int_at_least, number
 from emulator.emulation import calibration_file, fidelity
 from emulator.model import fabric, routing, topology
-from emulator.model.schedule import chakra, llm, llm_models, msccl, training
+from emulator.model.collectives import msccl
+from emulator.model.collectives.generators import GENERATED, PLACEMENTS, algorithms, generate
+from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
-from emulator.model.schedule.check import check
-from emulator.model.schedule.collectives import ALLREDUCE
-from emulator.model.schedule.generators import GENERATED, PLACEMENTS, algorithms, generate
+from emulator.model.schedule.semantics import ALLREDUCE
+from emulator.model.workloads import chakra, llm, llm_models, training
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -100,7 +101,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_llm_arguments(gen: argparse.ArgumentParser) -> None:
-    """``gen``'s options for a language model (:mod:`emulator.model.schedule.llm`); None: not given."""
+    """``gen``'s options for a language model (:mod:`emulator.model.workloads.llm`); None: not given."""
     for flag, what in (("--tp", "tensor"), ("--pp", "pipeline"), ("--dp", "data")):
         gen.add_argument(flag, type=int_at_least(1), metavar="N", help=f"language model: {what}-parallel size "
                          "(tp x pp x dp = the topology's hosts)")
@@ -129,7 +130,7 @@ _LLM_OPTIONS = ("tp", "pp", "dp", "ep", "microbatches", "micro_batch", "sequence
 
 
 def _llm_gen(args: argparse.Namespace, where: str) -> fmt.Schedule:
-    """``gen --model`` of a language model (:func:`emulator.model.schedule.llm.gen`)."""
+    """``gen --model`` of a language model (:func:`emulator.model.workloads.llm.gen`)."""
     for name, default in (("size", None), ("chunks", None), ("collective", ALLREDUCE), ("root", 0),
                           ("batch", None), ("placement", None), ("seed", 0)):
         if getattr(args, name) != default:

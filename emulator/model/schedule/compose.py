@@ -33,7 +33,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule.collectives import MIXED, P2P
 from emulator.model.schedule.format import (
     MAX_STEPS,
     RECV,
@@ -45,6 +44,7 @@ from emulator.model.schedule.format import (
     compute_op,
     validate,
 )
+from emulator.model.schedule.semantics import MIXED, P2P
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Pure, and the one statement of the execution model (``docs/schedule-format.md``)
 for everything that runs a schedule: the host agent (:mod:`emulator.emulation.agent`)
-runs it on sockets, the timing model (:mod:`emulator.model.schedule.timing`)
+runs it on sockets, the timing model (:mod:`emulator.model.prediction.timing`)
 simulates it in time, and the symbolic executor
 (:mod:`emulator.model.schedule.executor`) proves with it that the schedule is an
 allreduce. The rules:

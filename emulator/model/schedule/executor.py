@@ -4,11 +4,11 @@ Instead of numbers, every chunk of every buffer holds a *label* (which chunk of
 the collective's global data it stands for) and a *count vector* (how many
 times each rank's contribution to that chunk is in it, packed into one
 integer). Each rank's ``data`` starts as its collective's input
-(:meth:`~emulator.model.schedule.collectives.Shape.input_piece`: for an allreduce,
+(:meth:`~emulator.model.schedule.semantics.Shape.input_piece`: for an allreduce,
 rank ``r``'s chunk ``c`` is label ``c`` with count 1 for rank ``r``); scratch,
 output and chunks without input start empty. A schedule computes its
 collective iff, once every operation has run, every result chunk a rank must
-hold (:meth:`~emulator.model.schedule.collectives.Shape.result_piece`) has that
+hold (:meth:`~emulator.model.schedule.semantics.Shape.result_piece`) has that
 label and exactly that count: 1 for every rank when summed over all, 1 for
 the one owner otherwise. A ``p2p`` schedule has no result to check: only
 matching and deadlock freedom.
@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 
-from emulator.model.schedule.collectives import ALL, NOBODY, Piece
 from emulator.model.schedule.deps import hazard_errors
 from emulator.model.schedule.dispatch import Channel, Dispatcher, Ready
 from emulator.model.schedule.format import COMPUTE, COPY, RECV, RECV_REDUCE, SEND, Op, Schedule
+from emulator.model.schedule.semantics import ALL, NOBODY, Piece
 
 EMPTY = -1
 MIXED = -2

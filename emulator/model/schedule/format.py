@@ -1,7 +1,7 @@
 """The schedule format: dataclasses, field validation, YAML/JSON load and save.
 
 This module owns what a schedule *is* (see ``docs/schedule-format.md``): a
-collective (:mod:`emulator.model.schedule.collectives`) over ``p`` ranks, each rank
+collective (:mod:`emulator.model.schedule.semantics`) over ``p`` ranks, each rank
 placed on one host, on a buffer of ``size`` bytes split into ``chunks`` chunks
 (:class:`ChunkLayout`: equal, or differing by at most one element as NCCL and
 MPI split a count); per rank an ordered list of operations with explicit
@@ -43,7 +43,7 @@ import yaml
 
 from emulator.base.errors import FieldError, UserError, int_field
 from emulator.base.files import read_text, write_atomic
-from emulator.model.schedule.collectives import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
+from emulator.model.schedule.semantics import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
 
 FORMAT_NAME = "eflops-emulator-schedule"
 FORMAT_VERSION = 3
@@ -312,7 +312,7 @@ class Schedule:
 
     @property
     def shape(self) -> Shape:
-        """The whole schedule's collective on these buffers (:mod:`emulator.model.schedule.collectives`)."""
+        """The whole schedule's collective on these buffers (:mod:`emulator.model.schedule.semantics`)."""
         return Shape(self.collective, self.p, self.chunks, self.output_chunks, self.root)
 
     @property

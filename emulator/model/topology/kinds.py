@@ -82,7 +82,7 @@ class TopologyKind:
 def equal_radix(slots: int) -> int | None:
     """The radix of the equal-radix fabrics at ``slots`` hosts: the smallest power of two ``k`` with
     ``k²/2 >= slots`` (``docs/domain.md`` §5), where ``slots`` is a power of two of at least 8; else None. The
-    paper-scale fabrics (:func:`emulator.model.schedule.projection.paper_scale_topologies`) are these kinds
+    paper-scale fabrics (:func:`emulator.model.prediction.projection.paper_scale_topologies`) are these kinds
     grown by it."""
     if slots < 8 or slots & (slots - 1):
         return None

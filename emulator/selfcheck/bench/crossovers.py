@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import check
+from emulator.model.prediction.check import check
 from emulator.selfcheck.bench.cases import MODEL_SWEEP, TARGET_CROSSOVER_FACTOR, Crossover
 from emulator.selfcheck.bench.rows import ReplayRow
 

@@ -15,7 +15,7 @@ from emulator.emulation.mpi_run import prepare as prepare_mpirun
 from emulator.emulation.mpi_run import run as run_mpirun
 from emulator.emulation.replay import ReplayFailed, ReplaySession
 from emulator.model import fabric, topology
-from emulator.model.schedule import generators
+from emulator.model.collectives import generators
 from emulator.model.schedule.format import format_size
 from emulator.runs.mpi_plan import MpiRunConfig, message_profile
 from emulator.selfcheck.bench.cases import MPI_FABRICS, MPI_PAIRS, MPI_SIZE, MpiFabric

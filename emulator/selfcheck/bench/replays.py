@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from emulator.emulation.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
 from emulator.model.schedule.format import format_size
 from emulator.selfcheck.bench.cases import Case, Size
 from emulator.selfcheck.bench.rows import ReplayRow

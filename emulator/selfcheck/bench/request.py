@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from emulator.base.errors import UserError
 from emulator.model import fabric, topology
+from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import generators
-from emulator.model.schedule.check import predict
+from emulator.model.prediction.check import predict
 from emulator.model.schedule.format import format_size
 from emulator.runs import admission
 from emulator.runs.dilation import Envelope

@@ -20,10 +20,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from emulator.model import fabric
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators, llm, llm_models, training
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_LINK_MBPS, Topology
+from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import allreduce_bench as mpi_bench
 from emulator.runs import mpi_plan as mpi
 from emulator.runs.mpi_plan import MpiRunConfig
@@ -56,8 +57,8 @@ class Run:
 @dataclass(frozen=True)
 class Workload:
     """A run's training iteration: the model, per-accelerator batch and scale of a data-parallel one
-    (:mod:`emulator.model.schedule.training`), or a language model's hybrid-parallel split
-    (:mod:`emulator.model.schedule.llm`: ``tp``, ``pp``, ``ep``, microbatches; ``dp`` is the hosts over
+    (:mod:`emulator.model.workloads.training`), or a language model's hybrid-parallel split
+    (:mod:`emulator.model.workloads.llm`: ``tp``, ``pp``, ``ep``, microbatches; ``dp`` is the hosts over
     ``tp·pp``). Flat, so that a plan's entry reads back with ``Workload(**entry)``."""
 
     model: str

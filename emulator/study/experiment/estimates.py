@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from emulator.model.schedule.check import CheckReport
+from emulator.model.prediction.check import CheckReport
 from emulator.model.topology import Topology
 from emulator.runs import admission
 from emulator.runs.dilation import Envelope

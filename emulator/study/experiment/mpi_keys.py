@@ -19,8 +19,8 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.model import topology
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators
 from emulator.runs import allreduce_bench as mpi_bench
 from emulator.runs import mpi_plan as mpi
 from emulator.study.experiment.cells import MpiProgram, Run

@@ -20,8 +20,8 @@ import yaml
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.base.files import read_text
 from emulator.model import fabric, routing
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators
 from emulator.model.schedule.format import PARSE_ERRORS, describe_parse_error
 from emulator.study.experiment.cells import (
     DEFAULT_REFERENCE,

@@ -15,7 +15,7 @@ from emulator.base.errors import FieldError, UserError, printable
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.check import CheckReport, predict
+from emulator.model.prediction.check import CheckReport, predict
 from emulator.model.schedule.format import Schedule
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Cell, Experiment

@@ -13,8 +13,9 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.model import routing, topology
+from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule import generators, llm, llm_models, training
+from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Run, Workload
 from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from emulator.base.errors import UserError
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
-from emulator.model.schedule.check import CheckReport
+from emulator.model.prediction.check import CheckReport
 from emulator.model.schedule.format import Schedule
 from emulator.runs.fault_plan import Fault
 from emulator.runs.results import CellResults, ProbeVerdict

@@ -103,7 +103,7 @@ class CellRow:
     fabric: FabricProfile | None = None  # the cell's fabric profile; None in plans older than fabric profiles
     rep_efficiency: list[float] = field(default_factory=list)  # scaling efficiency of every measured repetition
     #: per kind of process group, its communication's share of the iteration: the median over the measured
-    #: repetitions, and the timing model's (:mod:`emulator.model.schedule.group_share`)
+    #: repetitions, and the timing model's (:mod:`emulator.model.prediction.group_share`)
     comm_share: dict[str, float] = field(default_factory=dict)
     model_comm_share: dict[str, float] = field(default_factory=dict)
     llm: xp.Workload | None = None  # a language model's iteration: its split (``workload`` is its slug)

@@ -33,7 +33,7 @@ instead of a size) never enter a busbw comparison
   compute-only time over iteration time measured and by the model, a plot of
   it against hosts and a Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
-  (:mod:`emulator.model.paper_scale`), when the reference ran at several host counts;
+  (:mod:`emulator.model.prediction.paper_scale`), when the reference ran at several host counts;
 * "MPI programs" (MPI cells only, :class:`~emulator.study.kinds.mpi.MpiRow`):
   per cell the program, ranks, placement, exit status, wall time and the
   bundled benchmark's busbw at its largest size and its time over the model's (they enter no
@@ -80,7 +80,8 @@ import os
 from dataclasses import dataclass, field
 
 from emulator.base.files import write_atomic, write_json_atomic
-from emulator.model import fabric, paper_scale
+from emulator.model import fabric
+from emulator.model.prediction import paper_scale
 from emulator.study.kinds import DEFAULT_KINDS, Kinds
 from emulator.study.report import answers, llm_section, sections
 from emulator.study.report.doc import Doc

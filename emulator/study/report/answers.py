@@ -23,11 +23,11 @@ which cells exist, never from series names.
   efficiency (compute-only / iteration time) against every other family's at
   the same host count (:func:`training_answers`).
 * **projection** (model only): at the largest scale that
-  :mod:`emulator.model.paper_scale` projects, the reference against the leaf-spine
+  :mod:`emulator.model.prediction.paper_scale` projects, the reference against the leaf-spine
   baselines, beside the model's measured error (:func:`model_error_text`).
 * **designs** (model only): for an experiment on servers, every design it
-  ran grown to :data:`~emulator.model.paper_scale.FAMILY_HOSTS` accelerators
-  (:func:`~emulator.model.paper_scale.project_families`); at the most, per
+  ran grown to :data:`~emulator.model.prediction.paper_scale.FAMILY_HOSTS` accelerators
+  (:func:`~emulator.model.prediction.paper_scale.project_families`); at the most, per
   size, the reference against the fastest and the slowest other design
   (:func:`design_answers`).
 
@@ -48,7 +48,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from emulator.base import stats
-from emulator.model import paper_scale, topology
+from emulator.model import topology
+from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.study.report.families import TrainingKey, TrainingPoint, efficiency_interval, training_families
 from emulator.study.report.rows import CellRow, Reference, busbw_rows

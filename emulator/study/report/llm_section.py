@@ -1,20 +1,21 @@
 """The report's "Language-model iteration" section: hybrid-parallel iterations measured, beside the model, and
 grown to more accelerators by the model.
 
-Per cell of a language model (:mod:`emulator.model.schedule.llm`): the
+Per cell of a language model (:mod:`emulator.model.workloads.llm`): the
 iteration time, measured (median over repetitions) and the timing model's,
 their ratio, the compute-only time and the scaling efficiency (compute-only
 over iteration time), and every kind of process group's communication share
 of the iteration, measured and the model's
-(:mod:`emulator.model.schedule.group_share`). Then each cell's design grown
-to :data:`emulator.model.llm_scale.HOSTS` accelerators, its data-parallel
-groups with it (:mod:`emulator.model.llm_scale`), model only.
+(:mod:`emulator.model.prediction.group_share`). Then each cell's design grown
+to :data:`emulator.model.workloads.llm_scale.HOSTS` accelerators, its data-parallel
+groups with it (:mod:`emulator.model.workloads.llm_scale`), model only.
 """
 
 from __future__ import annotations
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model import fabric, llm_scale
+from emulator.model import fabric
+from emulator.model.workloads import llm_scale
 from emulator.study.report.doc import Doc
 from emulator.study.report.rows import CellRow, llm_rows
 from emulator.study.report.sections import fmt_number
@@ -82,7 +83,7 @@ def _grown(doc: Doc, cells: list[CellRow], profile: fabric.FabricProfile) -> Non
           "(`topology.grown_spec`), the tensor- and pipeline-parallel split kept and the data-parallel groups "
           "grown with it (weak scaling: each rank's compute unchanged). The iteration there is the model's "
           "iteration here plus the change of the data-parallel phase, that phase alone by the timing model on "
-          "both fabrics (`emulator/model/llm_scale.py`). Iteration times are real seconds of the full-size "
+          "both fabrics (`emulator/model/workloads/llm_scale.py`). Iteration times are real seconds of the full-size "
           "iteration (the dilation and the scale undone).")
     doc.table(["fabric", "accelerators", "grown design", "dp", "iteration s, real (model)", "efficiency (model)",
                "why not"], body)

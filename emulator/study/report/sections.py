@@ -5,7 +5,7 @@ how its numbers read (``×1.24 (1.10–1.38)``, ``–`` for a missing value).
 Each function takes rows and numbers already computed (:mod:`emulator.study.report.rows`,
 :mod:`~emulator.study.report.speedups`, :mod:`~emulator.study.report.families`,
 :mod:`~emulator.study.report.timelines`, :mod:`~emulator.study.report.answers`,
-:mod:`emulator.model.paper_scale`); those with a
+:mod:`emulator.model.prediction.paper_scale`); those with a
 figure draw it through :mod:`emulator.study.report.plots` into the ``plots``
 folder they are given and link it as ``plots/<name>``.
 """
@@ -18,7 +18,8 @@ import statistics
 from collections import Counter
 from collections.abc import Sequence
 
-from emulator.model import fabric, paper_scale
+from emulator.model import fabric
+from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.runs.metrics import LAG_SHARE
 from emulator.study.report import answers, plots
@@ -344,7 +345,7 @@ def _latency_scaled(row: CellRow, profile: fabric.FabricProfile) -> bool:
 def _scale_sentence(rows: list[CellRow], profile: fabric.FabricProfile) -> str:
     """What a workload's scale > 1 keeps of the real iteration and what it does not ("" when every scale is 1).
 
-    Two cases (:mod:`emulator.model.schedule.training`): cells whose fabric has the latencies divided by the scale
+    Two cases (:mod:`emulator.model.workloads.training`): cells whose fabric has the latencies divided by the scale
     too (the experiment's ``profile`` against each cell's own), and cells that replayed at the full latencies.
     """
     rows = [r for r in rows if r.workload_scale > 1]
@@ -445,7 +446,7 @@ def projection(doc: Doc, comps: Sequence[paper_scale.Comparison], error: str, pr
     ref_specs = sorted({(c.hosts, c.reference.topology) for c in comps})
     doc.p("Every number in this section is the timing model's, on the real fabric the profile names ("
           f"{profile.link_gbps:g} Gbit/s links, {profile.alpha_us:g} µs per message, {profile.switch_latency_us:g} "
-          "µs per switch, MTU " f"{profile.mtu}), computed by `emulator.model.schedule.projection` (which equals "
+          "µs per switch, MTU " f"{profile.mtu}), computed by `emulator.model.prediction.projection` (which equals "
           "`schedule check`'s prediction of the same schedule on the sizes the emulator runs). Reference: "
           + ", ".join(f"`{spec}` ({h})" for h, spec in ref_specs)
           + "; fabrics of equal switch radix k (k/2 hosts per leaf; BiGraph with k/2 switches per group), ECMP "
@@ -482,7 +483,7 @@ def designs(doc: Doc, grown: Sequence[paper_scale.Grown], measured_hosts: int, e
           "rails longer with their spines in proportion (the leaves' oversubscription kept), BiGraph by the "
           "equal-radix rule (k/2 switches per group). Real times on the fabric the profile names ("
           f"{profile.link_gbps:g} Gbit/s links, {profile.alpha_us:g} µs per message, {profile.switch_latency_us:g} "
-          f"µs per switch{interconnect}), by `emulator.model.schedule.projection` (the timing model's rules; hier "
+          f"µs per switch{interconnect}), by `emulator.model.prediction.projection` (the timing model's rules; hier "
           "as its three phases, each rank entering a phase when done with the one before); ECMP folded by the "
           f"median over seeds {', '.join(map(str, paper_scale.SEEDS))}. Grown fabrics: "
           + ", ".join(f"`{spec}` ({h})" for h, spec in grown_specs)

@@ -20,7 +20,7 @@ from typing import Any
 
 from emulator.base.files import read_jsonl
 from emulator.model import routing, topology
-from emulator.model.schedule import cost
+from emulator.model.prediction import cost
 from emulator.model.schedule import format as sformat
 from emulator.runs import results
 from emulator.study.report.rows import CellRow, Reference, busbw_rows

@@ -37,7 +37,7 @@ integer kind is accepted for an integer attribute)
         lanes.
     ``COMM_COLL_NODE``
         A collective of the process group ``pg_name`` names (none: every
-        rank); :mod:`~emulator.model.schedule.chakra_groups` reads the groups
+        rank); :mod:`~emulator.model.workloads.chakra_groups` reads the groups
         from the trace's ``## process_group:init ##`` metadata and matches the
         nodes: the k-th node of a group on each of its ranks (in each rank's
         dependency order) are one collective, and must agree on
@@ -70,7 +70,7 @@ integer kind is accepted for an integer attribute)
         ========================  ==============  =============================  ==========
 
         ``algo`` is used where the generators have it for that collective
-        and rank count (:func:`~emulator.model.schedule.generators.algorithms`),
+        and rank count (:func:`~emulator.model.collectives.generators.algorithms`),
         else the fallback; ``meta.collectives`` says which ran. Chakra has
         no root attribute: broadcast and reduce are rooted at the group's
         first rank (rank 0 for every rank). A BARRIER is ``ceil(log2 p)``
@@ -187,8 +187,20 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError
 from emulator.model import topology as topology_mod
-from emulator.model.schedule import generators
-from emulator.model.schedule.chakra_groups import (
+from emulator.model.collectives import generators
+from emulator.model.schedule.compose import Composer, Node
+from emulator.model.schedule.format import (
+    DTYPE_BYTES,
+    MAX_CHUNKS,
+    MAX_COMPUTE_S,
+    MAX_LANES,
+    MAX_RANKS,
+    Schedule,
+    is_power_of_two,
+)
+from emulator.model.schedule.semantics import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, REDUCE_TO_ROOT
+from emulator.model.topology import Topology
+from emulator.model.workloads.chakra_groups import (
     PG_INIT,
     CollNode,
     GroupTable,
@@ -200,26 +212,7 @@ from emulator.model.schedule.chakra_groups import (
     match_collectives,
     parse_pg_config,
 )
-from emulator.model.schedule.collectives import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BROADCAST,
-    REDUCE_SCATTER,
-    REDUCE_TO_ROOT,
-)
-from emulator.model.schedule.compose import Composer, Node
-from emulator.model.schedule.format import (
-    DTYPE_BYTES,
-    MAX_CHUNKS,
-    MAX_COMPUTE_S,
-    MAX_LANES,
-    MAX_RANKS,
-    Schedule,
-    is_power_of_two,
-)
-from emulator.model.schedule.training import scaled_bytes
-from emulator.model.topology import Topology
+from emulator.model.workloads.training import scaled_bytes
 
 FILE_RE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et$")
 WHERE = "chakra import"
@@ -699,14 +692,14 @@ class TraceMessage:
 
 
 def groups_of(traces: Sequence[RankTrace], replicated: bool = False) -> GroupTable:
-    """The process groups the traces' metadata list (:func:`~emulator.model.schedule.chakra_groups.group_table`)."""
+    """The process groups the traces' metadata list (:func:`~emulator.model.workloads.chakra_groups.group_table`)."""
     return group_table([(t.where, t.groups) for t in traces[:1 if replicated else len(traces)]], len(traces),
                        replicated)
 
 
 def collectives_of(traces: Sequence[RankTrace], table: GroupTable) -> Matching:
     """Every rank's collective nodes matched into collectives
-    (:func:`~emulator.model.schedule.chakra_groups.match_collectives`)."""
+    (:func:`~emulator.model.workloads.chakra_groups.match_collectives`)."""
     per_rank = [[CollNode(t.rank, i, n.pg_name, n.collective, n.size, n.node_id, n.name)
                  for i, n in enumerate(t.nodes) if n.kind == COLL] for t in traces]
     return match_collectives(per_rank, [t.where for t in traces], table)
@@ -1150,7 +1143,7 @@ def load(paths: Sequence[str], algo: str = "ring", index: int | None = None, top
 def scaled(trace: RankTrace, scale: float) -> RankTrace:
     """``trace`` with every message's and collective's size divided by ``scale`` (rounded up, a collective's to
     whole float32 elements) and every node's recorded time divided by it: the rule of a training iteration's
-    ``scale`` (:mod:`emulator.model.schedule.training`), so a replay's fabric latencies are divided alike."""
+    ``scale`` (:mod:`emulator.model.workloads.training`), so a replay's fabric latencies are divided alike."""
     if scale == 1:
         return trace
 

@@ -12,19 +12,19 @@ naming it: use ``emu schedule check`` for those. Every topology
 are the accelerators, routed through the PCIe switch and the pinned NIC like
 any other path).
 
-The physics is the timing model's (:mod:`emulator.model.schedule.timing`), applied to
+The physics is the timing model's (:mod:`emulator.model.prediction.timing`), applied to
 what repeats instead of to every operation:
 
 * Paths: every distinct ``(src rank, dst rank)`` pair of the algorithm is
   routed once (:func:`emulator.model.routing.routes`: :func:`~emulator.model.routing.route`
   with one router for all pairs) under the policy and ECMP seed, its directed links and capacities from
-  :func:`~emulator.model.schedule.cost.physical_links`, its latency terms from
+  :func:`~emulator.model.prediction.cost.physical_links`, its latency terms from
   :meth:`LatencyModel.path` by switches crossed, its last-frame
   store-and-forward tail one frame time per link after the first.
 * Ring: all ``2(p-1)`` steps move the same flows (``i -> i+1``, one chunk
   each), so there is one distinct step. Its flows' rates come from one
   max-min fair progressive filling over the whole step
-  (:func:`~emulator.model.schedule.cost.maxmin_rates`). The pipeline is then the
+  (:func:`~emulator.model.prediction.cost.maxmin_rates`). The pipeline is then the
   timing model's recurrence, evaluated for all ranks at once per step
   (numpy): a send is ready when the previous step's data arrived, its
   transfer starts at ``max(ready, posted + L_cts)``, its first byte arrives
@@ -58,7 +58,7 @@ what repeats instead of to every operation:
   but the all-gather's inside the server, which are posted once the
   reduce-scatter is done (they write the blocks it last sent). Over a
   server's accelerator interconnect the paths are its ports
-  (:func:`~emulator.model.schedule.cost.physical_links`), without frames.
+  (:func:`~emulator.model.prediction.cost.physical_links`), without frames.
 
 Approximation. Halving-doubling is exact up to floating-point rounding: its
 rounds are simulated rank by rank because the ranks do drift apart under
@@ -102,12 +102,12 @@ import numpy as np
 
 from emulator.base.errors import FieldError
 from emulator.model import routing
+from emulator.model.collectives import generators
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel, PathLatency
-from emulator.model.schedule import generators
-from emulator.model.schedule.cost import Link, bus_bandwidth_mbps, maxmin_rates, over_domain, physical_links
+from emulator.model.prediction.cost import Link, bus_bandwidth_mbps, maxmin_rates, over_domain, physical_links
+from emulator.model.prediction.timing import ack_departure, is_reverse
 from emulator.model.schedule.format import check_chunking
-from emulator.model.schedule.timing import ack_departure, is_reverse
 from emulator.model.topology import (
     DEFAULT_MTU,
     KINDS,
@@ -137,7 +137,7 @@ class Projection:
     size: int
     time_s: float  # emulated seconds, comparable to predict().predicted_time_s
     real_time_s: float | None  # latency.profile.real_seconds(time_s) when the LatencyModel has a profile
-    busbw_mbps: float  # emulator.model.schedule.cost.bus_bandwidth_mbps(size, hosts, time_s)
+    busbw_mbps: float  # emulator.model.prediction.cost.bus_bandwidth_mbps(size, hosts, time_s)
     distinct_steps: int  # distinct step patterns routed and solved (ring 1; hd log2 p, +2 when p is no power of 2)
 
 

@@ -22,7 +22,7 @@ max-min fair (flow level)
     whenever a flow finishes the rates are recomputed. The step lasts the
     largest transfer latency plus the time until the last flow finishes.
 
-The prediction itself is the timing model's (:mod:`emulator.model.schedule.timing`),
+The prediction itself is the timing model's (:mod:`emulator.model.prediction.timing`),
 which follows the agents' dependencies instead of lockstep steps; it shares
 :func:`maxmin_rates` and :func:`path_function` with this module.
 
@@ -51,7 +51,8 @@ from typing import Any, Protocol
 from emulator.model import routing
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.collectives import (
+from emulator.model.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
+from emulator.model.schedule.semantics import (
     ALLGATHER,
     ALLREDUCE,
     ALLTOALL,
@@ -60,7 +61,6 @@ from emulator.model.schedule.collectives import (
     REDUCE_TO_ROOT,
     bus_factor,
 )
-from emulator.model.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology, last_segment_bytes, tcp_goodput_factor, tcp_payload_bytes
 
 TCP_GOODPUT = tcp_goodput_factor(DEFAULT_MTU)  # the emulated network's default MTU
@@ -291,7 +291,7 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
     local reductions. ``latency`` (default: none at all) gives every
     transfer's latency terms by the switches its path crosses; the step
     models charge each transfer its rendezvous, message latency and
-    store-and-forward tail, the timing model (:mod:`emulator.model.schedule.timing`)
+    store-and-forward tail, the timing model (:mod:`emulator.model.prediction.timing`)
     applies the agents' rules.
     """
     model = latency or LatencyModel()
@@ -502,7 +502,7 @@ def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLR
     """nccl-tests busbw of ``collective`` (default allreduce) of ``size`` bytes taking ``seconds``, in Mbit/s.
 
     ``size`` is nccl-tests' size (:attr:`~emulator.model.schedule.format.Schedule.collective_bytes`); the factor is
-    :func:`~emulator.model.schedule.collectives.bus_factor`'s.
+    :func:`~emulator.model.schedule.semantics.bus_factor`'s.
     """
     if seconds <= 0:
         return 0.0

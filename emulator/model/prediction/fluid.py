@@ -3,7 +3,7 @@
 :class:`FluidLinks` holds the flows under way on a set of directed links of
 known capacity (bytes/s). A flow starts with its links and bytes at a time;
 whenever one starts or drains, every flow's rate is recomputed by progressive
-filling (:func:`emulator.model.schedule.cost.maxmin_rates`, the timing
+filling (:func:`emulator.model.prediction.cost.maxmin_rates`, the timing
 model's own), so a flow drains exactly when the timing model says it does.
 
 The interconnect's arbiter (:mod:`emulator.emulation.domain`) runs it in real
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-from emulator.model.schedule.cost import Link, maxmin_rates
+from emulator.model.prediction.cost import Link, maxmin_rates
 
 #: A flow whose bytes left are below this share of its size has drained (float rounding).
 _EPS = 1e-9

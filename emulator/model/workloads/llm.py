@@ -4,8 +4,8 @@ Pure. This module owns the configuration (:class:`LlmConfig`), what one
 iteration computes and communicates per rank (:func:`stage_passes`,
 :func:`one_f_one_b`, :func:`dp_work`), and the composed schedule
 (:func:`iteration`, :func:`gen`). The models and accelerators are
-:mod:`emulator.model.schedule.llm_models`'s; the rank order, process groups
-and hosts :mod:`emulator.model.schedule.llm_placement`'s.
+:mod:`emulator.model.workloads.llm_models`'s; the rank order, process groups
+and hosts :mod:`emulator.model.workloads.llm_placement`'s.
 
 Parallelism: ``T``-way tensor (TP), ``P``-way pipeline (PP), ``D``-way data
 (DP) parallel, ``T·P·D`` ranks, one per host; ``E``-way expert parallelism
@@ -66,10 +66,10 @@ Expert parallel (``megatron/core/transformer/moe/token_dispatcher.py``, ``MoEAll
     (``k`` times a dense layer's buffer), in place of the MLP's collectives;
     Megatron requires sequence parallelism then.
 
-Compute (:mod:`~emulator.model.schedule.llm_models` for the FLOPs): per
+Compute (:mod:`~emulator.model.workloads.llm_models` for the FLOPs): per
 microbatch and layer, the attention's and the MLP's forward FLOPs of ``b·s``
 tokens over ``T``, at the accelerator's sustained rate
-(:class:`~emulator.model.schedule.training.Accelerator`); a backward pass is
+(:class:`~emulator.model.workloads.training.Accelerator`); a backward pass is
 twice its forward; the last stage adds the logits. Each rank's compute runs
 one operation at a time, as on one stream, and waits for the tensor-parallel
 collectives it needs (Megatron without communication overlap). The
@@ -83,11 +83,11 @@ drops ``K`` times, and a layer's collectives no longer interleave with its
 neighbours' compute.
 
 ``scale`` divides every byte count and compute time as
-:mod:`emulator.model.schedule.training` does (and
-:func:`~emulator.model.schedule.training.workload_scale` reads it back, so
+:mod:`emulator.model.workloads.training` does (and
+:func:`~emulator.model.workloads.training.workload_scale` reads it back, so
 check and replay divide the fabric's latencies by it too); ``meta`` keeps
 the real sizes. Chunks: one size for the schedule, every collective padded
-to a multiple of it as :func:`~emulator.model.schedule.training.pad_sizes`
+to a multiple of it as :func:`~emulator.model.workloads.training.pad_sizes`
 does (the padding is in ``meta``).
 """
 
@@ -99,16 +99,16 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule import timing
-from emulator.model.schedule.collectives import ALLGATHER, ALLREDUCE, ALLTOALL, P2P, REDUCE_SCATTER
+from emulator.model.collectives.generators import RECIPES, algorithms, generate
+from emulator.model.prediction import timing
 from emulator.model.schedule.compose import Composer, Node
 from emulator.model.schedule.format import DTYPE_BYTES, RECV, SEND, Op, RankProgram, Schedule, is_power_of_two
-from emulator.model.schedule.generators import RECIPES, algorithms, generate
-from emulator.model.schedule.llm_models import A100, ACCELERATORS, MODELS, TransformerModel, model
-from emulator.model.schedule.llm_placement import Grid, Placement, place, read_placement_file
-from emulator.model.schedule.training import Accelerator, chunk_multiple, pad_sizes, scaled_bytes
+from emulator.model.schedule.semantics import ALLGATHER, ALLREDUCE, ALLTOALL, P2P, REDUCE_SCATTER
 from emulator.model.topology import Topology
 from emulator.model.topology import build as build_topology
+from emulator.model.workloads.llm_models import A100, ACCELERATORS, MODELS, TransformerModel, model
+from emulator.model.workloads.llm_placement import Grid, Placement, place, read_placement_file
+from emulator.model.workloads.training import Accelerator, chunk_multiple, pad_sizes, scaled_bytes
 
 WHERE = "schedule gen"
 #: bf16 activations, activation gradients and parameters (Megatron's ``--bf16``).
@@ -641,7 +641,7 @@ def iteration(topo: Topology, config: LlmConfig, *, dp_algo: str = "ring", tp_al
     """One training iteration of ``config`` over every host of ``topo`` (see the module docstring).
 
     ``placement_hosts``: the host of every rank (default Megatron's order on the topology's hosts,
-    :mod:`~emulator.model.schedule.llm_placement`); ``placement_name`` what the schedule calls that placement.
+    :mod:`~emulator.model.workloads.llm_placement`); ``placement_name`` what the schedule calls that placement.
     ``tp_algo`` builds the tensor-parallel collectives, ``dp_algo`` the data-parallel reduce-scatters and
     all-gathers (hdrm: hd, on power-of-two groups); all-to-alls are ``direct``, pipeline messages
     point-to-point. ``scale`` (>= 1) divides sizes and compute times. ``meta`` records the model and its
@@ -676,7 +676,7 @@ def dp_phase(topo: Topology, config: LlmConfig, *, dp_algo: str = "ring", scale:
              max_padding: float = 0.01) -> Schedule:
     """What :func:`iteration` does after its pipeline, alone: the distributed optimizer's reduce-scatters and
     all-gathers (and the tied embedding's allreduce), every rank starting at once, on the same placement, sizes
-    and algorithms. What the projection to more accelerators changes (:mod:`emulator.model.llm_scale`): the
+    and algorithms. What the projection to more accelerators changes (:mod:`emulator.model.workloads.llm_scale`): the
     pipeline's work per rank does not grow with the data-parallel degree, this phase's does."""
     config.check(len(topo.hosts))
     _check_scale(scale)
@@ -695,7 +695,7 @@ def gen(model_name: str, topo: Topology, *, tp: int, pp: int, dp: int, ep: int =
         dp_algo: str = "ring", tp_algo: str = "ring", scale: float = 1.0, placement_file: str | None = None,
         layers_per_collective: int = 1, accelerator: str = "a100") -> Schedule:
     """``emu schedule gen --model NAME --tp T --pp P --dp D ...``: :func:`iteration` of a named model
-    (:data:`~emulator.model.schedule.llm_models.MODELS`), its hosts from ``placement_file`` when given."""
+    (:data:`~emulator.model.workloads.llm_models.MODELS`), its hosts from ``placement_file`` when given."""
     if accelerator not in ACCELERATORS:
         raise FieldError(WHERE, "accelerator", f"one of {', '.join(ACCELERATORS)}", accelerator)
     cfg = LlmConfig(model(model_name), tp, pp, dp, ep, microbatches, micro_batch, sequence_parallel,

@@ -3,7 +3,7 @@
 Pure. Weak scaling, as a cluster grows its data-parallel degree: the tensor-
 and pipeline-parallel split stays, each rank keeps its layers, microbatches
 and compute, and only the data-parallel groups grow (``D = N / (T·P)``). Of
-an iteration (:mod:`emulator.model.schedule.llm`) that changes the
+an iteration (:mod:`emulator.model.workloads.llm`) that changes the
 distributed optimizer's phase after the pipeline: its reduce-scatters and
 all-gathers run over groups of ``D`` on a fabric of ``N`` accelerators. The
 pipeline's own traffic (tensor-parallel collectives inside each server,
@@ -12,7 +12,7 @@ groups' traffic does to it on a bigger fabric is not modelled.
 
 So the iteration at ``N`` is the timing model's iteration at the measured
 size, plus the data-parallel phase's change: that phase alone
-(:func:`~emulator.model.schedule.llm.dp_phase`, every rank starting at once)
+(:func:`~emulator.model.workloads.llm.dp_phase`, every rank starting at once)
 by the timing model on the design grown to ``N``
 (:func:`~emulator.model.topology.grown_spec`), minus the same at the measured
 size. Both phases use the cell's scale, algorithm, routing and fabric
@@ -30,8 +30,8 @@ from emulator.base.errors import FieldError, UserError
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import llm
-from emulator.model.schedule.check import time_only
+from emulator.model.prediction.check import time_only
+from emulator.model.workloads import llm
 
 #: The sizes the report grows a language-model cell to.
 HOSTS = (256, 1024)
@@ -67,7 +67,7 @@ class LlmPoint:
 
 def dp_phase_s(spec: str, routing: str, config: llm.LlmConfig, dp_algo: str, scale: float,
                profile: FabricProfile) -> float:
-    """The timing model's time of :func:`~emulator.model.schedule.llm.dp_phase` at ``scale`` on ``spec``
+    """The timing model's time of :func:`~emulator.model.workloads.llm.dp_phase` at ``scale`` on ``spec``
     (emulated seconds on ``profile``, the fabric the scaled workload replays on)."""
     topo = topology.build(spec, profile.emulated_link_mbps, profile.domain_ratio)
     phase = llm.dp_phase(topo, config, dp_algo=dp_algo, scale=scale)

@@ -1,7 +1,7 @@
 """Process groups of Chakra traces: which ranks each collective node spans, and which nodes are one collective.
 
 This module owns the process-group side of the Chakra importer
-(:mod:`emulator.model.schedule.chakra`): reading the groups PyTorch records,
+(:mod:`emulator.model.workloads.chakra`): reading the groups PyTorch records,
 resolving a collective node's ``pg_name`` to its ranks, and matching the
 collective nodes of every rank into collectives, grouped as a communicator
 split runs them.

@@ -26,7 +26,7 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
    ACK is not waited for.)
 4. Flows share links max-min fairly: every directed link's goodput is shared
    by progressive filling over the flows crossing it, recomputed whenever a
-   flow starts or drains (:func:`emulator.model.schedule.cost.maxmin_rates`).
+   flow starts or drains (:func:`emulator.model.prediction.cost.maxmin_rates`).
 5. A drained flow's send is *written*; its last frame
    (:func:`~emulator.model.topology.last_segment_bytes`) still crosses every link
    after the first, one frame time per link (store-and-forward), and then
@@ -79,7 +79,7 @@ from dataclasses import dataclass, field
 
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import ZERO, PathLatency
-from emulator.model.schedule.cost import Link, maxmin_rates
+from emulator.model.prediction.cost import Link, maxmin_rates
 from emulator.model.schedule.dispatch import Dispatcher, Ready
 from emulator.model.schedule.format import COMPUTE, RECV_REDUCE, SEND, Schedule, match_transfers
 from emulator.model.topology import last_segment_bytes
@@ -139,7 +139,7 @@ Conn = tuple[int, int, int]
 
 def is_reverse(link: Link, back: Link) -> bool:
     """Whether ``back`` runs along ``link`` the other way (a link's first name may carry its sending port,
-    ``s17-eth6``: :func:`emulator.model.schedule.cost.physical_links`)."""
+    ``s17-eth6``: :func:`emulator.model.prediction.cost.physical_links`)."""
     return back[0].split("-eth")[0] == link[1] and back[1] == link[0].split("-eth")[0]
 
 

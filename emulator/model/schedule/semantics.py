@@ -2,7 +2,7 @@
 
 Pure; the one statement of the collectives' semantics, used by the schedule
 format (which buffer shapes a collective allows), the symbolic executor (the
-proof), the agents' data check (:mod:`emulator.model.buffers`) and the metrics.
+proof), the agents' data check (:mod:`emulator.model.schedule.buffers`) and the metrics.
 
 A schedule works on chunks (of one size, or differing by one element:
 :class:`~emulator.model.schedule.format.ChunkLayout`). Every chunk of a rank's buffers

@@ -3,9 +3,9 @@
 The emulator runs up to 64 hosts on this machine; the paper's claims are about
 clusters of hundreds to a thousand accelerators. This module projects the same
 comparisons there with the validated timing model
-(:func:`emulator.model.schedule.projection.project`, which equals ``schedule check``'s
+(:func:`emulator.model.prediction.projection.project`, which equals ``schedule check``'s
 prediction on the sizes the emulator runs) on equal-radix fabrics
-(:func:`~emulator.model.schedule.projection.paper_scale_topologies`): BiGraph + hdrm
+(:func:`~emulator.model.prediction.projection.paper_scale_topologies`): BiGraph + hdrm
 against leaf-spine (and fat-tree where one exists at that size) with ECMP
 (median over :data:`SEEDS`) and ring or hd. Times are on the real fabric the
 profile names (no emulation, no machine latency): the profile's bandwidth,
@@ -33,8 +33,8 @@ from emulator.base.errors import FieldError, UserError
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule.cost import bus_bandwidth_mbps
-from emulator.model.schedule.projection import paper_scale_topologies, project
+from emulator.model.prediction.cost import bus_bandwidth_mbps
+from emulator.model.prediction.projection import paper_scale_topologies, project
 
 HOSTS = (128, 256, 512, 1024)
 SIZES = (1 << 20, 16 << 20)  # bytes per rank: the emulated scaling series' size, and a bandwidth-bound one

@@ -20,7 +20,7 @@ Collectives (``coll``)
     ``allreduce``, ``allgather``, ``alltoall``, ``reducescatter`` (also
     msccl-tools' spelling ``reduce_scatter``), ``broadcast`` and ``reduce``.
     The runtime's other values (``send``, ``recv``, ``gather``, ``scatter``,
-    ``alltoallv``) have no :class:`~emulator.model.schedule.collectives.Shape` and
+    ``alltoallv``) have no :class:`~emulator.model.schedule.semantics.Shape` and
     are refused. A broadcast's root is the one gpu with no receiving step, a
     reduce's the one gpu with no sending step.
 
@@ -119,15 +119,6 @@ from dataclasses import asdict, dataclass, replace
 import networkx as nx
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model.schedule.collectives import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BROADCAST,
-    REDUCE_SCATTER,
-    REDUCE_TO_ROOT,
-    Shape,
-)
 from emulator.model.schedule.deps import derive_deps
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import (
@@ -143,6 +134,15 @@ from emulator.model.schedule.format import (
     RankProgram,
     Schedule,
     check_chunking,
+)
+from emulator.model.schedule.semantics import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE_SCATTER,
+    REDUCE_TO_ROOT,
+    Shape,
 )
 
 STEP_TYPES = ("s", "r", "rcs", "rrc", "rrcs", "rrs", "cpy", "re", "nop")

@@ -22,8 +22,8 @@ import bisect
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from emulator.model.prediction.timing import Timing
 from emulator.model.schedule.format import SEND, Schedule, match_transfers
-from emulator.model.schedule.timing import Timing
 
 #: One transfer in flight: sender rank, receiver rank, send op id, start and end (seconds).
 Interval = tuple[int, int, int, float, float]

@@ -3,18 +3,18 @@
 :func:`check` assumes a structurally valid :class:`Schedule` (as returned by
 :func:`emulator.model.schedule.format.load`), checks that its hosts exist in the
 topology, runs :func:`emulator.model.schedule.executor.execute` (the proof),
-:func:`emulator.model.schedule.cost.analyze` (contention and the step models) and
-:func:`emulator.model.schedule.timing.simulate` (the prediction), and returns one
+:func:`emulator.model.prediction.cost.analyze` (contention and the step models) and
+:func:`emulator.model.prediction.timing.simulate` (the prediction), and returns one
 :class:`CheckReport`. :func:`predict` is what a replay runs first: the same,
 refusing anything that does not compute its collectives.
 
 Schedules with ``compute`` operations (a training iteration,
-:mod:`emulator.model.schedule.training`) are predicted with their compute dilated
+:mod:`emulator.model.workloads.training`) are predicted with their compute dilated
 like everything else (``compute_dilation``, by default the fabric profile's
 ``dilation``: a replay sleeps ``D·seconds``). The report then has the
 iteration's time (:attr:`CheckReport.iteration_time_s`, the makespan), its
 time with communication free (:attr:`CheckReport.compute_only_s`,
-:func:`emulator.model.schedule.timing.compute_only_s`) and the scaling efficiency,
+:func:`emulator.model.prediction.timing.compute_only_s`) and the scaling efficiency,
 compute-only over iteration (1 when communication hides entirely behind
 compute).
 """
@@ -28,9 +28,10 @@ from typing import Any
 from emulator.base.errors import UserError
 from emulator.model.fabric import dilation_of as dilation_of_profile
 from emulator.model.latency import LatencyModel
-from emulator.model.schedule import cost, executor, timing
-from emulator.model.schedule.collectives import MIXED
+from emulator.model.prediction import cost, timing
+from emulator.model.schedule import executor
 from emulator.model.schedule.format import Schedule, check_hosts
+from emulator.model.schedule.semantics import MIXED
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_payload_bytes
 
 
@@ -179,7 +180,7 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     network's; a compute op takes its ``seconds`` times ``compute_dilation``
     (default :func:`dilation_of`: the profile's dilation, 1 without a
     profile); ``flow_of`` the 5-tuple of each connection, where it is not the
-    agents' (:func:`emulator.model.schedule.cost.transfers`). Raises :class:`~emulator.base.errors.UserError` for hosts missing
+    agents' (:func:`emulator.model.prediction.cost.transfers`). Raises :class:`~emulator.base.errors.UserError` for hosts missing
     from the topology or an unknown routing policy; correctness problems are
     reported in the result (``valid`` false, ``execution.errors``) and then no
     timing is simulated.

@@ -4,7 +4,7 @@ A rank holds three buffers, ``data``, ``output`` and ``scratch``, in chunks
 laid out as the schedule's :class:`~emulator.model.schedule.format.ChunkLayout`
 says (float32 elements, or bytes for point-to-point traffic). Every chunk of a collective's input is filled with small integers
 that identify the contributing rank and the element of the collective's
-global data it stands for (its *label*, :mod:`emulator.model.schedule.collectives`;
+global data it stands for (its *label*, :mod:`emulator.model.schedule.semantics`;
 exact in float32 when summed), so the result each rank must end with is
 known exactly (:func:`expected_sum` for a sum over every rank of a group,
 :func:`input_values` for one rank's contribution) and
@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from emulator.model.schedule.collectives import ALL, NOBODY, Shape
 from emulator.model.schedule.format import COMPUTE, DTYPE_BYTES, RECV_REDUCE, REDUCE, ChunkLayout, Op, Schedule
+from emulator.model.schedule.semantics import ALL, NOBODY, Shape
 
 BUFFER_NAMES = ("data", "output", "scratch")
 

@@ -39,7 +39,7 @@ The iteration (:func:`iteration`)
     (:class:`Accelerator`). Right after the backward of the layer that
     completes bucket ``b`` (the one holding the bucket's last-added
     parameter), bucket ``b``'s allreduce starts
-    (:func:`emulator.model.schedule.generators.generate` spliced in with
+    (:func:`emulator.model.collectives.generators.generate` spliced in with
     :meth:`emulator.model.schedule.compose.Composer.collective`); it overlaps the
     remaining backward compute. The allreduces of one rank run one after
     another, as on DDP's one NCCL stream: bucket ``b+1``'s waits for bucket
@@ -72,7 +72,7 @@ target) and frame serialisation (frames do not shrink; at MTU 9000 and
 ``scale`` 10 a frame's store-and-forward weighs 10 times more). ``meta``
 keeps the unscaled sizes and compute time.
 
-:func:`emulator.model.schedule.timing.compute_only_s` gives any schedule's
+:func:`emulator.model.prediction.timing.compute_only_s` gives any schedule's
 time with communication free (the compute-only iteration); ``meta`` records
 it for the schedule built.
 """
@@ -85,10 +85,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule import timing
+from emulator.model.collectives.generators import DBTREE_DEFAULT_CHUNKS, generate
+from emulator.model.prediction import timing
 from emulator.model.schedule.compose import Composer, Node
 from emulator.model.schedule.format import DTYPE_BYTES, MAX_CHUNKS, Schedule
-from emulator.model.schedule.generators import DBTREE_DEFAULT_CHUNKS, generate
 from emulator.model.topology import Topology
 
 WHERE = "schedule gen"
@@ -338,7 +338,7 @@ def ddp_buckets(m: Model, cap_bytes: int = BUCKET_CAP_BYTES, first_bucket_bytes:
 
 def chunk_multiple(p: int) -> int:
     """A chunk count every generator's natural count at ``p`` ranks divides: ``p`` (ring, hier, hdrm), the largest
-    power of two <= ``p`` (hd) and :data:`~emulator.model.schedule.generators.DBTREE_DEFAULT_CHUNKS` (dbtree)."""
+    power of two <= ``p`` (hd) and :data:`~emulator.model.collectives.generators.DBTREE_DEFAULT_CHUNKS` (dbtree)."""
     return math.lcm(p, 1 << (p.bit_length() - 1), DBTREE_DEFAULT_CHUNKS)
 
 
@@ -380,12 +380,12 @@ def iteration(topo: Topology, algo: str, config: TrainingConfig | None = None, p
               seed: int = 0, scale: float = 1.0, *, max_padding: float = 0.01) -> Schedule:
     """One data-parallel training iteration of ``config.model`` over every host of ``topo`` (see the module docstring).
 
-    ``algo``, ``placement`` and ``seed`` are :func:`~emulator.model.schedule.generators.generate`'s, for every
+    ``algo``, ``placement`` and ``seed`` are :func:`~emulator.model.collectives.generators.generate`'s, for every
     bucket's allreduce; ``scale`` (>= 1) divides gradient sizes and compute times. Segment ``b`` of the result is
     bucket ``b``'s allreduce (named ``bucket b``). ``meta`` holds the model, batch, accelerator, scale, the
     buckets (real, scaled and padded bytes, their tensors' range and the layer after which each starts), the
     chunk size and padding, the forward and backward seconds, ``compute_only_s`` (this schedule's, before any
-    dilation: :func:`~emulator.model.schedule.timing.compute_only_s`) and the table's source. Raises
+    dilation: :func:`~emulator.model.prediction.timing.compute_only_s`) and the table's source. Raises
     :class:`FieldError` for a bad configuration, scale or algorithm.
     """
     config = config or TrainingConfig()
@@ -444,7 +444,7 @@ def iteration(topo: Topology, algo: str, config: TrainingConfig | None = None, p
 
 
 def workload_scale(schedule: Schedule) -> float:
-    """The ``scale`` a training iteration (this module's or :mod:`emulator.model.schedule.llm`'s) was built with,
+    """The ``scale`` a training iteration (this module's or :mod:`emulator.model.workloads.llm`'s) was built with,
     or an imported Chakra trace was scaled by (1 for any other schedule)."""
     meta = schedule.meta
     if meta.get("generator") not in ("training", "llm") and meta.get("imported_from") != "chakra":

@@ -1,7 +1,7 @@
 """Collective schedule generators and rank placements.
 
 :func:`generate` builds a schedule of one collective
-(:mod:`emulator.model.schedule.collectives`) over every host of a topology, one rank
+(:mod:`emulator.model.schedule.semantics`) over every host of a topology, one rank
 per host. :data:`RECIPES` maps each (collective, algorithm) to its builder;
 :func:`algorithms` lists a collective's algorithms (what the CLI offers and
 the errors name). ``size`` is nccl-tests' size of the collective: the bytes
@@ -31,7 +31,7 @@ Allreduce (in place; ``ALGORITHMS``):
     ``N = A`` and ``nic_placement=hdrm`` on a BiGraph where HDRM exists, NIC
     ``g = s·A + j`` sits on the slot HDRM gives rank ``g``, so no NIC or fabric
     link carries two flows in any step (proved in the tests with
-    :func:`emulator.model.schedule.cost.analyze`). With ``N = 1`` the ``A``
+    :func:`emulator.model.prediction.cost.analyze`). With ``N = 1`` the ``A``
     accelerators of a server share its NIC in the inter-server steps.
 ``dbtree``
     NCCL-style double binary tree: two complementary binary trees each reduce
@@ -126,16 +126,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule.collectives import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BROADCAST,
-    REDUCE_SCATTER,
-    REDUCE_TO_ROOT,
-    ROOTED,
-    Shape,
-)
 from emulator.model.schedule.deps import derive_dep_indices
 from emulator.model.schedule.format import (
     COPY,
@@ -149,6 +139,16 @@ from emulator.model.schedule.format import (
     Schedule,
     chunk_layout,
     is_power_of_two,
+)
+from emulator.model.schedule.semantics import (
+    ALLGATHER,
+    ALLREDUCE,
+    ALLTOALL,
+    BROADCAST,
+    REDUCE_SCATTER,
+    REDUCE_TO_ROOT,
+    ROOTED,
+    Shape,
 )
 from emulator.model.topology import Topology, hdrm_problem, hdrm_slot_order
 from emulator.model.topology import build as build_topology

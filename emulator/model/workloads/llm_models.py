@@ -4,7 +4,7 @@ Pure. This module owns the named models (:data:`MODELS`), how many parameters
 a model has where (per layer, sharded across tensor parallelism or
 replicated, embeddings), the FLOPs of one token through each part, and the
 accelerators (:data:`ACCELERATORS`) the compute time comes from.
-:mod:`emulator.model.schedule.llm` turns them into an iteration.
+:mod:`emulator.model.workloads.llm` turns them into an iteration.
 
 The models (each with its source and the parameter count the source gives)
     ``gpt3-13b``: GPT-3 13B, Brown et al. 2020, "Language Models are Few-Shot
@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError
-from emulator.model.schedule.training import Accelerator
+from emulator.model.workloads.training import Accelerator
 
 WHERE = "schedule gen"
 #: Megatron-LM's ``--make-vocab-size-divisible-by`` default.

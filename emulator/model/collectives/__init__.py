@@ -1,0 +1,1 @@
+"""Collective algorithms: the generators of every NCCL collective, rank placements, and MSCCL's algorithm files."""
