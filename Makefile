@@ -12,7 +12,7 @@ BIN := $(VENV)/bin
 DEB_PACKAGES := mininet openvswitch-switch iperf3 tcpdump ethtool iputils-ping iproute2 procps openmpi-bin python3-mpi4py \
 	python3-venv python3-dev gcc openssh-server openssh-client
 VENV_STAMP := $(VENV)/.installed
-# The library emu mpirun preloads into every rank for the fabric's latency (emulator/emulation/mpi_latency.c).
+# The library emu mpirun preloads into every rank for the fabric's latency (emulator/emulation/mpi/mpi_latency.c).
 LATENCY_LIBRARY := $(VENV)/lib/ef-mpi-latency.so
 TOPO ?= bigraph:upper=4,lower=4,hosts_per_switch=2
 POLICY ?= bigraph
@@ -57,7 +57,7 @@ debian-packages:
 	fi
 
 # Works without the openvswitch kernel module: switches then use the
-# userspace datapath (chosen per run by emulator.emulation.system.choose_datapath).
+# userspace datapath (chosen per run by emulator.emulation.machine.system.choose_datapath).
 # The glibc tunable keeps ovs-vswitchd's allocator from trimming its heap
 # around every batch of packet buffers (measured: with 32000-byte frames 91%
 # of its system calls were brk and it used a whole core; the first network
@@ -97,7 +97,7 @@ $(VENV_STAMP): requirements.txt setup.cfg pyproject.toml | debian-packages
 	$(BIN)/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $@
 
-$(LATENCY_LIBRARY): emulator/emulation/mpi_latency.c $(VENV_STAMP)
+$(LATENCY_LIBRARY): emulator/emulation/mpi/mpi_latency.c $(VENV_STAMP)
 	gcc -O2 -Wall -Wextra -Werror -shared -fPIC -o $@.tmp $< -ldl -lpthread && mv $@.tmp $@
 
 lint: venv

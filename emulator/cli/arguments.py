@@ -9,7 +9,7 @@ e.g. ``emu bench: error: field 'repeat': expected an integer >= 1, got '0'
 
 The converters are pure and keep no state: one parser serves many calls.
 Library code checks its own inputs as well (a
-:class:`~emulator.emulation.replay.ReplayConfig` can be built without the command line).
+:class:`~emulator.emulation.session.replay.ReplayConfig` can be built without the command line).
 """
 
 from __future__ import annotations

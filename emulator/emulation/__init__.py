@@ -1,1 +1,3 @@
-"""The live edges: the network (Mininet, Open vSwitch, tc), the controller process, host agents and their fleet, replays, MPI runs, fault injection, cleanup."""
+"""The live edges, one room a job (layers, top down): ``mpi`` (``emu mpirun``), ``session`` (``emu replay``,
+fault injection, fidelity), ``cluster`` (several servers), ``network`` (bring-up) and ``agents`` (the host
+agents), ``machine`` (this machine underneath)."""

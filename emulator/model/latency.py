@@ -1,7 +1,7 @@
 """Per-message latency: what a fabric profile asks for, what this machine adds by itself, and what the agents do.
 
 Pure data and arithmetic, shared by the timing model
-(:mod:`emulator.model.prediction.timing`) and the host agents (:mod:`emulator.emulation.agent`),
+(:mod:`emulator.model.prediction.timing`) and the host agents (:mod:`emulator.emulation.agents.agent`),
 so that the model predicts exactly the rules the agents follow.
 
 For a transfer whose path crosses ``s`` switches, in emulated seconds:
@@ -49,7 +49,7 @@ from emulator.model.topology import last_segment_bytes
 #: frame for its serialisation. A small burst keeps the difference to the one
 #: packet, which the agents then add themselves (:attr:`emulator.model.latency.PathLatency.unshaped_s`).
 #: Mininet's default burst (15 kB) let whole jumbo frames through unshaped;
-#: docs/fidelity.md has the measurement. The tc commands (:mod:`emulator.emulation.tc_commands`) set it. The rate is kept either way.
+#: docs/fidelity.md has the measurement. The tc commands (:mod:`emulator.emulation.network.tc_commands`) set it. The rate is kept either way.
 SHAPER_BURST_BYTES = 100
 
 
@@ -148,7 +148,7 @@ class PathLatency:
     def sends_wait_for_ack(self) -> bool:
         """An awaited send completes when its receiver acknowledged it (the agents'); Open MPI's sends complete
         once their bytes are written, whatever the protocol; a send over an interconnect when its bytes are
-        through (:mod:`emulator.emulation.domain`)."""
+        through (:mod:`emulator.emulation.agents.interconnect`)."""
         return self.eager_bytes is None and not self.over_domain
 
     def eager(self, nbytes: int) -> bool:
@@ -266,7 +266,7 @@ def _path(model: LatencyModel, switches: int) -> PathLatency:
     p = model.profile
     msg = message_latency_s(p, switches) if p is not None else 0.0
     cts = rendezvous_latency_s(p, switches) if p is not None else 0.0
-    if switches == DOMAIN:  # no link, no TCP: what the agents add is their lateness (emulator.emulation.domain)
+    if switches == DOMAIN:  # no link, no TCP: what the agents add is their lateness (emulator.emulation.agents.interconnect)
         return PathLatency(DOMAIN, msg, cts, 0.0, 0.0, 0.0, 0.0, eager_bytes=model.eager_bytes)
     i = model.intrinsic
     return PathLatency(switches, msg, cts, switches * model.link_delay_per_switch_s, i.data.at(switches),

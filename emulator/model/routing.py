@@ -1,7 +1,7 @@
 """Routing: which path every flow takes, and the flow entries that make it so.
 
 Pure logic, no os-ken import: the controller app (``controllers/``) and the
-static installer in :mod:`emulator.emulation.network` both turn :func:`flow_table` into
+static installer in :mod:`emulator.emulation.network.emulated_network` both turn :func:`flow_table` into
 OpenFlow messages, and the schedule checker calls :func:`route` to predict
 which links every transfer uses. Whatever :func:`flow_table` installs forwards
 every packet exactly along :func:`route` (checked by the unit tests with a fake
@@ -111,7 +111,7 @@ reactive=True)``)
     point of each direction's path, idle timeout :data:`LEARNED_IDLE_TIMEOUT`,
     cookie :data:`LEARNED_COOKIE`) and sends the packet on by
     :meth:`Learner.out_port`. ICMP, UDP and ARP never miss: they keep the
-    pair path. The static installer (:mod:`emulator.emulation.network` without a
+    pair path. The static installer (:mod:`emulator.emulation.network.emulated_network` without a
     controller) uses the proactive table, ``reactive=False``: there every
     TCP flow but the agents' takes the pair's fallback path, which
     :func:`route` does not predict for flows with both ports nonzero.

@@ -27,7 +27,7 @@ the session (this process, the controller, the launcher)
 :data:`SESSION_BYTES`. :data:`RESERVE_FRACTION` of the machine's memory (at
 least :data:`RESERVE_MIN_BYTES`) is left to everything else.
 
-Pure: the machine's figures are read at the edges (:func:`emulator.emulation.system.memory_available`,
+Pure: the machine's figures are read at the edges (:func:`emulator.emulation.machine.system.memory_available`,
 the calibration file) and passed in.
 """
 

@@ -3,7 +3,7 @@
 This module is the benchmark's pure logic, importable and testable without
 MPI: the command line and its checks, Open MPI's allreduce algorithms by
 name, the data pattern and its check, the timing arithmetic, the rows and the
-JSON document. :mod:`emulator.emulation.allreduce_bench_program` is the MPI program around it
+JSON document. :mod:`emulator.emulation.mpi.allreduce_bench_program` is the MPI program around it
 (the console script); only it imports :mod:`mpi4py`.
 
 Usage (4 ranks on loopback, as the integration test runs it)::

@@ -1,6 +1,6 @@
 """``emu cluster check``'s findings: what each server of a cluster has, compared with the head's.
 
-Pure: the probes that read a server (:mod:`emulator.emulation.cluster_probe`)
+Pure: the probes that read a server (:mod:`emulator.emulation.cluster.cluster_probe`)
 fill in one :class:`ServerFindings` per server; :func:`failures` compares
 them with the head's and with what the cluster file promises, one
 :class:`Failure` (server, check, expected, found) per problem; :func:`table`

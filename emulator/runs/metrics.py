@@ -1,7 +1,7 @@
 """What one repetition of a replay measured, computed from the agents' operation times.
 
-Pure functions, unit-tested without root; :class:`emulator.emulation.replay.ReplaySession`
-feeds them what the agents report (:class:`emulator.emulation.fleet.RankReport`):
+Pure functions, unit-tested without root; :class:`emulator.emulation.session.replay.ReplaySession`
+feeds them what the agents report (:class:`emulator.emulation.agents.fleet.RankReport`):
 
 * :func:`repetition_metrics` -- the repetition's time, algbw/busbw
   (nccl-tests definitions for the schedule's collective,
@@ -11,10 +11,10 @@ feeds them what the agents report (:class:`emulator.emulation.fleet.RankReport`)
   :func:`compute_records` one per compute operation (``"kind": "compute"``);
 * :func:`send_paths` and :func:`send_lateness` -- the latency terms of every
   sender's path (what the agents' latency plan holds) and how late each send
-  left against its target, for :func:`emulator.emulation.fidelity.lateness`;
+  left against its target, for :func:`emulator.emulation.session.fidelity.lateness`;
 * :func:`agent_lag` -- the share of the repetition the slowest rank's agent
   spent behind the emulated fabric, for
-  :func:`emulator.emulation.fidelity.assess`;
+  :func:`emulator.emulation.session.fidelity.assess`;
 * :func:`nccl_table` -- the nccl-tests style table ``emu replay`` prints.
 
 Times are seconds on the shared CLOCK_MONOTONIC clock; ``op_times[rank][op_id]
@@ -44,7 +44,7 @@ OpTimes = Mapping[int, Mapping[int, tuple[float, float]]]
 SendTimes = Mapping[int, Mapping[int, Sequence[float]]]
 Arrivals = Mapping[int, Mapping[int, float]]
 #: A repetition in which some rank's agent was behind the fabric for more than this share of its time is flagged
-#: ``emulator_lag`` (:func:`emulator.emulation.fidelity.assess`): its time may be that much the emulator's own,
+#: ``emulator_lag`` (:func:`emulator.emulation.session.fidelity.assess`): its time may be that much the emulator's own,
 #: the ±10 % the model is held to.
 LAG_SHARE = 0.10
 
@@ -194,7 +194,7 @@ def send_paths(topo: topology.Topology, planned: Sequence[scost.Transfer], model
     out = {}
     goodput = topology.tcp_goodput_factor(mtu)
     for t in planned:
-        if t.domain:  # timed by the agents, no frames and no shaper (emulator.emulation.domain)
+        if t.domain:  # timed by the agents, no frames and no shaper (emulator.emulation.agents.interconnect)
             out[(t.src, t.dst)] = model.path(t.switches)
             continue
         byte_s = scost.path_byte_s(topo, t.path, goodput)
@@ -205,7 +205,7 @@ def send_paths(topo: topology.Topology, planned: Sequence[scost.Transfer], model
 
 def send_lateness(schedule: Schedule, sends: SendTimes,
                   paths: Mapping[tuple[int, int], PathLatency]) -> tuple[list[float], list[float]]:
-    """Every send's lateness and its path's target message latency, for :func:`emulator.emulation.fidelity.lateness`."""
+    """Every send's lateness and its path's target message latency, for :func:`emulator.emulation.session.fidelity.lateness`."""
     late, target = [], []
     for prog in schedule.ranks:
         for op in prog.ops:

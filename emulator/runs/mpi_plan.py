@@ -17,7 +17,7 @@ one :class:`~emulator.base.errors.FieldError` per bad field: an unknown program,
 reserved ``--mca``), the rank-to-host map (:func:`rank_hosts`), the
 ``mpirun`` command line (:func:`mpirun_command`), and the results document
 (:class:`MpiResults`, ``results.json`` of the run's folder). The live side is
-:mod:`emulator.emulation.mpi_run`.
+:mod:`emulator.emulation.mpi.mpi_run`.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ RESERVED_MCA = ("plm_rsh_agent", "plm_rsh_no_tree_spawn", "oob_tcp_if_include", 
 #: with one end here is the transport's, not the out-of-band channel's (the prediction routes it by its ports,
 #: emulator.runs.mpi_prediction), and below the agents' source ports. An aligned power-of-two block: a host's
 #: queue keeps these connections' packets in order with one masked match
-#: (:func:`emulator.emulation.tc_commands.host_queue_commands`).
+#: (:func:`emulator.emulation.network.tc_commands.host_queue_commands`).
 BTL_PORT_MIN = 16384
 BTL_PORT_RANGE = 1024
 #: The least the library may hold per socket (bytes): a kernel's default receive buffer.
 MIN_QUEUE_BYTES = 128 << 10
-#: The preloaded library that gives Open MPI's messages the fabric's latency (``emulator/emulation/mpi_latency.c``;
+#: The preloaded library that gives Open MPI's messages the fabric's latency (``emulator/emulation/mpi/mpi_latency.c``;
 #: ``make setup`` builds it into the venv's ``lib``).
 LATENCY_LIBRARY = "ef-mpi-latency.so"
 #: Messages up to this size go eagerly (no rendezvous), in one fragment of the TCP transport.

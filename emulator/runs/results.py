@@ -58,7 +58,7 @@ class SchemaError(ValueError):
 
 @dataclass
 class Fidelity:
-    """What :func:`emulator.emulation.fidelity.assess` found about one repetition."""
+    """What :func:`emulator.emulation.session.fidelity.assess` found about one repetition."""
 
     cpu_idle: float
     datapath_load_mbps: float
@@ -265,7 +265,7 @@ class CellResults:
     #: on a cluster: each other server's clock against the head's when the agents started (ClockOffset.to_json)
     clocks: list[dict[str, Any]] = field(default_factory=list)
     #: with a servers' interconnect: how many transfers its arbiter timed, and the most it woke late for one
-    #: (``flows``, ``arbiter_late_max_s``; emulator.emulation.domain)
+    #: (``flows``, ``arbiter_late_max_s``; emulator.emulation.agents.interconnect)
     domain: dict[str, Any] | None = None
     #: a document's keys this version does not know, written back as they were
     extra: dict[str, Any] = field(default_factory=dict)

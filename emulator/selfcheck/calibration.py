@@ -1,7 +1,7 @@
 """``emu calibrate``: what this machine's emulation can be trusted to do.
 
 Five measurements (``docs/domain.md`` §4, Mininet-HiFi's lesson) at one MTU, written
-to that MTU's calibration file (:func:`emulator.emulation.calibration_file.calibration_path`),
+to that MTU's calibration file (:func:`emulator.emulation.machine.calibration_file.calibration_path`),
 which replay's fidelity check and the timing model read:
 
 1. **datapath capacity** -- on a multi-hop fabric (:data:`CAPACITY_TOPOLOGY`,
@@ -15,7 +15,7 @@ which replay's fidelity check and the timing model read:
    most :data:`BISECTIONS` rungs more: a minimal ladder's 16 and 32 Mbit/s
    left a factor of two between them). The capacity is
    the highest aggregate *switch-hop* rate (Σ flow goodput × switches crossed,
-   Mbit/s, the unit of :func:`emulator.emulation.fidelity.assess`) at which every flow
+   Mbit/s, the unit of :func:`emulator.emulation.session.fidelity.assess`) at which every flow
    still got ≥ 90 % of its rate (a failing rung is measured twice and the
    better run counts: other processes' load disturbs it). From it,
    :func:`recommended_link_mbps` picks a link rate that keeps a 16-host
@@ -60,13 +60,14 @@ import psutil
 
 from emulator.base.errors import UserError
 from emulator.base.naming import host_intf, switch_intf
-from emulator.emulation import calibration_file, fidelity
-from emulator.emulation.calibration_file import Calibration, save_calibration
-from emulator.emulation.network import EmulatedNetwork
-from emulator.emulation.ovs_sockets import vswitchd_pid
-from emulator.emulation.replay import ReplaySession
-from emulator.emulation.system import cpu_times, load_average, machine_identity, run
-from emulator.emulation.tc_commands import class_show_command, parse_htb_rates, shaping_class_command
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.calibration_file import Calibration, save_calibration
+from emulator.emulation.machine.system import cpu_times, load_average, machine_identity, run
+from emulator.emulation.network.emulated_network import EmulatedNetwork
+from emulator.emulation.network.ovs_sockets import vswitchd_pid
+from emulator.emulation.network.tc_commands import class_show_command, parse_htb_rates, shaping_class_command
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
@@ -262,7 +263,7 @@ def flow_paths(topo: Topology, policy: str, pairs: Sequence[tuple[str, str]], se
 
 
 def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]) -> list[list[str]]:
-    """``tc`` commands setting every link's shaping class (:func:`emulator.emulation.tc_commands.shaping_class_command`) to ``rate_mbps``.
+    """``tc`` commands setting every link's shaping class (:func:`emulator.emulation.network.tc_commands.shaping_class_command`) to ``rate_mbps``.
 
     Host ends run inside the host's namespace (``mnexec -a PID``).
     """
@@ -278,7 +279,7 @@ def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]
 
 
 def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
-    """The machine a calibration describes: :func:`emulator.emulation.system.machine_identity` and the conditions."""
+    """The machine a calibration describes: :func:`emulator.emulation.machine.system.machine_identity` and the conditions."""
     return {**machine_identity(), "datapath": datapath, "mtu": mtu,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "loadavg_before": load_average()}

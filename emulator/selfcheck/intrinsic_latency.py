@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from emulator.base.files import read_jsonl
-from emulator.emulation.calibration_file import LatencyCalibration, PathMeasurement
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.machine.calibration_file import LatencyCalibration, PathMeasurement
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.latency import Curve, Intrinsic

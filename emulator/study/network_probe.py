@@ -4,7 +4,7 @@ A network can come up slow and say nothing, and its cells then look trusted
 (issue 14; docs/fidelity.md has what was measured). Before an experiment runs a network's cells, :class:`emulator.study.runner.Runner`
 replays a short probe on it and compares the measured time with the timing
 model's prediction, which already holds this machine's calibrated intrinsic
-latency (:mod:`emulator.emulation.fidelity`):
+latency (:mod:`emulator.emulation.session.fidelity`):
 
 * the probe is a 2-rank halving-doubling exchange of :data:`PROBE_BYTES`
   between the first host and the host farthest from it (most switches), so it
@@ -66,7 +66,7 @@ def schedule(topo: Topology) -> Schedule:
 
 def judge(results: CellResults, predicted_s: float, pair: tuple[str, str],
           tolerance: float = PROBE_TOLERANCE) -> ProbeVerdict:
-    """The verdict on a probe's results (as :meth:`emulator.emulation.replay.ReplaySession.run` returns them).
+    """The verdict on a probe's results (as :meth:`emulator.emulation.session.replay.ReplaySession.run` returns them).
 
     A probe that raised instead is judged from ``CellResults(status="failed", error=...)``.
     """

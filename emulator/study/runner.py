@@ -23,7 +23,7 @@ after the probe; what it wrote to its ``results.json``, read back as its kind
 reads it, decides whether it finished; the probe's verdict and a broken
 network flag it through its kind. A replay cell replays its schedule; an MPI
 cell (:attr:`emulator.study.experiment.Cell.mpi`) runs its program
-(:func:`run_mpi_cell`: :func:`emulator.emulation.mpi_run.run_in_session` into
+(:func:`run_mpi_cell`: :func:`emulator.emulation.mpi.mpi_run.run_in_session` into
 the cell's directory), and a program that exits non-zero, times out or cannot
 start is a failed cell. A new kind of cell needs no change in this module
 (only, if it runs through something live, its runner given to its kind as
@@ -38,7 +38,7 @@ cell"; the attempts go to ``sessions/<network>/after-<cell id>/``). Ctrl-C (Keyb
 after tearing the network down, with everything finished so far kept; the
 same command resumes. Console lines are :class:`emulator.study.progress.Progress`'s.
 
-The session factory (:class:`emulator.emulation.replay.ReplaySession` in ``emu run``),
+The session factory (:class:`emulator.emulation.session.replay.ReplaySession` in ``emu run``),
 the MPI cell runner, the clock and the stream are parameters, so the loop is
 unit-tested with a fake session, without root.
 """
@@ -53,8 +53,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TextIO
 
-from emulator.emulation import mpi_run as mpirun
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.mpi import mpi_run as mpirun
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model.latency import LatencyModel
 from emulator.model.prediction.check import CheckReport, predict
 from emulator.model.schedule.format import Schedule
@@ -81,8 +81,8 @@ class SessionFactory(Protocol):
 
 def run_mpi_cell(session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
                  echo: Callable[[str], None]) -> MpiResults:
-    """An MPI cell on its network's :class:`~emulator.emulation.replay.ReplaySession`: checked as ``emu mpirun`` checks its
-    input (:func:`emulator.emulation.mpi_run.prepare`), then run in the session, which stays up."""
+    """An MPI cell on its network's :class:`~emulator.emulation.session.replay.ReplaySession`: checked as ``emu mpirun`` checks its
+    input (:func:`emulator.emulation.mpi.mpi_run.prepare`), then run in the session, which stays up."""
     if not isinstance(session, ReplaySession):
         raise TypeError(f"an MPI cell runs on a ReplaySession, not a {type(session).__name__}")
     prep = mpirun.prepare(cell.mpi_config(out))

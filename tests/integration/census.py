@@ -10,7 +10,7 @@ inodes), and the resident memory of ovs-vswitchd, the test process and a
 controller.
 
 Other people run networks on this machine too. :func:`quiet` holds the
-machine-wide network lock (:class:`emulator.emulation.network_lock.NetworkLock`) while
+machine-wide network lock (:class:`emulator.emulation.machine.network_lock.NetworkLock`) while
 a census is taken between networks, so no one else's bridges, veths or host
 namespaces are up at that moment. Processes are attributed to a test by an
 environment variable (:data:`TAG_VAR`) that every process it starts inherits
@@ -40,8 +40,8 @@ import psutil
 
 from emulator.base.naming import BRIDGE_RE as BRIDGE_RE
 from emulator.base.naming import INTERFACE_RE
-from emulator.emulation.network_lock import NetworkLock
-from emulator.emulation.ovs_sockets import vswitchd_pid
+from emulator.emulation.machine.network_lock import NetworkLock
+from emulator.emulation.network.ovs_sockets import vswitchd_pid
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EMU = os.path.join(ROOT, ".venv", "bin", "emu")

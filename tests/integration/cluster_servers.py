@@ -35,7 +35,7 @@ from types import TracebackType
 import yaml
 
 from emulator.base.waiting import wait_until
-from emulator.emulation.runstate import proc_start_time
+from emulator.emulation.machine.started import proc_start_time
 from emulator.runs import cluster_file
 from emulator.runs.cluster_file import Cluster
 

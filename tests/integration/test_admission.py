@@ -20,8 +20,8 @@ import time
 
 import pytest
 
-from emulator.emulation import calibration_file
-from emulator.emulation.system import memory_available
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.system import memory_available
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule.format import save

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.emulation.replay import ReplayConfig, replay
-from emulator.emulation.runstate import all_runs
+from emulator.emulation.machine.started import all_runs
+from emulator.emulation.session.replay import ReplayConfig, replay
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat

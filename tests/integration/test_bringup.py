@@ -14,10 +14,10 @@ import pytest
 from scapy.all import rdpcap
 
 from emulator.base.naming import BRIDGE_RE, host_intf, switch_intf
-from emulator.emulation.network import EmulatedNetwork
-from emulator.emulation.runstate import alive, all_runs
-from emulator.emulation.system import run
-from emulator.emulation.tc_commands import parse_htb_rates
+from emulator.emulation.machine.started import alive, all_runs
+from emulator.emulation.machine.system import run
+from emulator.emulation.network.emulated_network import EmulatedNetwork
+from emulator.emulation.network.tc_commands import parse_htb_rates
 from emulator.model import topology
 from emulator.runs.mpi_plan import BTL_PORT_MIN
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from emulator.emulation import calibration_file
+from emulator.emulation.machine import calibration_file
 from emulator.model import routing, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from emulator.emulation import calibration_file
+from emulator.emulation.machine import calibration_file
 
 from .cluster_servers import NamespaceServers
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from emulator.base.naming import BRIDGE_RE, INTERFACE_RE
-from emulator.emulation.remote_shell import ssh_argv
+from emulator.emulation.cluster.remote_shell import ssh_argv
 
 from .cluster_servers import NAMESPACES, NamespaceServers
 

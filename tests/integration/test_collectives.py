@@ -19,8 +19,9 @@ import pytest
 from chakra.schema.protobuf import et_def_pb2 as pb
 
 from emulator.base.naming import switch_intf
-from emulator.emulation import calibration_file, fidelity
-from emulator.emulation.replay import ReplaySession, lanes_of
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplaySession, lanes_of
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import generators, msccl
 from emulator.model.prediction import cost

@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from emulator.emulation import runstate, system
-from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.emulation.machine import started, system
+from emulator.emulation.session.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.runs import admission
@@ -76,8 +76,8 @@ def test_an_agent_below_its_buffers_fails_in_seconds_naming_it_then_default_limi
             assert f"memory limit {admission.format_bytes(want)} (RLIMIT_DATA)" in log
         recorded = session.en.state.processes()
     assert len([p for p in recorded if p["role"] == "agent"]) == 4  # two runs of two agents
-    assert not [p for p in recorded if runstate.alive(p["pid"], p.get("start_time"))]
-    assert not [r for r in runstate.all_runs() if (r.owner() or {}).get("pid") == os.getpid()]
+    assert not [p for p in recorded if started.alive(p["pid"], p.get("start_time"))]
+    assert not [r for r in started.all_runs() if (r.owner() or {}).get("pid") == os.getpid()]
     assert oom_kills() == kills
     assert clean_removals() == []
 
@@ -121,5 +121,5 @@ def test_an_mpi_program_beyond_its_limit_fails_naming_the_rank_and_the_limit(tmp
     assert doc["error"].startswith(line) and "MemoryError" in doc["error"], doc["error"]
     assert [ln for ln in res.stdout.splitlines() if ln.startswith(f"# {line}")], res.stdout[-3000:]
     assert oom_kills() == kills
-    assert not [r for r in runstate.all_runs() if (r.owner() or {}).get("pid") == proc.pid]
+    assert not [r for r in started.all_runs() if (r.owner() or {}).get("pid") == proc.pid]
     assert clean_removals() == []

@@ -2,7 +2,7 @@
 
 One network per topology (module-scoped, so only one exists at a time); the
 controller is restarted on the same loopback port for every policy, points
-the switches at itself again (:func:`emulator.emulation.controller_process.reconnect_switches`),
+the switches at itself again (:func:`emulator.emulation.network.controller_process.reconnect_switches`),
 and they reconnect, get wiped and get the new policy's entries. Per (topology, policy): every host pair pings, and a TCP
 transfer on an agent 5-tuple raises the byte counters on exactly the
 inter-switch links :func:`emulator.model.routing.route` predicts (on a dual-plane fabric, through the plane
@@ -23,9 +23,9 @@ import pytest
 from controllers.core import Settings
 from emulator.base.naming import bridge_name
 from emulator.cli.commands.controller import ping_all
-from emulator.emulation.controller_process import ControllerProcess, free_port
-from emulator.emulation.network import EmulatedNetwork
-from emulator.emulation.system import run
+from emulator.emulation.machine.system import run
+from emulator.emulation.network.controller_process import ControllerProcess, free_port
+from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import routing, topology
 
 pytestmark = pytest.mark.integration

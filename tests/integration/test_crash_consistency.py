@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import pytest
 
 from emulator.base.files import read_json_object
-from emulator.emulation.runstate import all_runs
+from emulator.emulation.machine.started import all_runs
 from emulator.study import experiment as xp
 from emulator.study.run_folder import RunFolder
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from emulator.base.naming import bridge_name
-from emulator.emulation.system import run
+from emulator.emulation.machine.system import run
 from emulator.model import routing
 
 from .test_controller import Fabric, send_tcp, wait_counters

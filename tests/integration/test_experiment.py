@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model import topology
 from emulator.model.schedule.format import COMPUTE
 from emulator.study import experiment as xp

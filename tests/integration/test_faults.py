@@ -13,9 +13,9 @@ import time
 import pytest
 
 from emulator.base.naming import BRIDGE_RE
-from emulator.emulation.replay import ReplayConfig, ReplayFailed, replay
-from emulator.emulation.runstate import all_runs
-from emulator.emulation.system import run
+from emulator.emulation.machine.started import all_runs
+from emulator.emulation.machine.system import run
+from emulator.emulation.session.replay import ReplayConfig, ReplayFailed, replay
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat

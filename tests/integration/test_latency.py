@@ -6,8 +6,8 @@ import statistics
 
 import pytest
 
-from emulator.emulation import fidelity
-from emulator.emulation.replay import ReplayConfig, prepare, replay
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplayConfig, prepare, replay
 from emulator.model import fabric, topology
 from emulator.model.collectives.generators import pair_exchange
 from emulator.model.schedule import format as sformat

@@ -13,8 +13,8 @@ import os
 
 import pytest
 
-from emulator.emulation import mpi_run
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.mpi import mpi_run
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model import fabric
 from emulator.runs.mpi_plan import MpiRunConfig
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.emulation.replay import ReplayConfig, replay
+from emulator.emulation.session.replay import ReplayConfig, replay
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.prediction import cost

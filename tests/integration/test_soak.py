@@ -3,7 +3,7 @@
 Three ways of using the emulator over and over, each on a 2-host star with a
 64 KiB ring allreduce (one repetition, no warm-up, so a round costs seconds):
 
-* within one process, :class:`emulator.emulation.replay.ReplaySession` started, run and
+* within one process, :class:`emulator.emulation.session.replay.ReplaySession` started, run and
   stopped N times;
 * one session kept up for N replays (the controller's and ovs-vswitchd's
   memory and descriptors over replays);
@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from emulator.emulation.replay import ReplaySession
+from emulator.emulation.session.replay import ReplaySession
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat

@@ -16,8 +16,8 @@ from typing import Any
 from test_calibration_file import MINIMAL
 
 from emulator.base.errors import UserError
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.fleet import ReplayFailed
+from emulator.emulation.agents.fleet import ReplayFailed
+from emulator.emulation.machine.calibration_file import Calibration
 from emulator.model.schedule.format import parse_size
 
 GOLDEN = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "bench")

@@ -1,6 +1,6 @@
 """Fake agents for tests without root: real processes speaking the control protocol, no network.
 
-:class:`FakeLauncher` stands in for :class:`emulator.emulation.agent_launcher.AgentLauncher`:
+:class:`FakeLauncher` stands in for :class:`emulator.emulation.agents.agent_launcher.AgentLauncher`:
 it starts :data:`FAKE_AGENT` (plain ``python -c``, in no namespace) with the
 argument list the fleet builds. Each fake agent reads the schedule it is
 given, says ``hello`` and ``ready``, and answers every ``go`` with a
@@ -13,7 +13,7 @@ every send carries its details. What a rank does is its *behaviour*
 * ``hang`` -- never answers a ``go``; ``exit`` -- exits with status 3 on a ``go``;
 * ``error`` -- answers a ``go`` with an ``error`` message (``boom``);
 * ``oom`` -- before ``ready``, reports running out of its memory limit as a real agent does (an ``error``
-  with ``out_of_memory``, then exit status :data:`emulator.emulation.confinement.OUT_OF_MEMORY_STATUS`);
+  with ``out_of_memory``, then exit status :data:`emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS`);
   ``oom_exit`` -- only exits with that status, before ``ready``.
 
 The launcher records the memory limit of every spawn (``memory_limits``, in spawn order); the fake agents
@@ -32,8 +32,8 @@ STEP_S = 0.01
 
 FAKE_AGENT = r"""
 import json, os, sys, time
-from emulator.emulation.confinement import OUT_OF_MEMORY_STATUS
-from emulator.emulation.agent_protocol import AgentChannel, Msg
+from emulator.emulation.machine.confinement import OUT_OF_MEMORY_STATUS
+from emulator.emulation.agents.agent_protocol import AgentChannel, Msg
 from emulator.model.schedule import format as sformat
 
 STEP_S = float(os.environ["EF_FAKE_STEP_S"])

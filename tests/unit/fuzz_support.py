@@ -243,7 +243,7 @@ class _FakeNetwork(_FakeClass):
     def __init__(self, topo: Any, controller: Any = None, routing: str = "shortest", seed: int = 0,
                  datapath: str = "auto", **kwargs: Any):
         from controllers.core import parse_listen
-        from emulator.emulation import system
+        from emulator.emulation.machine import system
         from emulator.model import routing as routing_mod
 
         if controller is None:
@@ -269,7 +269,7 @@ def _fake_foreground(settings: Any, *args: Any) -> None:
 
 
 def _fake_replay(cfg: Any, *args: Any, **kwargs: Any) -> None:
-    from emulator.emulation import replay
+    from emulator.emulation.session import replay
 
     _must_pass("a replay", lambda: replay.prepare(cfg))
     raise Started("replay")
@@ -290,31 +290,31 @@ def forbid_starting(mp: pytest.MonkeyPatch) -> None:
     import emulator.cli.commands.experiment
     import emulator.cli.commands.net
     import emulator.cli.commands.replay
-    import emulator.emulation.cleanup
-    import emulator.emulation.controller_process
-    import emulator.emulation.network
-    import emulator.emulation.replay
-    import emulator.emulation.system
+    import emulator.emulation.machine.cleanup
+    import emulator.emulation.machine.system
+    import emulator.emulation.network.controller_process
+    import emulator.emulation.network.emulated_network
+    import emulator.emulation.session.replay
     import emulator.selfcheck.bench
     import emulator.selfcheck.calibration
     import emulator.study.runner
 
-    mp.setattr(emulator.emulation.network, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.emulation.replay, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.emulation.replay, "ControllerProcess", _FakeController)
+    mp.setattr(emulator.emulation.network.emulated_network, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.emulation.session.replay, "EmulatedNetwork", _FakeNetwork)
+    mp.setattr(emulator.emulation.session.replay, "ControllerProcess", _FakeController)
     mp.setattr(emulator.cli.commands.net, "EmulatedNetwork", _FakeNetwork)
-    mp.setattr(emulator.emulation.controller_process, "ControllerProcess", _FakeController)
+    mp.setattr(emulator.emulation.network.controller_process, "ControllerProcess", _FakeController)
     mp.setattr(controllers.launcher, "run_foreground", _fake_foreground)
-    mp.setattr(emulator.emulation.replay, "replay", _fake_replay)
+    mp.setattr(emulator.emulation.session.replay, "replay", _fake_replay)
     mp.setattr(emulator.cli.commands.replay, "replay", _fake_replay)
-    for module, name in ((emulator.emulation.replay, "ReplaySession"), (emulator.study.runner, "Runner")):
+    for module, name in ((emulator.emulation.session.replay, "ReplaySession"), (emulator.study.runner, "Runner")):
         mp.setattr(module, name, type(f"Fake{name}", (_FakeClass,), {"label": name}))
     for module, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
                          (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
-                         (emulator.emulation.system, "run"), (emulator.selfcheck.calibration, "calibrate"), (emulator.selfcheck.bench, "bench"),
-                         (emulator.emulation.cleanup, "clean")):
+                         (emulator.emulation.machine.system, "run"), (emulator.selfcheck.calibration, "calibrate"), (emulator.selfcheck.bench, "bench"),
+                         (emulator.emulation.machine.cleanup, "clean")):
         mp.setattr(module, name, _fake(f"{module.__name__}.{name}"))
-    for module in (emulator.emulation.system, emulator.cli.commands.net, emulator.cli.commands.replay, emulator.cli.commands.calibrate,
+    for module in (emulator.emulation.machine.system, emulator.cli.commands.net, emulator.cli.commands.replay, emulator.cli.commands.calibrate,
                    emulator.cli.commands.bench):
         if hasattr(module, "require_root"):
             mp.setattr(module, "require_root", lambda: None)

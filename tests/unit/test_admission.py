@@ -26,7 +26,7 @@ from emulator.cli.arguments import duration
 from emulator.cli.commands import admit
 from emulator.cli.commands import experiment as cmd
 from emulator.cli.main import main
-from emulator.emulation.system import cgroup_memory_headroom
+from emulator.emulation.machine.system import cgroup_memory_headroom
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_schedule_compose import _grouped
 
-from emulator.emulation import agent as agent_mod
-from emulator.emulation import peer
-from emulator.emulation.agent import Agent, AgentError, expected_sum, input_values
+from emulator.emulation.agents import agent as agent_mod
+from emulator.emulation.agents import peer
+from emulator.emulation.agents.agent import Agent, AgentError, expected_sum, input_values
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel, PathLatency

@@ -15,7 +15,7 @@ from typing import Any
 import bench_scenario as sc
 import pytest
 
-from emulator.emulation import fidelity
+from emulator.emulation.session import fidelity
 from emulator.model import fabric
 from emulator.model.latency import LatencyModel
 from emulator.runs.dilation import DEFAULT_AGENT_COSTS, Envelope

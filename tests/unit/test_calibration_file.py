@@ -10,7 +10,7 @@ import pytest
 
 from emulator.base.errors import FieldError
 from emulator.base.files import write_json_atomic
-from emulator.emulation.calibration_file import (
+from emulator.emulation.machine.calibration_file import (
     CALIBRATION_VERSION,
     Calibration,
     Machine,

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from emulator.emulation import cleanup, runstate
-from emulator.emulation.system import Result
+from emulator.emulation.machine import cleanup, started
+from emulator.emulation.machine.system import Result
 
 #: ``ip -j link show`` of a namespace holding one veth pair, captured with iproute2 6.1.
 IP_LINK_JSON = (
@@ -75,7 +75,7 @@ def test_clean_removes_our_pattern_only(tmp_path, monkeypatch):
 
 def test_a_live_run_keeps_its_bridges_unless_forced(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
-    state = runstate.RunState.create("test")  # owned by this live process
+    state = started.RunState.create("test")  # owned by this live process
     machine = FakeMachine(["efs1"], ["efs1-eth1"])
     report = cleanup.clean(runner=machine)
     assert len(report) == 1 and report[0].startswith(f"left run {state.run_id} alone")
@@ -86,25 +86,25 @@ def test_a_live_run_keeps_its_bridges_unless_forced(tmp_path, monkeypatch):
 
 def test_processes_are_known_by_pid_and_start_time():
     me = os.getpid()
-    start = runstate.proc_start_time(me)
-    assert start is not None and runstate.alive(me, start) and runstate.alive(me, None)
-    assert not runstate.alive(me, start + 1)
-    assert runstate.proc_netns(me) == os.stat(f"/proc/{me}/ns/net").st_ino
-    assert runstate.proc_netns(2**22 + 1) is None and runstate.proc_start_time(2**22 + 1) is None
+    start = started.proc_start_time(me)
+    assert start is not None and started.alive(me, start) and started.alive(me, None)
+    assert not started.alive(me, start + 1)
+    assert started.proc_netns(me) == os.stat(f"/proc/{me}/ns/net").st_ino
+    assert started.proc_netns(2**22 + 1) is None and started.proc_start_time(2**22 + 1) is None
 
 
 def test_kill_recorded_kills_what_was_recorded_and_not_a_recycled_pid(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
-    state = runstate.RunState.create("test")
+    state = started.RunState.create("test")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         state.record_process("agent", child.pid)
         with open(os.path.join(state.path, "processes.jsonl"), "a", encoding="utf-8") as fh:
-            start = runstate.proc_start_time(other.pid)
+            start = started.proc_start_time(other.pid)
             assert start is not None
             fh.write(json.dumps({"role": "agent", "pid": other.pid, "start_time": start - 1}) + "\n")
-        assert runstate.kill_recorded(state, grace_s=5.0) == [child.pid]
+        assert started.kill_recorded(state, grace_s=5.0) == [child.pid]
         assert child.wait(5) != 0 and other.poll() is None
     finally:
         for proc in (child, other):
@@ -115,11 +115,11 @@ def test_kill_recorded_kills_what_was_recorded_and_not_a_recycled_pid(tmp_path, 
 def test_pids_in_netns_lists_the_processes_of_a_namespace():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        ns = runstate.proc_netns(os.getpid())
+        ns = started.proc_netns(os.getpid())
         assert ns is not None
-        found = runstate.pids_in_netns({ns})
+        found = started.pids_in_netns({ns})
         assert child.pid in found and os.getpid() not in found and 1 not in found
-        assert runstate.pids_in_netns({0}) == []
+        assert started.pids_in_netns({0}) == []
     finally:
         child.kill()
         child.wait()
@@ -130,8 +130,8 @@ def test_a_namespace_is_ours_when_it_holds_a_host_interface(tmp_path, name, ours
     dev = tmp_path / "7" / "net" / "dev"
     dev.parent.mkdir(parents=True)
     dev.write_text("Inter-|   Receive\n face |bytes\n    lo: 0 0\n" + f"  {name}: 0 0\n")
-    assert runstate.has_our_interface(7, proc=str(tmp_path)) is ours
-    assert not runstate.has_our_interface(8, proc=str(tmp_path))
+    assert started.has_our_interface(7, proc=str(tmp_path)) is ours
+    assert not started.has_our_interface(8, proc=str(tmp_path))
 
 
 class CheckLeftovers(FakeMachine):
@@ -164,7 +164,7 @@ def test_the_ssh_folder_goes_once_its_masters_have_ended_and_stays_while_one_lis
     import socket
     import threading
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
-    folder = tmp_path / runstate.SSH_FOLDER
+    folder = tmp_path / started.SSH_FOLDER
     folder.mkdir()
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(str(folder / "stale"))  # a master that died without unlinking: bound, never listening
@@ -177,12 +177,12 @@ def test_the_ssh_folder_goes_once_its_masters_have_ended_and_stays_while_one_lis
         ending.close()
         os.unlink(folder / "ending")
     threading.Timer(0.3, end_later).start()
-    runstate.remove_ssh_folder(timeout_s=5)
+    started.remove_ssh_folder(timeout_s=5)
     assert not folder.exists()
 
     folder.mkdir()
     with socket.socket(socket.AF_UNIX) as live:
         live.bind(str(folder / "live"))
         live.listen()
-        runstate.remove_ssh_folder(timeout_s=0.2)
+        started.remove_ssh_folder(timeout_s=0.2)
         assert os.listdir(folder) == ["live"]

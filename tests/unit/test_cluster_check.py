@@ -1,5 +1,5 @@
 """``emu cluster check`` (emulator/cli/commands/cluster.py) with fake runners: the probes of
-emulator/emulation/cluster_probe.py read scripted results, the findings of emulator/runs/cluster_check.py compare
+emulator/emulation/cluster/cluster_probe.py read scripted results, the findings of emulator/runs/cluster_check.py compare
 them with the head's, and the command's exit status is 0, 1 or 2."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import yaml
 
 from emulator.cli.commands import cluster as cluster_cmd
 from emulator.cli.main import main
-from emulator.emulation import cluster_probe
-from emulator.emulation.system import Result
+from emulator.emulation.cluster import cluster_probe
+from emulator.emulation.machine.system import Result
 from emulator.runs import cluster_check, cluster_file
 from emulator.runs.cluster_check import ClockSample, tunnel_names
 
@@ -303,7 +303,7 @@ def test_versions_and_chrony_read_what_each_command_prints_or_why_not():
 
 
 def test_the_project_script_reads_this_projects_version_and_code():
-    from emulator.emulation.system import run
+    from emulator.emulation.machine.system import run
 
     res = run([sys.executable, "-c", cluster_probe.PROJECT_SCRIPT])
     import emulator

@@ -12,11 +12,12 @@ import pytest
 import yaml
 
 from emulator.cli.main import main
-from emulator.emulation import agent_launcher, cluster_network, remote_shell
-from emulator.emulation.agent_protocol import AgentChannel, ControlServer, Msg, preconnect
-from emulator.emulation.fleet import RankReport
-from emulator.emulation.system import Result
-from emulator.emulation.tc_commands import root_interface_rates
+from emulator.emulation.agents import agent_launcher
+from emulator.emulation.agents.agent_protocol import AgentChannel, ControlServer, Msg, preconnect
+from emulator.emulation.agents.fleet import RankReport
+from emulator.emulation.cluster import cluster_network, remote_shell
+from emulator.emulation.machine.system import Result
+from emulator.emulation.network.tc_commands import root_interface_rates
 from emulator.model import cluster_placement, topology
 from emulator.runs import clocks, cluster_file
 
@@ -206,7 +207,7 @@ def test_admission_holds_each_servers_share_to_its_own_memory():
 
 
 def test_a_servers_memory_is_measured_there_or_it_does_not_answer():
-    from emulator.emulation import cluster_probe
+    from emulator.emulation.cluster import cluster_probe
 
     assert cluster_probe.machine(lambda cmd: Result(0, "100 200 4\n", "")) == (100, 200, 4)
     assert cluster_probe.machine(lambda cmd: Result(255, "", "ssh: connect to host")) is None
@@ -237,7 +238,7 @@ def test_calibrate_cluster_runs_each_servers_own_calibration_in_turn(tmp_path, m
 
 
 def test_mpi_on_a_cluster_needs_rank_0_on_the_head_and_each_server_holds_its_ranks():
-    from emulator.emulation import mpi_run
+    from emulator.emulation.mpi import mpi_run
     from emulator.runs import admission
 
     topo = topology.load("bigraph:upper=2,lower=2,hosts_per_switch=1")
@@ -289,7 +290,7 @@ def test_captures_are_refused_on_a_cluster(tmp_path, capsys):
 
 
 def test_shared_ssh_connections_live_beside_the_run_states_not_as_one(tmp_path, monkeypatch):
-    from emulator.emulation import cleanup, runstate
+    from emulator.emulation.machine import cleanup, started
 
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
     lab = cluster()
@@ -298,7 +299,7 @@ def test_shared_ssh_connections_live_beside_the_run_states_not_as_one(tmp_path, 
     assert "ControlMaster=no" in options and f"ControlPath={tmp_path}/ssh/%C" in options  # never opens one itself
     (tmp_path / "ssh").mkdir()
     (tmp_path / "ssh" / "0123abcd").write_text("")  # a master's socket
-    assert list(runstate.all_runs()) == []
+    assert list(started.all_runs()) == []
     ran: list[list[str]] = []
 
     def machine(cmd):

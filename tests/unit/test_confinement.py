@@ -16,10 +16,10 @@ import tempfile
 import pytest
 
 from emulator.base.files import write_json_atomic
-from emulator.emulation import agent_launcher as launcher
-from emulator.emulation import confinement
-from emulator.emulation.agent import AgentError, latency_plan
-from emulator.emulation.fleet import AgentFiles, Fleet, ReplayFailed
+from emulator.emulation.agents import agent_launcher as launcher
+from emulator.emulation.agents.agent import AgentError, latency_plan
+from emulator.emulation.agents.fleet import AgentFiles, Fleet, ReplayFailed
+from emulator.emulation.machine import confinement
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule.buffers import rank_bytes

@@ -7,7 +7,15 @@ import threading
 
 import pytest
 
-from emulator.emulation.agent_protocol import AgentChannel, ControlError, ControlServer, LineBuffer, Msg, decode, encode
+from emulator.emulation.agents.agent_protocol import (
+    AgentChannel,
+    ControlError,
+    ControlServer,
+    LineBuffer,
+    Msg,
+    decode,
+    encode,
+)
 
 
 def test_a_message_cut_anywhere_arrives_whole_once():

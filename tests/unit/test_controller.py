@@ -14,7 +14,7 @@ from controllers.core import ControllerCore, Settings, parse_listen
 from emulator.base.errors import UserError
 from emulator.cli.commands.controller import PingResult, parse_ping_output, ping_script
 from emulator.cli.main import main
-from emulator.emulation.controller_process import controller_command, listening, proc_net_address
+from emulator.emulation.network.controller_process import controller_command, listening, proc_net_address
 from emulator.model import routing, topology
 from emulator.model.routing import Flow
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from emulator.base.errors import UserError
-from emulator.emulation.controller_process import (
+from emulator.emulation.machine.system import Result
+from emulator.emulation.network.controller_process import (
     ControllerProcess,
     bridges_looking_for,
     proc_net_address,
     reconnect_switches,
 )
-from emulator.emulation.system import Result
 
 
 def test_for_network_builds_checked_settings_on_a_free_loopback_port(tmp_path):

@@ -11,8 +11,8 @@ import pytest
 from test_agent import run_agents
 
 from emulator.base.errors import FieldError
-from emulator.emulation import fidelity
-from emulator.emulation.domain import START, DomainArbiter, arbiter_socket, check_directory
+from emulator.emulation.agents.interconnect import START, DomainArbiter, arbiter_socket, check_directory
+from emulator.emulation.session import fidelity
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.fabric import DOMAIN

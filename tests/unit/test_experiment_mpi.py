@@ -223,7 +223,7 @@ def test_the_bundled_mpi_experiment_checks():
 
 # ------------------------------------------------------------------ running
 class FakeMpi:
-    """Stands in for :func:`emulator.study.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi_run.run_in_session`
+    """Stands in for :func:`emulator.study.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi.mpi_run.run_in_session`
     writes (``results.json`` of kind mpirun, running then final), on the fake session, which must be up.
 
     ``exit``: cell id -> the program's exit status (default 0); ``interrupt``: cells Ctrl-C hits mid-run;

@@ -6,8 +6,14 @@ import time
 
 import pytest
 
-from emulator.emulation.fault_injection import FaultActions, fault_records, link_commands, link_key, measure_affected
-from emulator.emulation.system import Result
+from emulator.emulation.machine.system import Result
+from emulator.emulation.session.fault_injection import (
+    FaultActions,
+    fault_records,
+    link_commands,
+    link_key,
+    measure_affected,
+)
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.prediction import cost

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from emulator.base.errors import UserError
-from emulator.emulation.agent_protocol import Msg
-from emulator.emulation.fleet import Fleet
-from emulator.emulation.replay import ReplayFailed
+from emulator.emulation.agents.agent_protocol import Msg
+from emulator.emulation.agents.fleet import Fleet
+from emulator.emulation.session.replay import ReplayFailed
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.prediction import cost
@@ -180,7 +180,7 @@ def test_step_reports_reach_the_injector_while_waiting():
 
 
 def test_a_second_network_waits_for_the_lock_then_says_so_in_one_line(tmp_path, monkeypatch):
-    from emulator.emulation.network_lock import NetworkLock
+    from emulator.emulation.machine.network_lock import NetworkLock
 
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("EF_NET_LOCK_WAIT", "0.3")

@@ -8,9 +8,9 @@ from dataclasses import replace
 import pytest
 
 from emulator.base.errors import UserError
-from emulator.emulation import fidelity
-from emulator.emulation.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
-from emulator.emulation.tc_commands import parse_htb_rates
+from emulator.emulation.machine.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
+from emulator.emulation.network.tc_commands import parse_htb_rates
+from emulator.emulation.session import fidelity
 from emulator.model import topology
 from emulator.model.latency import Curve, Intrinsic
 from emulator.model.topology import tcp_goodput_factor

@@ -1,7 +1,7 @@
 """The agent fleet against fake agents: real processes speaking the control protocol over a real Unix socket.
 
 The fake agents (``tests/unit/fake_agents.py``) connect with
-:class:`emulator.emulation.agent_protocol.AgentChannel` and behave as each test says for their rank.
+:class:`emulator.emulation.agents.agent_protocol.AgentChannel` and behave as each test says for their rank.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 import pytest
 from fake_agents import STEP_S, FakeLauncher
 
-from emulator.emulation.agent_protocol import Msg
-from emulator.emulation.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
+from emulator.emulation.agents.agent_protocol import Msg
+from emulator.emulation.agents.fleet import AgentFiles, Fleet, RankReport, ReplayFailed
 from emulator.model import topology
 from emulator.model.collectives import generators
 

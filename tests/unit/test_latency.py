@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.emulation import calibration_file, fidelity
-from emulator.emulation.calibration_file import Calibration, Machine
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.calibration_file import Calibration, Machine
+from emulator.emulation.session import fidelity
 from emulator.model import fabric
 from emulator.model.latency import Curve, Intrinsic, LatencyModel, PathLatency
 from emulator.model.topology import last_segment_bytes

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from emulator.emulation import calibration_file
-from emulator.emulation.calibration_file import Calibration, LatencyCalibration
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.calibration_file import Calibration, LatencyCalibration
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.latency import Intrinsic

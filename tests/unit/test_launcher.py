@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from emulator.emulation import agent_launcher as launcher
+from emulator.emulation.agents import agent_launcher as launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -23,7 +23,7 @@ def test_a_forked_agent_runs_in_the_namespaces_asked_for_and_is_waited_for_by_us
     # this process's own namespaces (no root needed): the agent's argument parser refuses the bogus option
     proc = started.spawn(os.getpid(), ["--bogus"], str(out))
     assert proc.pid != started.proc.pid and proc.wait(20) == 2
-    assert "usage: emulator.emulation.agent" in out.read_text() and "arguments are required" in out.read_text()
+    assert "usage: emulator.emulation.agents.agent" in out.read_text() and "arguments are required" in out.read_text()
     assert proc.poll() == 2  # reaped once, remembered
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.emulation import fidelity
+from emulator.emulation.session import fidelity
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel

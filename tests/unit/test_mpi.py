@@ -346,7 +346,7 @@ def test_the_memory_limit_is_in_the_config_and_the_results(tmp_path):
 
 
 def test_the_limit_is_the_admission_estimate_of_the_program():
-    from emulator.emulation import mpi_run as mpirun
+    from emulator.emulation.mpi import mpi_run as mpirun
     from emulator.runs import admission
     machine = (20 << 30, 24 << 30)
     usable = admission.Machine(*machine).usable_bytes
@@ -359,7 +359,7 @@ def test_the_limit_is_the_admission_estimate_of_the_program():
 
 @pytest.mark.parametrize("limit", [0, -5, 1.5, True, "1GiB"])
 def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
-    from emulator.emulation import mpi_run as mpirun
+    from emulator.emulation.mpi import mpi_run as mpirun
     cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out=str(tmp_path / "o"),
                        program=("emu-allreduce-bench",), memory_limit_bytes=limit)
     with pytest.raises(FieldError, match="field 'memory_limit_bytes'"):
@@ -367,7 +367,7 @@ def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
 
 
 def test_the_ranks_whose_stderr_says_they_ran_out_are_found(tmp_path):
-    from emulator.emulation import mpi_run as mpirun
+    from emulator.emulation.mpi import mpi_run as mpirun
     (tmp_path / "rank-0.stderr").write_text("")
     (tmp_path / "rank-1.stderr").write_text("Traceback ...\nMemoryError: Unable to allocate 16.0 GiB\n")
     (tmp_path / "rank-2.stderr").write_text("orted: Cannot allocate memory\n")

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError, UserError
 from emulator.base.files import write_json_atomic
-from emulator.emulation.allreduce_bench_program import main
+from emulator.emulation.mpi.allreduce_bench_program import main
 from emulator.runs import allreduce_bench as mb
 
 PROG = "emu-allreduce-bench"
@@ -141,13 +141,13 @@ def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, 
 
 
 def test_importing_the_benchmark_imports_no_mpi():
-    code = ("import sys, emulator.runs.allreduce_bench, emulator.emulation.allreduce_bench_program; "
+    code = ("import sys, emulator.runs.allreduce_bench, emulator.emulation.mpi.allreduce_bench_program; "
             "sys.exit('mpi4py' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 
 def test_help_needs_no_mpi():
-    proc = subprocess.run([sys.executable, "-m", "emulator.emulation.allreduce_bench_program", "--help"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "emulator.emulation.mpi.allreduce_bench_program", "--help"], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {PROG}") and "--algo NAME" in proc.stdout
 

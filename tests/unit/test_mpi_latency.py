@@ -17,7 +17,7 @@ import time
 import pytest
 
 from emulator.base.errors import FieldError
-from emulator.emulation import mpi_run
+from emulator.emulation.mpi import mpi_run
 from emulator.model import fabric, topology
 from emulator.model.latency import SHAPER_BURST_BYTES, Curve, Intrinsic, LatencyModel
 from emulator.model.prediction import timing

@@ -1,6 +1,6 @@
 """The timing model beside ``emu mpirun``'s benchmark (emulator.runs.mpi_prediction): Open MPI's algorithms as
 schedules in its rank order, its own fallbacks, the connections' ports under ECMP, and the controller's log of
-what it learned (emulator.emulation.controller_process)."""
+what it learned (emulator.emulation.network.controller_process)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from emulator.emulation.controller_process import ControllerProcess
+from emulator.emulation.network.controller_process import ControllerProcess
 from emulator.model import routing, topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel

@@ -11,7 +11,8 @@ import subprocess
 
 import pytest
 
-from emulator.emulation.host_commands import (
+from emulator.emulation.machine.system import has_netem
+from emulator.emulation.network.host_commands import (
     failed_command,
     host_script,
     host_setup_commands,
@@ -19,8 +20,7 @@ from emulator.emulation.host_commands import (
     static_flow_files,
     tcp_rto_min_ms,
 )
-from emulator.emulation.system import has_netem
-from emulator.emulation.tc_commands import (
+from emulator.emulation.network.tc_commands import (
     HOST_CONTROL_PACKET_BYTES,
     class_show_command,
     host_queue_commands,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.emulation.network import EmulatedNetwork
+from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import topology
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from emulator.emulation.ovs_sockets import interface_indexes, packet_sockets, socket_kind
+from emulator.emulation.network.ovs_sockets import interface_indexes, packet_sockets, socket_kind
 
 #: /proc/net/packet: the datapath's send socket (protocol 0, no interface) and receive sockets per port.
 PROC_NET_PACKET = """\

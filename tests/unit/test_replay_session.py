@@ -19,8 +19,8 @@ import pytest
 from fake_agents import FakeLauncher
 
 from emulator.base.files import read_jsonl, write_json_atomic
-from emulator.emulation import fidelity
-from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel

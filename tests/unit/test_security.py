@@ -12,7 +12,7 @@ from controllers.core import DEFAULT_LISTEN, Settings
 from emulator.base.errors import UserError
 from emulator.base.files import write_json_atomic
 from emulator.cli import main as cli
-from emulator.emulation import fidelity
+from emulator.emulation.session import fidelity
 from emulator.model import topology
 from emulator.runs import fault_plan as faults
 

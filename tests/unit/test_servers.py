@@ -393,7 +393,12 @@ def test_random_server_specs_build_and_route_every_pair(case):
 
 def test_pcie_switch_ports_get_deep_queues_and_fabric_ports_the_default():
     from emulator.base.naming import switch_intf
-    from emulator.emulation.tc_commands import PCIE_QUEUE_BYTES, queue_limits, queue_packets_for, root_interfaces
+    from emulator.emulation.network.tc_commands import (
+        PCIE_QUEUE_BYTES,
+        queue_limits,
+        queue_packets_for,
+        root_interfaces,
+    )
 
     topo = topology.build(SHARED)
     limits = queue_limits(topo, 32000)

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 
 from emulator.base.errors import UserError
 from emulator.cli.arguments import duration
-from emulator.emulation import calibration_file, cluster_probe, remote_shell, system
+from emulator.emulation.cluster import cluster_probe, remote_shell
+from emulator.emulation.machine import calibration_file, system
 from emulator.runs import admission
 from emulator.runs.cluster_file import Cluster
 from emulator.runs.dilation import Envelope

@@ -8,8 +8,9 @@ import os
 from emulator.base.errors import UserError
 from emulator.cli.arguments import int_at_least
 from emulator.cli.commands import admit
-from emulator.emulation import calibration_file, fidelity
-from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
+from emulator.emulation.session import fidelity
 from emulator.model import fabric
 from emulator.model.schedule.format import parse_size
 from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size

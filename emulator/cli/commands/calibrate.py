@@ -7,8 +7,9 @@ import json
 import sys
 
 from emulator.cli.arguments import number
-from emulator.emulation import calibration_file, remote_shell
-from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.emulation.cluster import remote_shell
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.model import fabric
 from emulator.runs import cluster_file
 

@@ -13,8 +13,9 @@ from functools import partial
 
 from emulator.base.errors import printable
 from emulator.base.files import read_json, read_text
-from emulator.emulation import calibration_file, cluster_probe, remote_shell
-from emulator.emulation.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
+from emulator.emulation.cluster import cluster_probe, remote_shell
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
 from emulator.model import cluster_placement, fabric, topology
 from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_check, cluster_file

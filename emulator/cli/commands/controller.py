@@ -162,9 +162,9 @@ def ping_all(en, topo: Topology, sources: Iterable[str] | None = None, timeout_s
 
 def cmd_pingall(args: argparse.Namespace) -> int:
     topo = topology.load(args.spec)
-    from emulator.emulation.controller_process import ControllerProcess, free_port
-    from emulator.emulation.network import EmulatedNetwork
-    from emulator.emulation.system import require_root
+    from emulator.emulation.machine.system import require_root
+    from emulator.emulation.network.controller_process import ControllerProcess, free_port
+    from emulator.emulation.network.emulated_network import EmulatedNetwork
 
     settings = Settings(topology=args.spec, routing=args.routing, seed=args.ecmp_seed,
                         listen=("127.0.0.1", free_port()))

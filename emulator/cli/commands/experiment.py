@@ -2,7 +2,7 @@
 
 ``emu run`` validates the file and every cell's schedule and prediction
 first (``--check`` stops there, starts nothing), then runs the grid with
-:class:`emulator.study.runner.Runner` on :class:`emulator.emulation.replay.ReplaySession`
+:class:`emulator.study.runner.Runner` on :class:`emulator.emulation.session.replay.ReplaySession`
 networks and writes the report (:mod:`emulator.study.report`). Without ``--out`` it
 resumes the newest unfinished run of the same experiment under ``results/``
 or starts ``results/<name>-<timestamp>/`` (:mod:`emulator.study.run_folder`);
@@ -21,9 +21,10 @@ from collections.abc import Callable
 from emulator.base.errors import UserError
 from emulator.cli.arguments import add_cluster_arguments, cluster_run
 from emulator.cli.commands import admit
-from emulator.emulation import calibration_file, fidelity, replay, system
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.system import interrupt_on_sigterm
+from emulator.emulation.machine import calibration_file, system
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.machine.system import interrupt_on_sigterm
+from emulator.emulation.session import fidelity, replay
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
 from emulator.runs import admission

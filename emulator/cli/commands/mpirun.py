@@ -1,4 +1,4 @@
-"""``emu mpirun``: an Open MPI program over the emulated fabric (see :mod:`emulator.emulation.mpi_run`)."""
+"""``emu mpirun``: an Open MPI program over the emulated fabric (see :mod:`emulator.emulation.mpi.mpi_run`)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import dataclasses
 from emulator.base.errors import printable
 from emulator.cli.arguments import int_at_least, positive
 from emulator.cli.commands import admit
-from emulator.emulation.fidelity import flag_text
-from emulator.emulation.mpi_run import check_cluster, prepare, run
-from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
+from emulator.emulation.mpi.mpi_run import check_cluster, prepare, run
+from emulator.emulation.session.fidelity import flag_text
 from emulator.model import fabric
 from emulator.model.collectives.generators import PLACEMENTS
 from emulator.runs import admission, cluster_file

@@ -8,9 +8,9 @@ import sys
 
 from emulator.base.errors import UserError
 from emulator.cli.arguments import int_at_least
-from emulator.emulation.cluster_network import clean_server
-from emulator.emulation.network import EmulatedNetwork
-from emulator.emulation.system import choose_datapath, interrupt_on_sigterm, require_root
+from emulator.emulation.cluster.cluster_network import clean_server
+from emulator.emulation.machine.system import choose_datapath, interrupt_on_sigterm, require_root
+from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import routing, topology
 from emulator.runs import cluster_file
 
@@ -77,7 +77,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from emulator.emulation.cleanup import clean
+    from emulator.emulation.machine.cleanup import clean
 
     require_root()
     cluster = cluster_file.load(args.cluster) if args.cluster else None

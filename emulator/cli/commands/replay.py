@@ -1,4 +1,4 @@
-"""``emu replay``: a schedule over real TCP on an emulated network (see :mod:`emulator.emulation.replay`)."""
+"""``emu replay``: a schedule over real TCP on an emulated network (see :mod:`emulator.emulation.session.replay`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import os
 from emulator.base.errors import UserError
 from emulator.cli.arguments import add_cluster_arguments, cluster_run, int_at_least, positive
 from emulator.cli.commands import admit
-from emulator.emulation.replay import ReplayConfig, ReplayFailed, prepare, replay
-from emulator.emulation.system import interrupt_on_sigterm, require_root
+from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
+from emulator.emulation.session.replay import ReplayConfig, ReplayFailed, prepare, replay
 from emulator.model import fabric, topology
 from emulator.model.workloads import training
 from emulator.runs import admission

@@ -18,7 +18,8 @@ import os
 
 from emulator.base.errors import FieldError
 from emulator.cli.arguments import int_at_least, number
-from emulator.emulation import calibration_file, fidelity
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.session import fidelity
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import msccl
 from emulator.model.collectives.generators import GENERATED, PLACEMENTS, algorithms, generate

@@ -37,7 +37,7 @@ is two directed links per transfer: the sender's port into it and the
 receiver's port out of it, named ``(host, "<switch>~domain")`` and
 ``("<switch>~domain", host)`` after the server's switch, each of
 ``domain_bw·1e6/8`` bytes/s (no frames, no TCP: the agents time these
-transfers themselves, :mod:`emulator.emulation.domain`). Such a path crosses
+transfers themselves, :mod:`emulator.emulation.agents.interconnect`). Such a path crosses
 :data:`~emulator.model.fabric.DOMAIN` switches for its latency and none of
 the datapath's.
 """

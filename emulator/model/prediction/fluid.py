@@ -6,7 +6,7 @@ whenever one starts or drains, every flow's rate is recomputed by progressive
 filling (:func:`emulator.model.prediction.cost.maxmin_rates`, the timing
 model's own), so a flow drains exactly when the timing model says it does.
 
-The interconnect's arbiter (:mod:`emulator.emulation.domain`) runs it in real
+The interconnect's arbiter (:mod:`emulator.emulation.agents.interconnect`) runs it in real
 time: it calls :meth:`FluidLinks.start` as senders report their transfers,
 asks :meth:`FluidLinks.next_drain` when to wake, and :meth:`FluidLinks.advance`
 hands it the flows drained by then, each with the time it drained (however

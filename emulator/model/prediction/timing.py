@@ -1,7 +1,7 @@
 """The timing model: when every transfer of a schedule starts and ends, by the host agents' own rules.
 
 An event-driven, flow-level simulation of one execution. Its rules are those
-of :mod:`emulator.emulation.agent` (which follows the execution model of
+of :mod:`emulator.emulation.agents.agent` (which follows the execution model of
 ``docs/schedule-format.md``), with the per-message latency terms of
 :mod:`emulator.model.latency`:
 
@@ -53,7 +53,7 @@ of :mod:`emulator.emulation.agent` (which follows the execution model of
 Over a server's accelerator interconnect (``switches`` is
 :data:`~emulator.model.fabric.DOMAIN`) a transfer has no frames: it has no
 store-and-forward tail, and its send completes when its bytes drain, as
-:mod:`emulator.emulation.domain` times it.
+:mod:`emulator.emulation.agents.interconnect` times it.
 
 Connections: the transfers of one sender, receiver and *lane* form one
 connection (rules 3 and 5 hold per connection); different lanes between the

@@ -1,7 +1,7 @@
 """One rank's dependency rules: which operations are ready, in what order they are queued, and from when.
 
 Pure, and the one statement of the execution model (``docs/schedule-format.md``)
-for everything that runs a schedule: the host agent (:mod:`emulator.emulation.agent`)
+for everything that runs a schedule: the host agent (:mod:`emulator.emulation.agents.agent`)
 runs it on sockets, the timing model (:mod:`emulator.model.prediction.timing`)
 simulates it in time, and the symbolic executor
 (:mod:`emulator.model.schedule.executor`) proves with it that the schedule is an

@@ -850,7 +850,7 @@ def rank_view(schedule: Schedule, rank: int) -> Schedule:
     """The schedule as one rank's agent needs it: every field, but only ``rank``'s operations.
 
     A 64-rank training iteration has ~90,000 operations; 64 agents each parsing all of them took minutes to
-    start, so the replay writes each agent its view (:meth:`emulator.emulation.fleet.AgentFiles.write_schedule`).
+    start, so the replay writes each agent its view (:meth:`emulator.emulation.agents.fleet.AgentFiles.write_schedule`).
     """
     return with_ops(schedule, [r.ops if r.rank == rank else () for r in schedule.ranks])
 

@@ -4,7 +4,7 @@ This package owns the network *model*: which hosts and switches exist, which
 ports every link uses, each switch's datapath id, each host's IP and MAC, and
 each link's rate. It imports neither Mininet nor os-ken and needs no root; the
 Mininet network is built from a :class:`Topology` at the edge
-(:mod:`emulator.emulation.network`), and the controller and the schedule checker read the
+(:mod:`emulator.emulation.network.emulated_network`), and the controller and the schedule checker read the
 same model from its JSON export (networkx node-link format).
 
 Modules (each imports only those listed before it, so there is no cycle)
@@ -66,7 +66,7 @@ Servers (every kind, all keys optional)
     :data:`~emulator.model.topology.spec.MAX_DOMAIN_MBPS`; a fabric profile
     with ``domain_gbps`` sets it where the spec does not. Transfers between
     two accelerators of one server then cross the interconnect as timed
-    transfers (:mod:`emulator.emulation.domain`), not the PCIe switch; and
+    transfers (:mod:`emulator.emulation.agents.interconnect`), not the PCIe switch; and
     ``pcie_bw`` defaults to the interconnect's rate (up to 1000), since an
     accelerator's packets to another's NIC (rail-only's forwarding across
     rails) cross the interconnect first.

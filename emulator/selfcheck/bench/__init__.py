@@ -16,7 +16,7 @@ Sections, in order:
    link at the calibrated datapath capacity shared out, against iperf3 on the ring's hops; target >=
    :data:`~cases.TARGET_AGENT_AGGREGATE`): how much of what the machine carries the agents carry.
 2. **replays**: every algorithm of :data:`~cases.DEFAULT_CASES` on its fabric, one
-   :class:`~emulator.emulation.replay.ReplaySession` per (topology, routing, seed), at
+   :class:`~emulator.emulation.session.replay.ReplaySession` per (topology, routing, seed), at
    every size of :data:`~cases.DEFAULT_SIZES` (latency-bound to bandwidth-bound):
    measured / predicted time of each row (target: at least
    :data:`~cases.TARGET_WITHIN_SHARE` of the rows within +-:data:`~cases.TARGET_PREDICTION`,

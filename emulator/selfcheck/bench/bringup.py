@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from emulator.emulation.network import EmulatedNetwork
+from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import topology
 from emulator.selfcheck.bench.cases import BRINGUP_TOPOLOGY
 from emulator.selfcheck.bench.plain_mininet import plain_mininet_bringup

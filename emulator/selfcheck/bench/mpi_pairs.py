@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from emulator.base.errors import UserError
-from emulator.emulation import fidelity
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.mpi_run import prepare as prepare_mpirun
-from emulator.emulation.mpi_run import run as run_mpirun
-from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.mpi.mpi_run import prepare as prepare_mpirun
+from emulator.emulation.mpi.mpi_run import run as run_mpirun
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplayFailed, ReplaySession
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule.format import format_size

@@ -9,10 +9,10 @@ from functools import partial
 from typing import Any
 
 from emulator.base.naming import bridge_name, host_intf, switch_intf
-from emulator.emulation.cleanup import remove_our_bridges
-from emulator.emulation.network_lock import NetworkLock
-from emulator.emulation.runstate import RunState, kill_recorded, proc_netns
-from emulator.emulation.system import run
+from emulator.emulation.machine.cleanup import remove_our_bridges
+from emulator.emulation.machine.network_lock import NetworkLock
+from emulator.emulation.machine.started import RunState, kill_recorded, proc_netns
+from emulator.emulation.machine.system import run
 from emulator.model import topology
 from emulator.selfcheck.bench.rows import BringupTimes
 
@@ -38,7 +38,7 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> BringupTime
     """Build, start and stop ``topo`` with bare Mininet; returns the times up and down.
 
     The same hosts (IP, MAC), switches (dpid) and shaped links as
-    :class:`~emulator.emulation.network.EmulatedNetwork`, and our names (so ``emu clean`` can remove what a
+    :class:`~emulator.emulation.network.emulated_network.EmulatedNetwork`, and our names (so ``emu clean`` can remove what a
     killed run leaves); no controller, no MTU, sysctl, ARP or flow set-up.
     Holds the machine-wide network lock; host shells are recorded in a run state.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from emulator.emulation.replay import ReplayFailed, ReplaySession
+from emulator.emulation.session.replay import ReplayFailed, ReplaySession
 from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel

@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable
 
 from emulator.base.files import PROJECT_ROOT, write_json_atomic
-from emulator.emulation import fidelity
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.system import choose_datapath, load_average
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.machine.system import choose_datapath, load_average
+from emulator.emulation.session import fidelity
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.selfcheck.bench.bringup import measure_bringup

@@ -66,7 +66,7 @@ def mpi_run(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology
 
 def _own_bin() -> str:
     """This emulator's scripts (the venv's bin), where the bundled MPI programs are; as
-    :func:`emulator.emulation.mpi_run.own_bin` (a live module this one does not import) finds them."""
+    :func:`emulator.emulation.mpi.mpi_run.own_bin` (a live module this one does not import) finds them."""
     return os.path.dirname(sys.executable)
 
 

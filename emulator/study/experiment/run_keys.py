@@ -48,7 +48,7 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
     auto = _run_auto(where, rp, run)
     rprofile = fabric_field(where, run, f"{rp}.", enclosing) if has_fabric_keys(run) else None
     profile = rprofile or enclosing
-    # an MPI program's ranks of one server talk through its switch: no interconnect (emulator.emulation.domain)
+    # an MPI program's ranks of one server talk through its switch: no interconnect (emulator.emulation.agents.interconnect)
     topo = _topology(where, f"{rp}.topology", run["topology"], profile.emulated_link_mbps,
                      None if "mpi" in run else profile.domain_ratio)
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)

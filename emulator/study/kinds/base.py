@@ -38,7 +38,7 @@ CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "c
 
 
 class Session(Protocol):
-    """What a cell runs on: a started network (:class:`emulator.emulation.replay.ReplaySession`)."""
+    """What a cell runs on: a started network (:class:`emulator.emulation.session.replay.ReplaySession`)."""
 
     def start(self) -> None: ...
 

@@ -21,18 +21,18 @@ switches (OpenFlow 1.3, fail-mode secure, the model's dpid; all in one
 ``ovs-vsctl``), then configures every host in one round trip to its shell:
 TX checksum offload off on the userspace datapath (otherwise TCP carries
 nothing), IPv6 off, ``tcp_slow_start_after_idle`` off, static ARP for every
-other host (:mod:`emulator.emulation.host_commands`), the shaping and queues of
-its link end (:mod:`emulator.emulation.tc_commands`, one ``tc -batch``); then
+other host (:mod:`emulator.emulation.network.host_commands`), the shaping and queues of
+its link end (:mod:`emulator.emulation.network.tc_commands`, one ``tc -batch``); then
 the root namespace's link ends in one more. On the userspace datapath it
 enlarges Open vSwitch's packet socket buffers
-(:mod:`emulator.emulation.ovs_sockets`). With no controller it installs the
+(:mod:`emulator.emulation.network.ovs_sockets`). With no controller it installs the
 routing policy's flow entries with ``ovs-ofctl``, on every bridge at once.
 Teardown deletes the bridges in one ``ovs-vsctl`` and their links in one
 ``ip -batch``. What each part cost, at up to 256 hosts: ``docs/fidelity.md``
 (2026-12-02, evening).
 
-One network at a time per machine (:class:`~emulator.emulation.network_lock.NetworkLock`);
-before building, what killed runs left is removed (:func:`emulator.emulation.cleanup.clean`).
+One network at a time per machine (:class:`~emulator.emulation.machine.network_lock.NetworkLock`);
+before building, what killed runs left is removed (:func:`emulator.emulation.machine.cleanup.clean`).
 """
 
 from __future__ import annotations
@@ -48,19 +48,10 @@ from typing import Any
 
 from emulator.base.errors import UserError
 from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf, switch_intf
-from emulator.emulation.cleanup import clean, remove_our_bridges
-from emulator.emulation.host_commands import (
-    DEFAULT_HOST_TSQ_BYTES,
-    failed_command,
-    host_script,
-    host_setup_commands,
-    static_arp_batch,
-    static_flow_files,
-)
-from emulator.emulation.network_lock import NetworkLock
-from emulator.emulation.ovs_sockets import enlarge_ovs_sockets
-from emulator.emulation.runstate import RunState, kill_recorded, proc_netns
-from emulator.emulation.system import (
+from emulator.emulation.machine.cleanup import clean, remove_our_bridges
+from emulator.emulation.machine.network_lock import NetworkLock
+from emulator.emulation.machine.started import RunState, kill_recorded, proc_netns
+from emulator.emulation.machine.system import (
     Runner,
     choose_datapath,
     netem_available,
@@ -69,7 +60,16 @@ from emulator.emulation.system import (
     require_tools,
     run,
 )
-from emulator.emulation.tc_commands import (
+from emulator.emulation.network.host_commands import (
+    DEFAULT_HOST_TSQ_BYTES,
+    failed_command,
+    host_script,
+    host_setup_commands,
+    static_arp_batch,
+    static_flow_files,
+)
+from emulator.emulation.network.ovs_sockets import enlarge_ovs_sockets
+from emulator.emulation.network.tc_commands import (
     host_queue_commands,
     queue_packets_for,
     root_interface_rates,
@@ -109,9 +109,9 @@ class EmulatedNetwork:
         datapath: ``auto``, ``user`` or ``kernel``.
         label: names the run-state directory.
         mtu: of every interface (default :data:`DEFAULT_MTU`).
-        queue_packets: the FIFO depth of every link end (default: :data:`emulator.emulation.tc_commands.DEFAULT_QUEUE_BYTES`
+        queue_packets: the FIFO depth of every link end (default: :data:`emulator.emulation.network.tc_commands.DEFAULT_QUEUE_BYTES`
             in frames).
-        tsq_bytes: per-flow host queue bound (default :data:`emulator.emulation.host_commands.DEFAULT_HOST_TSQ_BYTES`).
+        tsq_bytes: per-flow host queue bound (default :data:`emulator.emulation.network.host_commands.DEFAULT_HOST_TSQ_BYTES`).
         switch_delay_s: what every switch port holds each packet (netem; the kernel must have it).
     """
 
@@ -302,7 +302,7 @@ class EmulatedNetwork:
             runner(["sysctl", "-qw", *settings[i:i + 200]])
 
     def _enlarge_datapath_sockets(self) -> None:
-        """See :mod:`emulator.emulation.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a packet:
+        """See :mod:`emulator.emulation.network.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a packet:
         a packet-out of a frame nobody listens to (EtherType 0x88b5, local experimental) makes sure."""
         first = self.topo.hosts[0]
         frame = first.mac.replace(":", "") + "020000000000" + "88b5" + "00" * 46

@@ -1,9 +1,9 @@
 """The cluster-wide network lock: one emulated network at a time on every server of a cluster.
 
-Each server keeps its own :class:`~emulator.emulation.network_lock.NetworkLock`
+Each server keeps its own :class:`~emulator.emulation.machine.network_lock.NetworkLock`
 (an ``flock`` its kernel drops when the holder dies). :class:`ClusterLock`
 holds it on every server but the head (the head's is the network's own) by
-one ssh session each, running ``python -m emulator.emulation.network_lock``,
+one ssh session each, running ``python -m emulator.emulation.machine.network_lock``,
 which takes the lock, says ``locked`` and keeps it until its input ends.
 When the head releases the lock, or dies (even by SIGKILL), the ssh sessions
 end and every server's lock is free again. Servers are locked in the
@@ -18,9 +18,9 @@ import sys
 import threading
 
 from emulator.base.errors import UserError
-from emulator.emulation import remote_shell
-from emulator.emulation.network_lock import DEFAULT_WAIT_S
-from emulator.emulation.system import end_by_closing_input
+from emulator.emulation.cluster import remote_shell
+from emulator.emulation.machine.network_lock import DEFAULT_WAIT_S
+from emulator.emulation.machine.system import end_by_closing_input
 from emulator.runs.cluster_file import Cluster
 
 #: How long a server's lock may take beyond the lock's own wait (ssh start-up).
@@ -46,7 +46,7 @@ class ClusterLock:
 
     def _hold(self, name: str) -> subprocess.Popen[str]:
         proc = remote_shell.popen(self.cluster, self.cluster.server(name),
-                                  [sys.executable, "-m", "emulator.emulation.network_lock"],
+                                  [sys.executable, "-m", "emulator.emulation.machine.network_lock"],
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         line = _readline(proc, self.wait_s + SSH_MARGIN_S)
         if line.strip() != "locked":

@@ -13,7 +13,7 @@ operation times; ``error`` when it fails. :class:`ControlServer` turns a
 connection that closes into a ``closed`` message of that rank.
 
 This module owns the framing and the message types; what the messages mean
-for a run is :mod:`emulator.emulation.fleet`'s and :mod:`emulator.emulation.agent`'s business.
+for a run is :mod:`emulator.emulation.agents.fleet`'s and :mod:`emulator.emulation.agents.agent`'s business.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What bring-up runs besides ``tc``: each host's set-up, its static ARP, and static flow entries.
 
 Pure functions from a topology model to argument lists and batch files;
-:class:`emulator.emulation.network.EmulatedNetwork` runs them. A host gets its MTU,
+:class:`emulator.emulation.network.emulated_network.EmulatedNetwork` runs them. A host gets its MTU,
 sysctls (IPv6 off, no slow start after idle, a bound on each flow's own
 queue, no tail loss probes), a connected route to :data:`HOST_SUBNET` with a
 minimum retransmission timeout that covers a full queue, TX checksum offload
@@ -17,7 +17,7 @@ import shlex
 from collections.abc import Sequence
 
 from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf
-from emulator.emulation.tc_commands import DEFAULT_QUEUE_BYTES
+from emulator.emulation.network.tc_commands import DEFAULT_QUEUE_BYTES
 from emulator.model import routing
 from emulator.model.topology import DEFAULT_MTU, Topology
 

@@ -30,8 +30,8 @@ reports when a flow drained on the fluid clock, not when it woke up to
 notice. What it cannot hide is its own lateness: a sender learns of a drain
 when the arbiter's thread runs, and the next message on that channel starts
 after that. Connections: one Unix socket per (sender, receiver, lane), made
-as the fabric's TCP ones are (:data:`~emulator.emulation.peer.HELLO`,
-:data:`~emulator.emulation.peer.CLEAR_TO_SEND`, :data:`~emulator.emulation.peer.HEADER`);
+as the fabric's TCP ones are (:data:`~emulator.emulation.agents.peer.HELLO`,
+:data:`~emulator.emulation.agents.peer.CLEAR_TO_SEND`, :data:`~emulator.emulation.agents.peer.HEADER`);
 every rank listens on :func:`rank_socket` and the arbiter on
 :func:`arbiter_socket`, both in one directory of the run. Unix sockets cross
 network namespaces, so it works between Mininet hosts; not between
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from emulator.base.waiting import wait_until
-from emulator.emulation.peer import (
+from emulator.emulation.agents.peer import (
     CLEAR_TO_SEND,
     CONNECT_RETRY_S,
     HEADER,
@@ -84,7 +84,7 @@ TRAILER = struct.Struct("!d")
 #: The longest path a Unix socket may have (``sun_path`` holds 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
 
-log = logging.getLogger("emulator.emulation.domain")
+log = logging.getLogger("emulator.emulation.agents.interconnect")
 T = TypeVar("T")
 OnDelivered = Callable[[Delivered], None]
 
@@ -239,7 +239,7 @@ class DomainArbiter:
 
 # ------------------------------------------------------------------ channels
 class _NoDelivery:
-    """What a timed channel has instead of :class:`~emulator.emulation.peer.DeliveryTracker`: nothing to watch,
+    """What a timed channel has instead of :class:`~emulator.emulation.agents.peer.DeliveryTracker`: nothing to watch,
     a send is complete when the arbiter says its bytes are through."""
 
     oldest: Op | None = None

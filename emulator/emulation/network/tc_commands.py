@@ -1,7 +1,7 @@
 """Link shaping and queues as ``tc`` command lines, and reading the shaping back.
 
 Pure functions: they build argument lists (and ``tc -batch`` text) from a
-topology model; :class:`emulator.emulation.network.EmulatedNetwork` runs them at
+topology model; :class:`emulator.emulation.network.emulated_network.EmulatedNetwork` runs them at
 bring-up, :mod:`emulator.selfcheck.calibration` when it reshapes links in place.
 
 Every link end carries the tree Mininet's ``TCLink`` builds, made here in one

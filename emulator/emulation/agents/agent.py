@@ -1,7 +1,7 @@
 """The host agent: one process per rank, inside its Mininet host, replaying a schedule over real TCP.
 
-Started by :mod:`emulator.emulation.replay` (through :mod:`emulator.emulation.agent_launcher`) as
-``python -m emulator.emulation.agent --schedule F --topology T --rank R --control SOCK
+Started by :mod:`emulator.emulation.session.replay` (through :mod:`emulator.emulation.agents.agent_launcher`) as
+``python -m emulator.emulation.agents.agent --schedule F --topology T --rank R --control SOCK
 --log FILE --latency PLAN``. It:
 
 1. listens on its host's IP, port :data:`routing.AGENT_LISTEN_PORT`, and opens
@@ -9,7 +9,7 @@ Started by :mod:`emulator.emulation.replay` (through :mod:`emulator.emulation.ag
    source port :func:`emulator.model.routing.agent_flow` gives that lane -- the
    5-tuple it predicts, so the controller's path and the checker's
    prediction are the path the bytes take;
-2. reports ``ready`` on the control socket (:mod:`emulator.emulation.agent_protocol`, a Unix
+2. reports ``ready`` on the control socket (:mod:`emulator.emulation.agents.agent_protocol`, a Unix
    socket: it crosses network namespaces) and waits for ``go`` -- the
    barrier, so every connection is established before the clock starts;
 3. per repetition: fills its buffers with values that identify the rank and
@@ -26,10 +26,10 @@ Started by :mod:`emulator.emulation.replay` (through :mod:`emulator.emulation.ag
 Where the topology gives servers an accelerator interconnect (``domain_bw``),
 the connections to ranks of the same server are Unix sockets instead, and
 their transfers are timed by the interconnect's arbiter rather than by links
-(:mod:`emulator.emulation.domain`): the same protocol, the same latency rule,
+(:mod:`emulator.emulation.agents.interconnect`): the same protocol, the same latency rule,
 each send complete when the arbiter says its bytes are through.
 
-The parts: :mod:`emulator.emulation.peer` owns the data connections (set-up, framing,
+The parts: :mod:`emulator.emulation.agents.peer` owns the data connections (set-up, framing,
 delivery tracking); :class:`~emulator.model.schedule.dispatch.Dispatcher` decides
 which operation may run when (the rules the schedule checker proves
 schedules with); :mod:`emulator.model.schedule.buffers` does the numeric work. This module
@@ -75,10 +75,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.base.files import read_json
-from emulator.emulation import confinement
-from emulator.emulation.agent_protocol import AgentChannel, Msg
-from emulator.emulation.domain import DomainPlan, DomainSendChannel, open_domain_channels
-from emulator.emulation.peer import (
+from emulator.emulation.agents.agent_protocol import AgentChannel, Msg
+from emulator.emulation.agents.interconnect import DomainPlan, DomainSendChannel, open_domain_channels
+from emulator.emulation.agents.peer import (
     Channels,
     ConnectionPlan,
     ConnKey,
@@ -89,6 +88,7 @@ from emulator.emulation.peer import (
     SendChannel,
     open_channels,
 )
+from emulator.emulation.machine import confinement
 from emulator.model import routing, topology
 from emulator.model.latency import ZERO, PathLatency
 from emulator.model.schedule import format as sformat
@@ -101,7 +101,7 @@ __all__ = ["Agent", "AgentError", "RepetitionResult", "SendTiming", "expected_su
 
 #: The interpreter's thread switch interval in an agent process (see :func:`main`).
 GIL_SWITCH_INTERVAL_S = 0.0002
-log = logging.getLogger("emulator.emulation.agent")
+log = logging.getLogger("emulator.emulation.agents.agent")
 
 
 class AgentError(Exception):
@@ -280,7 +280,7 @@ class Agent:
         """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback);
         ``latency`` the latency terms of the path to each rank this one sends to (default: none);
         ``compute_dilation`` what a compute operation's seconds are multiplied by (the fabric's dilation);
-        ``domain_dir`` where the server's interconnect sockets are (:mod:`emulator.emulation.domain`; needed
+        ``domain_dir`` where the server's interconnect sockets are (:mod:`emulator.emulation.agents.interconnect`; needed
         when the topology has one and this rank talks to another of its server)."""
         self.schedule = schedule
         self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
@@ -464,7 +464,7 @@ class Agent:
 
     def _receive_worker(self, channel: RecvChannel, run: _Repetition) -> None:
         """The worker thread of one receive connection: its messages in order, each reported as it completes
-        (a timed one as of when its bytes were through, as its send: :mod:`emulator.emulation.domain`)."""
+        (a timed one as of when its bytes were through, as its send: :mod:`emulator.emulation.agents.interconnect`)."""
         staging = Staging()
         while (ready := run.receives[channel.key].get()) is not None:
             op = ready.op  # a receive's time runs from its posting
@@ -525,7 +525,7 @@ def load_latency_plan(path: str | None, rank: int) -> TimingPlan:
 
 
 def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="emulator.emulation.agent")
+    parser = argparse.ArgumentParser(prog="emulator.emulation.agents.agent")
     parser.add_argument("--schedule", required=True)
     parser.add_argument("--topology", required=True)
     parser.add_argument("--rank", type=int, required=True)
@@ -533,7 +533,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log", required=True)
     parser.add_argument("--latency", default=None, help="latency plan (JSON, see load_latency_plan)")
     parser.add_argument("--domain", default=None, help="the folder of the servers' interconnect sockets "
-                        "(emulator.emulation.domain)")
+                        "(emulator.emulation.agents.interconnect)")
     return parser.parse_args(argv)
 
 
@@ -562,7 +562,7 @@ def _serve(control: AgentChannel, agent: Agent) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The agent process (see the module docstring): 0 after ``quit``, 1 after reporting an ``error``,
-    :data:`emulator.emulation.confinement.OUT_OF_MEMORY_STATUS` after running out of its memory limit (one line in its log
+    :data:`emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS` after running out of its memory limit (one line in its log
     and its stderr, and an ``error`` with ``out_of_memory``)."""
     args = _arguments(argv)
     # A worker woken by its socket waits for the GIL up to the switch interval

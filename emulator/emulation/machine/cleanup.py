@@ -1,6 +1,6 @@
 """``emu clean``: remove what this project left behind, and nothing else.
 
-What is ours is found two ways (see :mod:`emulator.emulation.runstate`): processes from
+What is ours is found two ways (see :mod:`emulator.emulation.machine.started`): processes from
 the run-state records (pid + start time, plus every process inside a recorded
 host namespace), and bridges and root-namespace interfaces by their name
 pattern (``efsN``, ``efsN-ethP``, ``efhN-eth0``). Runs whose owning process is
@@ -10,7 +10,7 @@ cleanup, and never killing processes by name pattern.
 Every network bring-up calls :func:`clean` with ``network_lock_held``: it
 holds the machine-wide network lock, so no live network can own a bridge of
 our pattern, and what a killed run (even SIGKILL) left is removed before the
-next run starts. :class:`emulator.emulation.network.EmulatedNetwork` also tears its
+next run starts. :class:`emulator.emulation.network.emulated_network.EmulatedNetwork` also tears its
 own bridges down with :func:`remove_our_bridges`.
 """
 
@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Sequence
 
 from emulator.base.naming import BRIDGE_RE, CHECK_DEVICE_RE, CHECK_NAMESPACE_PREFIX, INTERFACE_RE, NAME_PREFIX
-from emulator.emulation.runstate import all_runs, kill_recorded, remove_ssh_folder, ssh_folder
-from emulator.emulation.system import Runner, run
+from emulator.emulation.machine.started import all_runs, kill_recorded, remove_ssh_folder, ssh_folder
+from emulator.emulation.machine.system import Runner, run
 
 
 def interface_names(ip_link_json: str) -> list[str]:
@@ -85,7 +85,7 @@ def remove_check_namespaces(runner: Runner) -> list[str]:
 
 
 def end_shared_connections(runner: Runner) -> list[str]:
-    """End the ssh masters a killed cluster head left (:func:`emulator.emulation.remote_shell.open_shared`;
+    """End the ssh masters a killed cluster head left (:func:`emulator.emulation.cluster.remote_shell.open_shared`;
     each would end by itself when idle) and remove their folder."""
     folder = ssh_folder()
     try:

@@ -19,7 +19,7 @@ This module owns what tells a user whether a measurement can be trusted:
 * packet captures of chosen links with tcpdump.
 
 The calibration files themselves (one per MTU, valid only on the machine
-that made them) are :mod:`emulator.emulation.calibration_file`'s.
+that made them) are :mod:`emulator.emulation.machine.calibration_file`'s.
 
 The pure parts (parsing, deltas, flags) are unit-tested without root.
 """
@@ -37,8 +37,8 @@ from typing import Any
 
 from emulator.base.errors import UserError
 from emulator.base.naming import SWITCH_INTERFACE_RE, host_intf, switch_intf
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.system import cpu_times, has_netem, run
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.machine.system import cpu_times, has_netem, run
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import Intrinsic, LatencyModel
 from emulator.model.topology import Topology
@@ -134,7 +134,7 @@ class Snapshot:
     time: float  # CLOCK_MONOTONIC seconds
     qdisc: dict[str, QdiscCounters] = field(default_factory=dict)  # per interface
     retrans: dict[str, int] = field(default_factory=dict)  # TCP RetransSegs per host
-    cpu_idle: float = 0.0  # CPU seconds, summed over all CPUs since boot (see emulator.emulation.system.cpu_times)
+    cpu_idle: float = 0.0  # CPU seconds, summed over all CPUs since boot (see emulator.emulation.machine.system.cpu_times)
     cpu_total: float = 0.0
 
 
@@ -162,7 +162,7 @@ def parse_tcp_retrans(text: str) -> int:
 
 
 def snapshot(en: Any, topo: Topology) -> Snapshot:
-    """Counters of the live network ``en`` (an :class:`emulator.emulation.network.EmulatedNetwork`) now."""
+    """Counters of the live network ``en`` (an :class:`emulator.emulation.network.emulated_network.EmulatedNetwork`) now."""
     if getattr(en, "cluster", None) is not None:
         qdiscs, retrans = _cluster_counters(en, topo)
     else:

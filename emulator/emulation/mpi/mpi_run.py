@@ -2,7 +2,7 @@
 
 :func:`prepare` checks every input before anything starts (:mod:`emulator.runs.mpi_plan`
 owns the checks and the command line). :func:`run` brings up the controller
-and the network as a replay does (:class:`emulator.emulation.replay.ReplaySession`
+and the network as a replay does (:class:`emulator.emulation.session.replay.ReplaySession`
 without agents), writes the launch agent and the hostfile into the run's
 folder, runs ``mpirun`` inside rank 0's host, echoes its output, and tears
 everything down (every process left in the hosts' namespaces is killed with
@@ -24,7 +24,7 @@ session). Files in the folder:
 
 Every process of the run (mpirun, the launch agent's ``mnexec``, every
 ``orted``, the ranks) inherits the memory limit mpirun starts under
-(``RLIMIT_DATA`` by ``prlimit``, :mod:`emulator.emulation.confinement`): the config's
+(``RLIMIT_DATA`` by ``prlimit``, :mod:`emulator.emulation.machine.confinement`): the config's
 ``memory_limit_bytes``, or :func:`emulator.runs.admission.mpi_rank_limit_bytes`
 of the program's estimate. A rank whose output says an allocation was
 refused is named, with the limit, in one line (``results.error``).
@@ -46,9 +46,11 @@ from dataclasses import dataclass, replace
 
 from emulator.base.errors import FieldError, UserError
 from emulator.base.files import append_jsonl
-from emulator.emulation import calibration_file, confinement, fidelity, remote_shell, system
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.replay import ReplaySession, on_cluster
+from emulator.emulation.cluster import remote_shell
+from emulator.emulation.machine import calibration_file, confinement, system
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.replay import ReplaySession, on_cluster
 from emulator.model import fabric, routing, topology
 from emulator.model.latency import LatencyModel
 from emulator.runs import admission, mpi_prediction

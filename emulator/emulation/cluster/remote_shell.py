@@ -31,8 +31,8 @@ import subprocess
 from collections.abc import Sequence
 from functools import partial
 
-from emulator.emulation.runstate import remove_ssh_folder, ssh_folder
-from emulator.emulation.system import Result, Runner, run
+from emulator.emulation.machine.started import remove_ssh_folder, ssh_folder
+from emulator.emulation.machine.system import Result, Runner, run
 from emulator.runs.cluster_file import Cluster, Server
 
 #: Seconds ssh waits for a server to answer before it gives up.
@@ -112,7 +112,7 @@ def close_shared(cluster: Cluster, local: Runner = run) -> None:
 
 
 def remote_runner(cluster: Cluster, server: Server, local: Runner = run) -> Runner:
-    """A :data:`~emulator.emulation.system.Runner` for ``server``: the head's own commands run locally (through
+    """A :data:`~emulator.emulation.machine.system.Runner` for ``server``: the head's own commands run locally (through
     ``local``), every other server's through ssh."""
     if server.name == cluster.head:
         return local
@@ -134,6 +134,6 @@ def popen(cluster: Cluster, server: Server, command: Sequence[str], **kwargs: ob
 
 
 def run_with_timeout(timeout: float) -> Runner:
-    """:func:`~emulator.emulation.system.run` with another timeout (a Runner)."""
+    """:func:`~emulator.emulation.machine.system.run` with another timeout (a Runner)."""
     return partial(run, timeout=timeout)
 

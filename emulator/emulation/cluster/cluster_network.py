@@ -1,6 +1,6 @@
 """One emulated network over several servers, through Mininet Cluster Edition (``mininet/examples/cluster.py``).
 
-:class:`ClusterNetwork` is :class:`~emulator.emulation.network.EmulatedNetwork`
+:class:`ClusterNetwork` is :class:`~emulator.emulation.network.emulated_network.EmulatedNetwork`
 with its nodes placed on a cluster's servers
 (:func:`emulator.model.cluster_placement.place`). What differs from one machine:
 
@@ -8,7 +8,7 @@ with its nodes placed on a cluster's servers
   server's is a Cluster Edition remote node (its shell over ssh, its pid on
   its own server). Cluster Edition builds ssh command lines with a hard-wired
   ``sudo -E`` and ssh's defaults; our node classes build them with
-  :func:`emulator.emulation.remote_shell.ssh_argv` instead (the cluster file's
+  :func:`emulator.emulation.cluster.remote_shell.ssh_argv` instead (the cluster file's
   key, its own known hosts).
 * **Links.** A link between two nodes of one server is a veth, as on one
   machine. A link between servers is a pair of kernel VXLAN devices (GRE,
@@ -23,9 +23,9 @@ with its nodes placed on a cluster's servers
   a command line holds (:func:`inline_batches`), since the head's files are
   not on the other servers.
 * **The lock** is the cluster's: the head's own
-  :class:`~emulator.emulation.network_lock.NetworkLock` and one held on every
+  :class:`~emulator.emulation.machine.network_lock.NetworkLock` and one held on every
   other server for as long as the network is up
-  (:mod:`emulator.emulation.cluster_lock`).
+  (:mod:`emulator.emulation.cluster.cluster_lock`).
 * **Routes** come from the controller only, which listens on the head's
   underlay address.
 
@@ -47,14 +47,14 @@ from typing import Any
 
 from emulator.base.errors import UserError
 from emulator.base.naming import bridge_name, switch_intf
-from emulator.emulation import remote_shell
-from emulator.emulation.cleanup import remove_our_bridges
-from emulator.emulation.cluster_lock import ClusterLock
-from emulator.emulation.host_commands import failed_command, host_script
-from emulator.emulation.network import EmulatedNetwork, host_address
-from emulator.emulation.runstate import proc_netns
-from emulator.emulation.system import Result, Runner, run
-from emulator.emulation.tc_commands import root_interface_rates
+from emulator.emulation.cluster import remote_shell
+from emulator.emulation.cluster.cluster_lock import ClusterLock
+from emulator.emulation.machine.cleanup import remove_our_bridges
+from emulator.emulation.machine.started import proc_netns
+from emulator.emulation.machine.system import Result, Runner, run
+from emulator.emulation.network.emulated_network import EmulatedNetwork, host_address
+from emulator.emulation.network.host_commands import failed_command, host_script
+from emulator.emulation.network.tc_commands import root_interface_rates
 from emulator.model.cluster_placement import Placement
 from emulator.model.topology import Topology
 from emulator.runs.cluster_file import Cluster, Server
@@ -328,7 +328,7 @@ class ClusterNetwork(EmulatedNetwork):
 
     def _enlarge_datapath_sockets(self) -> None:
         """On every server: the packet-out that makes Open vSwitch's send socket, then the enlargement
-        (:mod:`emulator.emulation.ovs_sockets`, run by the project's interpreter on that server)."""
+        (:mod:`emulator.emulation.network.ovs_sockets`, run by the project's interpreter on that server)."""
         grouped = interfaces_by_server(self.topo, self.placement)
         for server_name, rates in grouped.items():
             if not rates:
@@ -338,7 +338,7 @@ class ClusterNetwork(EmulatedNetwork):
             runner = self.runners[server_name]
             runner(["ovs-ofctl", "-O", "OpenFlow13", "packet-out", bridge,
                     f"in_port=controller,packet={NOBODY_FRAME},actions=output:{number}"])
-            res = runner([sys.executable, "-m", "emulator.emulation.ovs_sockets", *rates])
+            res = runner([sys.executable, "-m", "emulator.emulation.network.ovs_sockets", *rates])
             if res.returncode != 0:
                 log.warning("server %s: could not enlarge Open vSwitch's socket buffers (%s): expect silent drops "
                             "under load", server_name, res.stderr.strip()[-160:])
@@ -359,7 +359,7 @@ class ClusterNetwork(EmulatedNetwork):
         return res.returncode == 0, res.stdout.strip()
 
     def interface_runner(self) -> Runner:
-        """A :data:`~emulator.emulation.system.Runner` for commands on one root-namespace link end (``... dev
+        """A :data:`~emulator.emulation.machine.system.Runner` for commands on one root-namespace link end (``... dev
         NAME ...``: a fault's ``ip link set``): each runs on the server of the switch the interface belongs to."""
         owner = {name: server for server, rates in interfaces_by_server(self.topo, self.placement).items()
                  for name in rates}

@@ -1,11 +1,11 @@
 """The agents of one replay: one per rank inside its host, reached over one control socket.
 
-:meth:`Fleet.start` opens the control socket (:class:`emulator.emulation.agent_protocol.ControlServer`)
-and spawns one :mod:`emulator.emulation.agent` per rank of the schedule through the
+:meth:`Fleet.start` opens the control socket (:class:`emulator.emulation.agents.agent_protocol.ControlServer`)
+and spawns one :mod:`emulator.emulation.agents.agent` per rank of the schedule through the
 session's launcher (anything with :meth:`Spawner.spawn`, normally
-:class:`emulator.emulation.agent_launcher.AgentLauncher`), with the arguments of
+:class:`emulator.emulation.agents.agent_launcher.AgentLauncher`), with the arguments of
 :class:`AgentFiles`. The fleet then runs the barrier of the protocol
-(:mod:`emulator.emulation.agent_protocol`):
+(:mod:`emulator.emulation.agents.agent_protocol`):
 
 * :meth:`Fleet.wait_for` waits for one message kind from every rank, and
   raises :class:`ReplayFailed` naming the rank when an agent reports an
@@ -19,8 +19,8 @@ session's launcher (anything with :meth:`Spawner.spawn`, normally
 
 Every agent runs under its memory limit (``memory_limits``, rank -> bytes of
 ``RLIMIT_DATA``, passed to the spawner); an agent that runs out of it
-(:mod:`emulator.emulation.confinement`: its ``error`` says ``out_of_memory``, or it
-exits with :data:`~emulator.emulation.confinement.OUT_OF_MEMORY_STATUS`) fails the
+(:mod:`emulator.emulation.machine.confinement`: its ``error`` says ``out_of_memory``, or it
+exits with :data:`~emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS`) fails the
 run with a message naming the rank and the limit.
 
 The fleet knows nothing of networks: what it needs from them (a host's
@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from emulator.emulation import confinement
-from emulator.emulation.agent_protocol import ControlError, ControlServer, Msg
+from emulator.emulation.agents.agent_protocol import ControlError, ControlServer, Msg
+from emulator.emulation.machine import confinement
 from emulator.model.schedule import format as sformat
 from emulator.model.schedule.format import Schedule
 
@@ -84,7 +84,7 @@ class Spawner(Protocol):
 
 
 class Control(Protocol):
-    """The orchestrator's end of the control socket (:class:`emulator.emulation.agent_protocol.ControlServer`)."""
+    """The orchestrator's end of the control socket (:class:`emulator.emulation.agents.agent_protocol.ControlServer`)."""
 
     path: str
     address: str  # where agents connect: the Unix socket's path, or tcp:IP:PORT
@@ -103,12 +103,12 @@ class AgentFiles:
 
     schedule: str
     topology: str
-    latency: str  # the latency plan (emulator.emulation.agent.latency_plan)
+    latency: str  # the latency plan (emulator.emulation.agents.agent.latency_plan)
     logs: str  # the folder of rank-R.log and rank-R.stderr
-    domain: str | None = None  # the folder of the servers' interconnect sockets (emulator.emulation.domain)
+    domain: str | None = None  # the folder of the servers' interconnect sockets (emulator.emulation.agents.interconnect)
 
     def argv(self, rank: int, control: str) -> list[str]:
-        """The agent's command line (:func:`emulator.emulation.agent.main`)."""
+        """The agent's command line (:func:`emulator.emulation.agents.agent.main`)."""
         return ["--schedule", self.schedule_of(rank), "--topology", self.topology, "--rank", str(rank),
                 "--control", control, "--log", os.path.join(self.logs, f"rank-{rank}.log"), "--latency",
                 self.latency, *(["--domain", self.domain] if self.domain is not None else [])]

@@ -2,7 +2,7 @@
 
 Small functions that take their command runner as a parameter, so what they
 run can be checked in unit tests with a fake runner. Nothing here starts a
-network; :mod:`emulator.emulation.network` does.
+network; :mod:`emulator.emulation.network.emulated_network` does.
 """
 
 from __future__ import annotations

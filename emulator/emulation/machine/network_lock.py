@@ -1,10 +1,10 @@
 """One emulated network at a time on a machine: two on two cores would measure each other.
 
 :class:`NetworkLock` is an exclusive ``flock`` on ``network.lock`` in the
-run-state root (:func:`emulator.emulation.runstate.state_root`). The kernel drops the
+run-state root (:func:`emulator.emulation.machine.started.state_root`). The kernel drops the
 lock when its holder dies, even by SIGKILL, so a killed run never leaves the
 machine locked; and whoever holds it knows that no live network owns a bridge
-of our name pattern (what :func:`emulator.emulation.cleanup.clean` relies on at bring-up).
+of our name pattern (what :func:`emulator.emulation.machine.cleanup.clean` relies on at bring-up).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import time
 from typing import IO
 
 from emulator.base.errors import UserError
-from emulator.emulation.runstate import state_root
+from emulator.emulation.machine.started import state_root
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class NetworkLock:
 
 def hold(stdin: IO[str], stdout: IO[str]) -> int:
     """Take the lock, say ``locked`` on ``stdout``, and keep it until ``stdin`` ends (its holder went away: the
-    head of a cluster, over ssh; :mod:`emulator.emulation.cluster_lock`)."""
+    head of a cluster, over ssh; :mod:`emulator.emulation.cluster.cluster_lock`)."""
     lock = NetworkLock()
     try:
         lock.acquire()

@@ -1,14 +1,14 @@
 """Host agents started by forking one pre-imported Python process, not by a fresh interpreter each.
 
-``python -m emulator.emulation.agent`` costs about 0.5 CPU-seconds before it does
+``python -m emulator.emulation.agents.agent`` costs about 0.5 CPU-seconds before it does
 anything (the interpreter, numpy, networkx, PyYAML): 16 agents are 4 s of this
 2-core machine per cell, 64 agents 14 s, more than half of ``make
 experiment``'s wall time (measured, docs/fidelity.md). A session therefore
-starts one *launcher* (``python -m emulator.emulation.agent_launcher``) that imports
-:mod:`emulator.emulation.agent` once. Per agent, the launcher forks; the child joins the
+starts one *launcher* (``python -m emulator.emulation.agents.agent_launcher``) that imports
+:mod:`emulator.emulation.agents.agent` once. Per agent, the launcher forks; the child joins the
 Mininet host's network and mount namespaces with ``setns(2)`` (what ``mnexec
 -a PID`` does), sends its output to the agent's stderr file and runs
-:func:`emulator.emulation.agent.main`.
+:func:`emulator.emulation.agents.agent.main`.
 
 Ownership: :meth:`AgentLauncher.start` makes the session's own process a
 child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) and the launcher forks
@@ -18,15 +18,15 @@ for it as for any child: :class:`AgentProcess` has the ``pid``, ``poll``,
 
 Confinement: a request's ``memory_limit`` (bytes, or null for none) is the
 agent's ``RLIMIT_DATA``, set in the forked agent before
-:func:`emulator.emulation.agent.main` runs (:mod:`emulator.emulation.confinement`); an agent that
-runs out exits with :data:`emulator.emulation.confinement.OUT_OF_MEMORY_STATUS`.
+:func:`emulator.emulation.agents.agent.main` runs (:mod:`emulator.emulation.machine.confinement`); an agent that
+runs out exits with :data:`emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS`.
 
 Protocol: one JSON line per request on the launcher's stdin
 (``{"netns_pid", "argv", "output", "cwd", "memory_limit"}``), one JSON line
 per answer on its stdout (``{"pid": N}`` or ``{"error": "..."}``); end of
 input ends it.
 
-On a cluster's other servers (:mod:`emulator.emulation.cluster_agents`) the
+On a cluster's other servers (:mod:`emulator.emulation.cluster.cluster_agents`) the
 head reaches a launcher over ssh, and the launcher runs with ``--adopt``: it
 is itself the agents' subreaper, records them in a run state of its server
 (so that ``emu clean`` there ends them if the head is lost), first answers
@@ -52,9 +52,10 @@ from collections.abc import Sequence
 from typing import IO, Any
 
 from emulator.base.waiting import wait_until
-from emulator.emulation import agent, agent_protocol, confinement
-from emulator.emulation.runstate import RunState
-from emulator.emulation.system import end_by_closing_input
+from emulator.emulation.agents import agent, agent_protocol
+from emulator.emulation.machine import confinement
+from emulator.emulation.machine.started import RunState
+from emulator.emulation.machine.system import end_by_closing_input
 
 CLONE_NEWNET = 0x40000000
 CLONE_NEWNS = 0x00020000
@@ -299,13 +300,13 @@ class AgentLauncher:
     def start(self) -> AgentLauncher:
         become_subreaper()
         with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "emulator.emulation.agent_launcher"], stdin=subprocess.PIPE,
+            self.proc = subprocess.Popen([sys.executable, "-m", "emulator.emulation.agents.agent_launcher"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.cwd, env=self.env)
         return self
 
     def spawn(self, netns_pid: int, argv: Sequence[str], output: str,
               memory_limit: int | None = None) -> AgentProcess:
-        """Start ``python -m emulator.emulation.agent ARGV`` in ``netns_pid``'s namespaces, under ``RLIMIT_DATA``
+        """Start ``python -m emulator.emulation.agents.agent ARGV`` in ``netns_pid``'s namespaces, under ``RLIMIT_DATA``
         ``memory_limit`` bytes (None: no limit); paths in ``argv`` must be absolute (the agent runs in the
         launcher's working directory, not this process's)."""
         proc = self.proc

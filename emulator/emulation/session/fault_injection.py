@@ -2,9 +2,9 @@
 
 :class:`FaultActions` acts only on what it is given: the topology (which
 interfaces a link has), the controller (anything with the methods of
-:class:`Controller`, normally :class:`emulator.emulation.controller_process.ControllerProcess`),
-a function that kills one rank's agent (:meth:`emulator.emulation.fleet.Fleet.kill`)
-and a command runner (:func:`emulator.emulation.system.run`) for the ``ip link``
+:class:`Controller`, normally :class:`emulator.emulation.network.controller_process.ControllerProcess`),
+a function that kills one rank's agent (:meth:`emulator.emulation.agents.fleet.Fleet.kill`)
+and a command runner (:func:`emulator.emulation.machine.system.run`) for the ``ip link``
 commands that :func:`link_commands` builds. :meth:`FaultActions.table` is the
 action table of :class:`emulator.runs.fault_plan.Injector`; each action returns its
 note, and a link change or a restart also the seconds until the controller
@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from emulator.base.waiting import wait_until
-from emulator.emulation.system import Runner, run
+from emulator.emulation.machine.system import Runner, run
 from emulator.model.prediction.cost import Transfer
 from emulator.model.topology import Topology, node_sort_key
 from emulator.runs import fault_plan as faults

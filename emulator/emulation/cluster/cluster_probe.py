@@ -1,7 +1,7 @@
-"""The probes of ``emu cluster check``: what one server has, read through a :data:`~emulator.emulation.system.Runner`.
+"""The probes of ``emu cluster check``: what one server has, read through a :data:`~emulator.emulation.machine.system.Runner`.
 
 Each function takes the runner of the server it reads
-(:func:`emulator.emulation.remote_shell.remote_runner`: the head's runs
+(:func:`emulator.emulation.cluster.remote_shell.remote_runner`: the head's runs
 locally, every other server's over ssh) and returns the findings of
 :mod:`emulator.runs.cluster_check`, so unit tests check them with scripted
 results. :func:`tunnel_mtu` takes both ends' runners: it builds a VXLAN
@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from emulator.base.errors import FieldError
-from emulator.emulation.system import Result, Runner
+from emulator.emulation.machine.system import Result, Runner
 from emulator.runs.cluster_check import (
     ICMP_HEADERS,
     PROBE_ADDRESSES,
@@ -147,8 +147,8 @@ CLOCK_SHELL = ["sh", "-c", "while read -r _; do date +%s.%N; done"]
 
 
 class ClockSession:
-    """A :data:`~emulator.emulation.system.Runner` of ``date +%s.%N`` alone, answered by one shell kept open on
-    the server (:data:`CLOCK_SHELL`, started by ``start``: :func:`emulator.emulation.remote_shell.popen` of the
+    """A :data:`~emulator.emulation.machine.system.Runner` of ``date +%s.%N`` alone, answered by one shell kept open on
+    the server (:data:`CLOCK_SHELL`, started by ``start``: :func:`emulator.emulation.cluster.remote_shell.popen` of the
     server), so that a round trip costs no ssh login. :meth:`close` ends it."""
 
     def __init__(self, start: Callable[..., subprocess.Popen[str]], timeout_s: float = 10.0):
@@ -301,7 +301,7 @@ def calibration(runner: Runner, profile_spec: str, mtu: int, make: bool = False,
 
 
 #: What a server prints of itself for admission: available and total bytes (cgroup-aware, as on the head), cores.
-MACHINE_SCRIPT = ("import os; from emulator.emulation.system import memory_available; "
+MACHINE_SCRIPT = ("import os; from emulator.emulation.machine.system import memory_available; "
                   "a, t = memory_available(); print(a, t, os.cpu_count())")
 
 

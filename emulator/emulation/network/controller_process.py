@@ -3,7 +3,7 @@
 :class:`ControllerProcess` runs ``python -m emulator controller ...`` (the
 os-ken app of :mod:`controllers`) with a status file, waits until it listens
 and until every switch has its entries, and stops it by pid. Its files live
-in a run-state directory (:mod:`emulator.emulation.runstate`, label ``controller``):
+in a run-state directory (:mod:`emulator.emulation.machine.started`, label ``controller``):
 
 * ``ef-controller-<port>.pid`` -- the controller's pid;
 * ``state.json`` -- the controller's status (connected and installed
@@ -47,8 +47,8 @@ from controllers.core import DEFAULT_STATS_INTERVAL, Settings, connections_log
 from emulator.base.files import PROJECT_ROOT, read_json_object
 from emulator.base.naming import BRIDGE_RE, NAME_PREFIX
 from emulator.base.waiting import wait_until
-from emulator.emulation.runstate import RunState
-from emulator.emulation.system import Runner, run
+from emulator.emulation.machine.started import RunState
+from emulator.emulation.machine.system import Runner, run
 
 #: What Mininet gives every controller record (``OVSSwitch(reconnectms=1000)``), given again after a re-point.
 MAX_BACKOFF_MS = 1000

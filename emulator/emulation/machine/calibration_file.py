@@ -2,7 +2,7 @@
 
 :mod:`emulator.selfcheck.calibration` writes one file per MTU
 (``$EF_STATE_DIR/calibration-mtuN.json``, default ``/var/lib/ef-emu``,
-:func:`calibration_path`); the fidelity check (:func:`emulator.emulation.fidelity.assess`)
+:func:`calibration_path`); the fidelity check (:func:`emulator.emulation.session.fidelity.assess`)
 reads the datapath capacity from it, and the timing model and the agents the
 intrinsic latency (:meth:`Calibration.intrinsic`). The layout (version
 :data:`CALIBRATION_VERSION`):
@@ -40,14 +40,14 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError
 from emulator.base.files import read_json, write_json_atomic
-from emulator.emulation.system import machine_identity
+from emulator.emulation.machine.system import machine_identity
 from emulator.model.latency import Intrinsic
 from emulator.model.topology import DEFAULT_MTU
 from emulator.runs.dilation import DEFAULT_AGENT_COSTS, AgentCosts, Envelope
 
 CALIBRATION_VERSION = 2
 CAPACITY_UNIT = "switch-hop Mbit/s: sum of bytes x switches traversed x 8 / seconds / 1e6"
-#: The machine's properties a calibration is valid for (:func:`emulator.emulation.system.machine_identity`).
+#: The machine's properties a calibration is valid for (:func:`emulator.emulation.machine.system.machine_identity`).
 IDENTITY_KEYS = ("kernel", "ovs_version", "nproc")
 WHERE = "calibration"
 
@@ -114,7 +114,7 @@ class Machine:
     loadavg_after: list[float] = field(default_factory=list)
 
     def identity(self) -> dict[str, Any]:
-        """What :func:`emulator.emulation.system.machine_identity` says of the machine that made the calibration."""
+        """What :func:`emulator.emulation.machine.system.machine_identity` says of the machine that made the calibration."""
         return {key: getattr(self, key) for key in IDENTITY_KEYS}
 
     def to_json(self) -> dict[str, Any]:
@@ -296,7 +296,7 @@ def calibration_problem(data: Any, identity: Mapping[str, Any]) -> str | None:
 def load_calibration(mtu: int = DEFAULT_MTU, identity: Mapping[str, Any] | None = None) -> Calibration | None:
     """This machine's calibration at ``mtu``, or None (none made, unreadable, or made on another machine).
 
-    ``identity`` defaults to this machine's (:func:`emulator.emulation.system.machine_identity`).
+    ``identity`` defaults to this machine's (:func:`emulator.emulation.machine.system.machine_identity`).
     """
     data = read_json(calibration_path(mtu))
     if not isinstance(data, Mapping) or calibration_problem(data, machine_identity() if identity is None

@@ -127,7 +127,7 @@ def enlarge_ovs_sockets(interfaces: Sequence[str], size: int = PORT_SOCKET_BYTES
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m emulator.emulation.ovs_sockets INTERFACE...``: enlarge this server's Open vSwitch sockets
+    """``python -m emulator.emulation.network.ovs_sockets INTERFACE...``: enlarge this server's Open vSwitch sockets
     (how a cluster's head does it on the other servers); prints ``send=N receive=M``."""
     names = list(sys.argv[1:] if argv is None else argv)
     try:

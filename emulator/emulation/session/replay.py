@@ -3,9 +3,9 @@
 :func:`replay` checks everything first (schedule, topology, routing, the
 fabric profile; the schedule must be proven to compute its collective), then
 brings up the controller and the network (:class:`ReplaySession`), starts one
-:mod:`emulator.emulation.agent` per rank inside its host (:class:`emulator.emulation.fleet.Fleet`),
+:mod:`emulator.emulation.agents.agent` per rank inside its host (:class:`emulator.emulation.agents.fleet.Fleet`),
 and runs ``warmup + repeat`` repetitions behind a barrier, firing the faults
-of the plan in theirs (:mod:`emulator.emulation.fault_injection`). After every
+of the plan in theirs (:mod:`emulator.emulation.session.fault_injection`). After every
 repetition it rewrites ``results.json`` atomically, so whatever was measured
 survives a failure or Ctrl-C. Files in the output directory:
 
@@ -35,7 +35,7 @@ What one repetition measured is computed by the pure functions of
 :mod:`emulator.runs.metrics` (their names are importable from here too).
 
 Every agent runs under a memory limit (``RLIMIT_DATA``,
-:mod:`emulator.emulation.confinement`) sized from the admission estimate of its buffers
+:mod:`emulator.emulation.machine.confinement`) sized from the admission estimate of its buffers
 (:func:`emulator.runs.admission.agent_limit_bytes`; ``agent_memory_limit`` of
 :class:`ReplaySession` replaces it): a runaway fails the run naming its rank
 and its limit, and never reaches the kernel's out-of-memory killer.
@@ -54,19 +54,20 @@ from typing import Any
 
 from emulator.base.errors import UserError, int_field
 from emulator.base.files import PROJECT_ROOT, append_jsonl, write_json_atomic
-from emulator.emulation import calibration_file, fidelity
-from emulator.emulation.agent import latency_plan
-from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
-from emulator.emulation.calibration_file import Calibration
-from emulator.emulation.cluster_agents import ClusterSpawner, RemoteAgentProcess, ServerClock
-from emulator.emulation.cluster_network import ClusterNetwork
-from emulator.emulation.controller_process import ControllerProcess
-from emulator.emulation.domain import DomainArbiter, check_directory
-from emulator.emulation.fault_injection import FaultActions, fault_records, measure_affected
-from emulator.emulation.fleet import AgentFiles, Fleet, RankReport
-from emulator.emulation.fleet import ReplayFailed as ReplayFailed
-from emulator.emulation.network import EmulatedNetwork
-from emulator.emulation.ovs_sockets import vswitchd_pid
+from emulator.emulation.agents.agent import latency_plan
+from emulator.emulation.agents.agent_launcher import AgentLauncher, LauncherError
+from emulator.emulation.agents.fleet import AgentFiles, Fleet, RankReport
+from emulator.emulation.agents.fleet import ReplayFailed as ReplayFailed
+from emulator.emulation.agents.interconnect import DomainArbiter, check_directory
+from emulator.emulation.cluster.cluster_agents import ClusterSpawner, RemoteAgentProcess, ServerClock
+from emulator.emulation.cluster.cluster_network import ClusterNetwork
+from emulator.emulation.machine import calibration_file
+from emulator.emulation.machine.calibration_file import Calibration
+from emulator.emulation.network.controller_process import ControllerProcess
+from emulator.emulation.network.emulated_network import EmulatedNetwork
+from emulator.emulation.network.ovs_sockets import vswitchd_pid
+from emulator.emulation.session import fidelity
+from emulator.emulation.session.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.model import fabric, routing, topology
 from emulator.model.cluster_placement import Placement
 from emulator.model.latency import LatencyModel, PathLatency
@@ -204,7 +205,7 @@ class ReplaySession:
     ``with ReplaySession(topo, "bigraph") as session: session.run(schedule, out_dir)``.
 
     ``latency`` is the fabric profile with this machine's intrinsic latency
-    (:func:`emulator.emulation.fidelity.latency_model`); the network's MTU is the
+    (:func:`emulator.emulation.session.fidelity.latency_model`); the network's MTU is the
     profile's (``mtu`` without a profile), and where the model puts switch
     latency on the links (netem), every switch port delays its packets.
     Without a profile the agents add no latency. With ``agents=False`` no

@@ -45,7 +45,7 @@ from emulator.base.waiting import wait_until
 from emulator.model.schedule.format import Op
 
 if TYPE_CHECKING:
-    from emulator.emulation.domain import DomainSendChannel
+    from emulator.emulation.agents.interconnect import DomainSendChannel
 
 HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
 HELLO = struct.Struct("!II")  # sender rank and lane, first thing on a data connection
@@ -281,7 +281,7 @@ class SendChannel:
     polling delivery and reports each acknowledged watched send through it.
     """
 
-    timed = False  # its transfers take what the links give them (emulator.emulation.domain's are timed)
+    timed = False  # its transfers take what the links give them (emulator.emulation.agents.interconnect's are timed)
 
     def __init__(self, sock: socket.socket, key: ConnKey, link_bps: float):
         self.sock = sock
@@ -348,7 +348,7 @@ class RecvChannel:
 
     The kernel stamps every segment it receives (``SO_TIMESTAMPNS``): a
     payload's last stamp against when the agent was done with it is the
-    agent's own lag (:mod:`emulator.emulation.fidelity`).
+    agent's own lag (:mod:`emulator.emulation.session.fidelity`).
     """
 
     timed = False
@@ -415,7 +415,7 @@ class ConnectionPlan:
 @dataclass
 class Channels:
     """A rank's open data connections, by peer rank and lane (over the fabric, or over a server's interconnect:
-    :mod:`emulator.emulation.domain`)."""
+    :mod:`emulator.emulation.agents.interconnect`)."""
 
     send: dict[ConnKey, SendChannel | DomainSendChannel]
     receive: dict[ConnKey, RecvChannel]

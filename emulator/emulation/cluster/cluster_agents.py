@@ -1,10 +1,10 @@
 """Agents on a cluster's servers: one launcher per server, reached over ssh, with the same control protocol.
 
-:class:`ClusterSpawner` is a :class:`~emulator.emulation.fleet.Spawner` for a
+:class:`ClusterSpawner` is a :class:`~emulator.emulation.agents.fleet.Spawner` for a
 network spread over servers. A rank whose host runs on the head is spawned by
-the head's own :class:`~emulator.emulation.agent_launcher.AgentLauncher`; a
+the head's own :class:`~emulator.emulation.agents.agent_launcher.AgentLauncher`; a
 rank on another server by that server's launcher (:class:`RemoteLauncher`:
-``python -m emulator.emulation.agent_launcher --adopt`` over ssh, the
+``python -m emulator.emulation.agents.agent_launcher --adopt`` over ssh, the
 project's interpreter at the same path on every server).
 
 The head's files are not on the other servers: before a remote agent starts,
@@ -19,7 +19,7 @@ is ahead of the head's (the launcher's answer against the midpoint of the
 round trip; the error is at most half of it), so that the ``go`` message,
 the barrier every repetition starts on, carries each rank's start time on
 its own clock, and its report comes back on the head's
-(the ``clock_offsets`` of :class:`emulator.emulation.fleet.Fleet`).
+(the ``clock_offsets`` of :class:`emulator.emulation.agents.fleet.Fleet`).
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from emulator.base.waiting import wait_until
-from emulator.emulation import remote_shell
-from emulator.emulation.agent_launcher import AgentLauncher, LauncherError
-from emulator.emulation.fleet import Process
-from emulator.emulation.system import end_by_closing_input
+from emulator.emulation.agents.agent_launcher import AgentLauncher, LauncherError
+from emulator.emulation.agents.fleet import Process
+from emulator.emulation.cluster import remote_shell
+from emulator.emulation.machine.system import end_by_closing_input
 from emulator.runs.cluster_check import ClockSample, offset_from
 from emulator.runs.cluster_file import Cluster, Server
 
@@ -77,7 +77,7 @@ class RemoteLauncher:
     def start(self) -> RemoteLauncher:
         with open(self.stderr_path, "ab") as err:
             self.proc = remote_shell.popen(self.cluster, self.server,
-                                           [sys.executable, "-m", "emulator.emulation.agent_launcher", "--adopt"],
+                                           [sys.executable, "-m", "emulator.emulation.agents.agent_launcher", "--adopt"],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                            start_new_session=True)
         first = self._answer()
