@@ -1,1 +1,2 @@
-"""The pure model: topologies, routing, fabric profiles and latency, schedules and their timing, the projection to paper scale."""
+"""The pure model: topologies, routing, fabric profiles and latency, schedules and their timing, the projection to
+paper scale."""

@@ -1,1 +1,2 @@
-"""A run as data, pure: what a run asks for (fault plans, MPI plans, admission) and what it measured (results, metrics)."""
+"""A run as data, pure: what a run asks for (fault plans, MPI plans, admission, the dilation) and what it measured
+(results, metrics, the network probe's verdict)."""

@@ -72,7 +72,7 @@ MARGIN = 1.05
 #: on 192 at 5 and 10). Capacity in inverse proportion to the ports (a power of 1) refused the 256-host run that
 #: measured 1.02.
 PORT_EXPONENT = 0.5
-#: Switch ports of the network the datapath capacity is calibrated on (emulator.selfcheck.calibration's
+#: Switch ports of the network the datapath capacity is calibrated on (emulator.selfcheck.live.calibration's
 #: CAPACITY_TOPOLOGY, leaf-spine 4 x 4 x 4: 16 host links and 16 links between switches).
 CALIBRATION_PORTS = 48
 

@@ -204,7 +204,7 @@ class Repetition:
 
 @dataclass(frozen=True)
 class ProbeVerdict:
-    """The probe of the network a cell ran on (:mod:`emulator.study.network_probe`)."""
+    """The probe of the network a cell ran on (:mod:`emulator.runs.network_probe`)."""
 
     passed: bool
     pair: tuple[str, str]

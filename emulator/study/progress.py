@@ -1,9 +1,9 @@
 """What ``emu run`` prints while it runs: progress bar, time left, one line per network and per cell.
 
-Every console line of the live loop (:mod:`emulator.study.runner`) goes through
+Every console line of the live loop (:mod:`emulator.study.live.runner`) goes through
 :class:`Progress`, which keeps the count of cells done and the ids still to
 run, and asks :class:`Eta` how long those will take. The file log
-(``run.log``) is :meth:`emulator.study.run_folder.RunFolder.log`'s, not this
+(``run.log``) is :meth:`emulator.study.folder.results_folder.RunFolder.log`'s, not this
 module's.
 
 :class:`Eta` starts from the timing model: each cell's predicted seconds per
@@ -135,7 +135,7 @@ class Progress:
                 f"ETA {format_duration(self._eta_s())}  {cell_id}: ")
 
     def cell_ok(self, cell_id: str, line: str) -> None:
-        """A cell finished ok; ``line`` is what its kind says of it (:meth:`emulator.study.kinds.CellKind.line`)."""
+        """A cell finished ok; ``line`` is what its kind says of it (:meth:`emulator.study.cell_kinds.CellKind.line`)."""
         self.say(self._head(cell_id) + line)
 
     def cell_failed(self, cell_id: str, error: str | None) -> None:

@@ -14,7 +14,7 @@ from emulator.model import routing, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
 from emulator.model.topology import DEFAULT_MTU
-from emulator.selfcheck import calibration
+from emulator.selfcheck.live import calibration
 
 pytestmark = pytest.mark.integration
 

@@ -34,7 +34,7 @@ import pytest
 from emulator.base.files import read_json_object
 from emulator.emulation.machine.started import all_runs
 from emulator.study import experiment as xp
-from emulator.study.run_folder import RunFolder
+from emulator.study.folder.results_folder import RunFolder
 
 from . import census
 from .census import CensusLog

@@ -12,8 +12,9 @@ from emulator.emulation.session.replay import ReplaySession
 from emulator.model import topology
 from emulator.model.schedule.format import COMPUTE
 from emulator.study import experiment as xp
-from emulator.study import report, runner
-from emulator.study.run_folder import RunFolder
+from emulator.study import report
+from emulator.study.folder.results_folder import RunFolder
+from emulator.study.live import runner
 
 pytestmark = pytest.mark.integration
 

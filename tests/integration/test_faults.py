@@ -20,7 +20,7 @@ from emulator.model import topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
 from emulator.study import experiment as xp
-from emulator.study.run_folder import RunFolder
+from emulator.study.folder.results_folder import RunFolder
 
 pytestmark = pytest.mark.integration
 

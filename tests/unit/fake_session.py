@@ -120,7 +120,7 @@ class FakeSession:
 
 
 def factory(**options):
-    """A session factory for :class:`emulator.study.runner.Runner` with these FakeSession options."""
+    """A session factory for :class:`emulator.study.live.runner.Runner` with these FakeSession options."""
     shared = options.pop("probe_slowdowns", None)
     probe_slowdowns = list(shared) if shared is not None else None
 

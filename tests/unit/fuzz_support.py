@@ -295,9 +295,9 @@ def forbid_starting(mp: pytest.MonkeyPatch) -> None:
     import emulator.emulation.network.controller_process
     import emulator.emulation.network.emulated_network
     import emulator.emulation.session.replay
-    import emulator.selfcheck.bench
-    import emulator.selfcheck.calibration
-    import emulator.study.runner
+    import emulator.selfcheck.live.bench_run
+    import emulator.selfcheck.live.calibration
+    import emulator.study.live.runner
 
     mp.setattr(emulator.emulation.network.emulated_network, "EmulatedNetwork", _FakeNetwork)
     mp.setattr(emulator.emulation.session.replay, "EmulatedNetwork", _FakeNetwork)
@@ -307,15 +307,15 @@ def forbid_starting(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(controllers.launcher, "run_foreground", _fake_foreground)
     mp.setattr(emulator.emulation.session.replay, "replay", _fake_replay)
     mp.setattr(emulator.cli.commands.replay, "replay", _fake_replay)
-    for module, name in ((emulator.emulation.session.replay, "ReplaySession"), (emulator.study.runner, "Runner")):
+    for module, name in ((emulator.emulation.session.replay, "ReplaySession"), (emulator.study.live.runner, "Runner")):
         mp.setattr(module, name, type(f"Fake{name}", (_FakeClass,), {"label": name}))
     for module, name in ((subprocess, "Popen"), (subprocess, "run"), (subprocess, "call"),
                          (subprocess, "check_call"), (subprocess, "check_output"), (os, "system"),
-                         (emulator.emulation.machine.system, "run"), (emulator.selfcheck.calibration, "calibrate"), (emulator.selfcheck.bench, "bench"),
-                         (emulator.emulation.machine.cleanup, "clean")):
+                         (emulator.emulation.machine.system, "run"), (emulator.selfcheck.live.calibration, "calibrate"),
+                         (emulator.selfcheck.live.bench_run, "bench"), (emulator.emulation.machine.cleanup, "clean")):
         mp.setattr(module, name, _fake(f"{module.__name__}.{name}"))
-    for module in (emulator.emulation.machine.system, emulator.cli.commands.net, emulator.cli.commands.replay, emulator.cli.commands.calibrate,
-                   emulator.cli.commands.bench):
+    for module in (emulator.emulation.machine.system, emulator.cli.commands.net, emulator.cli.commands.replay,
+                   emulator.cli.commands.calibrate, emulator.cli.commands.bench):
         if hasattr(module, "require_root"):
             mp.setattr(module, "require_root", lambda: None)
         if hasattr(module, "interrupt_on_sigterm"):

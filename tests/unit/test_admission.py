@@ -37,7 +37,7 @@ from emulator.runs import admission
 from emulator.runs.admission import GiB, MiB
 from emulator.runs.dilation import AgentCosts, Envelope
 from emulator.study import experiment as xp
-from emulator.study import runner
+from emulator.study.live import runner
 
 STAR = "star:hosts=8"
 ALGOS = ("ring", "hd", "dbtree")

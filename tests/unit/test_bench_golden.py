@@ -20,9 +20,9 @@ from emulator.model import fabric
 from emulator.model.latency import LatencyModel
 from emulator.runs.dilation import DEFAULT_AGENT_COSTS, Envelope
 from emulator.selfcheck import bench
-from emulator.selfcheck.bench import bringup, mpi_pairs, replays, run
 from emulator.selfcheck.bench.cases import DEFAULT_CASES, DEFAULT_SIZES, Size
 from emulator.selfcheck.bench.rows import BringupTimes
+from emulator.selfcheck.live import bench_bringup, bench_mpi_pairs, bench_replays, bench_run
 
 
 class _FakeDateTime:
@@ -44,27 +44,27 @@ def run_bench(mp: pytest.MonkeyPatch, agents: Any, broken: tuple[str, ...], fail
     saves: list[str] = []
     echo: list[str] = []
     mp.setattr(fidelity, "has_netem", lambda: False)
-    mp.setattr(run, "datetime", types.SimpleNamespace(datetime=_FakeDateTime))
+    mp.setattr(bench_run, "datetime", types.SimpleNamespace(datetime=_FakeDateTime))
     mp.setattr(time, "monotonic", sc.clock())
-    mp.setattr(run, "write_json_atomic",
+    mp.setattr(bench_run, "write_json_atomic",
                lambda path, data: saves.append(json.dumps(data, indent=1, sort_keys=True) + "\n"))
     mp.setattr(sc.FakeSession, "broken", broken)
     mp.setattr(sc.FakeSession, "failing", failing)
-    mp.setattr(replays, "ReplaySession", sc.FakeSession)
-    mp.setattr(mpi_pairs, "ReplaySession", sc.FakeSession)
-    mp.setattr(mpi_pairs, "prepare_mpirun", lambda cfg: cfg)
-    mp.setattr(mpi_pairs, "run_mpirun", sc.fake_mpirun)
+    mp.setattr(bench_replays, "ReplaySession", sc.FakeSession)
+    mp.setattr(bench_mpi_pairs, "ReplaySession", sc.FakeSession)
+    mp.setattr(bench_mpi_pairs, "prepare_mpirun", lambda cfg: cfg)
+    mp.setattr(bench_mpi_pairs, "run_mpirun", sc.fake_mpirun)
     ours, plain = sc.bringup_times()
-    mp.setattr(bringup, "our_bringup", _times(ours) if bring_ok else sc.failing)
-    mp.setattr(bringup, "plain_mininet_bringup", _times(plain))
-    mp.setattr(run, "measure_agents_vs_iperf", agents)
-    mp.setattr(run, "measure_agents_aggregate",
+    mp.setattr(bench_bringup, "our_bringup", _times(ours) if bring_ok else sc.failing)
+    mp.setattr(bench_bringup, "plain_mininet_bringup", _times(plain))
+    mp.setattr(bench_run, "measure_agents_vs_iperf", agents)
+    mp.setattr(bench_run, "measure_agents_aggregate",
                sc.fake_agents_aggregate if agents is sc.fake_agents_vs_iperf else sc.failing)
-    mp.setattr(run, "ensure_calibration", lambda profile, datapath, echo: sc.calibration())
-    mp.setattr(run, "machine_info", sc.machine_info)
-    mp.setattr(run, "choose_datapath", lambda d: "user")
-    mp.setattr(run, "load_average", lambda: [0.7, 0.6, 0.5])
-    results = bench.bench(profile or fabric.default(), out_dir="/bench-out", echo=echo.append, **kwargs)
+    mp.setattr(bench_run, "ensure_calibration", lambda profile, datapath, echo: sc.calibration())
+    mp.setattr(bench_run, "machine_info", sc.machine_info)
+    mp.setattr(bench_run, "choose_datapath", lambda d: "user")
+    mp.setattr(bench_run, "load_average", lambda: [0.7, 0.6, 0.5])
+    results = bench_run.bench(profile or fabric.default(), out_dir="/bench-out", echo=echo.append, **kwargs)
     return echo, saves, bench.format_report(results)
 
 

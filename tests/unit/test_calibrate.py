@@ -8,7 +8,7 @@ import pytest
 
 from emulator.cli.main import main
 from emulator.model import routing, topology
-from emulator.selfcheck import calibration as cal
+from emulator.selfcheck.live import calibration as cal
 
 
 def iperf_report(received_bps: float, sent_bps: float | None = None, bidir_bps: float | None = None,

@@ -16,9 +16,10 @@ from fake_session import FakeSession, factory
 from emulator.base.files import write_json_atomic
 from emulator.runs.results import ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study import report, runner
-from emulator.study.kinds import CSV_FIELDS, DEFAULT_KINDS, Kinds, MpiKind, ReplayKind
-from emulator.study.run_folder import RunFolder
+from emulator.study import report
+from emulator.study.cell_kinds import CSV_FIELDS, DEFAULT_KINDS, Kinds, MpiKind, ReplayKind
+from emulator.study.folder.results_folder import RunFolder
+from emulator.study.live import runner
 
 EXP = """
 name: kinds

@@ -16,9 +16,10 @@ from emulator.model import fabric, topology
 from emulator.model.schedule.executor import execute
 from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
-from emulator.study import run_folder, runner
 from emulator.study.experiment.grid import expand
-from emulator.study.run_folder import RunFolder
+from emulator.study.folder import results_folder
+from emulator.study.folder.results_folder import RunFolder
+from emulator.study.live import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -329,17 +330,17 @@ def test_bring_up_failure_fails_the_group_only(tmp_path):
 def test_results_folders(tmp_path):
     exp = parse(TINY)
     root = str(tmp_path)
-    assert run_folder.find_unfinished(root, exp) is None
-    a = run_folder.new_out_dir(root, "t")
+    assert results_folder.find_unfinished(root, exp) is None
+    a = results_folder.new_out_dir(root, "t")
     os.makedirs(a)
     r = _runner(exp, a, after_cell=lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     r.run()
-    assert run_folder.find_unfinished(root, exp) == a
-    assert run_folder.find_unfinished(root, parse(TINY.replace("16KiB", "32KiB"))) is None
-    run_folder.point_latest(root, a)
+    assert results_folder.find_unfinished(root, exp) == a
+    assert results_folder.find_unfinished(root, parse(TINY.replace("16KiB", "32KiB"))) is None
+    results_folder.point_latest(root, a)
     assert os.readlink(os.path.join(root, "latest")) == os.path.basename(a)
     _runner(exp, a).run()
-    assert run_folder.find_unfinished(root, exp) is None
+    assert results_folder.find_unfinished(root, exp) is None
 
 
 def test_user_error_for_foreign_out_dir(tmp_path, capsys):
@@ -403,7 +404,7 @@ def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_p
 
 
 def test_a_probe_that_crashes_counts_as_failed():
-    from emulator.study import network_probe as probe
+    from emulator.runs import network_probe as probe
 
     def rep(correct=True, fidelity=None):
         return Repetition(rep=0, time_s=0.5, algbw_mbps=1.0, busbw_mbps=1.0, correct=correct, fidelity=fidelity)
@@ -424,7 +425,7 @@ def test_a_probe_that_crashes_counts_as_failed():
 
 def test_the_probe_crosses_the_longest_path():
     from emulator.model import topology
-    from emulator.study import network_probe as probe
+    from emulator.runs import network_probe as probe
 
     topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=2")
     a, b = probe.probe_pair(topo)

@@ -22,9 +22,10 @@ from emulator.runs import allreduce_bench as mpi_bench
 from emulator.runs.mpi_plan import MpiResults, RankPlace, rank_hosts
 from emulator.runs.results import CellResults, Fidelity
 from emulator.study import experiment as xp
-from emulator.study import report, runner
-from emulator.study.kinds import DEFAULT_KINDS
-from emulator.study.run_folder import RunFolder
+from emulator.study import report
+from emulator.study.cell_kinds import DEFAULT_KINDS
+from emulator.study.folder.results_folder import RunFolder
+from emulator.study.live import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
@@ -223,7 +224,7 @@ def test_the_bundled_mpi_experiment_checks():
 
 # ------------------------------------------------------------------ running
 class FakeMpi:
-    """Stands in for :func:`emulator.study.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi.mpi_run.run_in_session`
+    """Stands in for :func:`emulator.study.live.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi.mpi_run.run_in_session`
     writes (``results.json`` of kind mpirun, running then final), on the fake session, which must be up.
 
     ``exit``: cell id -> the program's exit status (default 0); ``interrupt``: cells Ctrl-C hits mid-run;

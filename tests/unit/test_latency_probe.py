@@ -13,7 +13,7 @@ from emulator.model.collectives import generators
 from emulator.model.latency import Intrinsic
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import check_hosts
-from emulator.selfcheck import intrinsic_latency as latency_probe
+from emulator.selfcheck.live import intrinsic_latency as latency_probe
 
 
 def test_the_probe_is_a_two_rank_exchange_between_the_chosen_hosts():

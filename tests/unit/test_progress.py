@@ -10,7 +10,7 @@ import yaml
 from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
 from emulator.study import progress as pg
-from emulator.study.kinds.replay import cell_line
+from emulator.study.cell_kinds.replay import cell_line
 from emulator.study.progress import Eta, Progress, format_duration, progress_bar
 
 TINY = """

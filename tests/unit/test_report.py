@@ -18,7 +18,8 @@ from emulator.base.files import write_json_atomic
 from emulator.cli import main as cli
 from emulator.model import fabric
 from emulator.study import experiment as xp
-from emulator.study import report, runner
+from emulator.study import report
+from emulator.study.live import runner
 
 EXP = """
 name: synth

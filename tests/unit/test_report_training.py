@@ -23,7 +23,8 @@ from emulator.base.files import append_jsonl, read_json_object, write_json_atomi
 from emulator.runs import results
 from emulator.runs.results import CellResults, Fidelity, Iteration, Repetition
 from emulator.study import experiment as xp
-from emulator.study import report, runner
+from emulator.study import report
+from emulator.study.live import runner
 from emulator.study.report import answers, plots, timelines
 
 TRAIN = "{{topology: \"{spec}\", routing: {routing}, algorithms: [{algo}], model: resnet50, scale: {scale}}}"

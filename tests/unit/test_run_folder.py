@@ -13,9 +13,9 @@ from fake_session import FakeSession, factory
 
 from emulator.runs.results import CellResults, Fidelity, ProbeVerdict, Repetition
 from emulator.study import experiment as xp
-from emulator.study import runner
-from emulator.study.cell_state import CellState
-from emulator.study.run_folder import RunFolder, find_unfinished, new_out_dir, point_latest
+from emulator.study.folder.cell_state import CellState
+from emulator.study.folder.results_folder import RunFolder, find_unfinished, new_out_dir, point_latest
+from emulator.study.live import runner
 
 TINY = """
 name: t

@@ -50,7 +50,8 @@ def _sizes(text: str | None, repeat: int) -> tuple[Size, ...]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from emulator.selfcheck.bench import admission_request, bench, bench_profile, format_report
+    from emulator.selfcheck.bench import admission_request, bench_profile, format_report
+    from emulator.selfcheck.live.bench_run import bench
 
     sizes = _sizes(args.sizes, args.repeat)
     profile = bench_profile(fabric.parse(args.fabric, where="bench: fabric"), args.bw)  # --fabric and --bw, parsed once

@@ -1,4 +1,4 @@
-"""``emu calibrate``: measure this machine's emulation limits (see :mod:`emulator.selfcheck.calibration`)."""
+"""``emu calibrate``: measure this machine's emulation limits (see :mod:`emulator.selfcheck.live.calibration`)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,7 @@ def calibrate_cluster(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from emulator.selfcheck.calibration import calibrate, summary_table
+    from emulator.selfcheck.live.calibration import calibrate, summary_table
 
     profile = fabric.parse(args.fabric, where="calibrate: fabric")
     if args.cluster:

@@ -151,7 +151,7 @@ def _findings(cluster: cluster_file.Cluster, profile: fabric.FabricProfile, runn
 
 def cmd_calibration(args: argparse.Namespace) -> int:
     """This machine's calibration at the profile's MTU as one JSON line; with --make, a minimal one made where there
-    is none (:func:`emulator.selfcheck.calibration.ensure_calibration`, what emu run does)."""
+    is none (:func:`emulator.selfcheck.live.calibration.ensure_calibration`, what emu run does)."""
     profile = fabric.parse(args.fabric, where="cluster calibration: fabric")
     mtu = profile.emulated_mtu
     path = calibration_file.calibration_path(mtu)
@@ -161,7 +161,7 @@ def cmd_calibration(args: argparse.Namespace) -> int:
         data = read_json(path)
         problem = None if data is None else calibration_file.calibration_problem(data, machine_identity())
         if args.make:
-            from emulator.selfcheck.calibration import ensure_calibration
+            from emulator.selfcheck.live.calibration import ensure_calibration
 
             require_root()
             interrupt_on_sigterm()

@@ -2,10 +2,10 @@
 
 ``emu run`` validates the file and every cell's schedule and prediction
 first (``--check`` stops there, starts nothing), then runs the grid with
-:class:`emulator.study.runner.Runner` on :class:`emulator.emulation.session.replay.ReplaySession`
+:class:`emulator.study.live.runner.Runner` on :class:`emulator.emulation.session.replay.ReplaySession`
 networks and writes the report (:mod:`emulator.study.report`). Without ``--out`` it
 resumes the newest unfinished run of the same experiment under ``results/``
-or starts ``results/<name>-<timestamp>/`` (:mod:`emulator.study.run_folder`);
+or starts ``results/<name>-<timestamp>/`` (:mod:`emulator.study.folder.results_folder`);
 ``results/latest`` points at it. Exit
 status: 0 all cells ok, 1 some cell failed, 2 bad input, 130 interrupted
 (everything finished is kept; the same command resumes).
@@ -31,9 +31,10 @@ from emulator.runs import admission
 from emulator.runs import mpi_plan as mpi
 from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.dilation import Envelope
-from emulator.selfcheck.calibration import ensure_calibration
+from emulator.selfcheck.live.calibration import ensure_calibration
 from emulator.study import experiment as xp
-from emulator.study import run_folder, runner
+from emulator.study.folder import results_folder
+from emulator.study.live import runner
 from emulator.study.progress import format_duration
 
 RESULTS_ROOT = "results"
@@ -94,7 +95,7 @@ def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str |
     """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine (on a
     ``cluster``: each server its share); the load and the agents' work are held against ``calibrations`` (per
     MTU)."""
-    folder = run_folder.RunFolder(out) if out is not None else None
+    folder = results_folder.RunFolder(out) if out is not None else None
     todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
     request = xp.experiment_request(todo, _envelopes(calibrations))
     if cluster is None:
@@ -152,13 +153,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.out:
         out = args.out
-        old = run_folder.RunFolder(out).read_run()
+        old = results_folder.RunFolder(out).read_run()
         if old is not None and old.fingerprint != exp.fingerprint():
             raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
                             "(it holds a run of a different experiment file)")
     else:
-        found = None if args.new else run_folder.find_unfinished(RESULTS_ROOT, exp)
-        out = found or run_folder.new_out_dir(RESULTS_ROOT, exp.name)
+        found = None if args.new else results_folder.find_unfinished(RESULTS_ROOT, exp)
+        out = found or results_folder.new_out_dir(RESULTS_ROOT, exp.name)
     prepared, dilations = _prepare(exp, existing)
     _, verdict = _admit(args, prepared, out, existing, cluster)  # memory and time before anything starts; the load where calibrated
     system.require_root()
@@ -175,14 +176,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"run: field 'out': expected a folder that can be created, got {out!r} ({exc.strerror})") \
             from None
     if not args.out:
-        run_folder.point_latest(RESULTS_ROOT, out)
+        results_folder.point_latest(RESULTS_ROOT, out)
     with open(args.file, encoding="utf-8") as fh:
         text = fh.read()
     interrupt_on_sigterm()
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks, results in {out}")
     _print_fabrics(prepared)
     _print_dilations(dilations, True)
-    run_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
+    results_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
     for line in verdict.lines:
         print(f"# {line}")
     if cluster is not None:
@@ -248,7 +249,7 @@ def _print_fabrics(prepared: list[xp.PreparedCell]) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     expected = "a results folder of `emu run` (with its experiment.json)"
-    if not run_folder.RunFolder(args.dir).has_plan():
+    if not results_folder.RunFolder(args.dir).has_plan():
         raise UserError(f"report: field 'dir': expected {expected}, got {args.dir!r}")
     try:
         path = _write_report(args.dir)

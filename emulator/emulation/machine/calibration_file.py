@@ -1,6 +1,6 @@
 """The calibration file of one MTU: what ``emu calibrate`` measured on this machine, typed.
 
-:mod:`emulator.selfcheck.calibration` writes one file per MTU
+:mod:`emulator.selfcheck.live.calibration` writes one file per MTU
 (``$EF_STATE_DIR/calibration-mtuN.json``, default ``/var/lib/ef-emu``,
 :func:`calibration_path`); the fidelity check (:func:`emulator.emulation.session.fidelity.assess`)
 reads the datapath capacity from it, and the timing model and the agents the
@@ -19,9 +19,9 @@ intrinsic latency (:meth:`Calibration.intrinsic`). The layout (version
   (:class:`emulator.runs.dilation.AgentCosts`); absent from a file made before
   they were measured (:meth:`Calibration.costs` then gives the defaults);
 * ``latency`` -- the intrinsic latency per path length (:class:`LatencyCalibration`,
-  what :func:`emulator.selfcheck.intrinsic_latency.summarise` returns);
+  what :func:`emulator.selfcheck.live.intrinsic_latency.summarise` returns);
 * ``measurements`` -- every measurement's own document, as its function in
-  :mod:`emulator.selfcheck.calibration` writes it (free-form: the capacity ladder, one
+  :mod:`emulator.selfcheck.live.calibration` writes it (free-form: the capacity ladder, one
   link, agents against iperf3);
 * ``duration_s`` -- how long the calibration took.
 
@@ -156,7 +156,7 @@ class PathMeasurement:
 
 @dataclass(frozen=True)
 class LatencyCalibration:
-    """The intrinsic latency probes (:mod:`emulator.selfcheck.intrinsic_latency`): per path length, and the fitted curves."""
+    """The intrinsic latency probes (:mod:`emulator.selfcheck.live.intrinsic_latency`): per path length, and the fitted curves."""
 
     link_mbps: float
     mtu: int

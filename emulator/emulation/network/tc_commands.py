@@ -2,7 +2,7 @@
 
 Pure functions: they build argument lists (and ``tc -batch`` text) from a
 topology model; :class:`emulator.emulation.network.emulated_network.EmulatedNetwork` runs them at
-bring-up, :mod:`emulator.selfcheck.calibration` when it reshapes links in place.
+bring-up, :mod:`emulator.selfcheck.live.calibration` when it reshapes links in place.
 
 Every link end carries the tree Mininet's ``TCLink`` builds, made here in one
 ``tc -batch`` per namespace (:func:`shaping_tree_commands`; ``TCLink`` ran

@@ -117,7 +117,7 @@ class CheckReport:
 
     def peak_load_mbps(self) -> float:
         """The busiest step's load on the switch datapath: switch-hop Mbit/s (bytes x switches crossed / the
-        step's span), the unit of the calibrated datapath capacity (:mod:`emulator.selfcheck.calibration`)."""
+        step's span), the unit of the calibrated datapath capacity (:mod:`emulator.selfcheck.live.calibration`)."""
         return max((s.switch_hop_bytes * 8 / s.span_s / 1e6 for s in self.step_loads), default=0.0)
 
     def latency_floors(self) -> list[int]:

@@ -163,7 +163,7 @@ class ModelError:
 
 
 class MeasuredCell(Protocol):
-    """What :func:`model_error` reads of a cell (:class:`emulator.study.kinds.replay.CellRow` has it)."""
+    """What :func:`model_error` reads of a cell (:class:`emulator.study.cell_kinds.replay.CellRow` has it)."""
 
     @property
     def status(self) -> str: ...

@@ -1,1 +1,2 @@
-"""Workloads as schedules: training iterations (ResNet-50 data parallel, Megatron-LM language models) and Chakra traces."""
+"""Workloads as schedules: training iterations (ResNet-50 data parallel, Megatron-LM language models) and Chakra
+traces."""

@@ -10,9 +10,9 @@ minute) when there is none.
 
 Sections, in order:
 
-1. **agents / iperf3** on one link: :func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`
+1. **agents / iperf3** on one link: :func:`emulator.selfcheck.live.calibration.measure_agents_vs_iperf`
    (target >= :data:`~cases.TARGET_AGENT`); then with every flow at once
-   (:func:`~emulator.selfcheck.calibration.measure_agents_aggregate`: a 16-host ring on one switch, each
+   (:func:`~emulator.selfcheck.live.calibration.measure_agents_aggregate`: a 16-host ring on one switch, each
    link at the calibrated datapath capacity shared out, against iperf3 on the ring's hops; target >=
    :data:`~cases.TARGET_AGENT_AGGREGATE`): how much of what the machine carries the agents carry.
 2. **replays**: every algorithm of :data:`~cases.DEFAULT_CASES` on its fabric, one
@@ -53,14 +53,13 @@ Modules (each imports only those before it):
 * :mod:`~emulator.selfcheck.bench.results` -- the whole run's results and its JSON document;
 * :mod:`~emulator.selfcheck.bench.report` -- the printed table;
 * :mod:`~emulator.selfcheck.bench.request` -- the profile and the admission request, before the run;
-* live: :mod:`~emulator.selfcheck.bench.replays`, :mod:`~emulator.selfcheck.bench.mpi_pairs`,
-  :mod:`~emulator.selfcheck.bench.plain_mininet` (the only one that imports Mininet),
-  :mod:`~emulator.selfcheck.bench.bringup`, and :mod:`~emulator.selfcheck.bench.run`, which runs the sections.
+* live, in :mod:`emulator.selfcheck.live`: :mod:`~emulator.selfcheck.live.bench_replays`, :mod:`~emulator.selfcheck.live.bench_mpi_pairs`,
+  :mod:`~emulator.selfcheck.live.plain_mininet` (the only one that imports Mininet),
+  :mod:`~emulator.selfcheck.live.bench_bringup`, and :mod:`~emulator.selfcheck.live.bench_run`, which runs the sections.
 """
 
 from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size
 from emulator.selfcheck.bench.report import format_report
 from emulator.selfcheck.bench.request import admission_request, bench_profile
-from emulator.selfcheck.bench.run import bench
 
-__all__ = ["DEFAULT_SIZES", "Size", "admission_request", "bench", "bench_profile", "format_report"]
+__all__ = ["DEFAULT_SIZES", "Size", "admission_request", "bench_profile", "format_report"]

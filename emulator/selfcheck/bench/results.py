@@ -25,7 +25,7 @@ from emulator.selfcheck.bench.rows import (
 class BenchResults:
     """One bench run; the sections fill in as they are measured (None: not yet).
 
-    ``machine`` is :func:`emulator.selfcheck.calibration.machine_info`'s document, with the datapath used and the
+    ``machine`` is :func:`emulator.selfcheck.live.calibration.machine_info`'s document, with the datapath used and the
     load average after the run once they are known.
     """
 

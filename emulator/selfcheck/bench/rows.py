@@ -134,8 +134,8 @@ class PredictionSummary:
 @dataclass(frozen=True)
 class AgentsVsIperf:
     """Agents against iperf3 on the same flows: ``--bidir`` on one link
-    (:func:`emulator.selfcheck.calibration.measure_agents_vs_iperf`), or every flow of a ring at once
-    (:func:`~emulator.selfcheck.calibration.measure_agents_aggregate`); its document, which the results keep
+    (:func:`emulator.selfcheck.live.calibration.measure_agents_vs_iperf`), or every flow of a ring at once
+    (:func:`~emulator.selfcheck.live.calibration.measure_agents_aggregate`); its document, which the results keep
     whole."""
 
     ratio: float | None

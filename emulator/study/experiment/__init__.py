@@ -31,8 +31,8 @@ without root. Its modules, each one job (each imports only those before it):
 
 Callers use the names re-exported here (``from emulator.study import
 experiment as xp; xp.load(...)``). The results folder and its resume
-bookkeeping are in :mod:`emulator.study.run_folder`, the live loop in
-:mod:`emulator.study.runner`, the report in :mod:`emulator.study.report`.
+bookkeeping are in :mod:`emulator.study.folder.results_folder`, the live loop in
+:mod:`emulator.study.live.runner`, the report in :mod:`emulator.study.report`.
 """
 
 from emulator.base.errors import UserError as UserError

@@ -1,6 +1,6 @@
 """The report of an experiment's results folder: ``report.md``, ``report.html``, ``cells.csv``, ``summary.json``, plots.
 
-Pure: it only reads what :class:`emulator.study.runner.Runner` and the replay wrote
+Pure: it only reads what :class:`emulator.study.live.runner.Runner` and the replay wrote
 (``experiment.json``, ``state.json``, ``cells/<id>/results.json``,
 ``timeline.jsonl``, ``schedule.json``, ``topology.json``) and writes into the
 same folder, so ``emu report DIR`` can rewrite it at any time, also for an
@@ -34,7 +34,7 @@ instead of a size) never enter a busbw comparison
   it against hosts and a Gantt chart of one iteration with its compute in grey;
 * the same comparisons at the paper's scale, by the model alone
   (:mod:`emulator.model.prediction.paper_scale`), when the reference ran at several host counts;
-* "MPI programs" (MPI cells only, :class:`~emulator.study.kinds.mpi.MpiRow`):
+* "MPI programs" (MPI cells only, :class:`~emulator.study.cell_kinds.mpi.MpiRow`):
   per cell the program, ranks, placement, exit status, wall time and the
   bundled benchmark's busbw at its largest size and its time over the model's (they enter no
   other section's table, plot or answer, but count in the overview and in
@@ -46,7 +46,7 @@ ecmp allgather-ring``), and its speedup tables are its own; allreduce labels
 read as they always did.
 
 Every cell, whatever its kind, is read in one code path
-(:func:`~emulator.study.report.rows.load`: its kind, :mod:`emulator.study.kinds`,
+(:func:`~emulator.study.report.rows.load`: its kind, :mod:`emulator.study.cell_kinds`,
 makes its row) and counts in the overview, the fidelity and failure lists
 and ``cells.csv``; a kind's own section (as "MPI programs" is the MPI
 cells') is a function of :mod:`~emulator.study.report.sections` that
@@ -82,7 +82,8 @@ from dataclasses import dataclass, field
 from emulator.base.files import write_atomic, write_json_atomic
 from emulator.model import fabric
 from emulator.model.prediction import paper_scale
-from emulator.study.kinds import DEFAULT_KINDS, Kinds
+from emulator.study.cell_kinds import DEFAULT_KINDS, Kinds
+from emulator.study.folder.results_folder import RunFolder
 from emulator.study.report import answers, llm_section, sections
 from emulator.study.report.doc import Doc
 from emulator.study.report.families import (
@@ -125,7 +126,6 @@ from emulator.study.report.timelines import (
     read_computes,
     read_transfers,
 )
-from emulator.study.run_folder import RunFolder
 
 #: The host counts the report projects its comparisons to (model only; tests make it smaller, it is their cost).
 PROJECTED_HOSTS: tuple[int, ...] = paper_scale.HOSTS
@@ -156,7 +156,7 @@ class Report:
 
 def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
     """Compute everything, draw the plots into ``out/plots/``; return the report (nothing else is written).
-    ``kinds``: the kinds of the folder's cells (:mod:`emulator.study.kinds`)."""
+    ``kinds``: the kinds of the folder's cells (:mod:`emulator.study.cell_kinds`)."""
     plan, every = load(out, kinds)
     rows = [r for r in every if isinstance(r, CellRow)]  # replay cells: every table, plot and answer of the model
     mpi_rows = [r for r in every if isinstance(r, MpiRow)]  # MPI cells: their own section

@@ -3,9 +3,9 @@
 Pure apart from reading the folder. It owns :class:`Plan` (what the report
 needs of ``experiment.json``, its fabric profile parsed once here) and
 :class:`Reference`, and loads one row per planned cell through the cell's
-kind (:mod:`emulator.study.kinds`:
-:class:`~emulator.study.kinds.replay.CellRow` for a replay,
-:class:`~emulator.study.kinds.mpi.MpiRow` for an MPI program) in one code
+kind (:mod:`emulator.study.cell_kinds`:
+:class:`~emulator.study.cell_kinds.replay.CellRow` for a replay,
+:class:`~emulator.study.cell_kinds.mpi.MpiRow` for an MPI program) in one code
 path (:func:`load`), so a new kind's rows come out of it unchanged here.
 :func:`load_rows` and :func:`load_mpi_rows` pick the replay and MPI rows;
 :func:`write_csv` writes every row, kind after kind, in the columns of
@@ -27,8 +27,8 @@ from typing import Any
 from emulator.base.files import read_json, write_atomic
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
-from emulator.study.kinds import CSV_FIELDS, DEFAULT_KINDS, CellRow, Kinds, MpiRow, Row
-from emulator.study.run_folder import RunFolder
+from emulator.study.cell_kinds import CSV_FIELDS, DEFAULT_KINDS, CellRow, Kinds, MpiRow, Row
+from emulator.study.folder.results_folder import RunFolder
 
 __all__ = ["CSV_FIELDS", "DEFAULT_REFERENCE", "CellRow", "MpiRow", "Plan", "Reference", "Row", "busbw_rows", "load",
            "load_mpi_rows", "load_rows", "training_rows", "write_csv"]

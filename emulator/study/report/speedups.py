@@ -12,7 +12,7 @@ busbw (:func:`by_efficiency`). Only rows that busbw describes take part
 (:func:`~emulator.study.report.rows.busbw_rows`).
 
 Labels: a family is ``<topology slug> <routing> <algorithm>``
-(:meth:`~emulator.study.kinds.replay.CellRow.family`); a collective other
+(:meth:`~emulator.study.cell_kinds.replay.CellRow.family`); a collective other
 than allreduce prefixes the algorithm (``leafspine-4x4x4 ecmp
 allgather-ring``), so allreduce labels read as they always did.
 """

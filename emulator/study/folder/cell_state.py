@@ -1,7 +1,7 @@
 """A cell's entry in a results folder's ``state.json`` (:class:`CellState`), and the readers of its values.
 
-Its own module so that the cell kinds (:mod:`emulator.study.kinds`), which a
-row reads the state through, and the run folder (:mod:`emulator.study.run_folder`),
+Its own module so that the cell kinds (:mod:`emulator.study.cell_kinds`), which a
+row reads the state through, and the run folder (:mod:`emulator.study.folder.results_folder`),
 which writes it and imports the kinds, both import it at module level.
 """
 

@@ -1,7 +1,7 @@
 """The cell-kind interface: what the runner, the run folder and the report need of one kind of cell.
 
-:class:`CellKind` is the interface; :mod:`emulator.study.kinds.replay` and
-:mod:`emulator.study.kinds.mpi` implement it, and :class:`Kinds` picks a
+:class:`CellKind` is the interface; :mod:`emulator.study.cell_kinds.replay` and
+:mod:`emulator.study.cell_kinds.mpi` implement it, and :class:`Kinds` picks a
 cell's kind (the first kind of its tuple that claims the cell). The types the
 kinds share live here too: :class:`Session` (what a cell runs on),
 :class:`Results` (a cell's ``results.json`` as its kind reads it),
@@ -26,7 +26,7 @@ from emulator.model.schedule.format import Schedule
 from emulator.runs.fault_plan import Fault
 from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study.cell_state import CellState
+from emulator.study.folder.cell_state import CellState
 
 #: The columns of ``cells.csv``, every kind's row (:meth:`Row.csv`) leaving empty those that do not apply.
 CSV_FIELDS = ("id", "series", "topology", "kind", "hosts", "routing", "seed", "collective", "algorithm", "placement",

@@ -29,7 +29,7 @@ which replay's fidelity check and the timing model read:
 4. **agents' costs** (:func:`measure_agent_costs`): the CPU seconds the host
    agents spend per message and per byte, which ``dilation: auto``
    (:mod:`emulator.runs.dilation`) sizes the dilation by;
-5. **intrinsic latency** per path length (:mod:`emulator.selfcheck.intrinsic_latency`): what
+5. **intrinsic latency** per path length (:mod:`emulator.selfcheck.live.intrinsic_latency`): what
    this machine adds to every message by itself, which the agents subtract
    from the fabric profile's latency and the model takes as a floor.
 
@@ -73,7 +73,7 @@ from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
 from emulator.model.topology import Topology
 from emulator.runs.dilation import LOAD_FRACTION, CostSample, fit_agent_costs, readable_rate, traffic
-from emulator.selfcheck import intrinsic_latency as latency_probe
+from emulator.selfcheck.live import intrinsic_latency as latency_probe
 
 #: 16 hosts, 4 leaves with 4 uplinks each: non-blocking, leaf-to-leaf paths cross 3 switches.
 CAPACITY_TOPOLOGY = "leafspine:leaves=4,spines=4,hosts_per_leaf=4"

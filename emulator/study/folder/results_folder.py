@@ -25,7 +25,7 @@
   its probes (``probe-<attempt>/``) and their verdicts (``probe.json``).
 
 A cell is finished when its ``results.json``, read as the cell's kind reads
-it (:mod:`emulator.study.kinds`), says ``ok`` and holds exactly this cell's
+it (:mod:`emulator.study.cell_kinds`), says ``ok`` and holds exactly this cell's
 configuration (:meth:`RunFolder.cell_finished`): a cell whose definition
 changed in the file, one that failed or was interrupted, and one whose
 results are missing, unreadable or of another kind are run again. A replay
@@ -56,8 +56,8 @@ from typing import Any
 from emulator.base.files import read_json_object, write_atomic, write_json_atomic
 from emulator.runs.results import ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study.cell_state import CellState, json_number, json_text, timestamp
-from emulator.study.kinds import DEFAULT_KINDS, CellKind, Kinds, Results
+from emulator.study.cell_kinds import DEFAULT_KINDS, CellKind, Kinds, Results
+from emulator.study.folder.cell_state import CellState, json_number, json_text, timestamp
 
 #: The name of the symlink under a results root that points at the folder in use.
 LATEST = "latest"
@@ -101,7 +101,7 @@ class RunRecord:
 
 class RunFolder:
     """One results folder of ``emu run`` at ``path`` (see the module docstring for its layout), its cells of
-    ``kinds`` (:mod:`emulator.study.kinds`: how each kind's results are read and written)."""
+    ``kinds`` (:mod:`emulator.study.cell_kinds`: how each kind's results are read and written)."""
 
     def __init__(self, path: str, kinds: Kinds = DEFAULT_KINDS):
         self.path = path

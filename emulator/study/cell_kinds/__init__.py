@@ -1,12 +1,12 @@
 """Cell kinds: one interface through which the runner, the run folder and the report treat every cell.
 
 An experiment's cells are of a kind: a replay of a schedule
-(:mod:`~emulator.study.kinds.replay`) or a run of an Open MPI program
-(:mod:`~emulator.study.kinds.mpi`). Each kind implements
-:class:`~emulator.study.kinds.base.CellKind`: how its cell runs on a started
+(:mod:`~emulator.study.cell_kinds.replay`) or a run of an Open MPI program
+(:mod:`~emulator.study.cell_kinds.mpi`). Each kind implements
+:class:`~emulator.study.cell_kinds.base.CellKind`: how its cell runs on a started
 network, how its ``results.json`` is read and saved, how a probe or a broken
 network flags it, its progress line, and its row in the report and in
-``cells.csv``. :class:`~emulator.study.kinds.base.Kinds` picks a cell's kind
+``cells.csv``. :class:`~emulator.study.cell_kinds.base.Kinds` picks a cell's kind
 (the first of its tuple that claims it); :data:`DEFAULT_KINDS` are ``emu
 run``'s and ``emu report``'s.
 
@@ -15,8 +15,8 @@ Adding a kind touches one place per layer:
 * the study: a module here with a class implementing ``CellKind`` (and its
   row type), added to :data:`DEFAULT_KINDS` (and to :func:`run_kinds` when it
   runs through something live, as the MPI kind does). The runner
-  (:mod:`emulator.study.runner`), the run folder
-  (:mod:`emulator.study.run_folder`) and the report's rows and ``cells.csv``
+  (:mod:`emulator.study.live.runner`), the run folder
+  (:mod:`emulator.study.folder.results_folder`) and the report's rows and ``cells.csv``
   (:mod:`emulator.study.report.rows`) go through the interface only: the new
   kind's cells run, resume, appear in the overview, the fidelity list and
   ``cells.csv`` with no change there;
@@ -32,7 +32,7 @@ runner by the runner.
 
 from __future__ import annotations
 
-from emulator.study.kinds.base import (
+from emulator.study.cell_kinds.base import (
     CSV_FIELDS,
     CellKind,
     Kinds,
@@ -42,8 +42,8 @@ from emulator.study.kinds.base import (
     Session,
     read_fabric,
 )
-from emulator.study.kinds.mpi import MpiCellRunner, MpiKind, MpiRow
-from emulator.study.kinds.replay import CellRow, ReplayKind
+from emulator.study.cell_kinds.mpi import MpiCellRunner, MpiKind, MpiRow
+from emulator.study.cell_kinds.replay import CellRow, ReplayKind
 
 __all__ = ["CSV_FIELDS", "DEFAULT_KINDS", "CellKind", "CellRow", "Kinds", "MpiCellRunner", "MpiKind", "MpiRow",
            "PlanDefaults", "ReplayKind", "Results", "Row", "Session", "read_fabric",

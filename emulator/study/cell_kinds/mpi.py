@@ -1,9 +1,9 @@
 """The MPI cell: an Open MPI program run on its network as ``emu mpirun`` runs it.
 
-:class:`MpiKind` is the :class:`~emulator.study.kinds.base.CellKind` of every
+:class:`MpiKind` is the :class:`~emulator.study.cell_kinds.base.CellKind` of every
 cell with an MPI program (:attr:`emulator.study.experiment.Cell.mpi`). It runs
 the program through the :class:`MpiCellRunner` it is made with (``emu run``'s
-is :func:`emulator.study.runner.run_mpi_cell`; reading and reporting need
+is :func:`emulator.study.live.runner.run_mpi_cell`; reading and reporting need
 none); its ``results.json`` is an :class:`emulator.runs.mpi_plan.MpiResults`
 (kind ``mpirun``) with its network's probe added; a program that exits
 non-zero, times out or cannot start is a failed cell. Its progress line is
@@ -27,8 +27,8 @@ from emulator.model.schedule.format import format_size
 from emulator.runs.mpi_plan import MpiResults
 from emulator.runs.results import Fidelity, ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study.cell_state import CellState
-from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.folder.cell_state import CellState
 from emulator.study.progress import QUIET_FLAGS
 
 #: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_plan.MpiResults.to_json`).

@@ -13,7 +13,6 @@ from emulator.emulation.machine.system import choose_datapath, load_average
 from emulator.emulation.session import fidelity
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
-from emulator.selfcheck.bench.bringup import measure_bringup
 from emulator.selfcheck.bench.cases import (
     BIGRAPH,
     BRINGUP_TOPOLOGY,
@@ -26,11 +25,12 @@ from emulator.selfcheck.bench.cases import (
     Size,
 )
 from emulator.selfcheck.bench.crossovers import CrossoverRow
-from emulator.selfcheck.bench.mpi_pairs import failed_pairs, run_mpi_pairs
-from emulator.selfcheck.bench.replays import failed_case, run_case
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, SectionError
-from emulator.selfcheck.calibration import (
+from emulator.selfcheck.live.bench_bringup import measure_bringup
+from emulator.selfcheck.live.bench_mpi_pairs import failed_pairs, run_mpi_pairs
+from emulator.selfcheck.live.bench_replays import failed_case, run_case
+from emulator.selfcheck.live.calibration import (
     ensure_calibration,
     machine_info,
     measure_agents_aggregate,

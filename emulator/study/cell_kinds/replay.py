@@ -1,6 +1,6 @@
 """The replay cell: a schedule replayed by the host agents on its network, measured against the timing model.
 
-:class:`ReplayKind` is the :class:`~emulator.study.kinds.base.CellKind` of every
+:class:`ReplayKind` is the :class:`~emulator.study.cell_kinds.base.CellKind` of every
 cell without an MPI program: it runs through :meth:`Session.run` with the
 cell's schedule, prediction and fault plan, its ``results.json`` is an
 :class:`emulator.runs.results.CellResults` (read as
@@ -20,8 +20,8 @@ from emulator.model.fabric import FabricProfile
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, Iteration, ProbeVerdict, SchemaError, Summary
 from emulator.study import experiment as xp
-from emulator.study.cell_state import CellState
-from emulator.study.kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.folder.cell_state import CellState
 from emulator.study.progress import QUIET_FLAGS
 
 LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for results whose prediction has no goodput

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import topology
 from emulator.selfcheck.bench.cases import BRINGUP_TOPOLOGY
-from emulator.selfcheck.bench.plain_mininet import plain_mininet_bringup
 from emulator.selfcheck.bench.rows import BringupSummary, BringupTimes
+from emulator.selfcheck.live.plain_mininet import plain_mininet_bringup
 
 
 def our_bringup(topo: topology.Topology, datapath: str, mtu: int) -> BringupTimes:

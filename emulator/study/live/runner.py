@@ -1,7 +1,7 @@
 """The live loop of ``emu run``: every cell of an experiment on emulated networks, resumable.
 
 :class:`Runner` runs an experiment into one results folder
-(:class:`emulator.study.run_folder.RunFolder`, which owns the layout and decides
+(:class:`emulator.study.folder.results_folder.RunFolder`, which owns the layout and decides
 which cells are finished). It
 
 1. writes the plan (``experiment.yaml``, ``experiment.json``) and marks the run
@@ -10,7 +10,7 @@ which cells are finished). It
    rest by network: one network (controller + Mininet) per (topology,
    routing, seed, fabric), brought up only when it has unfinished cells;
 3. runs the networks one after another. Each is brought up, probed
-   (:mod:`emulator.study.network_probe`; rebuilt up to :data:`emulator.study.network_probe.REBUILDS` times
+   (:mod:`emulator.runs.network_probe`; rebuilt up to :data:`emulator.runs.network_probe.REBUILDS` times
    while it fails; a network that fails again has its cells flagged
    ``probe_failed``), then runs its cells, each from an empty directory, and
    is torn down whatever happened;
@@ -18,7 +18,7 @@ which cells are finished). It
    status in ``run.json`` at the end.
 
 Every cell, whatever its kind, goes through one path (:meth:`Runner._run_cell`):
-its kind (:mod:`emulator.study.kinds`) runs it on its network's session,
+its kind (:mod:`emulator.study.cell_kinds`) runs it on its network's session,
 after the probe; what it wrote to its ``results.json``, read back as its kind
 reads it, decides whether it finished; the probe's verdict and a broken
 network flag it through its kind. A replay cell replays its schedule; an MPI
@@ -59,14 +59,14 @@ from emulator.model.latency import LatencyModel
 from emulator.model.prediction.check import CheckReport, predict
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology
+from emulator.runs import network_probe as probe
 from emulator.runs.mpi_plan import MpiResults
 from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
-from emulator.study import network_probe as probe
-from emulator.study.cell_state import CellState
-from emulator.study.kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
+from emulator.study.cell_kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
+from emulator.study.folder.cell_state import CellState
+from emulator.study.folder.results_folder import RunFolder
 from emulator.study.progress import TEARDOWN_S, Eta, Progress
-from emulator.study.run_folder import RunFolder
 
 __all__ = ["CellOutcome", "MpiCellRunner", "Network", "Runner", "Session", "SessionFactory", "Summary",
            "run_mpi_cell"]
@@ -141,7 +141,7 @@ class Runner:
     ``after_cell(cell_id, "ok" | "failed")`` is called after every cell (a
     KeyboardInterrupt it raises ends the run as Ctrl-C would); ``prepared``
     (the cells with their predictions) defaults to :func:`emulator.study.experiment.prepare`.
-    ``kinds``: how each kind of cell runs (:mod:`emulator.study.kinds`); by default ``emu run``'s, the MPI
+    ``kinds``: how each kind of cell runs (:mod:`emulator.study.cell_kinds`); by default ``emu run``'s, the MPI
     cells' programs run by ``mpi_runner``.
     """
 
