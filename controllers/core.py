@@ -247,7 +247,7 @@ class ControllerCore:
                         restored=sorted(self.cut - cut, key=_pair_key))
         self.cut = cut
         self.learner = routing.Learner(self.topo, self.policy, seed=self.seed, failed=failed)
-        if self.policy == "ecmp":
+        if routing.hashes_five_tuples(self.policy):
             update.clear_learned = sorted(self.installed, key=node_sort_key)
         self.learned.clear()
         for sw, have in self.installed.items():
@@ -275,7 +275,7 @@ class ControllerCore:
         (a race with the flow-mods, an expired entry) gives the same answer.
         """
         src, dst = self.host_by_ip.get(src_ip), self.host_by_ip.get(dst_ip)
-        if self.policy != "ecmp" or src is None or dst is None or src == dst:
+        if not routing.hashes_five_tuples(self.policy) or src is None or dst is None or src == dst:
             return None
         forward = Flow(src, dst, routing.IPPROTO_TCP, sport, dport)
         backward = Flow(dst, src, routing.IPPROTO_TCP, dport, sport)

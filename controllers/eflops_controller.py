@@ -49,7 +49,7 @@ except ImportError:  # loaded by file path (ryu-manager controllers/eflops_contr
 
 from controllers.core import ControllerCore, Settings, Update, connections_log
 from emulator.base.files import append_jsonl, write_json_atomic
-from emulator.model.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry
+from emulator.model.routing import CONTROLLER_PORT, ETH_TYPE_ARP, LEARNED_COOKIE, FlowEntry, hashes_five_tuples
 
 LOG = logging.getLogger("eflops.controller")
 
@@ -81,12 +81,12 @@ class EflopsController(compat.BaseApp):
         self._all_installed_logged = False
         LOG.info("%s controller (%s): %s, policy %s, seed %d, %d switches", compat.FRAMEWORK,
                  os.getpid(), topo.spec, self.settings.routing, self.settings.seed, len(topo.switches))
-        if self.settings.routing == "ecmp":
+        if hashes_five_tuples(self.settings.routing):
             lines = self.core.sharing_report()
-            LOG.info("ecmp seed %d: %d directed switch links carry more than one agent flow",
-                     self.settings.seed, len(lines))
+            LOG.info("%s seed %d: %d directed switch links carry more than one agent flow",
+                     self.settings.routing, self.settings.seed, len(lines))
             for line in lines:
-                LOG.info("ecmp seed %d: %s", self.settings.seed, line)
+                LOG.info("%s seed %d: %s", self.settings.routing, self.settings.seed, line)
         self._write_state()
         if self.settings.stats_file:
             self.stats_thread = compat.hub.spawn(self._poll_stats)

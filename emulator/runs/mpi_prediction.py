@@ -74,11 +74,13 @@ def open_mpi_schedule(generator: str, size: int, hosts: Sequence[str]) -> Schedu
     return replace(base, ranks=ranks, topology=None, placement="mpirun")
 
 
-def btl_flow_function(connections: Iterable[tuple[str, str, int, int]], topo: Topology, seed: int = 0) -> FlowOf:
-    """The 5-tuple each pair of hosts' TCP-transport connection had, from the connections the controller learned
-    (host, host, port, port): the one end of each with a port in the transport's range listened.
+def btl_flow_function(connections: Iterable[tuple[str, str, int, int]], topo: Topology, policy: str,
+                      seed: int = 0) -> FlowOf:
+    """The 5-tuple each pair of hosts' TCP-transport connection had under ``policy`` (one that hashes
+    5-tuples), from the connections the controller learned (host, host, port, port): the one end of each with
+    a port in the transport's range listened.
 
-    The controller learns a connection only where its path has a choice (``ecmp``); a pair whose path has
+    The controller learns a connection only where its path has a choice; a pair whose path has
     none routes the same whatever its ports, and gets placeholder ports. Raises :class:`KeyError` for a pair
     with a choice on its path and no connection learned."""
     ports: dict[tuple[str, str], tuple[int, int]] = {}
@@ -92,7 +94,7 @@ def btl_flow_function(connections: Iterable[tuple[str, str, int, int]], topo: To
             sport, dport = ports[(src, dst)]
             return routing.Flow(src, dst, routing.IPPROTO_TCP, sport, dport)
         placeholder = routing.Flow(src, dst, routing.IPPROTO_TCP, BTL_PORT_MIN, BTL_PORT_MIN)
-        if routing.learned_entries(topo, "ecmp", placeholder, seed=seed):
+        if routing.learned_entries(topo, policy, placeholder, seed=seed):
             raise KeyError((src, dst))
         return placeholder
 
@@ -146,9 +148,9 @@ def predict_row(algorithm: str, size: int, count: int, measured_s: float, given:
     generator, note = open_mpi_generator(algorithm, count, len(given.hosts), segment_bytes)
     if generator is None:
         return MpiPrediction(size, algorithm, None, measured_s, None, note)
-    if given.routing == "ecmp" and given.flow_of is None:
+    if routing.hashes_five_tuples(given.routing) and given.flow_of is None:
         return MpiPrediction(size, algorithm, generator, measured_s, None,
-                             "ecmp routes each connection by its ports, and the run's are unknown")
+                             f"{given.routing} routes each connection by its ports, and the run's are unknown")
     try:
         schedule = open_mpi_schedule(generator, size, given.hosts)
         report = check(schedule, given.topo, given.routing, seed=given.seed, latency=given.latency,

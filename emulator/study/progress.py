@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
+from emulator.model import routing
 from emulator.study import experiment as xp
 
 #: Until measured: seconds of agent start-up per cell and of bring-up + teardown per network.
@@ -115,7 +116,7 @@ class Progress:
     def network(self, spec: str, policy: str, seed: int, cells: int) -> None:
         """The next network is coming up for ``cells`` cells."""
         self.networks_started += 1
-        seed_text = f" seed {seed}" if policy == "ecmp" else ""
+        seed_text = routing.seed_words(policy, seed)
         self.say(f"network {self.networks_started}/{self.networks}: {spec} ({policy}{seed_text}), {cells} cells")
 
     def rebuilding(self, reason: str) -> None:

@@ -42,6 +42,6 @@ def test_the_agents_draw_on_ecmp_is_open_mpis_typical_one(net):
     rng = random.Random(7)
     mpi_s = [check(mpi_prediction.open_mpi_schedule("hd", MPI_SIZE, hosts), topo, net.routing, seed=net.seed,
                    latency=latency,
-                   flow_of=mpi_prediction.btl_flow_function(open_mpi_draw(hosts, rng), topo, net.seed)
+                   flow_of=mpi_prediction.btl_flow_function(open_mpi_draw(hosts, rng), topo, net.routing, net.seed)
                    ).predicted_time_s for _ in range(15)]
     assert agents_s == pytest.approx(statistics.median(mpi_s), rel=0.02), (agents_s, sorted(mpi_s))

@@ -84,10 +84,10 @@ def _connections(topo: topology.Topology, hosts: list[str]) -> list[tuple[str, s
 def test_under_ecmp_each_connection_is_routed_by_the_ports_it_had():
     topo = topology.build(LEAFSPINE)
     hosts = [h.name for h in topo.hosts]
-    flow_of = btl_flow_function(_connections(topo, hosts), topo, seed=3)
+    flow_of = btl_flow_function(_connections(topo, hosts), topo, "ecmp", seed=3)
     assert flow_of("h1", "h3", 0) == routing.Flow("h1", "h3", routing.IPPROTO_TCP, 40002, BTL_PORT_MIN + 2)
     assert flow_of("h3", "h1", 0) == routing.Flow("h3", "h1", routing.IPPROTO_TCP, BTL_PORT_MIN + 2, 40002)
-    oob_only = btl_flow_function([("h1", "h3", 50001, 45000)], topo, seed=3)
+    oob_only = btl_flow_function([("h1", "h3", 50001, 45000)], topo, "ecmp", seed=3)
     with pytest.raises(KeyError):
         oob_only("h1", "h3", 0)  # across the spines: a choice the controller would have learned
     assert oob_only("h1", "h2", 0).dport == BTL_PORT_MIN  # one leaf: no choice, placeholder ports

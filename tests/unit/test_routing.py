@@ -489,8 +489,21 @@ def test_link_sharing_lists_colliding_flows():
     assert all(topo.is_switch(a) and topo.is_switch(b) for a, b in shared)
 
 
-def test_every_policy_a_topology_kind_names_is_a_routing_policy_and_fits_that_kind():
-    for kind in topology.KINDS.values():
-        for policy in kind.policies:
-            assert policy in routing.POLICIES, (kind.name, policy)
-            assert kind.name in (routing.POLICY_KINDS[policy] or ()), (kind.name, policy)
+ONE_OF_EACH_KIND = {"bigraph": BIGRAPH, "fattree": FATTREE, "leafspine": LEAFSPINE, "rail": RAIL,
+                    "dualplane": DUALPLANE, "railonly": SERVERS_RAILONLY, "star": "star:hosts=4"}
+
+
+def test_every_policy_fits_the_kinds_it_names_and_only_those():
+    assert set(ONE_OF_EACH_KIND) == set(topology.KINDS)
+    assert routing.policy_kinds("bigraph") == ("bigraph",)
+    assert routing.policy_kinds("dmodk") == ("fattree", "leafspine", "rail")  # the kinds registered with Clos stages
+    assert routing.policy_kinds("ecmp") is None and routing.policy_kinds("shortest") is None
+    for name in routing.POLICIES:
+        for kind in topology.KINDS.values():
+            topo = topology.build(ONE_OF_EACH_KIND[kind.name])
+            fits = kind.name in (routing.policy_kinds(name) or (kind.name,))
+            if fits:
+                assert routing.check_policy(topo, name) is routing.POLICIES[name]
+            else:
+                with pytest.raises(UserError, match=f"routing for {kind.name}: field 'policy'"):
+                    routing.check_policy(topo, name)

@@ -131,7 +131,7 @@ def test_hdrm_placement_puts_m_ranks_on_every_switch():
 
 BIG = "bigraph:upper=4,lower=4,hosts_per_switch=4"
 #: Every routing policy that applies to a bigraph (the others are refused, see the test after the next).
-BIGRAPH_POLICIES = [p for p, kinds in routing.POLICY_KINDS.items() if kinds is None or "bigraph" in kinds]
+BIGRAPH_POLICIES = [p for p in routing.POLICIES if "bigraph" in (routing.policy_kinds(p) or ("bigraph",))]
 
 
 @pytest.mark.parametrize("policy", BIGRAPH_POLICIES)

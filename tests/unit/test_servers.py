@@ -368,7 +368,7 @@ def server_specs(draw):
         placements.append("hdrm")
     placement = draw(st.sampled_from(placements))
     policy = draw(st.sampled_from([p for p in routing.POLICIES
-                                   if kind in (routing.POLICY_KINDS[p] or (kind,))]))
+                                   if kind in (routing.policy_kinds(p) or (kind,))]))
     return _server_spec(fabric, s, a, n, placement), policy
 
 

@@ -25,6 +25,7 @@ from emulator.emulation.machine import calibration_file, system
 from emulator.emulation.machine.calibration_file import Calibration
 from emulator.emulation.machine.system import interrupt_on_sigterm
 from emulator.emulation.session import fidelity, replay
+from emulator.model import routing
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
 from emulator.runs import admission
@@ -223,7 +224,7 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
     for (spec, policy, seed, _), all_pcs in by_group.items():
         pcs = [pc for pc in all_pcs if pc.report is not None]
         if not pcs:
-            print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): "
+            print(f"network {spec} ({policy}{routing.seed_words(policy, seed)}): "
                   f"{len(all_pcs[0].topo.hosts)} hosts, MPI programs only (no model of their load)")
             continue
         busiest = max(pcs, key=lambda pc: pc.peak_load_mbps())
@@ -231,7 +232,7 @@ def _print_loads(prepared: list[xp.PreparedCell]) -> None:
         capacity = calibration.datapath_capacity_mbps if calibration is not None else None
         share = f", {busiest.peak_load_mbps() / capacity:.0%} of the calibrated {capacity:.0f}" if capacity else \
             " (no calibration at this MTU: `emu calibrate`)"
-        print(f"network {spec} ({policy}{f' seed {seed}' if policy == 'ecmp' else ''}): {len(pcs[0].topo.hosts)} "
+        print(f"network {spec} ({policy}{routing.seed_words(policy, seed)}): {len(pcs[0].topo.hosts)} "
               f"hosts, busiest step {busiest.peak_load_mbps():.0f} switch-hop Mbit/s{share} "
               f"({busiest.cell.id})")
 

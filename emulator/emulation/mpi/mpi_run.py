@@ -304,8 +304,8 @@ def _restore_sysctls(session: ReplaySession, hosts: Sequence[str], echo: Callabl
 def _predict(prep: Prepared, rows: Sequence[dict], connections: Sequence[tuple[str, str, int, int]]
              ) -> list[mpi_prediction.MpiPrediction]:
     """The benchmark's rows beside the timing model, on the run's fabric with its connections' ports."""
-    flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.seed)
-               if prep.cfg.routing == "ecmp" else None)
+    flow_of = (mpi_prediction.btl_flow_function(connections, prep.topo, prep.cfg.routing, prep.cfg.seed)
+               if routing.hashes_five_tuples(prep.cfg.routing) else None)
     profile = message_profile(prep.profile, prep.latency_on)
     latency = replace(fidelity.latency_model(profile, prep.calibration), eager_bytes=eager_bytes(prep.mca))
     given = mpi_prediction.PredictionInput(prep.topo, prep.cfg.routing, prep.cfg.seed, tuple(prep.hosts), latency,

@@ -24,7 +24,7 @@ it again.
 Typical use (callers need not import :mod:`controllers`:
 :meth:`ControllerProcess.for_network` builds its settings)::
 
-    with ControllerProcess.for_network("topology.json", "ecmp", seed=1) as ctl:
+    with ControllerProcess.for_network("topology.json", "bigraph") as ctl:
         with EmulatedNetwork(topo, controller=ctl.address) as en:
             ctl.wait_installed()
             ...

@@ -435,7 +435,7 @@ class ReplaySession:
               report: scheck.CheckReport | None, fault_plan: Sequence[Fault]) -> RunPlan:
         """What a run needs before anything is written: the prediction, the routed transfers, the agents' files."""
         out = os.path.abspath(out)
-        if self.policy == "ecmp" and lanes_of(schedule) > self.lanes:
+        if routing.hashes_five_tuples(self.policy) and lanes_of(schedule) > self.lanes:
             raise UserError(f"replay: schedule {schedule.algorithm!r} uses {lanes_of(schedule)} lanes, but this "
                             f"network's ecmp routes {self.lanes} per host pair exactly: start the session with "
                             f"lanes={lanes_of(schedule)}")

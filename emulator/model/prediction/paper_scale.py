@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from emulator.base.errors import FieldError, UserError
-from emulator.model import topology
+from emulator.model import routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
 from emulator.model.prediction.cost import bus_bandwidth_mbps
@@ -75,7 +75,7 @@ class Comparison:
 def _point(hosts: int, size: int, role: str, spec: str, policy: str, algo: str, profile: FabricProfile) -> Point:
     topo = topology.build(spec, profile.emulated_link_mbps, profile.domain_ratio)
     model = LatencyModel(profile)
-    seeds = SEEDS if policy == "ecmp" else (0,)
+    seeds = routing.seeds_of(policy, SEEDS)
     times = [project(algo, topo, policy, size, seed=s, latency=model, mtu=profile.emulated_mtu).time_s for s in seeds]
     emulated = statistics.median(times)
     real = profile.real_seconds(emulated)

@@ -10,8 +10,8 @@ same model from its JSON export (networkx node-link format).
 Modules (each imports only those listed before it, so there is no cycle)
     * :mod:`~emulator.model.topology.kinds` -- one registration per kind
       (:class:`TopologyKind` in :data:`KINDS`): its spec keys, counts,
-      builder, bisection in closed form, the routing policies made for it,
-      and whether it is the non-blocking ideal. Adding a kind is adding one
+      builder, bisection in closed form, its stages where it is a
+      multi-stage Clos fabric, and whether it is the non-blocking ideal. Adding a kind is adding one
       registration there.
     * :mod:`~emulator.model.topology.spec` -- spec strings and mappings: the kinds
       and their keys, the limits on rates and sizes, parsing, the canonical
@@ -124,7 +124,15 @@ from emulator.model.topology.builders import (
     host_mac,
     load,
 )
-from emulator.model.topology.kinds import KINDS, NIC_ROLE, FabricBuilder, TopologyKind, equal_radix, is_ideal
+from emulator.model.topology.kinds import (
+    KINDS,
+    NIC_ROLE,
+    ClosStages,
+    FabricBuilder,
+    TopologyKind,
+    equal_radix,
+    is_ideal,
+)
 from emulator.model.topology.model import (
     DEFAULT_MTU,
     JSON_FORMAT_VERSION,
@@ -174,6 +182,7 @@ __all__ = [
     "Switch",
     "Topology",
     "TopologyKind",
+    "ClosStages",
     "all_host_pairs",
     "at_link_rate",
     "build",

@@ -3,12 +3,12 @@
 This module owns what makes a kind a kind: a :class:`TopologyKind` per kind
 in :data:`KINDS` carries its spec keys, its host slots and switch count (to
 check the limits before building), its builder, its bisection in closed
-form, the routing policies made for it, and whether it is the non-blocking
-ideal. Everything else reads this registration: the spec parser
+form, its stages where it is a multi-stage Clos fabric, and whether it is
+the non-blocking ideal. Everything else reads this registration: the spec parser
 (:mod:`emulator.model.topology.spec`) its keys and counts, the builders
 (:mod:`emulator.model.topology.builders`) its builder, the model's
 bisection (:mod:`emulator.model.topology.bisection`) its closed form,
-:data:`emulator.model.routing.POLICY_KINDS` its policies, and the report
+:mod:`emulator.model.routing.policies` whether a policy is made for it, and the report
 (:mod:`emulator.study.report`) its title and whether it is the ideal.
 
 A builder adds the fabric's switches, reserves its host slots and connects
@@ -57,6 +57,15 @@ class FabricBuilder(Protocol):
 
 
 @dataclass(frozen=True)
+class ClosStages:
+    """A multi-stage Clos fabric's shape, as destination-mod-k routing reads it: the stage of each switch role
+    (0 at the hosts' switches) and the up-radix (uplinks of a switch towards the next stage) from parsed keys."""
+
+    stages: Mapping[str, int]
+    up_radix: Callable[[Mapping[str, Any]], int]
+
+
+@dataclass(frozen=True)
 class TopologyKind:
     """One topology kind: everything the package, routing and the report need to know of it."""
 
@@ -66,7 +75,7 @@ class TopologyKind:
     counts: Callable[[Mapping[str, Any]], tuple[int, int]]            # (host slots, switches) from parsed keys
     build: Callable[[FabricBuilder, Mapping[str, Any]], None]         # switches, slots and links
     bisection: Callable[[Mapping[str, Any], float, float], float]     # (keys, host_bw, switch_bw) -> Mbit/s
-    policies: tuple[str, ...] = ()  # routing policies made for this kind (``ecmp`` and ``shortest`` fit every kind)
+    clos: ClosStages | None = None  # its stages, where it is a multi-stage Clos fabric
     even_keys: tuple[str, ...] = ()  # keys that must be even
     min_hosts: int = 2             # the fewest hosts (or host slots) a topology of this kind may have
     ideal: bool = False            # the non-blocking ideal: one switch, no routing choice, never a baseline
@@ -157,7 +166,7 @@ def _bisect_bigraph(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _BIGRAPH = TopologyKind(
     name="bigraph", title="BiGraph", keys={"upper": 1, "lower": 1, "hosts_per_switch": 1},
     counts=lambda p: ((p["upper"] + p["lower"]) * p["hosts_per_switch"], p["upper"] + p["lower"]),
-    build=_build_bigraph, bisection=_bisect_bigraph, policies=("bigraph",), grow=_grow_bigraph)
+    build=_build_bigraph, bisection=_bisect_bigraph, grow=_grow_bigraph)
 
 
 # ------------------------------------------------------------------ fat-tree
@@ -192,7 +201,8 @@ def _bisect_fattree(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _FATTREE = TopologyKind(
     name="fattree", title="fat-tree", keys={"k": 2}, even_keys=("k",),
     counts=lambda p: (p["k"] ** 3 // 4, 5 * p["k"] * p["k"] // 4),
-    build=_build_fattree, bisection=_bisect_fattree, policies=("dmodk",), grow=_grow_fattree)
+    build=_build_fattree, bisection=_bisect_fattree, grow=_grow_fattree,
+    clos=ClosStages({"edge": 0, "agg": 1, "core": 2}, lambda p: p["k"] // 2))
 
 
 # ------------------------------------------------------------------ leaf-spine
@@ -220,7 +230,8 @@ def _bisect_leafspine(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _LEAFSPINE = TopologyKind(
     name="leafspine", title="leaf-spine", keys={"leaves": 1, "spines": 1, "hosts_per_leaf": 1},
     counts=lambda p: (p["leaves"] * p["hosts_per_leaf"], p["leaves"] + p["spines"]),
-    build=_build_leafspine, bisection=_bisect_leafspine, policies=("dmodk",), grow=_grow_leafspine)
+    build=_build_leafspine, bisection=_bisect_leafspine, grow=_grow_leafspine,
+    clos=ClosStages({"leaf": 0, "spine": 1}, lambda p: p["spines"]))
 
 
 # ------------------------------------------------------------------ rail-optimized
@@ -235,8 +246,8 @@ def _bisect_rail(p: Mapping[str, Any], hbw: float, sbw: float) -> float:
 _RAIL = TopologyKind(
     name="rail", title="rail-optimized", keys={"rails": 1, "hosts_per_rail": 1, "spines": 1},
     counts=lambda p: (p["rails"] * p["hosts_per_rail"], p["rails"] + p["spines"]),
-    build=_build_rail, bisection=_bisect_rail, policies=("dmodk",), rails=True, default_placement="rail",
-    grow=_grow_rails)
+    build=_build_rail, bisection=_bisect_rail, rails=True, default_placement="rail", grow=_grow_rails,
+    clos=ClosStages({"leaf": 0, "spine": 1}, lambda p: p["spines"]))
 
 
 # ------------------------------------------------------------------ dual-plane

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.model import routing
+
 TARGET_AGENT = 0.97
 #: The agents' aggregate goodput with every flow at once over iperf3's on the same flows.
 TARGET_AGENT_AGGREGATE = 0.90
@@ -70,8 +72,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        seed = f" seed {self.seed}" if self.routing == "ecmp" else ""
-        return f"{self.topology} {self.routing}{seed}"
+        return f"{self.topology} {self.routing}{routing.seed_words(self.routing, self.seed)}"
 
     def runs(self, sizes: tuple[Size, ...]) -> list[tuple[Size, str]]:
         """Every (size, algorithm) this case replays, smallest size first."""

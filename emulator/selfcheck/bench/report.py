@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.model import routing
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.selfcheck.bench.cases import TARGET_AGENT, TARGET_AGENT_AGGREGATE, TARGET_HDRM
@@ -123,7 +124,7 @@ def replay_line(r: ReplayRow, profile: FabricProfile) -> str:
     size = format_size(r.size)
     if r.status != "ok":
         return f"{r.topology:<46} {r.routing:<9} {r.algorithm:<7} {size:>6} failed: {r.error}"
-    seed = f"/{r.seed}" if r.routing == "ecmp" else ""
+    seed = f"/{r.seed}" if routing.hashes_five_tuples(r.routing) else ""
     real = profile.real_seconds(r.time_s) * 1e6 if r.time_s is not None else None
     return (f"{r.topology:<46} {r.routing + seed:<9} {r.algorithm:<7} {size:>6} "
             f"{_num(r.time_s, 8, 3)} {_num(r.predicted_s, 8, 3)} "

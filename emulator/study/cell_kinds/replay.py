@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.model import topology
+from emulator.model import routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, Iteration, ProbeVerdict, SchemaError, Summary
@@ -139,7 +139,7 @@ class CellRow:
 
         A collective other than allreduce is named: ``leafspine-4x4x4 ecmp allgather-ring``.
         """
-        policy = f"{self.routing}-s{self.seed}" if with_seed and self.routing == "ecmp" else self.routing
+        policy = routing.label(self.routing, self.seed) if with_seed else self.routing
         return f"{self.topology_slug} {policy} {self.op_label}"
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError
-from emulator.model import fabric, topology
+from emulator.model import fabric, routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.study.experiment.cells import Cell, Experiment, Run, Series
@@ -79,8 +79,8 @@ def expand(exp: Experiment) -> list[Cell]:
         for ri, run in enumerate(ser.runs):
             site = _site(exp, ser, run, f"series[{si}].runs[{ri}]")
             for policy in run.routing:
-                for seed in (run.seeds or exp.ecmp_seeds) if policy == "ecmp" else (0,):
-                    rname = f"{policy}-s{seed}" if policy == "ecmp" else policy
+                for seed in routing.seeds_of(policy, run.seeds or exp.ecmp_seeds):
+                    rname = routing.label(policy, seed)
                     made = (_mpi_cells(site, rname, policy, seed) if run.mpi is not None
                             else _replay_cells(site, rname, policy, seed))
                     for cell in made:

@@ -109,7 +109,7 @@ def _reference(where: str, top: Mapping[str, Any]) -> dict[str, str]:
     if "algorithm" in raw:
         ref["algorithm"] = choices_field(where, "reference.algorithm", raw["algorithm"], generators.ALGORITHMS)[0]
     if "routing" in raw:
-        ref["routing"] = choices_field(where, "reference.routing", raw["routing"], routing.POLICIES)[0]
+        ref["routing"] = choices_field(where, "reference.routing", raw["routing"], tuple(routing.POLICIES))[0]
     return ref
 
 

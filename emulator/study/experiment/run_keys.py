@@ -101,7 +101,7 @@ def _topology(where: str, name: str, value: object, link_mbps: float,
 
 def _routings(where: str, name: str, value: object, topo: topology.Topology) -> tuple[str, ...]:
     """Routing policies, each one that ``topo`` supports."""
-    policies = choices_field(where, name, value, routing.POLICIES)
+    policies = choices_field(where, name, value, tuple(routing.POLICIES))
     for i, policy in enumerate(policies):
         try:
             routing.check_policy(topo, policy)

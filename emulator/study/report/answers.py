@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from emulator.base import stats
+from emulator.model import routing as routings
 from emulator.model import topology
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
@@ -74,7 +75,6 @@ PAPER = {
 }
 EACH_FAMILY_MAX = 4  # at the largest host count, every baseline family gets a sentence up to this many
 KINDS = {name: kind.title for name, kind in topology.KINDS.items()}
-ROUTINGS = {"ecmp": "ECMP", "dmodk": "d-mod-k", "shortest": "shortest-path", "bigraph": "BiGraph routing"}
 EFLOPS_DESIGNS = (None, "NIC per accelerator")  # a network question is asked of hosts with their own NIC
 T = TypeVar("T")
 
@@ -106,10 +106,10 @@ class Answer:
 def describe(row: CellRow, seeds: int = 1) -> str:
     """``leaf-spine + ECMP (2 seeds) + hd``: a family in words; ``... + ring allgather`` for another collective
     than allreduce."""
-    kind, routing = row.kind, row.routing
+    kind, policy = row.kind, row.routing
     parts = [KINDS.get(kind, kind)]
-    if not topology.is_ideal(kind) and not (kind == "bigraph" and routing == "bigraph"):
-        parts.append(ROUTINGS.get(routing, routing) + (f" ({seeds} seeds)" if seeds > 1 else ""))
+    if not topology.is_ideal(kind) and not routings.own_routing(kind, policy):
+        parts.append(routings.title(policy) + (f" ({seeds} seeds)" if seeds > 1 else ""))
     parts.append(_algorithm(row))
     return " + ".join(parts)
 
@@ -372,8 +372,8 @@ def model_error_text(errors: list[paper_scale.ModelError]) -> str:
 
 def point_label(pt: paper_scale.Point) -> str:
     """``BiGraph + hdrm``, ``leaf-spine + ECMP + hd``."""
-    routing = "" if pt.routing == "bigraph" else f" + {ROUTINGS.get(pt.routing, pt.routing)}"
-    return f"{KINDS.get(pt.fabric, pt.fabric)}{routing} + {pt.algorithm}"
+    policy = "" if routings.own_routing(pt.fabric, pt.routing) else f" + {routings.title(pt.routing)}"
+    return f"{KINDS.get(pt.fabric, pt.fabric)}{policy} + {pt.algorithm}"
 
 
 def projection_answers(comparisons: Iterable[paper_scale.Comparison], error: str) -> list[Answer]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from emulator.base import stats
+from emulator.model import routing
 from emulator.study.report.rows import CellRow, Reference, busbw_rows
 
 RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
@@ -207,7 +208,7 @@ def server_speedup_tables(rows: list[CellRow]) -> list[ServerComparison]:
     out = []
     for k in sorted(set(own) & set(shared)):
         fabric, servers, accels, policy, seed, algo, _, _, collective = k
-        routing_label = f"{policy}-s{seed}" if policy == "ecmp" else policy
+        routing_label = routing.label(policy, seed)
         if collective != "allreduce":
             algo = f"{collective}-{algo}"
         out.append(_server_comparison(own[k], shared[k], f"{fabric} {servers}x{accels} {routing_label} {algo}"))
