@@ -34,7 +34,7 @@ from emulator.base.errors import FieldError, UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
 from emulator.model import fabric, routing
-from emulator.model.collectives import generators
+from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
 from emulator.model.prediction.cost import path_byte_s
@@ -303,16 +303,16 @@ def rank_hosts(topo: Topology, placement: str, np: int | None, seed: int = 0,
                read_file: Callable[[str], list[str]] = read_placement_file) -> list[str]:
     """The host of every rank ``0..np-1``: the first ``np`` of the placement's order.
 
-    ``placement`` is one of :data:`emulator.model.collectives.generators.PLACEMENTS`
+    ``placement`` is one of :data:`emulator.model.collectives.placements.PLACEMENTS`
     (hdrm as for schedules) or a file naming one host per rank
     (:func:`read_placement_file`; each host at most once, at least ``np`` of them).
     """
     hosts = len(topo.hosts)
     if np is not None and not 1 <= np <= hosts:
         raise FieldError(WHERE, "np", f"a number of ranks in 1..{hosts} (one rank per host of {topo.spec})", np)
-    if placement in generators.PLACEMENTS:
+    if placement in PLACEMENTS:
         try:
-            order = generators.placement_hosts(topo, placement, seed)
+            order = placement_hosts(topo, placement, seed)
         except FieldError as exc:
             raise FieldError(WHERE, exc.field, exc.expected, exc.given) from None
     elif os.path.isfile(placement):
@@ -327,7 +327,7 @@ def rank_hosts(topo: Topology, placement: str, np: int | None, seed: int = 0,
         if not order or (np is not None and len(order) < np):
             raise FieldError(WHERE, "placement", f"at least {np or 1} hosts in {placement}", len(order))
     else:
-        raise FieldError(WHERE, "placement", f"one of {', '.join(generators.PLACEMENTS)} or a file of host names",
+        raise FieldError(WHERE, "placement", f"one of {', '.join(PLACEMENTS)} or a file of host names",
                          placement)
     return order[:np] if np is not None else order
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 
 from emulator.model import topology
-from emulator.model.collectives import generators
+from emulator.model.collectives.placements import placement_hosts
 from emulator.runs.mpi_plan import load_results
 from emulator.runs.mpi_prediction import MpiPrediction
 
@@ -60,7 +60,7 @@ def test_the_bundled_benchmark_runs_with_correct_data_and_leaves_a_results_folde
     results = load_results(str(out / "results.json"))
     assert results.status == "ok" and results.exit_status == 0
     model = topology.load(topo)
-    assert [r.host for r in results.ranks] == generators.placement_hosts(model, placement)
+    assert [r.host for r in results.ranks] == placement_hosts(model, placement)
     assert [r.ip for r in results.ranks] == [model.host(r.host).ip for r in results.ranks]
     hostfile = (out / "hostfile").read_text().split("\n")
     assert [line.split()[0] for line in hostfile if line] == [r.ip for r in results.ranks]

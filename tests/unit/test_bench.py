@@ -7,8 +7,9 @@ import pytest
 from emulator.base.errors import UserError
 from emulator.cli.main import main
 from emulator.model import fabric
-from emulator.model.collectives import generators
+from emulator.model.collectives import generators, registry
 from emulator.model.latency import LatencyModel
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.model.topology import build
 from emulator.runs.mpi_plan import message_profile
 from emulator.selfcheck import bench
@@ -48,7 +49,7 @@ def test_default_cases_generate_and_fit_their_topologies():
                 assert generators.generate(algo, topo, size.bytes).p == len(topo.hosts)
     assert any("hdrm" in c.algorithms and c.topology.startswith("bigraph") for c in DEFAULT_CASES)
     algorithms = {a for c in DEFAULT_CASES for a in c.algorithms}
-    assert algorithms == set(generators.ALGORITHMS)  # every algorithm is benchmarked
+    assert algorithms == set(registry.algorithms(ALLREDUCE))  # every algorithm is benchmarked
     for c in CROSSOVERS:
         assert {c.algorithm, "ring"} <= set(c.case.algorithms)
 

@@ -16,7 +16,7 @@ from emulator.base.errors import FieldError, UserError
 from emulator.cli.commands.mpirun import exit_code
 from emulator.cli.main import main
 from emulator.model import topology
-from emulator.model.collectives import generators
+from emulator.model.collectives.placements import hdrm_placement
 from emulator.runs.mpi_plan import (
     BENCH_JSON,
     DEFAULT_NICE,
@@ -89,7 +89,7 @@ def test_identity_and_np_take_the_first_hosts():
 
 def test_hdrm_places_ranks_as_for_schedules():
     topo = topology.load(BIGRAPH)
-    assert rank_hosts(topo, "hdrm", None) == generators.hdrm_placement(topo)
+    assert rank_hosts(topo, "hdrm", None) == hdrm_placement(topo)
 
 
 def test_random_placement_follows_the_seed():

@@ -11,6 +11,7 @@ import pytest
 from emulator.emulation.network.controller_process import ControllerProcess
 from emulator.model import routing, topology
 from emulator.model.collectives import generators
+from emulator.model.collectives.placements import placement_hosts
 from emulator.model.latency import LatencyModel
 from emulator.model.prediction import cost
 from emulator.model.prediction.check import check
@@ -58,7 +59,7 @@ def test_the_schedule_puts_rank_r_on_the_r_th_host_of_the_run_and_proves(generat
 
 def test_a_prediction_is_the_timing_model_of_the_same_transfers():
     topo = topology.build(LEAFSPINE)
-    hosts = tuple(generators.placement_hosts(topo, "identity"))
+    hosts = tuple(placement_hosts(topo, "identity"))
     latency = LatencyModel()
     given = PredictionInput(topo, "dmodk", 0, hosts, latency)
     row = predict_row("rabenseifner", 1 << 20, 1 << 18, 2.0, given)

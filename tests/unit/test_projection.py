@@ -9,10 +9,11 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError, UserError
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import generators
+from emulator.model.collectives.registry import allreduce_formula
 from emulator.model.latency import Curve, Intrinsic, LatencyModel
 from emulator.model.prediction import check
-from emulator.model.prediction.cost import allreduce_formula, bus_bandwidth_mbps
 from emulator.model.prediction.projection import paper_scale_radix, paper_scale_topologies, project
+from emulator.model.schedule.semantics import bus_bandwidth_mbps
 from emulator.model.topology import DEFAULT_MTU, hdrm_problem, tcp_goodput_factor, tcp_payload_bytes
 
 #: The contract: the projection is the timing model's time to within this.

@@ -7,21 +7,20 @@ import dataclasses
 import pytest
 
 from emulator.model import fabric, routing, topology
-from emulator.model.collectives.generators import RECIPES, generate, hier_groups
+from emulator.model.collectives.algorithms import hier_groups
+from emulator.model.collectives.generators import generate
+from emulator.model.collectives.registry import REGISTRY, allreduce_formula, collective_formula
 from emulator.model.latency import LatencyModel
 from emulator.model.prediction.check import check
 from emulator.model.prediction.cost import (
-    allreduce_formula,
     analyze,
-    bus_bandwidth_mbps,
-    collective_formula,
     maxmin_completion,
     maxmin_rates,
     path_function,
 )
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import compute_op, match_transfers, validate, with_ops
-from emulator.model.schedule.semantics import ROOTED
+from emulator.model.schedule.semantics import ROOTED, bus_bandwidth_mbps
 from emulator.model.topology import DEFAULT_MTU, tcp_goodput_factor, tcp_payload_bytes
 
 
@@ -155,8 +154,8 @@ def test_formula_rejects_unknown_algorithms():
 # Every collective: closed forms, contention, lanes, compute
 # ---------------------------------------------------------------------------
 
-FORMULA_CASES = [(c, a, p) for c, a in RECIPES if (c != "allreduce" or a == "rd") and a != "hdrm"
-                 for p in (2, 3, 4, 8) if not (RECIPES[(c, a)].power_of_two or a == "rd") or p != 3]
+FORMULA_CASES = [(c, a, p) for c, a in REGISTRY if (c != "allreduce" or a == "rd") and a != "hdrm"
+                 for p in (2, 3, 4, 8) if not (REGISTRY[(c, a)].power_of_two or a == "rd") or p != 3]
 
 
 def _formula(sched, topo, model, switches=1, gamma=0.0, acks=False):

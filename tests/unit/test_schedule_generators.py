@@ -11,16 +11,10 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import FieldError
 from emulator.model import routing, topology
-from emulator.model.collectives.generators import (
-    ALGORITHMS,
-    GENERATED,
-    RECIPES,
-    algorithms,
-    double_binary_tree,
-    generate,
-    hdrm_placement,
-    rooted_trees,
-)
+from emulator.model.collectives.blocks import double_binary_tree, rooted_trees
+from emulator.model.collectives.generators import generate
+from emulator.model.collectives.placements import hdrm_placement
+from emulator.model.collectives.registry import GENERATED, REGISTRY, algorithms
 from emulator.model.prediction.cost import analyze
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import Schedule, match_transfers, validate, with_ops
@@ -227,13 +221,13 @@ def test_double_binary_tree_shape(p):
 # The other collectives
 # ---------------------------------------------------------------------------
 
-OTHER = [(c, a) for c, a in RECIPES if c != "allreduce" and a != "hdrm"]
+OTHER = [(c, a) for c, a in REGISTRY if c != "allreduce" and a != "hdrm"]
 ROOTED_PAIRS = [(c, a) for c, a in OTHER if c in ROOTED]
 
 
 def _ps(collective: str, algo: str) -> list[int]:
     """2, 3, 4, 8, 16 and the non-powers of two 6 and 12 where the algorithm takes them."""
-    return [p for p in (2, 3, 4, 6, 8, 12, 16) if not RECIPES[(collective, algo)].power_of_two or p & (p - 1) == 0]
+    return [p for p in (2, 3, 4, 6, 8, 12, 16) if not REGISTRY[(collective, algo)].power_of_two or p & (p - 1) == 0]
 
 
 def _cases() -> list[tuple[str, str, int]]:
@@ -280,7 +274,7 @@ def test_steps_and_buffers(collective, algo, p):
 @settings(max_examples=150, deadline=None)
 def test_random_sizes_and_chunk_counts_are_proved(pair, p, mult, root, extra):
     collective, algo = pair
-    how = RECIPES[pair]
+    how = REGISTRY[pair]
     assume(not how.power_of_two or p & (p - 1) == 0)
     base = how.base(p)
     chunks = (how.default or base) * extra if base > 1 else extra
@@ -368,7 +362,7 @@ def test_bad_collective_root_and_chunks_are_refused():
 
 
 def test_algorithms_lists_allreduce_first_and_every_generated_collective():
-    assert algorithms() == algorithms("allreduce") == ALGORITHMS
+    assert algorithms() == algorithms("allreduce") == ("ring", "hd", "hdrm", "dbtree", "hier", "rd")
     assert set(GENERATED) == set(COLLECTIVES) - {"p2p"}
     assert algorithms("alltoall") == ("direct",)
     assert algorithms("p2p") == ()

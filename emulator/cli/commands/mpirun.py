@@ -12,7 +12,7 @@ from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.mpi.mpi_run import check_cluster, prepare, run
 from emulator.emulation.session.fidelity import flag_text
 from emulator.model import fabric
-from emulator.model.collectives.generators import PLACEMENTS
+from emulator.model.collectives.placements import PLACEMENTS
 from emulator.runs import admission, cluster_file
 from emulator.runs.cluster_file import ClusterRun
 from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig, has_latency

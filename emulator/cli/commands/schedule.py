@@ -22,10 +22,12 @@ from emulator.emulation.machine import calibration_file
 from emulator.emulation.session import fidelity
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import msccl
-from emulator.model.collectives.generators import GENERATED, PLACEMENTS, algorithms, generate
+from emulator.model.collectives.generators import generate
+from emulator.model.collectives.placements import PLACEMENTS
+from emulator.model.collectives.registry import GENERATED, algorithms
 from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
-from emulator.model.schedule.semantics import ALLREDUCE
+from emulator.model.schedule.semantics import ALLREDUCE, MEANINGS
 from emulator.model.workloads import chakra, llm, llm_models, training
 
 
@@ -262,15 +264,8 @@ def _proved(sched: fmt.Schedule) -> str:
     """What the proof established, in words."""
     if len(sched.shapes) > 1:
         return f"each of its {len(sched.shapes)} segments computes its collective, each contribution once"
-    return {
-        "allreduce": "every rank ends with every chunk reduced over all ranks, each once",
-        "reduce_scatter": "every rank ends with its block reduced over all ranks, each once",
-        "allgather": "every rank ends with every rank's block",
-        "alltoall": "every rank ends with block r of every rank r's input, in rank order",
-        "broadcast": "every rank ends with the root's buffer",
-        "reduce": "the root ends with every chunk reduced over all ranks, each once",
-        "p2p": "every message is matched and delivered, nothing deadlocks (no data to check)",
-    }.get(sched.collective, "it computes its collective")
+    meaning = MEANINGS.get(sched.collective)
+    return meaning.result if meaning is not None else "it computes its collective"
 
 
 def cmd_import(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from emulator.model.latency import LatencyModel
 from emulator.model.prediction import cost, timing
 from emulator.model.schedule import executor
 from emulator.model.schedule.format import Schedule, check_hosts
-from emulator.model.schedule.semantics import MIXED
+from emulator.model.schedule.semantics import MIXED, bus_bandwidth_mbps
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_payload_bytes
 
 
@@ -147,8 +147,8 @@ class CheckReport:
             "predicted_time_s": self.predicted_time_s,
             "alpha_beta_time_s": self.costs.alpha_beta_time_s,
             "maxmin_time_s": self.costs.maxmin_time_s,
-            "busbw_mbps": cost.bus_bandwidth_mbps(s.collective_bytes, s.p, self.predicted_time_s, s.collective),
-            "real_busbw_gbps": (profile.real_mbps(cost.bus_bandwidth_mbps(s.collective_bytes, s.p,
+            "busbw_mbps": bus_bandwidth_mbps(s.collective_bytes, s.p, self.predicted_time_s, s.collective),
+            "real_busbw_gbps": (profile.real_mbps(bus_bandwidth_mbps(s.collective_bytes, s.p,
                                                                           self.predicted_time_s, s.collective)) / 1e3
                                 if profile is not None else None),
             "fabric": profile.to_json() if profile is not None else None,

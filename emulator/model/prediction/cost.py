@@ -14,8 +14,9 @@ alpha-beta (no contention)
     store-and-forward tail, :mod:`emulator.model.latency`) plus ``bytes / rate``,
     ``rate`` the goodput of the slowest link on its path. With latency
     ``alpha`` per message only, a ring on a star sums to exactly
-    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (``docs/domain.md`` §2, :func:`allreduce_formula`;
-    the other collectives' closed forms are :func:`collective_formula`'s).
+    ``2(p-1)·alpha + 2(p-1)/p·n·beta`` (``docs/domain.md`` §2; every
+    generated algorithm's closed form is in its registration,
+    :func:`emulator.model.collectives.registry.collective_formula`).
 max-min fair (flow level)
     all transfers of the step start together; every directed link's goodput is
     shared max-min fairly (progressive filling, bottleneck by bottleneck);
@@ -52,15 +53,6 @@ from emulator.model import routing
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel
 from emulator.model.schedule.format import RECV_REDUCE, REDUCE, SEND, Schedule
-from emulator.model.schedule.semantics import (
-    ALLGATHER,
-    ALLREDUCE,
-    ALLTOALL,
-    BROADCAST,
-    REDUCE_SCATTER,
-    REDUCE_TO_ROOT,
-    bus_factor,
-)
 from emulator.model.topology import DEFAULT_MTU, Topology, last_segment_bytes, tcp_goodput_factor, tcp_payload_bytes
 
 TCP_GOODPUT = tcp_goodput_factor(DEFAULT_MTU)  # the emulated network's default MTU
@@ -334,178 +326,3 @@ def analyze(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, l
     report.switch_counts = sorted({t.switches for items in by_step.values() for t in items})
     return report
 
-
-def _message(b: float, alpha: float, beta: float, switches: int, switch_latency: float, frame: float) -> float:
-    """One message of ``b`` bytes: latencies, serialisation, and its last frame's store-and-forward on later links."""
-    last = last_segment_bytes(b, int(frame)) if frame else 0.0
-    return alpha + switches * switch_latency + b * beta + switches * last * beta
-
-
-def _halving_rounds(p: int, n: float) -> list[float]:
-    """The bytes of recursive halving's rounds, ``n/2, n/4, ..., n/p`` (``p`` a power of two)."""
-    k = p.bit_length() - 1
-    if 1 << k != p:
-        raise ValueError("the halving-doubling formula needs p a power of two")
-    return [n / 2 ** (s + 1) for s in range(k)]
-
-
-@dataclass(frozen=True)
-class _Round:
-    """One lockstep round of a closed form: its message bytes, whether every receiver also sends in it (so its
-    ACK leaves behind a frame of its own) and whether the receivers add what they got."""
-
-    bytes: float
-    two_way: bool = True
-    reduces: bool = False
-
-
-def _lockstep(rounds: list[_Round], message: Callable[[float], float], rendezvous: float, beta: float,
-              frame: float, gamma: float, acks: bool) -> float:
-    """Lockstep rounds in order. Each pays its message, and starts once the previous round's reduction and its
-    own rendezvous are done; with ``acks``, also no sooner than the previous round's ACK is back, which leaves a
-    two-way round's receiver behind that receiver's own last frame (``last·beta``: the timing model's rule 6).
-    The last round's reduction ends the time."""
-    total, ack_wait, reduce = 0.0, 0.0, 0.0
-    for r in rounds:
-        total += max(ack_wait, reduce + rendezvous) + message(r.bytes)
-        last = last_segment_bytes(r.bytes, int(frame)) if frame else 0.0
-        ack_wait = last * beta if acks and r.two_way else 0.0
-        reduce = r.bytes * gamma if r.reduces else 0.0
-    return total + reduce
-
-
-def allreduce_formula(algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0, *,
-                      switches: int = 0, switch_latency: float = 0.0, frame: float = 0.0,
-                      acks: bool = False) -> float:
-    """Closed-form contention-free allreduce time (``docs/domain.md`` §2, §3) for ``ring``, ``hd``/``hdrm`` and ``rd``.
-
-    Every message of ``b`` bytes over a path of ``switches`` switches costs
-    ``alpha + switches·switch_latency + b·beta + switches·last·beta``
-    (software latency, switch latency, serialisation, and the store-and-forward
-    of its last frame of ``last`` bytes on each further link: ``b`` cut into
-    frames of ``frame`` bytes, see :func:`~emulator.model.topology.last_segment_bytes`). A ring pipelines: its receives
-    are posted before its messages come, so it pays one rendezvous
-    (``switches·switch_latency``) in all; halving-doubling's lockstep rounds
-    pay one per round. With ``acks`` (the timing model's time, not the
-    step model's sum) a round's send also waits for the previous one's ACK,
-    which leaves its receiver behind that receiver's own last frame of the
-    previous round (``last·beta``, the timing model's rule 6): a round starts
-    ``max(rendezvous, last·beta)`` after the previous one's data arrived.
-    With ``switches = 0`` these are the textbook ``2(p-1)·alpha +
-    2(p-1)/p·n·beta + (p-1)/p·n·gamma``, ``2·log2(p)·alpha + ...`` and
-    ``log2(p)·(alpha + n·beta + n·gamma)`` (``p`` a power of two for the last two).
-    """
-    def message(b: float) -> float:
-        return _message(b, alpha, beta, switches, switch_latency, frame)
-
-    reduce = (p - 1) / p * n * gamma
-    rendezvous = switches * switch_latency
-    if algo == "ring":
-        return rendezvous + 2 * (p - 1) * message(n / p) + reduce
-    if algo in ("hd", "hdrm"):
-        halving = _halving_rounds(p, n)
-        rounds = [_Round(b, reduces=True) for b in halving] + [_Round(b) for b in halving[::-1]]
-        return _lockstep(rounds, message, rendezvous, beta, frame, gamma, acks)
-    if algo == "rd":  # log2(p) rounds, each the whole buffer both ways, then its reduction
-        if p & (p - 1):
-            raise ValueError(f"the rd formula needs a power-of-two p (got {p})")
-        return _lockstep([_Round(n, reduces=True)] * (p.bit_length() - 1), message, rendezvous, beta, frame, gamma,
-                         acks)
-    raise ValueError(f"no closed form for {algo}")
-
-
-def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,
-                       *, chunks: int | None = None, switches: int = 0, switch_latency: float = 0.0,
-                       frame: float = 0.0, acks: bool = False, groups: int | None = None) -> float:
-    """Closed-form contention-free time of ``collective`` by ``algo`` as the generators build it.
-
-    ``n`` is nccl-tests' size of the collective (each rank's ``data``
-    buffer; a reduce-scatter's input, an all-gather's output, an alltoall's
-    send buffer). Messages cost what :func:`allreduce_formula` charges them;
-    pipelined algorithms (``ring``, ``dbtree``) pay one rendezvous in all,
-    lockstep ones (``hd``, ``hdrm``, ``direct``) one per round. With
-    ``switches = 0`` and ``m(b) = alpha + b·beta`` (Thakur, Rabenseifner and
-    Gropp 2005, "Optimization of collective communication operations in
-    MPICH"; ``docs/domain.md`` §2):
-
-    =====================  ==================  ============================================================
-    collective             algo                time
-    =====================  ==================  ============================================================
-    allreduce              ring, hd, hdrm, rd  :func:`allreduce_formula`
-    reduce_scatter         ring, direct, hier  ``(p-1)·m(n/p) + (p-1)/p·n·gamma``
-    reduce_scatter         hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta + (p-1)/p·n·gamma``
-    allgather              ring, direct, hier  ``(p-1)·m(n/p)``
-    allgather              hd, hdrm            ``log2(p)·alpha + (p-1)/p·n·beta``
-    alltoall               direct              ``(p-1)·m(n/p)``
-    broadcast, reduce      ring                ``(C+p-2)·m(n/C)`` (+ ``(C+p-2)·n/C·gamma`` for reduce)
-    broadcast, reduce      dbtree              ``(C/2 + floor(log2(p-1)))·m(n/C)``
-    broadcast, reduce      hd, hdrm            ``2·log2(p)·alpha + 2(p-1)/p·n·beta`` (+ ``(p-1)/p·n·gamma``)
-    =====================  ==================  ============================================================
-
-    ``C`` is the schedule's ``chunks`` (required for ``ring`` and
-    ``dbtree`` broadcast and reduce). ``hier`` reduce-scatter and all-gather
-    have the ring's form over one group (``groups`` = 1) or groups of one
-    rank (``groups`` = ``p``), where they are a ring; over several groups of
-    several ranks they have none here (two link rates, and ``groups``
-    messages per rank and step inside a group). ``groups`` must be given
-    for ``hier``: it is not in the other arguments. These are what the alpha-beta step
-    model of :func:`analyze` sums to where no link is shared. The tree's
-    reductions have no closed form here (a rank may add several messages in
-    one step): ``gamma`` must be 0 for ``dbtree`` reduce. Raises
-    :class:`ValueError` for pairs without a formula and for ``hd`` with
-    ``p`` not a power of two.
-    """
-    def message(b: float) -> float:
-        return _message(b, alpha, beta, switches, switch_latency, frame)
-
-    rendezvous = switches * switch_latency
-    if collective == ALLREDUCE:
-        return allreduce_formula(algo, p, n, alpha, beta, gamma, switches=switches, switch_latency=switch_latency,
-                                 frame=frame, acks=acks)
-    reduce = (p - 1) / p * n * gamma if collective in (REDUCE_SCATTER, REDUCE_TO_ROOT) else 0.0
-    if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
-        if algo == "hier" and collective != ALLTOALL and groups not in (1, p):
-            raise ValueError(f"no closed form for hier {collective} over {groups} groups (only over one group, "
-                             "or groups of one rank, where it is a ring: say how many with groups=)")
-        if algo in ("ring", "hier") and collective != ALLTOALL:
-            return rendezvous + (p - 1) * message(n / p) + reduce
-        reduces = collective == REDUCE_SCATTER
-        if algo == "direct":
-            return _lockstep([_Round(n / p, reduces=reduces)] * (p - 1), message, rendezvous, beta, frame, gamma,
-                             acks)
-        if algo in ("hd", "hdrm") and collective != ALLTOALL:
-            halving = _halving_rounds(p, n)
-            sizes = halving if reduces else halving[::-1]
-            return _lockstep([_Round(b, reduces=reduces) for b in sizes], message, rendezvous, beta, frame, gamma,
-                             acks)
-    elif collective in (BROADCAST, REDUCE_TO_ROOT):
-        if algo in ("hd", "hdrm"):
-            halving = _halving_rounds(p, n)
-            if collective == BROADCAST:  # a scatter (one way), then an all-gather
-                rounds = [_Round(b, two_way=False) for b in halving] + [_Round(b) for b in halving[::-1]]
-            else:  # a reduce-scatter, then a gather (one way)
-                rounds = ([_Round(b, reduces=True) for b in halving]
-                          + [_Round(b, two_way=False) for b in halving[::-1]])
-            return _lockstep(rounds, message, rendezvous, beta, frame, gamma, acks)
-        if algo in ("ring", "dbtree"):
-            if not chunks:
-                raise ValueError(f"the {algo} {collective} formula needs the schedule's chunks")
-            if algo == "dbtree" and gamma and collective == REDUCE_TO_ROOT:
-                raise ValueError("no closed form for the dbtree reduce's reductions (gamma must be 0)")
-            steps = chunks + p - 2 if algo == "ring" else chunks // 2 + (p - 1).bit_length() - 1
-            adds = steps * n / chunks * gamma if collective == REDUCE_TO_ROOT else 0.0
-            return rendezvous + steps * message(n / chunks) + adds
-    raise ValueError(f"no closed form for {algo} {collective}")
-
-
-def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLREDUCE) -> float:
-    """nccl-tests busbw of ``collective`` (default allreduce) of ``size`` bytes taking ``seconds``, in Mbit/s.
-
-    ``size`` is nccl-tests' size (:attr:`~emulator.model.schedule.format.Schedule.collective_bytes`); the factor is
-    :func:`~emulator.model.schedule.semantics.bus_factor`'s.
-    """
-    if seconds <= 0:
-        return 0.0
-    if collective == ALLREDUCE:  # the arithmetic of earlier versions, so existing figures stay the same to the bit
-        return size / seconds * 2 * (p - 1) / p * 8 / 1e6
-    return size / seconds * bus_factor(collective, p) * 8 / 1e6

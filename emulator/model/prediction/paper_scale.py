@@ -33,8 +33,8 @@ from emulator.base.errors import FieldError, UserError
 from emulator.model import routing, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
-from emulator.model.prediction.cost import bus_bandwidth_mbps
 from emulator.model.prediction.projection import paper_scale_topologies, project
+from emulator.model.schedule.semantics import bus_bandwidth_mbps
 
 HOSTS = (128, 256, 512, 1024)
 SIZES = (1 << 20, 16 << 20)  # bytes per rank: the emulated scaling series' size, and a bandwidth-bound one

@@ -1,9 +1,9 @@
 """Paper-scale allreduce times: the timing model's answer without spelling out every operation of every rank.
 
 This module owns :func:`project`, a fast stand-in for
-``check.predict(generators.generate(algo, topo, size), topo, policy, ...).predicted_time_s``
-for ``ring``, ``hd``, ``hdrm`` and ``hier`` (placements as :func:`generators.generate`
-chooses them: identity but for :func:`generators.hdrm_placement` for ``hdrm``),
+``check.predict(generate(algo, topo, size), topo, policy, ...).predicted_time_s``
+for ``ring``, ``hd``, ``hdrm`` and ``hier`` (placements as :func:`~emulator.model.collectives.generators.generate`
+chooses them: identity but for :func:`~emulator.model.collectives.placements.hdrm_placement` for ``hdrm``),
 and :func:`paper_scale_topologies`, the equal-radix fabrics of
 ``docs/domain.md`` §5 at 8..1024 hosts. Any other algorithm (``dbtree``,
 ``rd``, imported schedules) raises :class:`~emulator.base.errors.FieldError`
@@ -95,19 +95,22 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from emulator.base.errors import FieldError
 from emulator.model import routing
-from emulator.model.collectives import generators
+from emulator.model.collectives import registry
+from emulator.model.collectives.algorithms import hier_groups
+from emulator.model.collectives.placements import placement_hosts
 from emulator.model.fabric import DOMAIN
 from emulator.model.latency import LatencyModel, PathLatency
-from emulator.model.prediction.cost import Link, bus_bandwidth_mbps, maxmin_rates, over_domain, physical_links
+from emulator.model.prediction.cost import Link, maxmin_rates, over_domain, physical_links
 from emulator.model.prediction.timing import ack_departure, is_reverse
 from emulator.model.schedule.format import check_chunking
+from emulator.model.schedule.semantics import ALLREDUCE, bus_bandwidth_mbps
 from emulator.model.topology import (
     DEFAULT_MTU,
     KINDS,
@@ -120,7 +123,6 @@ from emulator.model.topology import (
     tcp_payload_bytes,
 )
 
-ALGORITHMS = ("ring", "hd", "hdrm", "hier")
 WHERE = "projection"
 _EPS = 1e-12  # as the timing model: a flow within this many seconds of draining has drained
 
@@ -137,7 +139,7 @@ class Projection:
     size: int
     time_s: float  # emulated seconds, comparable to predict().predicted_time_s
     real_time_s: float | None  # latency.profile.real_seconds(time_s) when the LatencyModel has a profile
-    busbw_mbps: float  # emulator.model.prediction.cost.bus_bandwidth_mbps(size, hosts, time_s)
+    busbw_mbps: float  # emulator.model.schedule.semantics.bus_bandwidth_mbps(size, hosts, time_s)
     distinct_steps: int  # distinct step patterns routed and solved (ring 1; hd log2 p, +2 when p is no power of 2)
 
 
@@ -285,7 +287,7 @@ def _project_hier(paths: _Paths, hosts: list[str], size: int, mss: int) -> tuple
     """``hier``'s three phases, each rank entering a phase when it is done with the one before: rings inside
     every group (a server) reduce-scatter blocks of ``S`` pieces, rings across the groups (the ``j``-th ranks,
     one rail each on rail fabrics) allreduce the pieces, rings inside every group all-gather the blocks."""
-    groups = np.array(generators.hier_groups(paths.topo, hosts))
+    groups = np.array(hier_groups(paths.topo, hosts))
     n_groups, g = groups.shape
     unit = check_chunking(size, len(hosts), WHERE)
     done = np.zeros(groups.shape)
@@ -318,7 +320,7 @@ class _Transfer:
 
 
 def _hd_steps(p: int, size: int) -> list[list[tuple[int, int, int]]]:
-    """``(src, dst, bytes)`` of every step, as :func:`generators.generate` builds ``hd`` with its default chunks."""
+    """``(src, dst, bytes)`` of every step, as :func:`~emulator.model.collectives.generators.generate` builds ``hd`` with its default chunks."""
     big = 1 << (p.bit_length() - 1)
     extra = p - big
     chunk = check_chunking(size, big, WHERE)
@@ -555,7 +557,8 @@ class _RoundSimulation:
         self._round_done(t.dst)
 
 
-def _project_hd(paths: _Paths, p: int, size: int, mss: int) -> tuple[float, int]:
+def _project_hd(paths: _Paths, hosts: list[str], size: int, mss: int) -> tuple[float, int]:
+    p = len(hosts)
     steps = _hd_steps(p, size)
     transfers = [_Transfer(s, a, b, n) for s, items in enumerate(steps) for a, b, n in items]
     routed = paths.route((t.src, t.dst) for t in transfers)
@@ -567,23 +570,36 @@ def _project_hd(paths: _Paths, p: int, size: int, mss: int) -> tuple[float, int]
 # The entry point
 # ---------------------------------------------------------------------------
 
+Projector = Callable[[_Paths, list[str], int, int], tuple[float, int]]
+#: How each allreduce algorithm it models is projected, by the algorithm it runs (a variant on a placement of its
+#: own, hdrm, runs hd): ``(paths, rank hosts, size, MSS) -> (time, distinct steps)``.
+_PROJECTORS: dict[str, Projector] = {"ring": _project_ring, "hier": _project_hier, "hd": _project_hd}
+
+
+def _projector(algorithm: str) -> Projector | None:
+    known = registry.REGISTRY.get((ALLREDUCE, algorithm))
+    return None if known is None else _PROJECTORS.get(known.variant_of or known.name)
+
+
+#: The allreduce algorithms the projection models, in the registry's order.
+ALGORITHMS = tuple(a for a in registry.algorithms(ALLREDUCE) if _projector(a) is not None)
+
+
 def _rank_hosts(algorithm: str, topo: Topology) -> list[str]:
-    """Hosts of ranks ``0..p-1``, as :func:`generators.generate` places them."""
+    """Hosts of ranks ``0..p-1``, as :func:`~emulator.model.collectives.generators.generate` places them."""
     if algorithm not in ALGORITHMS:
         raise FieldError(WHERE, "algorithm", f"one of {', '.join(ALGORITHMS)} (the projection does not model "
                          f"{algorithm}; `emu schedule check` simulates any schedule)", algorithm)
     if len(topo.hosts) < 2:
         raise FieldError(WHERE, "topology", "a topology with at least 2 hosts", topo.spec)
-    if algorithm == "hdrm":
-        return generators.hdrm_placement(topo)
-    return generators.placement_hosts(topo, "identity")
+    return placement_hosts(topo, registry.algorithm(ALLREDUCE, algorithm).default_placement)
 
 
 def project(algorithm: str, topo: Topology, policy: str, size: int, *, seed: int = 0,
             latency: LatencyModel | None = None, mtu: int = DEFAULT_MTU) -> Projection:
     """The timing model's time for ``algorithm`` over every host of ``topo`` under ``policy`` (module docstring).
 
-    ``size`` is bytes per rank, split as :func:`generators.generate` splits
+    ``size`` is bytes per rank, split as :func:`~emulator.model.collectives.generators.generate` splits
     it; ``seed`` is the ECMP seed; ``latency`` the fabric profile and this
     machine's latency (default: none, bandwidth alone); ``mtu`` the emulated
     network's. Raises :class:`~emulator.base.errors.FieldError` for an algorithm
@@ -597,12 +613,9 @@ def project(algorithm: str, topo: Topology, policy: str, size: int, *, seed: int
     p = len(hosts)
     paths = _routed(topo, policy, seed, hosts, model, tcp_goodput_factor(mtu))
     mss = tcp_payload_bytes(mtu)
-    if algorithm == "ring":
-        time_s, distinct = _project_ring(paths, hosts, size, mss)
-    elif algorithm == "hier":
-        time_s, distinct = _project_hier(paths, hosts, size, mss)
-    else:
-        time_s, distinct = _project_hd(paths, p, size, mss)
+    projector = _projector(algorithm)
+    assert projector is not None  # _rank_hosts refuses the others
+    time_s, distinct = projector(paths, hosts, size, mss)
     profile = model.profile
     return Projection(algorithm=algorithm, topology=topo.spec, policy=policy, seed=seed, hosts=p, size=size,
                       time_s=time_s, real_time_s=profile.real_seconds(time_s) if profile is not None else None,

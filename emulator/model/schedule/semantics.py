@@ -50,6 +50,34 @@ ROOTED = (BROADCAST, REDUCE_TO_ROOT)
 #: A schedule whose segments are of different collectives (see :class:`Shape`).
 MIXED = "mixed"
 
+
+@dataclass(frozen=True)
+class Collective:
+    """How a collective is called and what its proof establishes, in words (its semantics are
+    :class:`Shape`'s, its bus bandwidth :func:`bus_factor`'s)."""
+
+    name: str
+    short: str  # in the names of a workload's segments ("tp ar", "dp rs")
+    result: str  # what every rank ends with, as the proof establishes it
+
+
+#: Every collective by name, in :data:`COLLECTIVES`' order.
+MEANINGS: dict[str, Collective] = {c.name: c for c in (
+    Collective(ALLREDUCE, "ar", "every rank ends with every chunk reduced over all ranks, each once"),
+    Collective(REDUCE_SCATTER, "rs", "every rank ends with its block reduced over all ranks, each once"),
+    Collective(ALLGATHER, "ag", "every rank ends with every rank's block"),
+    Collective(ALLTOALL, "a2a", "every rank ends with block r of every rank r's input, in rank order"),
+    Collective(BROADCAST, "bc", "every rank ends with the root's buffer"),
+    Collective(REDUCE_TO_ROOT, "red", "the root ends with every chunk reduced over all ranks, each once"),
+    Collective(P2P, "p2p", "every message is matched and delivered, nothing deadlocks (no data to check)"),
+)}
+
+
+def qualified(collective: str, label: str) -> str:
+    """``label`` for an allreduce (the collective a run means when it names none), else ``<collective>-<label>``:
+    how cell ids and results name an algorithm of another collective (``allgather-ring``)."""
+    return label if collective == ALLREDUCE else f"{collective}-{label}"
+
 #: An owner meaning "summed over every rank".
 ALL = -2
 #: An owner meaning "nothing": an empty input chunk.
@@ -213,3 +241,16 @@ def bus_factor(collective: str, p: int) -> float:
     if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
         return (p - 1) / p
     return 1.0
+
+
+def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLREDUCE) -> float:
+    """nccl-tests busbw of ``collective`` (default allreduce) of ``size`` bytes taking ``seconds``, in Mbit/s.
+
+    ``size`` is nccl-tests' size (:attr:`~emulator.model.schedule.format.Schedule.collective_bytes`); the factor is
+    :func:`bus_factor`'s.
+    """
+    if seconds <= 0:
+        return 0.0
+    if collective == ALLREDUCE:  # the arithmetic of earlier versions, so existing figures stay the same to the bit
+        return size / seconds * 2 * (p - 1) / p * 8 / 1e6
+    return size / seconds * bus_factor(collective, p) * 8 / 1e6

@@ -70,7 +70,7 @@ integer kind is accepted for an integer attribute)
         ========================  ==============  =============================  ==========
 
         ``algo`` is used where the generators have it for that collective
-        and rank count (:func:`~emulator.model.collectives.generators.algorithms`),
+        and rank count (:func:`~emulator.model.collectives.registry.algorithms`),
         else the fallback; ``meta.collectives`` says which ran. Chakra has
         no root attribute: broadcast and reduce are rooted at the group's
         first rank (rank 0 for every rank). A BARRIER is ``ceil(log2 p)``
@@ -187,7 +187,8 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError
 from emulator.model import topology as topology_mod
-from emulator.model.collectives import generators
+from emulator.model.collectives import generators, registry
+from emulator.model.collectives.placements import placement_hosts
 from emulator.model.schedule.compose import Composer, Node
 from emulator.model.schedule.format import (
     DTYPE_BYTES,
@@ -229,7 +230,6 @@ _REFUSED_TYPES = {"MEM_LOAD_NODE": "remote memory access has no counterpart in t
 _COLLECTIVES = {"ALL_REDUCE": ALLREDUCE, "REDUCE_SCATTER": REDUCE_SCATTER, "REDUCE_SCATTER_BLOCK": REDUCE_SCATTER,
                 "ALL_GATHER": ALLGATHER, "ALL_TO_ALL": ALLTOALL, "BROADCAST": BROADCAST, "REDUCE": REDUCE_TO_ROOT,
                 "BARRIER": BARRIER}
-_FALLBACK = {ALLTOALL: "direct"}
 
 
 def _pb() -> Any:
@@ -819,23 +819,26 @@ def choose_chunks(needs: Sequence[Need], elem: int, extra: int = 0) -> Chunking:
 # ---------------------------------------------------------------------------
 
 def _algorithms() -> list[str]:
-    return list(dict.fromkeys(a for c in generators.GENERATED for a in generators.algorithms(c)))
+    return list(dict.fromkeys(a for c in registry.GENERATED for a in registry.algorithms(c)))
 
 
 def algorithm_for(collective: str, algo: str, p: int) -> str:
-    """``algo`` where the generators have it for ``collective`` over ``p`` ranks, else the fallback."""
-    if algo in generators.algorithms(collective):
-        if not generators.recipe(collective, algo).power_of_two or is_power_of_two(p):
+    """``algo`` where the generators have it for ``collective`` over ``p`` ranks, else the collective's fallback
+    (:func:`~emulator.model.collectives.registry.fallback`)."""
+    if algo in registry.algorithms(collective):
+        if not registry.algorithm(collective, algo).power_of_two or is_power_of_two(p):
             return algo
-    return _FALLBACK.get(collective, "ring")
+    return registry.fallback(collective)
 
 
 def algorithm_of(coll: TraceCollective, algo: str, p: int) -> str:
-    """The algorithm of ``coll``'s part: :func:`algorithm_for` over its group (``hdrm``, a placement of every rank,
-    is ``hd`` within groups)."""
+    """The algorithm of ``coll``'s part: :func:`algorithm_for` over its group (a variant on a placement of every
+    rank, ``hdrm``, is the algorithm it varies within groups: ``hd``)."""
     if coll.world:
         return algorithm_for(coll.collective, algo, p)
-    return algorithm_for(coll.collective, "hd" if algo == "hdrm" else algo, coll.group_size)
+    known = registry.REGISTRY.get((coll.collective, algo))
+    inside = known.variant_of if known is not None and known.variant_of else algo
+    return algorithm_for(coll.collective, inside, coll.group_size)
 
 
 @dataclass
@@ -860,7 +863,7 @@ class _Generator:
         return self.by_size[g]
 
     def chunks(self, collective: str, algo: str) -> int:
-        how = generators.recipe(collective, algo)
+        how = registry.algorithm(collective, algo)
         return how.default or how.base(len(self.topo.hosts))
 
     def shape(self, collective: str, algo: str) -> Schedule:
@@ -1130,8 +1133,8 @@ def load(paths: Sequence[str], algo: str = "ring", index: int | None = None, top
     table = groups_of(traces, replicated)
     matching = collectives_of(traces, table)
     topo = _topology(topology, p)
-    gen = _Generator(topo, placement or ("hdrm" if algo == "hdrm" else "identity"), seed)
-    generators.placement_hosts(topo, gen.placement, seed)  # a bad placement is named before anything else
+    gen = _Generator(topo, placement or registry.own_placement(ALLREDUCE, algo), seed)
+    placement_hosts(topo, gen.placement, seed)  # a bad placement is named before anything else
     meta = _meta(traces, table, matching, replicated)
     if scale != 1:
         meta["scale"] = float(scale)
@@ -1266,7 +1269,7 @@ def _load_all(traces: Sequence[RankTrace], matching: Matching, algo: str, gen: _
     elem = 4 if algos else 1
     chunking = choose_chunks(needs, elem, barrier_messages)
     parts = {c.index: gen.part(c, algos[c.index], chunking.replayed[c.name]) for c in collectives if c.index in algos}
-    hosts = generators.placement_hosts(gen.topo, gen.placement, gen.seed)
+    hosts = placement_hosts(gen.topo, gen.placement, gen.seed)
     composer = Composer(hosts, chunking.chunk_bytes, dtype="float32" if elem == 4 else "uint8")
     nchunks = {m.name: chunking.replayed[m.name] // chunking.chunk_bytes for m in messages}
     _Replay(traces, matching, messages, parts, nchunks, composer).run()

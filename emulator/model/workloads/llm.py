@@ -99,11 +99,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from emulator.base.errors import FieldError
-from emulator.model.collectives.generators import RECIPES, algorithms, generate
+from emulator.model.collectives import registry
+from emulator.model.collectives.generators import generate
 from emulator.model.prediction import timing
 from emulator.model.schedule.compose import Composer, Node
 from emulator.model.schedule.format import DTYPE_BYTES, RECV, SEND, Op, RankProgram, Schedule, is_power_of_two
-from emulator.model.schedule.semantics import ALLGATHER, ALLREDUCE, ALLTOALL, P2P, REDUCE_SCATTER
+from emulator.model.schedule.semantics import ALLGATHER, ALLREDUCE, ALLTOALL, MEANINGS, P2P, REDUCE_SCATTER
 from emulator.model.topology import Topology
 from emulator.model.topology import build as build_topology
 from emulator.model.workloads.llm_models import A100, ACCELERATORS, MODELS, TransformerModel, model
@@ -117,10 +118,10 @@ ACT_BYTES = 2
 GRAD_BYTES = 4
 PARAM_BYTES = 2
 DEFAULT_MICROBATCHES = 8
-#: Data-parallel algorithms (reduce-scatter and all-gather over each group; hdrm: hd, groups a power of two).
-DP_ALGOS = ("ring", "hd", "hdrm", "direct")
+#: Data-parallel algorithms: those that run inside a process group (reduce-scatter and all-gather over each group;
+#: hdrm: hd, groups a power of two).
+DP_ALGOS = registry.in_group_algorithms(REDUCE_SCATTER)
 COMPUTE, TP, EP = "compute", "tp", "ep"
-_SHORT = {ALLREDUCE: "ar", REDUCE_SCATTER: "rs", ALLGATHER: "ag", ALLTOALL: "a2a"}
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ class _Pass:
 
     def tp(self, where: str, what: str, collective: str, nbytes: int) -> None:
         if self.cfg.tp > 1:
-            self.items.append(Work(TP, self.direction, where, f"{what} {_SHORT[collective]}", collective, nbytes))
+            self.items.append(Work(TP, self.direction, where, f"{what} {MEANINGS[collective].short}", collective, nbytes))
 
     def ep(self, where: str, what: str, nbytes: int) -> None:
         if self.cfg.ep > 1:
@@ -403,12 +404,16 @@ def one_f_one_b(stages: int, stage: int, m: int) -> list[list[Item]]:
 # ---------------------------------------------------------------------------
 
 def _part_algo(algo: str, collective: str, p: int, field_name: str) -> str:
-    """The generator algorithm for ``algo`` over groups of ``p`` (hdrm: hd on a power-of-two group)."""
-    allowed = [a for a in algorithms(collective) if a != "hier"]
-    part = "hd" if algo == "hdrm" else algo
-    if algo not in allowed or (collective, part) not in RECIPES:
+    """The generator algorithm for ``algo`` over groups of ``p``: what it runs as inside a group (hdrm: hd on a
+    power-of-two group)."""
+    allowed = registry.in_group_algorithms(collective)
+    if algo not in allowed:
         raise FieldError(WHERE, field_name, f"one of {', '.join(allowed)} for the {collective}s", algo)
-    if (algo == "hdrm" or RECIPES[(collective, part)].power_of_two) and not is_power_of_two(p):
+    whole = registry.REGISTRY[(collective, algo)]
+    part = whole.in_groups
+    assert part is not None  # in_group_algorithms holds only those that run inside a group
+    # a variant on a placement of the whole job (hdrm) keeps its pairing of ranks that differ in one bit
+    if (whole.variant_of or registry.REGISTRY[(collective, part)].power_of_two) and not is_power_of_two(p):
         raise FieldError(WHERE, field_name, f"an algorithm for groups of {p} ranks ({algo} pairs ranks differing "
                          "in one bit: it needs a power-of-two group)", algo)
     return part

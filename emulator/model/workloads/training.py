@@ -85,7 +85,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from emulator.base.errors import FieldError
-from emulator.model.collectives.generators import DBTREE_DEFAULT_CHUNKS, generate
+from emulator.model.collectives.generators import generate
+from emulator.model.collectives.registry import DBTREE_DEFAULT_CHUNKS
 from emulator.model.prediction import timing
 from emulator.model.schedule.compose import Composer, Node
 from emulator.model.schedule.format import DTYPE_BYTES, MAX_CHUNKS, Schedule
@@ -338,7 +339,7 @@ def ddp_buckets(m: Model, cap_bytes: int = BUCKET_CAP_BYTES, first_bucket_bytes:
 
 def chunk_multiple(p: int) -> int:
     """A chunk count every generator's natural count at ``p`` ranks divides: ``p`` (ring, hier, hdrm), the largest
-    power of two <= ``p`` (hd) and :data:`~emulator.model.collectives.generators.DBTREE_DEFAULT_CHUNKS` (dbtree)."""
+    power of two <= ``p`` (hd) and :data:`~emulator.model.collectives.registry.DBTREE_DEFAULT_CHUNKS` (dbtree)."""
     return math.lcm(p, 1 << (p.bit_length() - 1), DBTREE_DEFAULT_CHUNKS)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from emulator.model import routing, topology
 from emulator.model.fabric import FabricProfile
+from emulator.model.schedule.semantics import ALLREDUCE, qualified
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, Iteration, ProbeVerdict, SchemaError, Summary
 from emulator.study import experiment as xp
@@ -92,7 +93,7 @@ class CellRow:
     server_design: str | None  # "shared NIC", "NIC per accelerator", "N NICs for A"; None without servers
     faults: list[FaultRecord]
     dir: str  # the cell's folder
-    collective: str = "allreduce"
+    collective: str = ALLREDUCE
     workload: str = ""  # a training iteration's model (e.g. "resnet50-s16"); "" for one collective per size
     iteration_s: float | None = None
     compute_only_s: float | None = None
@@ -131,8 +132,7 @@ class CellRow:
     @property
     def op_label(self) -> str:
         """The algorithm label, prefixed by the collective unless it is allreduce: ``hd``, ``allgather-ring``."""
-        label = self.algorithm_label
-        return label if self.collective == "allreduce" else f"{self.collective}-{label}"
+        return qualified(self.collective, self.algorithm_label)
 
     def family(self, with_seed: bool = False) -> str:
         """``leafspine-4x4x4 ecmp hd`` (the label of a line or a table row); ``ecmp-s1`` with its seed.
@@ -204,7 +204,7 @@ def _planned(entry: Mapping[str, Any]) -> dict[str, Any]:
                                      "placement", "size")},
             "topology_slug": entry["id"].split(".")[1], "servers": params.get("servers"),
             "accels_per_server": params.get("accels_per_server"), "nics_per_server": params.get("nics_per_server"),
-            "server_design": _server_design(params), "collective": entry.get("collective", "allreduce"),
+            "server_design": _server_design(params), "collective": entry.get("collective", ALLREDUCE),
             "workload": _workload_slug(workload),
             "workload_model": _workload_slug({**workload, "scale": 1.0}) if workload else "",
             "workload_scale": float((workload or {}).get("scale") or 1.0), "fabric": read_fabric(entry.get("fabric")),

@@ -23,6 +23,7 @@ from emulator.model import fabric
 from emulator.model.collectives import generators
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import Schedule
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.model.topology import DEFAULT_LINK_MBPS, Topology
 from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import allreduce_bench as mpi_bench
@@ -48,7 +49,7 @@ class Run:
     sizes: tuple[int, ...] | None = None
     faults: tuple[str, ...] = ()  # canonical fault specs (emulator.runs.fault_plan), for every cell of the run
     fabric: FabricProfile | None = None  # the run's own fabric (dilation), else the series'
-    collective: str = "allreduce"
+    collective: str = ALLREDUCE
     workload: Workload | None = None  # a training iteration instead of one collective per size
     mpi: MpiProgram | None = None  # an MPI program instead of algorithms (then ``algorithms`` is empty)
     dilation_auto: bool | None = None  # ``dilation: auto`` (True), a rate of its own (False), else the series'
@@ -237,7 +238,7 @@ class Cell:
     timeout_s: float | None
     faults: tuple[str, ...] = ()
     fabric: FabricProfile = dataclasses.field(default_factory=fabric.default)  # written as its canonical spec
-    collective: str = "allreduce"
+    collective: str = ALLREDUCE
     workload: Workload | None = None
     mpi: MpiProgram | None = None
 

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 from emulator.base.errors import FieldError
 from emulator.model import fabric, routing, topology
+from emulator.model.collectives import registry
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
+from emulator.model.schedule.semantics import qualified
 from emulator.study.experiment.cells import Cell, Experiment, Run, Series
 
 #: A network's cells share it: (topology, routing, seed, fabric profile's spec).
@@ -94,11 +96,10 @@ def _replay_cells(site: _RunSite, rname: str, policy: str, seed: int) -> list[Ce
     .<size or workload>``."""
     run, out = site.run, []
     for algo in run.algorithms:
-        default = "hdrm" if algo == "hdrm" else "identity"
-        for placement in ("hdrm",) if algo == "hdrm" else run.placements:
-            aname = algo if placement == default else f"{algo}-{placement}"
-            if run.collective != "allreduce":
-                aname = f"{run.collective}-{aname}"
+        own = registry.required_placement(run.collective, algo)
+        default = registry.own_placement(run.collective, algo)
+        for placement in (own,) if own is not None else run.placements:
+            aname = qualified(run.collective, algo if placement == default else f"{algo}-{placement}")
             for size in (0,) if run.workload is not None else run.sizes or site.series.sizes or site.exp.sizes:
                 what = run.workload.slug if run.workload is not None else format_size(size)
                 out.append(site.cell(f"{site.series.name}.{site.slug}.{rname}.{aname}.{what}", policy, seed, algo,

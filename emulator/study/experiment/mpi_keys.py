@@ -19,7 +19,7 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.model import topology
-from emulator.model.collectives import generators
+from emulator.model.collectives.placements import PLACEMENTS
 from emulator.model.fabric import FabricProfile
 from emulator.runs import allreduce_bench as mpi_bench
 from emulator.runs import mpi_plan as mpi
@@ -48,7 +48,7 @@ def mpi_run(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology
     if topo.has_domain:
         raise FieldError(where, f"{rp}.topology", "a spec without domain_bw (an MPI program's ranks of one server "
                          "talk through the server's switch; the interconnect is for replays)", topo.spec)
-    placements = (choices_field(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+    placements = (choices_field(where, f"{rp}.placements", run["placements"], PLACEMENTS)
                   if "placements" in run else ("identity",))
     program = mpi_program(where, f"{rp}.mpi", run["mpi"], topo)
     for i, placement in enumerate(placements):

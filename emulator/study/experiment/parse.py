@@ -20,9 +20,10 @@ import yaml
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.base.files import read_text
 from emulator.model import fabric, routing
-from emulator.model.collectives import generators
+from emulator.model.collectives.registry import algorithms
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import PARSE_ERRORS, describe_parse_error
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.study.experiment.cells import (
     DEFAULT_REFERENCE,
     DEFAULT_REPEAT,
@@ -107,7 +108,7 @@ def _reference(where: str, top: Mapping[str, Any]) -> dict[str, str]:
     raw = mapping_field(where, "reference", top["reference"])
     reject_unknown(where, "reference.", raw, REFERENCE_KEYS)
     if "algorithm" in raw:
-        ref["algorithm"] = choices_field(where, "reference.algorithm", raw["algorithm"], generators.ALGORITHMS)[0]
+        ref["algorithm"] = choices_field(where, "reference.algorithm", raw["algorithm"], algorithms(ALLREDUCE))[0]
     if "routing" in raw:
         ref["routing"] = choices_field(where, "reference.routing", raw["routing"], tuple(routing.POLICIES))[0]
     return ref

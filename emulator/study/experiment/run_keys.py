@@ -13,8 +13,10 @@ from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
 from emulator.model import routing, topology
-from emulator.model.collectives import generators
+from emulator.model.collectives import registry
+from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
 from emulator.model.fabric import FabricProfile
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Run, Workload
@@ -57,11 +59,11 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
     collective, workload = _collective(where, rp, run, topo)
     llm_run = workload is not None and workload.is_llm
     algos = choices_field(where, f"{rp}.algorithms", run["algorithms"],
-                          llm.DP_ALGOS if llm_run else generators.algorithms(collective))
+                          llm.DP_ALGOS if llm_run else registry.algorithms(collective))
     if llm_run and "placements" in run:
         raise FieldError(where, f"{rp}.placements", "nothing for a language model (its ranks are placed in "
                          "Megatron-LM's order: docs/schedule-format.md)", run["placements"])
-    placements = ("megatron",) if llm_run else _placements(where, rp, run, topo, algos)
+    placements = ("megatron",) if llm_run else _placements(where, rp, run, topo, collective, algos)
     return Run(topology=topo.spec, routing=policies, algorithms=algos, placements=placements,
                seeds=seeds_field(where, f"{rp}.seeds", run["seeds"]) if "seeds" in run else None,
                sizes=sizes_field(where, f"{rp}.sizes", run["sizes"]) if "sizes" in run else None,
@@ -113,12 +115,12 @@ def _routings(where: str, name: str, value: object, topo: topology.Topology) -> 
 def _collective(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology
                 ) -> tuple[str, Workload | None]:
     """The run's collective and its training iteration, if any (which allreduces, and has its own sizes)."""
-    collective = run.get("collective", "allreduce")
-    if collective not in generators.GENERATED:
-        raise FieldError(where, f"{rp}.collective", f"one of {', '.join(generators.GENERATED)} (one per run)",
+    collective = run.get("collective", ALLREDUCE)
+    if collective not in registry.GENERATED:
+        raise FieldError(where, f"{rp}.collective", f"one of {', '.join(registry.GENERATED)} (one per run)",
                          collective)
     workload = _workload(where, rp, run, topo)
-    if workload is not None and collective != "allreduce":
+    if workload is not None and collective != ALLREDUCE:
         raise FieldError(where, f"{rp}.collective", f"allreduce for a {workload.model} iteration (DDP allreduces "
                          "its gradients)", collective)
     if workload is not None and "sizes" in run:
@@ -176,16 +178,18 @@ def _llm_workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.To
     return w
 
 
-def _placements(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology,
+def _placements(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology, collective: str,
                 algos: tuple[str, ...]) -> tuple[str, ...]:
-    """The run's placements (default ``identity``), each fitting ``topo``; and hdrm's own, if it is one of
-    ``algos``."""
-    placements = (choices_field(where, f"{rp}.placements", run["placements"], generators.PLACEMENTS)
+    """The run's placements (default ``identity``), each fitting ``topo``; and the placement an algorithm of
+    ``algos`` is defined on (hdrm's), if any."""
+    placements = (choices_field(where, f"{rp}.placements", run["placements"], PLACEMENTS)
                   if "placements" in run else ("identity",))
     for i, placement in enumerate(placements):
         _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
-    if "hdrm" in algos:
-        _check_placement(where, f"{rp}.algorithms[{algos.index('hdrm')}]", topo, "hdrm")
+    for i, algo in enumerate(algos):
+        own = registry.required_placement(collective, algo)
+        if own is not None:
+            _check_placement(where, f"{rp}.algorithms[{i}]", topo, own)
     return placements
 
 
@@ -199,6 +203,6 @@ def _faults(where: str, name: str, value: object, topo: topology.Topology, repea
 
 def _check_placement(where: str, name: str, topo: topology.Topology, placement: str) -> None:
     try:
-        generators.placement_hosts(topo, placement)
+        placement_hosts(topo, placement)
     except FieldError as exc:
         raise FieldError(where, name, f"a placement that fits {topo.spec}: {exc.expected}", placement) from None

@@ -52,6 +52,7 @@ from emulator.model import routing as routings
 from emulator.model import topology
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.study.report.families import TrainingKey, TrainingPoint, efficiency_interval, training_families
 from emulator.study.report.rows import CellRow, Reference, busbw_rows
 from emulator.study.report.speedups import ServerComparison, SpeedupTable, median, ratio, speedup_interval
@@ -116,7 +117,7 @@ def describe(row: CellRow, seeds: int = 1) -> str:
 
 def _algorithm(row: CellRow) -> str:
     placement = row.placement
-    algo = row.algorithm if row.collective == "allreduce" else f"{row.algorithm} {row.collective}"
+    algo = row.algorithm if row.collective == ALLREDUCE else f"{row.algorithm} {row.collective}"
     return algo if placement in ("identity", "hdrm") else f"{algo} ({placement} placement)"
 
 
@@ -211,8 +212,8 @@ def network_answers(tables: list[SpeedupTable]) -> list[Answer]:
     if not tables:
         return []
     # the paper's question is the allreduce's: another collective's table only when there is no allreduce one
-    largest = max(tables, key=lambda t: (t.collective == "allreduce", t.hosts, len(t.baselines)))
-    fullest = max(tables, key=lambda t: (t.collective == "allreduce", len(t.baselines), t.hosts))
+    largest = max(tables, key=lambda t: (t.collective == ALLREDUCE, t.hosts, len(t.baselines)))
+    fullest = max(tables, key=lambda t: (t.collective == ALLREDUCE, len(t.baselines), t.hosts))
     picked: list[Pick] = []
     if len(largest.baselines) <= EACH_FAMILY_MAX:
         size = max(largest.reference)
@@ -253,7 +254,7 @@ def scaling_answers(rows: list[CellRow], ref: Reference) -> list[Answer]:
     fams: dict[tuple[str, str | None, int, bool, str], dict[int, list[CellRow]]] = {}
     for r in busbw_rows(rows):
         if ref.matches(r) and r.server_design in EFLOPS_DESIGNS:
-            key = (r.kind, r.server_design, r.size, r.collective == "allreduce", r.collective)
+            key = (r.kind, r.server_design, r.size, r.collective == ALLREDUCE, r.collective)
             fams.setdefault(key, {}).setdefault(r.hosts, []).append(r)
     fams = {k: v for k, v in fams.items() if len(v) > 1}
     if not fams:

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from emulator.model import fabric
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.runs.metrics import LAG_SHARE
 from emulator.study.report import answers, plots
 from emulator.study.report.doc import Doc
@@ -131,7 +132,7 @@ def overview(doc: Doc, plan: Plan, every: Sequence[Row]) -> None:
     failed = sum(st not in ("ok", "not run") for st in statuses)
     not_run = sum(st == "not run" for st in statuses)
     datapaths = sorted({r.datapath for r in every if r.datapath})
-    others = sorted({r.collective for r in rows if r.collective != "allreduce"})
+    others = sorted({r.collective for r in rows if r.collective != ALLREDUCE})
     trained = sorted({r.workload for r in rows if r.is_training})
     doc.ul([
         f"**{n_ok} of {len(statuses)} cells finished**, {failed} failed or interrupted, {not_run} not run"
@@ -198,7 +199,7 @@ def _baseline_cell(e: BaselineEntry) -> str:
 
 
 def _speedup_table(doc: Doc, t: SpeedupTable) -> None:
-    doc.h(3, f"series `{t.series}`, {t.hosts} hosts" + ("" if t.collective == "allreduce" else f", {t.collective}"))
+    doc.h(3, f"series `{t.series}`, {t.hosts} hosts" + ("" if t.collective == ALLREDUCE else f", {t.collective}"))
     headline = _headline(t)
     if headline:
         doc.p(headline)
@@ -260,7 +261,7 @@ def busbw_vs_size(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
         name = f"busbw-{series}.png"
         mine = [r for r in rows if r.series == series]
         collectives = list(dict.fromkeys(r.collective for r in mine))
-        label = f"series {series}" + ("" if collectives == ["allreduce"] else f" ({', '.join(collectives)})")
+        label = f"series {series}" + ("" if collectives == [ALLREDUCE] else f" ({', '.join(collectives)})")
         if plots.plot_busbw_vs_size(os.path.join(plot_dir, name), mine, f"{label}: busbw against size"):
             doc.img(f"plots/{name}", f"busbw against size, {label}")
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from emulator.base import stats
 from emulator.model import routing
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.study.report.rows import CellRow, Reference, busbw_rows
 
 RESAMPLES = stats.DEFAULT_RESAMPLES  # bootstrap resamples behind every speedup's interval
@@ -103,7 +104,7 @@ class SpeedupTable:
     sizes: list[int]
     reference: dict[int, CellRow]  # size -> the reference's cell
     baselines: dict[str, dict[int, BaselineEntry]]  # family -> size -> entry
-    collective: str = "allreduce"
+    collective: str = ALLREDUCE
 
 
 def _baseline_entry(rr: CellRow | None, cells: list[CellRow]) -> BaselineEntry:
@@ -143,7 +144,7 @@ def speedup_tables(rows: list[CellRow], ref: Reference) -> list[SpeedupTable]:
     """
     rows = busbw_rows(rows)
     out = []
-    keys = sorted({(r.series, r.hosts, r.collective != "allreduce", r.collective) for r in rows if ref.matches(r)})
+    keys = sorted({(r.series, r.hosts, r.collective != ALLREDUCE, r.collective) for r in rows if ref.matches(r)})
     for series, hosts, _, collective in keys:
         group = [r for r in rows if r.series == series and r.hosts == hosts and r.collective == collective]
         refs = {r.size: r for r in group if ref.matches(r)}
@@ -209,7 +210,7 @@ def server_speedup_tables(rows: list[CellRow]) -> list[ServerComparison]:
     for k in sorted(set(own) & set(shared)):
         fabric, servers, accels, policy, seed, algo, _, _, collective = k
         routing_label = routing.label(policy, seed)
-        if collective != "allreduce":
+        if collective != ALLREDUCE:
             algo = f"{collective}-{algo}"
         out.append(_server_comparison(own[k], shared[k], f"{fabric} {servers}x{accels} {routing_label} {algo}"))
     return out

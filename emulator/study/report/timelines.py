@@ -22,6 +22,7 @@ from emulator.base.files import read_jsonl
 from emulator.model import routing, topology
 from emulator.model.prediction import cost
 from emulator.model.schedule import format as sformat
+from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.runs import results
 from emulator.study.report.rows import CellRow, Reference, busbw_rows
 
@@ -42,7 +43,7 @@ def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | N
     # the paper's case first: halving-doubling hashed by ECMP; then whatever shares links most
     # at the host count most cells have (the main comparison), not a scaling point
     hosts = statistics.mode(r.hosts for r in pool)
-    congested = max(pool, key=lambda r: (r.collective == "allreduce",
+    congested = max(pool, key=lambda r: (r.collective == ALLREDUCE,
                                          routing.hashes_five_tuples(r.routing) and r.algorithm == "hd" and r.max_flows_per_link > 1,
                                          r.hosts == hosts, r.max_flows_per_link, -(r.busbw_mbps or 0)))
     clean_pool = [r for r in pool if ref.matches(r) and r.max_flows_per_link <= 1] or \
