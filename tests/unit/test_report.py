@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import os
@@ -20,6 +21,7 @@ from emulator.model import fabric
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.live import runner
+from emulator.study.report import answers
 
 EXP = """
 name: synth
@@ -115,6 +117,19 @@ def test_report_files_and_speedup_numbers(tmp_path):
     assert set(fams[("leafspine", "ecmp", "hd", 64 * 1024)]) == {4, 8}
     eff = fams[("bigraph", "bigraph", "hdrm", 64 * 1024)][8].efficiency
     assert 0 < eff <= 1
+
+
+def test_a_placement_other_than_the_algorithms_own_is_named(tmp_path):
+    _, out = make_results(tmp_path)
+    _, rows = report.load_rows(out)
+    row = next(r for r in rows if r.algorithm == "hd" and r.placement == "identity")
+    assert row.algorithm_label == "hd"
+    on_hdrm = dataclasses.replace(row, placement="hdrm")  # hd on HDRM's placement is not hd's own family
+    assert on_hdrm.algorithm_label == "hd-hdrm" and on_hdrm.family() != row.family()
+    assert answers.describe(on_hdrm).endswith(" + hd (hdrm placement)")
+    hdrm = dataclasses.replace(row, algorithm="hdrm", placement="hdrm")
+    assert hdrm.algorithm_label == "hdrm" and answers.describe(hdrm).endswith(" + hdrm")
+    assert dataclasses.replace(row, collective="allgather").op_label == "allgather-hd"
 
 
 def test_heatmap_cells_and_matrix(tmp_path):

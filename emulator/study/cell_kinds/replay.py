@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.model import routing, topology
+from emulator.model.collectives import registry
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.semantics import ALLREDUCE, qualified
 from emulator.runs import fault_plan as faults
@@ -126,8 +127,9 @@ class CellRow:
 
     @property
     def algorithm_label(self) -> str:
-        """``hd``, or ``hd-packed`` for a placement other than the algorithm's own."""
-        return self.algorithm if self.placement in ("identity", "hdrm") else f"{self.algorithm}-{self.placement}"
+        """``hd``, or ``hd-random`` for a placement other than the algorithm's own (``hdrm``'s is HDRM's)."""
+        own = registry.own_placement(self.collective, self.algorithm)
+        return self.algorithm if self.placement == own else f"{self.algorithm}-{self.placement}"
 
     @property
     def op_label(self) -> str:

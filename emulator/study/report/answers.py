@@ -50,6 +50,7 @@ from typing import Any, TypeVar
 from emulator.base import stats
 from emulator.model import routing as routings
 from emulator.model import topology
+from emulator.model.collectives import registry
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.model.schedule.semantics import ALLREDUCE
@@ -118,7 +119,8 @@ def describe(row: CellRow, seeds: int = 1) -> str:
 def _algorithm(row: CellRow) -> str:
     placement = row.placement
     algo = row.algorithm if row.collective == ALLREDUCE else f"{row.algorithm} {row.collective}"
-    return algo if placement in ("identity", "hdrm") else f"{algo} ({placement} placement)"
+    own = registry.own_placement(row.collective, row.algorithm)
+    return algo if placement == own else f"{algo} ({placement} placement)"
 
 
 def caution(cells: Iterable[CellRow]) -> str:
