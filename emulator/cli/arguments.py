@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from emulator.base.errors import UserError, printable
 from emulator.base.files import read_text
+from emulator.model import fabric
 from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_file
 from emulator.runs.admission import parse_duration
@@ -100,3 +101,9 @@ def cluster_run(args: argparse.Namespace) -> ClusterRun | None:
     where = f"placement file {printable(args.placement)}"
     data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
     return ClusterRun(cluster, data, printable(args.placement))
+
+
+def fabric_choice(text: str | None, command: str) -> fabric.FabricChoice:
+    """``--fabric``'s text as the user's :class:`~emulator.model.fabric.FabricChoice`: where every command parses
+    it, once (errors read ``<command>: fabric: field '<key>': ...``)."""
+    return fabric.choose(text, where=f"{command}: fabric")

@@ -49,7 +49,22 @@ Every switch on the path counts, a server's PCIe switch included.
 Profiles are written ``PRESET`` or ``key=value,...`` (``preset=NAME`` picks
 the base; keys not given take the base's values, by default
 :data:`DEFAULT_PRESET`'s), or as a YAML mapping of the same keys. Bad values
-raise :class:`~emulator.base.errors.FieldError` naming the key.
+raise :class:`~emulator.base.errors.FieldError` naming the key. A user's
+text becomes a :class:`FabricChoice` (:func:`choose`: the profile, and
+whether it names its dilation) at the two edges where it enters, the command
+line (:func:`emulator.cli.arguments.fabric_choice`) and the experiment file
+(:mod:`emulator.study.experiment.fabric_keys`); files this project wrote give
+their profile back by :meth:`FabricProfile.from_spec`.
+
+The fabric and a topology become one object at one place (:func:`resolve`),
+by one rule for a topology's own link rate: **a topology whose host links
+have a rate of their own maps the fabric onto it** (the dilation follows,
+latencies with bandwidth), unless the user named the dilation (then the
+topology's rates are kept and stand for the dilation times theirs); the links
+it leaves unset run at the resolved profile's emulated rate, and its servers'
+interconnect at :attr:`FabricProfile.domain_ratio` times its host links where
+it sets none. ``emu replay``, ``emu mpirun``, ``emu schedule check`` and an
+experiment's runs all resolve through it.
 """
 
 from __future__ import annotations
@@ -60,6 +75,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from emulator.base.errors import FieldError, exact_number, printable
+from emulator.model import topology
 from emulator.model.topology import spec as topology_spec
 
 #: Emulated link rates outside this range (Mbit/s) cannot be shaped faithfully:
@@ -165,6 +181,14 @@ class FabricProfile:
             if value != getattr(base, key):
                 parts.append(f"{key}={value}" if key == "mtu" else f"{key}={exact_number(value)}")
         return ",".join(parts) or self.preset
+
+    @classmethod
+    def from_spec(cls, recorded: object) -> FabricProfile:
+        """The profile of the canonical text :meth:`spec` wrote (a results or experiment file's record);
+        :class:`FieldError` for a record that is not one."""
+        if not isinstance(recorded, str | Mapping):
+            raise FieldError("recorded fabric", "(spec)", "the canonical key=value text of a profile", recorded)
+        return parse(recorded)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -355,3 +379,53 @@ def parse(source: str | Mapping[str, Any] | None, where: str = "fabric") -> Fabr
                          f"Gbit/s links emulate at {MIN_LINK_MBPS:g}-{MAX_LINK_MBPS:g} Mbit/s (this one gives "
                          f"{rate:g} Mbit/s)", items.get("dilation", profile.dilation))
     return profile
+
+
+# ------------------------------------------------------------------ a user's choice, resolved with a topology
+@dataclass(frozen=True)
+class FabricChoice:
+    """A fabric profile as the user chose it: the profile, and whether they named its dilation themselves (a
+    ``dilation`` key; in an experiment file also ``link_mbps`` or a numeric ``dilation``; a preset alone does
+    not), which :func:`resolve`'s rule reads."""
+
+    profile: FabricProfile
+    names_dilation: bool = False
+
+
+def choose(raw: str | Mapping[str, Any] | None, where: str = "fabric") -> FabricChoice:
+    """The user's text (or mapping) as a :class:`FabricChoice`; None: the default preset, dilation not named."""
+    return FabricChoice(parse(raw, where), names_dilation(raw))
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A topology and a fabric profile resolved together (:func:`resolve`): the topology at its emulated link
+    rates, the profile those rates stand for, and the topology spec as it was written (results record it)."""
+
+    spec: str | Mapping[str, Any]
+    topology: topology.Topology
+    profile: FabricProfile
+
+
+def resolve(spec: str | Mapping[str, Any], choice: FabricChoice | None = None, *, interconnect: bool = True,
+            where: str = "topology") -> Resolved:
+    """``spec`` (a spec string, a mapping, or a topology JSON file) on the fabric ``choice`` (default: the default
+    preset), by the rule of the module docstring. ``interconnect`` False: servers get no accelerator interconnect
+    from the profile (an MPI program's ranks of one server talk through its switch). Raises
+    :class:`~emulator.base.errors.UserError` for a bad spec, and :class:`FieldError` under ``where`` for a
+    topology rate no dilation maps the fabric onto."""
+    choice = choice or FabricChoice(default())
+    profile = choice.profile
+    topo = topology.load(spec, profile.emulated_link_mbps, profile.domain_ratio if interconnect else None)
+    own = topo.host_bw
+    if not choice.names_dilation and abs(own - profile.emulated_link_mbps) > 1e-9 * own:
+        profile = at_link_rate(profile, own, where=where)
+        topo = topology.load(spec, profile.emulated_link_mbps, profile.domain_ratio if interconnect else None)
+    return Resolved(spec, topo, profile)
+
+
+def rebuild(spec: str | Mapping[str, Any], profile: FabricProfile | None = None, *,
+            interconnect: bool = True) -> Resolved:
+    """A pair :func:`resolve` made before (an experiment's cell, a file's record), or one a program sets itself:
+    the topology at ``profile``'s rates (default: the default preset's), the rule not applied."""
+    return resolve(spec, FabricChoice(profile or default(), names_dilation=True), interconnect=interconnect)

@@ -19,7 +19,7 @@ import pytest
 
 from emulator.emulation.machine.started import all_runs
 from emulator.emulation.session.replay import ReplayConfig, replay
-from emulator.model import topology
+from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
 from emulator.runs.metrics import LAG_SHARE
@@ -92,8 +92,8 @@ def test_starved_agents_are_flagged_emulator_lag_while_the_cpu_is_idle(tmp_path)
         mover = threading.Thread(target=_confine_agents, args=(procs, len(topo.hosts), stop), daemon=True)
         mover.start()
         try:
-            res = replay(ReplayConfig(schedule=path, topology=BIGRAPH, routing="bigraph", out=str(tmp_path / "out"),
-                                      repeat=1, warmup=1, timeout_s=120))
+            res = replay(ReplayConfig(schedule=path, network=fabric.rebuild(BIGRAPH), routing="bigraph",
+                                      out=str(tmp_path / "out"), repeat=1, warmup=1, timeout_s=120))
         finally:
             stop.set()
             mover.join(5)

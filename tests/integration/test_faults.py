@@ -16,7 +16,7 @@ from emulator.base.naming import BRIDGE_RE
 from emulator.emulation.machine.started import all_runs
 from emulator.emulation.machine.system import run
 from emulator.emulation.session.replay import ReplayConfig, ReplayFailed, replay
-from emulator.model import topology
+from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
 from emulator.study import experiment as xp
@@ -42,8 +42,8 @@ def nothing_of_ours_left() -> None:
 
 def test_controller_killed_mid_run_switches_keep_forwarding_then_restart_resyncs(tmp_path):
     out = tmp_path / "ctl"
-    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
-                              repeat=2, warmup=0,
+    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), network=fabric.rebuild(BIGRAPH), routing="bigraph",
+                              out=str(out), repeat=2, warmup=0,
                               faults=["controller_kill@0.2s", "controller_restart@step=5"]))
     assert res.status == "ok" and res.outcome == "degraded"
     assert all(rep.correct for rep in res.repetitions)
@@ -63,8 +63,8 @@ def test_controller_killed_mid_run_switches_keep_forwarding_then_restart_resyncs
 
 def test_link_down_mid_step_reroutes_and_the_run_completes_degraded(tmp_path):
     out = tmp_path / "link"
-    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
-                              repeat=1, warmup=0, faults=["link_down:s1-s3@step=1"]))
+    res = replay(ReplayConfig(schedule=schedule_file(tmp_path), network=fabric.rebuild(BIGRAPH), routing="bigraph",
+                              out=str(out), repeat=1, warmup=0, faults=["link_down:s1-s3@step=1"]))
     assert res.status == "ok" and res.outcome == "degraded"
     assert res.repetitions[0].correct
     (down,) = res.faults
@@ -80,8 +80,8 @@ def test_agent_killed_by_a_fault_fails_the_run_naming_the_rank(tmp_path):
     out = tmp_path / "agent"
     started = time.monotonic()
     with pytest.raises(ReplayFailed, match="rank 3"):
-        replay(ReplayConfig(schedule=schedule_file(tmp_path), topology=BIGRAPH, routing="bigraph", out=str(out),
-                            repeat=2, warmup=0, timeout_s=30, faults=["agent_kill:3@step=2"]))
+        replay(ReplayConfig(schedule=schedule_file(tmp_path), network=fabric.rebuild(BIGRAPH), routing="bigraph",
+                            out=str(out), repeat=2, warmup=0, timeout_s=30, faults=["agent_kill:3@step=2"]))
     assert time.monotonic() - started < 60
     saved = json.loads((out / "results.json").read_text())
     assert saved["status"] == "failed" and saved["outcome"] == "failed" and "rank 3" in saved["error"]

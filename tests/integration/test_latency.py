@@ -30,7 +30,8 @@ LATENCY_TOLERANCE = BENCH_ACCURACY + 0.03
 def test_a_two_rank_exchange_of_one_frame_takes_the_profiles_latency(tmp_path, spec, routing, hosts, switches):
     path = str(tmp_path / "hd2.json")
     sformat.save(pair_exchange(*hosts, size=SIZE), path)
-    cfg = ReplayConfig(schedule=path, topology=spec, routing=routing, out=str(tmp_path / "out"), repeat=5, warmup=1)
+    cfg = ReplayConfig(schedule=path, network=fabric.rebuild(spec), routing=routing, out=str(tmp_path / "out"),
+                       repeat=5, warmup=1)
     prep = prepare(cfg)
     profile = fabric.default()
     assert prep.topo.host_bw == profile.emulated_link_mbps and prep.report.costs.switch_counts == [switches]

@@ -17,7 +17,7 @@ from emulator.base.naming import BRIDGE_RE
 from emulator.emulation.machine.started import all_runs
 from emulator.emulation.machine.system import run
 from emulator.emulation.session.replay import ReplayConfig, ReplaySession, prepare, replay
-from emulator.model import topology
+from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.prediction.check import check
 from emulator.model.schedule import format as sformat
@@ -67,10 +67,10 @@ def hdrm_on_bigraph(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bigraph")
     path4, schedule, _ = write_schedule(tmp, "hdrm", BIGRAPH)
     path16, _, _ = write_schedule(tmp, "hdrm", BIGRAPH, name="hdrm16.json", size=BANDWIDTH_BOUND_SIZE)
-    configs = [ReplayConfig(schedule=path4, topology=BIGRAPH, routing="bigraph", out=str(tmp / "hdrm"),
+    configs = [ReplayConfig(schedule=path4, network=fabric.rebuild(BIGRAPH), routing="bigraph", out=str(tmp / "hdrm"),
                             repeat=2, warmup=1),
-               ReplayConfig(schedule=path16, topology=BIGRAPH, routing="bigraph", out=str(tmp / "hdrm16"),
-                            repeat=2, warmup=0)]
+               ReplayConfig(schedule=path16, network=fabric.rebuild(BIGRAPH), routing="bigraph",
+                            out=str(tmp / "hdrm16"), repeat=2, warmup=0)]
     preps = [prepare(cfg) for cfg in configs]  # as `emu replay` would, each on the same network
     with ReplaySession(preps[0].topo, "bigraph", latency=preps[0].latency, work_dir=str(tmp / "session")) as session:
         results = [session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, config=asdict(cfg),
@@ -103,7 +103,7 @@ def test_hdrm_on_bigraph_near_line_rate_and_hd_on_ecmp_leafspine_slower(tmp_path
 
     hd_path, hd_schedule, ls_topo = write_schedule(tmp_path, "hd", LEAFSPINE)
     seed = colliding_seed(hd_schedule, ls_topo)
-    bad = replay(ReplayConfig(schedule=hd_path, topology=LEAFSPINE, routing="ecmp", seed=seed,
+    bad = replay(ReplayConfig(schedule=hd_path, network=fabric.rebuild(LEAFSPINE), routing="ecmp", seed=seed,
                               out=str(tmp_path / "hd-ecmp"), repeat=2, warmup=1))
     bad_summary = bad.summary()
     assert bad.status == "ok" and bad_summary is not None and all(rep.correct for rep in bad.repetitions)

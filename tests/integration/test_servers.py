@@ -49,8 +49,8 @@ def test_shared_nic_makes_the_inter_server_phase_about_four_times_longer(tmp_pat
         steps = inter_server_steps(schedule, topo)
         assert steps, "hier must have an inter-server phase"
         # bandwidth alone: the NIC's sharing is what differs (a fabric's latency would dilute the 4x)
-        res = replay(ReplayConfig(schedule=path, topology=spec, routing="bigraph", out=str(tmp_path / f"n{nics}"),
-                                  repeat=3, warmup=1, fabric=fabric.parse("bandwidth-only")))
+        res = replay(ReplayConfig(schedule=path, network=fabric.rebuild(spec, fabric.parse("bandwidth-only")),
+                                  routing="bigraph", out=str(tmp_path / f"n{nics}"), repeat=3, warmup=1))
         assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
         flows = res.prediction["max_flows_per_link"]
         assert max(flows[s] for s in steps) == (1 if nics == 4 else 4)
@@ -76,8 +76,8 @@ def test_hierarchical_allreduce_on_rail_fabrics_is_correct_and_within_the_model(
     schedule = generators.generate("hier", topo, 256 << 10)
     path = str(tmp_path / "hier.json")
     sformat.save(schedule, path)
-    res = replay(ReplayConfig(schedule=path, topology=spec, routing=policy, out=str(tmp_path / "out"), repeat=2,
-                              warmup=1))
+    res = replay(ReplayConfig(schedule=path, network=fabric.rebuild(spec), routing=policy, out=str(tmp_path / "out"),
+                              repeat=2, warmup=1))
     assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
     ratios = [rep.measured_over_predicted for rep in res.repetitions]
     print(f"{topo.kind} hier 256 KiB: measured/predicted {ratios}")
@@ -97,8 +97,8 @@ def test_an_nvlink_like_interconnect_carries_the_intra_server_phases_as_the_mode
     assert 0 < inside < len(planned)
     path = str(tmp_path / "hier.json")
     sformat.save(schedule, path)
-    res = replay(ReplayConfig(schedule=path, topology=spec, routing="shortest", out=str(tmp_path / "out"), repeat=2,
-                              warmup=1, fabric=profile))
+    res = replay(ReplayConfig(schedule=path, network=fabric.rebuild(spec, profile), routing="shortest",
+                              out=str(tmp_path / "out"), repeat=2, warmup=1))
     assert res.status == "ok" and all(rep.correct for rep in res.repetitions)
     assert res.domain is not None and res.domain["flows"] == 3 * inside
     ratios = [rep.measured_over_predicted for rep in res.repetitions]

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from emulator.base.errors import UserError
-from emulator.cli.arguments import int_at_least
+from emulator.cli.arguments import fabric_choice, int_at_least
 from emulator.cli.commands import admit
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
@@ -54,7 +54,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from emulator.selfcheck.live.bench_run import bench
 
     sizes = _sizes(args.sizes, args.repeat)
-    profile = bench_profile(fabric.parse(args.fabric, where="bench: fabric"), args.bw)  # --fabric and --bw, parsed once
+    profile = bench_profile(fabric_choice(args.fabric, "bench").profile, args.bw)  # --fabric and --bw, parsed once
     calibration = calibration_file.load_calibration(profile.emulated_mtu)
     admit.check(admission_request(profile, sizes, fidelity.latency_model(profile, calibration),
                                   calibration_file.envelope(calibration, os.cpu_count()),

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from emulator.cli.arguments import number
+from emulator.cli.arguments import fabric_choice, number
 from emulator.emulation.cluster import remote_shell
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
@@ -69,7 +69,7 @@ def calibrate_cluster(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from emulator.selfcheck.live.calibration import calibrate, summary_table
 
-    profile = fabric.parse(args.fabric, where="calibrate: fabric")
+    profile = fabric_choice(args.fabric, "calibrate").profile
     if args.cluster:
         return calibrate_cluster(args)
     require_root()

@@ -13,6 +13,7 @@ from functools import partial
 
 from emulator.base.errors import printable
 from emulator.base.files import read_json, read_text
+from emulator.cli.arguments import fabric_choice
 from emulator.emulation.cluster import cluster_probe, remote_shell
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.machine.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
@@ -75,7 +76,7 @@ def cmd_place(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     cluster = cluster_file.load(args.cluster)
-    profile = fabric.parse(args.fabric, where="cluster check: fabric")
+    profile = fabric_choice(args.fabric, "cluster check").profile
     require_root()
     interrupt_on_sigterm()  # a terminated check still removes its probe's tunnels (tunnel_mtu's finally)
     findings = check(cluster, profile, echo=lambda line: print(line, file=sys.stderr))
@@ -152,7 +153,7 @@ def _findings(cluster: cluster_file.Cluster, profile: fabric.FabricProfile, runn
 def cmd_calibration(args: argparse.Namespace) -> int:
     """This machine's calibration at the profile's MTU as one JSON line; with --make, a minimal one made where there
     is none (:func:`emulator.selfcheck.live.calibration.ensure_calibration`, what emu run does)."""
-    profile = fabric.parse(args.fabric, where="cluster calibration: fabric")
+    profile = fabric_choice(args.fabric, "cluster calibration").profile
     mtu = profile.emulated_mtu
     path = calibration_file.calibration_path(mtu)
     found = calibration_file.load_calibration(mtu)

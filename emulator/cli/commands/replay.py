@@ -7,11 +7,11 @@ import dataclasses
 import os
 
 from emulator.base.errors import UserError
-from emulator.cli.arguments import add_cluster_arguments, cluster_run, int_at_least, positive
+from emulator.cli.arguments import add_cluster_arguments, cluster_run, fabric_choice, int_at_least, positive
 from emulator.cli.commands import admit
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.session.replay import ReplayConfig, ReplayFailed, prepare, replay
-from emulator.model import fabric, topology
+from emulator.model import fabric
 from emulator.model.workloads import training
 from emulator.runs import admission
 from emulator.runs.fault_plan import fault_line
@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology "
                    "whose host links have a rate of their own maps the fabric onto it (the dilation follows) "
                    "unless the profile names its dilation; links the topology spec leaves unset run at its "
-                   "emulated rate")
+                   "emulated rate (the rule of emu mpirun, emu schedule check and emu run too)")
     p.add_argument("--fault", action="append", default=[], metavar="SPEC",
                    help="inject a fault, repeatable: ACTION[:TARGET]@WHEN[,rep=R] with ACTION one of link_down, "
                         "link_up, controller_kill, controller_restart, agent_kill and WHEN 1.5s or step=N "
@@ -48,16 +48,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 
+def replay_config(args: argparse.Namespace) -> ReplayConfig:
+    """The replay the arguments ask for: its network resolved from ``--topology`` and ``--fabric``
+    (:func:`emulator.model.fabric.resolve`)."""
+    network = fabric.resolve(args.topology, fabric_choice(args.fabric, "replay"), where="replay: topology")
+    return ReplayConfig(schedule=args.schedule, network=network, routing=args.routing, out=args.out,
+                        repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
+                        pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath, faults=args.fault)
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
-    profile = fabric.parse(args.fabric, where="replay: fabric")
-    spec_mbps = topology.load(args.topology, profile.emulated_link_mbps, profile.domain_ratio).host_bw
-    if not fabric.names_dilation(args.fabric) and abs(spec_mbps - profile.emulated_link_mbps) > 1e-9 * spec_mbps:
-        # the spec's own rate stands for the fabric's: the dilation follows, latencies and bandwidth alike
-        profile = fabric.at_link_rate(profile, spec_mbps, where="replay: topology")
-    cfg = ReplayConfig(schedule=args.schedule, topology=args.topology, routing=args.routing, out=args.out,
-                       repeat=args.repeat, warmup=args.warmup, seed=args.ecmp_seed, timeout_s=args.timeout,
-                       pcap=[x for x in args.pcap.split(",") if x], datapath=args.datapath,
-                       fabric=profile, faults=args.fault)
+    cfg = replay_config(args)
     prep = prepare(cfg)
     schedule, topo, report = prep.schedule, prep.topo, prep.report
     cluster = cluster_run(args)

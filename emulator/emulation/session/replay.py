@@ -48,8 +48,8 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.base.errors import UserError, int_field
@@ -70,6 +70,7 @@ from emulator.emulation.session import fidelity
 from emulator.emulation.session.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.model import fabric, routing, topology
 from emulator.model.cluster_placement import Placement
+from emulator.model.fabric import FabricProfile, Resolved
 from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.prediction import check as scheck
 from emulator.model.prediction import cost as scost
@@ -100,8 +101,11 @@ START_MARGIN_S = 0.1
 
 @dataclass
 class ReplayConfig:
+    """``emu replay``'s input: the schedule file, the network it replays on (the topology and the real fabric it
+    stands for, :func:`emulator.model.fabric.resolve`), and how."""
+
     schedule: str
-    topology: str
+    network: Resolved
     routing: str
     out: str
     repeat: int = 3
@@ -111,8 +115,17 @@ class ReplayConfig:
     pcap: list[str] = field(default_factory=list)
     datapath: str = "auto"
     stats_interval_s: float = 0.5
-    fabric: fabric.FabricProfile = field(default_factory=fabric.default)  # the real fabric it stands for
     faults: list[Any] = field(default_factory=list)  # specs, see emulator.runs.fault_plan
+
+    @property
+    def topology(self) -> str | Mapping[str, Any]:
+        """The topology spec as it was given."""
+        return self.network.spec
+
+    @property
+    def fabric(self) -> FabricProfile:
+        """The real fabric it stands for."""
+        return self.network.profile
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
@@ -121,8 +134,11 @@ class ReplayConfig:
             raise UserError(f"replay: field 'timeout': expected seconds > 0, got {self.timeout_s!r}")
 
     def to_json(self) -> dict[str, Any]:
-        """As results.json records it: the fabric profile as its canonical spec."""
-        return {**asdict(self), "fabric": self.fabric.spec()}
+        """As results.json records it: the topology spec as given, the fabric profile as its canonical spec."""
+        return {"schedule": self.schedule, "topology": self.topology, "routing": self.routing, "out": self.out,
+                "repeat": self.repeat, "warmup": self.warmup, "seed": self.seed, "timeout_s": self.timeout_s,
+                "pcap": list(self.pcap), "datapath": self.datapath, "stats_interval_s": self.stats_interval_s,
+                "fabric": self.fabric.spec(), "faults": list(self.faults)}
 
 
 def default_timeout(predicted_s: float) -> float:
@@ -144,16 +160,15 @@ class Prepared:
 def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepared:
     """Every check that can fail on bad input, before anything starts.
 
-    The topology's links default to the fabric profile's emulated rate, the
-    network's MTU is the profile's, and the prediction uses the profile with
-    ``calibration``'s intrinsic latency (default: this machine's calibration
-    at that MTU).
+    The network is the config's, resolved at the edge; its MTU is the
+    profile's, and the prediction uses the profile with ``calibration``'s
+    intrinsic latency (default: this machine's calibration at that MTU).
     """
     cfg.check()
     schedule = sformat.load(cfg.schedule)
     # a scaled training iteration stands for the full one on a fabric with its latencies scaled alike
     profile = fabric.for_workload_scale(cfg.fabric, training.workload_scale(schedule))
-    topo = topology.load(cfg.topology, profile.emulated_link_mbps, profile.domain_ratio)
+    topo = cfg.network.topology
     routing.check_policy(topo, cfg.routing)
     if calibration is None:
         calibration = calibration_file.load_calibration(profile.emulated_mtu)

@@ -105,7 +105,7 @@ def read_fabric(raw: Any) -> FabricProfile | None:
     if not raw:
         return None
     try:
-        return fabric.parse(raw)  # any JSON value: what is not a profile raises FieldError
+        return fabric.FabricProfile.from_spec(raw)  # any JSON value: what is not a profile raises FieldError
     except UserError:
         return None
 

@@ -65,7 +65,7 @@ class Plan:
         """The plan of ``experiment.json``'s ``experiment``, its fabric profile parsed (a FieldError when it does
         not parse)."""
         ref = exp.get("reference") or DEFAULT_REFERENCE
-        profile = fabric.parse(exp["fabric"]) if exp.get("fabric") else None
+        profile = fabric.FabricProfile.from_spec(exp["fabric"]) if exp.get("fabric") else None
         return cls(name=str(exp["name"]), description=str(exp.get("description") or ""),
                    reference=Reference(algorithm=ref["algorithm"], routing=ref["routing"]),
                    link_mbps=float(exp["link_mbps"]), fabric=profile, warmup=int(exp["warmup"]),
