@@ -33,9 +33,9 @@ from typing import Any
 from emulator.base.errors import FieldError, UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
 from emulator.base.naming import HOST_SUBNET
-from emulator.model import fabric, routing
+from emulator.model import routing
 from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
-from emulator.model.fabric import FabricProfile
+from emulator.model.fabric import FabricProfile, Resolved
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
 from emulator.model.prediction.cost import path_byte_s
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_goodput_factor, tcp_payload_bytes
@@ -126,9 +126,10 @@ _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 @dataclass(frozen=True)
 class MpiRunConfig:
-    """``emu mpirun``'s input, as given."""
+    """``emu mpirun``'s input, as given: the network it runs on (the topology and the real fabric it stands for,
+    :func:`emulator.model.fabric.resolve` without the servers' interconnect), the program, and how."""
 
-    topology: str
+    network: Resolved
     routing: str
     out: str
     program: tuple[str, ...]
@@ -136,7 +137,6 @@ class MpiRunConfig:
     placement: str = "identity"
     np: int | None = None  # default: every host of the topology
     mca: tuple[tuple[str, str], ...] = ()
-    fabric: FabricProfile = field(default_factory=fabric.default)
     datapath: str = "auto"
     timeout_s: float = DEFAULT_TIMEOUT_S
     nice: int = DEFAULT_NICE
@@ -146,6 +146,16 @@ class MpiRunConfig:
     #: the fabric's per-message and per-switch latency on Open MPI's messages (:data:`LATENCY_LIBRARY`); off:
     #: the links stand for its bandwidth only
     latency: bool = True
+
+    @property
+    def topology(self) -> str | Mapping[str, Any]:
+        """The topology spec as it was given."""
+        return self.network.spec
+
+    @property
+    def fabric(self) -> FabricProfile:
+        """The real fabric it stands for."""
+        return self.network.profile
 
     def to_json(self) -> dict[str, Any]:
         return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),

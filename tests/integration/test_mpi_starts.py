@@ -30,9 +30,8 @@ def starts() -> int:
 
 def test_open_mpi_starts_every_time_with_each_host_named(tmp_path, monkeypatch):
     monkeypatch.setattr(mpi_run, "START_ATTEMPTS", 1)  # a failed start is a failure, not hidden by a retry
-    base = MpiRunConfig(topology="bigraph:upper=2,lower=2,hosts_per_switch=2", routing="bigraph",
-                        out=str(tmp_path / "run-0"), program=PROGRAM, fabric=fabric.parse(None, where="test"),
-                        timeout_s=60)
+    base = MpiRunConfig(network=fabric.rebuild("bigraph:upper=2,lower=2,hosts_per_switch=2", interconnect=False),
+                        routing="bigraph", out=str(tmp_path / "run-0"), program=PROGRAM, timeout_s=60)
     prep = mpi_run.prepare(base)
     failed = []
     with ReplaySession(prep.topo, "bigraph", latency=prep.latency, work_dir=str(tmp_path / "session"),

@@ -655,8 +655,22 @@ def test_a_spec_with_a_rate_of_its_own_keeps_it_and_one_without_takes_the_fabric
          "algorithms": ["ring"]}]}]})
     plain, own = (topology.build(r.topology) for r in exp.series[0].runs)
     assert plain.host_bw == plain.switch_bw == 20
-    # experiments/README.md: the fabric's rate goes to specs that set none of bw, host_bw, switch_bw
-    assert own.host_bw == 5 and own.switch_bw == topology.DEFAULT_LINK_MBPS
+    # the experiment names its dilation (link_mbps): the spec's rate is kept, the links it leaves unset take the
+    # fabric's (emulator.model.fabric.resolve, as emu replay, emu mpirun and emu schedule check do)
+    assert own.host_bw == 5 and own.switch_bw == 20
+    assert exp.series[0].runs[1].fabric is None
+
+
+def test_a_spec_with_a_rate_of_its_own_sets_the_dilation_where_no_level_names_it():
+    exp = xp.from_dict({"series": [{"name": "s", "runs": [
+        {"topology": "leafspine:leaves=2,spines=2,hosts_per_leaf=2,host_bw=5", "routing": "dmodk",
+         "algorithms": ["ring"]}]}]})
+    (run,) = exp.series[0].runs
+    own = topology.build(run.topology)
+    assert own.host_bw == own.switch_bw == 5
+    assert run.fabric is not None and run.fabric.emulated_link_mbps == 5
+    assert run.fabric.dilation == fabric.default().dilation_for(5)  # the same real fabric, dilated onto 5 Mbit/s
+    assert run.fabric.link_gbps == fabric.default().link_gbps
 
 
 LLM_RUN = ("series: [{{name: s, runs: [{{topology: 'star:hosts=8,servers=2,accels_per_server=4,nics_per_server=4', "

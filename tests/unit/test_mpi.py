@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError, UserError
 from emulator.cli.commands.mpirun import exit_code
 from emulator.cli.main import main
-from emulator.model import topology
+from emulator.model import fabric, topology
 from emulator.model.collectives.placements import hdrm_placement
 from emulator.runs.mpi_plan import (
     BENCH_JSON,
@@ -333,10 +333,11 @@ def test_mpirun_starts_under_the_memory_limit_so_every_process_of_the_run_inheri
 
 
 def test_the_memory_limit_is_in_the_config_and_the_results(tmp_path):
-    cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("prog",),
-                       memory_limit_bytes=123 << 20)
+    cfg = MpiRunConfig(network=fabric.rebuild("star:hosts=2", interconnect=False), routing="shortest", out="/o",
+                       program=("prog",), memory_limit_bytes=123 << 20)
     assert cfg.to_json()["memory_limit_bytes"] == 123 << 20
-    assert MpiRunConfig("star:hosts=2", "shortest", "/o", ("prog",)).to_json()["memory_limit_bytes"] is None
+    assert MpiRunConfig(fabric.rebuild("star:hosts=2", interconnect=False), "shortest", "/o",
+                        ("prog",)).to_json()["memory_limit_bytes"] is None
     res = MpiResults(config=cfg.to_json(), ranks=[], command=[], link_mbps=10.0, memory_limit_bytes=123 << 20,
                      out_of_memory=[1])
     path = str(tmp_path / "results.json")
@@ -360,8 +361,8 @@ def test_the_limit_is_the_admission_estimate_of_the_program():
 @pytest.mark.parametrize("limit", [0, -5, 1.5, True, "1GiB"])
 def test_a_bad_memory_limit_is_refused_naming_the_field(tmp_path, limit):
     from emulator.emulation.mpi import mpi_run as mpirun
-    cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out=str(tmp_path / "o"),
-                       program=("emu-allreduce-bench",), memory_limit_bytes=limit)
+    cfg = MpiRunConfig(network=fabric.rebuild("star:hosts=2", interconnect=False), routing="shortest",
+                       out=str(tmp_path / "o"), program=("emu-allreduce-bench",), memory_limit_bytes=limit)
     with pytest.raises(FieldError, match="field 'memory_limit_bytes'"):
         mpirun.prepare(cfg)
 

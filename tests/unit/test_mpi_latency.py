@@ -96,11 +96,13 @@ def test_the_ranks_get_the_library_its_file_and_the_transports_ports_and_nothing
 
 
 def test_the_latency_is_on_only_where_the_run_asks_and_the_profile_has_some():
-    cfg = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",))
+    cfg = MpiRunConfig(network=fabric.rebuild("star:hosts=2", interconnect=False), routing="shortest", out="/o",
+                       program=("p",))
     assert cfg.latency and cfg.to_json()["latency"] is True and mpi_run.latency_on(cfg)
-    off = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",), latency=False)
-    bare = MpiRunConfig(topology="star:hosts=2", routing="shortest", out="/o", program=("p",),
-                        fabric=message_profile(PROFILE, latency=False))
+    off = MpiRunConfig(network=fabric.rebuild("star:hosts=2", interconnect=False), routing="shortest", out="/o",
+                       program=("p",), latency=False)
+    bare = MpiRunConfig(network=fabric.rebuild("star:hosts=2", message_profile(PROFILE, latency=False),
+                                               interconnect=False), routing="shortest", out="/o", program=("p",))
     assert not mpi_run.latency_on(off) and not mpi_run.latency_on(bare)
 
 

@@ -453,8 +453,10 @@ def test_cells_at_different_link_rates_are_compared_by_efficiency(tmp_path):
     md = open(report.write_report(out)).read()
     _, rows = report.load_rows(out)
     by_id = {r.id: r for r in rows}
-    ref, base = by_id["big.bigraph-4x4x2-h10-s10.bigraph.hdrm.64KiB"], by_id[BIG_BASE]
+    ref, base = by_id[BIG_REF], by_id[BIG_BASE]
     assert (ref.link_mbps, base.link_mbps) == (10, 20)
+    # the spec's own rate set its run's dilation: the same real fabric, dilated twice as much
+    assert ref.fabric is not None and base.fabric is not None and ref.fabric.dilation == 2 * base.fabric.dilation
     eff = (ref.busbw_mbps / ref.capacity_mbps) / (base.busbw_mbps / base.capacity_mbps)
     assert abs(eff - ref.busbw_mbps / base.busbw_mbps) > 0.3  # the two readings differ a lot here
     answers = summary_of(out)["answers"]

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from emulator.base.errors import printable
-from emulator.cli.arguments import int_at_least, positive
+from emulator.cli.arguments import fabric_choice, int_at_least, positive
 from emulator.cli.commands import admit
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.mpi.mpi_run import check_cluster, prepare, run
@@ -56,15 +56,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_mpirun)
 
 
-def cmd_mpirun(args: argparse.Namespace) -> int:
+def mpirun_config(args: argparse.Namespace) -> MpiRunConfig:
+    """The run the arguments ask for: its network resolved from ``--topology`` and ``--fabric``
+    (:func:`emulator.model.fabric.resolve`; no servers' interconnect for an MPI program)."""
     program = list(args.program)
     if program[:1] == ["--"]:
         program = program[1:]
-    profile = fabric.parse(args.fabric, where="mpirun: fabric")
-    cfg = MpiRunConfig(topology=args.topology, routing=args.routing, out=args.out, program=tuple(program),
-                       seed=args.seed, placement=args.placement, np=args.np,
-                       mca=tuple((k, v) for k, v in args.mca), fabric=profile, datapath=args.datapath,
-                       timeout_s=args.timeout, nice=args.nice, latency=args.latency == "on")
+    network = fabric.resolve(args.topology, fabric_choice(args.fabric, "mpirun"), interconnect=False,
+                             where="mpirun: topology")
+    return MpiRunConfig(network=network, routing=args.routing, out=args.out, program=tuple(program),
+                        seed=args.seed, placement=args.placement, np=args.np,
+                        mca=tuple((k, v) for k, v in args.mca), datapath=args.datapath,
+                        timeout_s=args.timeout, nice=args.nice, latency=args.latency == "on")
+
+
+def cmd_mpirun(args: argparse.Namespace) -> int:
+    cfg = mpirun_config(args)
+    program = list(cfg.program)
     prep = prepare(cfg)
     request = admission.mpirun_request(len(prep.hosts), program, prep.topo, args.timeout)
     cluster = None

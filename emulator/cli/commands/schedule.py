@@ -17,7 +17,7 @@ import math
 import os
 
 from emulator.base.errors import FieldError
-from emulator.cli.arguments import int_at_least, number
+from emulator.cli.arguments import fabric_choice, int_at_least, number
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.session import fidelity
 from emulator.model import fabric, routing, topology
@@ -73,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chk.add_argument("--seed", type=int, default=0, metavar="S", help="seed of hash-based routing")
     chk.add_argument("--fabric", default=None, metavar="PROFILE",
                      help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
-                     f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
+                     f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology "
+                     "whose host links have a rate of their own maps it onto them, as for replay")
     chk.add_argument("--gamma", type=number("a finite number >= 0", lambda x: 0 <= x < math.inf), default=0.0,
                      metavar="S_PER_BYTE",
                      help="reduction cost in seconds per byte (default 0)")
@@ -209,15 +210,22 @@ def cmd_gen(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_check(args: argparse.Namespace) -> int:
-    profile = fabric.parse(args.fabric, where="schedule check: fabric")
-    sched = fmt.load(args.file)
-    profile = fabric.for_workload_scale(profile, training.workload_scale(sched))
+def check_network(args: argparse.Namespace, sched: fmt.Schedule, choice: fabric.FabricChoice) -> fabric.Resolved:
+    """The network ``check`` predicts on: ``--topology``, else the schedule's own, with the user's fabric
+    (:func:`emulator.model.fabric.resolve`)."""
     spec = args.topology or sched.topology
     if not spec:
         raise FieldError(f"schedule {args.file!r}", "topology", "a topology in the file or --topology SPEC",
                          "nothing")
-    topo = topology.load(spec, profile.emulated_link_mbps, profile.domain_ratio)
+    return fabric.resolve(spec, choice, where="schedule check: topology")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    choice = fabric_choice(args.fabric, "schedule check")
+    sched = fmt.load(args.file)
+    network = check_network(args, sched, choice)
+    profile = fabric.for_workload_scale(network.profile, training.workload_scale(sched))
+    topo = network.topology
     routing.check_policy(topo, args.routing)
     where = f"schedule {args.file!r}"
     fmt.check_hosts(sched, topo, where)

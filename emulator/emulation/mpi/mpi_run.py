@@ -154,8 +154,7 @@ def prepare(cfg: MpiRunConfig) -> Prepared:
         raise FieldError(WHERE, "timeout", "seconds > 0", cfg.timeout_s)
     mca = parse_mca(cfg.mca)
     resolved = resolve_program(cfg.program[0] if cfg.program else "", own_bin=own_bin())
-    profile = cfg.fabric
-    topo = topology.load(cfg.topology, profile.emulated_link_mbps)
+    profile, topo = cfg.fabric, cfg.network.topology
     if topo.has_domain:
         raise FieldError(WHERE, "topology", "a spec without domain_bw (an MPI program's ranks of one server talk "
                          "through the server's switch; the interconnect is for replays)", topo.spec)

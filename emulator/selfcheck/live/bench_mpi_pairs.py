@@ -44,8 +44,8 @@ def _mpirun(net: MpiFabric, topo: topology.Topology, bare: fabric.FabricProfile,
             datapath: str, echo: Callable[[str], None]) -> dict[str, Any]:
     """One emu mpirun of the bundled benchmark with Open MPI's ``algo`` on ``net``: its results document."""
     echo(f"  Open MPI {algo} on {net.label}:")
-    cfg = MpiRunConfig(topology=topo.spec, routing=net.routing, seed=net.seed, placement=net.placement, fabric=bare,
-                       datapath=datapath, out=os.path.join(out, f"mpi-{algo}"),
+    cfg = MpiRunConfig(network=fabric.rebuild(topo.spec, bare, interconnect=False), routing=net.routing,
+                       seed=net.seed, placement=net.placement, datapath=datapath, out=os.path.join(out, f"mpi-{algo}"),
                        program=("emu-allreduce-bench", "--algo", algo, "--sizes", str(MPI_SIZE),
                                 "--iters", "3", "--warmup", "1"))
     try:

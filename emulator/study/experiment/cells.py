@@ -267,9 +267,9 @@ class Cell:
         if self.mpi is None:
             raise ValueError(f"cell {self.id} replays a schedule, it runs no MPI program")
         m = self.mpi
-        return MpiRunConfig(topology=self.topology, routing=self.routing, out=out, program=m.program, seed=self.seed,
-                            placement=self.placement, np=m.np, mca=m.mca, fabric=self.fabric, timeout_s=m.timeout_s,
-                            nice=m.nice)
+        return MpiRunConfig(network=fabric.rebuild(self.topology, self.fabric, interconnect=False),
+                            routing=self.routing, out=out, program=m.program, seed=self.seed,
+                            placement=self.placement, np=m.np, mca=m.mca, timeout_s=m.timeout_s, nice=m.nice)
 
     def schedule(self, topo: Topology) -> Schedule:
         """The cell's schedule: its collective at its size, or its workload's training iteration."""

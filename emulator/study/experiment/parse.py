@@ -21,7 +21,7 @@ from emulator.base.errors import MISSING, FieldError, UserError, int_field, prin
 from emulator.base.files import read_text
 from emulator.model import fabric, routing
 from emulator.model.collectives.registry import algorithms
-from emulator.model.fabric import FabricProfile
+from emulator.model.fabric import FabricChoice
 from emulator.model.schedule.format import PARSE_ERRORS, describe_parse_error
 from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.study.experiment.cells import (
@@ -79,6 +79,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     description = string_field(where, "description", top.get("description", ""))
     auto = auto_dilation_field(where, top, "")
     profile = fabric_field(where, top, "", fabric.default())
+    choice = FabricChoice(profile, names_dilation=auto is False)
     repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = seeds_field(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
@@ -90,7 +91,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
         raise FieldError(where, "series", "a non-empty list of series (name, runs)", MISSING)
     series_list: list[Series] = []
     for si, raw_series in enumerate(list_field(where, "series", top["series"])):
-        series_list.append(_series(where, f"series[{si}]", raw_series, profile, repeat,
+        series_list.append(_series(where, f"series[{si}]", raw_series, choice, repeat,
                                    {s.name for s in series_list}))
     exp = Experiment(name=name, series=tuple(series_list), description=description, fabric=profile,
                      link_mbps=profile.emulated_link_mbps, repeat=repeat, warmup=warmup, ecmp_seeds=seeds,
@@ -114,8 +115,9 @@ def _reference(where: str, top: Mapping[str, Any]) -> dict[str, str]:
     return ref
 
 
-def _series(where: str, sp: str, raw: object, profile: FabricProfile, repeat: int, taken: set[str]) -> Series:
-    """One entry of ``series`` at field ``sp``; ``taken``: the names of the series before it."""
+def _series(where: str, sp: str, raw: object, enclosing: FabricChoice, repeat: int, taken: set[str]) -> Series:
+    """One entry of ``series`` at field ``sp``; ``enclosing``: the experiment's fabric (and whether it names its
+    dilation); ``taken``: the names of the series before it."""
     ser = mapping_field(where, sp, raw)
     reject_unknown(where, f"{sp}.", ser, SERIES_KEYS)
     if "name" not in ser:
@@ -125,10 +127,12 @@ def _series(where: str, sp: str, raw: object, profile: FabricProfile, repeat: in
         raise FieldError(where, f"{sp}.name", "a name no other series has", sname)
     sdesc = string_field(where, f"{sp}.description", ser.get("description", ""))
     sauto = auto_dilation_field(where, ser, f"{sp}.")
-    sprofile = fabric_field(where, ser, f"{sp}.", profile) if has_fabric_keys(ser) else None
+    sprofile = fabric_field(where, ser, f"{sp}.", enclosing.profile) if has_fabric_keys(ser) else None
+    choice = FabricChoice(sprofile or enclosing.profile,
+                          sauto is False if sauto is not None else enclosing.names_dilation)
     ssizes = sizes_field(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
     if "runs" not in ser:
         raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)", MISSING)
-    runs = tuple(run_entry(where, f"{sp}.runs[{ri}]", raw_run, sprofile or profile, repeat)
+    runs = tuple(run_entry(where, f"{sp}.runs[{ri}]", raw_run, choice, repeat)
                  for ri, raw_run in enumerate(list_field(where, f"{sp}.runs", ser["runs"])))
     return Series(name=sname, runs=runs, sizes=ssizes, description=sdesc, fabric=sprofile, dilation_auto=sauto)

@@ -12,10 +12,10 @@ from dataclasses import replace
 from typing import Any
 
 from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
-from emulator.model import routing, topology
+from emulator.model import fabric, routing, topology
 from emulator.model.collectives import registry
 from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
-from emulator.model.fabric import FabricProfile
+from emulator.model.fabric import FabricChoice
 from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import fault_plan as faults
@@ -38,8 +38,9 @@ RUN_KEYS = ("topology", "routing", "algorithms", "placements", "seeds", "sizes",
 LLM_KEYS = ("tp", "pp", "ep", "microbatches", "sequence_parallel", "layers_per_collective", "accelerator")
 
 
-def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat: int) -> Run:
-    """One entry of a series' ``runs`` at field ``rp``; ``enclosing``: the series' fabric, else the experiment's."""
+def run_entry(where: str, rp: str, raw: object, enclosing: FabricChoice, repeat: int) -> Run:
+    """One entry of a series' ``runs`` at field ``rp``; ``enclosing``: the series' fabric, else the experiment's
+    (and whether a level names its dilation)."""
     run = mapping_field(where, rp, raw)
     reject_unknown(where, f"{rp}.", run, RUN_KEYS)
     if "mpi" in run:
@@ -47,12 +48,16 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
     for key in ("topology", "routing") if "mpi" in run else ("topology", "routing", "algorithms"):
         if key not in run:
             raise FieldError(where, f"{rp}.{key}", "a value (see experiments/README.md)", MISSING)
-    auto = _run_auto(where, rp, run)
-    rprofile = fabric_field(where, run, f"{rp}.", enclosing) if has_fabric_keys(run) else None
-    profile = rprofile or enclosing
+    own = auto_dilation_field(where, run, f"{rp}.")
+    auto = _run_auto(where, rp, run, own)
+    rprofile = fabric_field(where, run, f"{rp}.", enclosing.profile) if has_fabric_keys(run) else None
+    choice = FabricChoice(rprofile or enclosing.profile,
+                          own is False if own is not None else enclosing.names_dilation)
     # an MPI program's ranks of one server talk through its switch: no interconnect (emulator.emulation.agents.interconnect)
-    topo = _topology(where, f"{rp}.topology", run["topology"], profile.emulated_link_mbps,
-                     None if "mpi" in run else profile.domain_ratio)
+    network = _network(where, f"{rp}.topology", run["topology"], choice, interconnect="mpi" not in run)
+    topo = network.topology
+    if network.profile != choice.profile:  # the topology's own rate set the dilation: the run has a fabric of its own
+        rprofile = network.profile
     policies = _routings(where, f"{rp}.routing", run["routing"], topo)
     if "mpi" in run:
         return mpi_run(where, rp, run, topo, policies, rprofile)
@@ -71,10 +76,9 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricProfile, repeat
                fabric=rprofile, collective=collective, workload=workload, dilation_auto=auto)
 
 
-def _run_auto(where: str, rp: str, run: Mapping[str, Any]) -> bool | None:
-    """The run's ``dilation`` setting (:func:`auto_dilation_field`); a topology spec that sets a link rate (or a
-    server's PCIe rate) is explicit too."""
-    auto = auto_dilation_field(where, run, f"{rp}.")
+def _run_auto(where: str, rp: str, run: Mapping[str, Any], auto: bool | None) -> bool | None:
+    """The run's ``dilation`` setting (``auto``: :func:`auto_dilation_field`'s of its keys); a topology spec that
+    sets a link rate (or a server's PCIe rate) is explicit too."""
     spec = run.get("topology")
     try:
         rated = isinstance(spec, str | Mapping) and (topology.sets_link_rate(spec) or "pcie_bw" in spec)
@@ -86,15 +90,15 @@ def _run_auto(where: str, rp: str, run: Mapping[str, Any]) -> bool | None:
     return False if rated else auto
 
 
-def _topology(where: str, name: str, value: object, link_mbps: float,
-              domain_ratio: float | None) -> topology.Topology:
-    """The run's topology; its links run at the fabric's emulated rate ``link_mbps`` unless the spec sets a rate
-    of its own (then the links it leaves unset take the topology's default, as ``experiments/README.md`` says);
-    its servers' interconnect, where the fabric has one, at ``domain_ratio`` times its host links."""
+def _network(where: str, name: str, value: object, choice: FabricChoice, interconnect: bool) -> fabric.Resolved:
+    """The run's topology on its fabric, by :func:`emulator.model.fabric.resolve`'s rule: a topology whose host
+    links have a rate of their own sets the dilation unless a level names it; the links it leaves unset run at
+    the fabric's emulated rate; its servers' interconnect, where the fabric has one (and ``interconnect``), at
+    the fabric's ratio to its host links."""
     if not isinstance(value, str | Mapping):
         raise FieldError(where, name, "a topology spec such as 'fattree:k=4' or a mapping with kind:", value)
     try:
-        return topology.build(value, None if topology.sets_link_rate(value) else link_mbps, domain_ratio)
+        return fabric.resolve(value, choice, interconnect=interconnect, where=f"{where}: {name}")
     except FieldError as exc:
         raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
     except UserError as exc:
