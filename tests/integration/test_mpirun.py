@@ -20,8 +20,8 @@ import pytest
 
 from emulator.model import topology
 from emulator.model.collectives.placements import placement_hosts
-from emulator.runs.mpi_plan import load_results
 from emulator.runs.mpi_prediction import MpiPrediction
+from emulator.runs.mpi_results import load_results
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """MPI programs as experiment cells (``mpi:``): parsing and validation with field-named errors, grid expansion and
 ids, ``--check``, the runner's loop and resume rule with a fake MPI runner on the fake session, and the report's
-"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.runs.mpi_plan.MpiResults` documents. No root.
+"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.runs.mpi_results.MpiResults` documents. No root.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from emulator.cli import main as cli
 from emulator.model import topology
 from emulator.model.latency import LatencyModel
 from emulator.runs import allreduce_bench as mpi_bench
-from emulator.runs.mpi_plan import MpiResults, RankPlace, rank_hosts
+from emulator.runs.mpi_plan import rank_hosts
+from emulator.runs.mpi_results import MpiResults, RankPlace
 from emulator.runs.results import CellResults, Fidelity
 from emulator.study import experiment as xp
 from emulator.study import report

@@ -10,7 +10,7 @@ import pytest
 from emulator.base.errors import UserError
 from emulator.emulation.machine.calibration_file import CALIBRATION_VERSION, Calibration, LatencyCalibration, Machine
 from emulator.emulation.network.tc_commands import parse_htb_rates
-from emulator.emulation.session import fidelity
+from emulator.emulation.session import captures, fidelity
 from emulator.model import topology
 from emulator.model.latency import Curve, Intrinsic
 from emulator.model.topology import tcp_goodput_factor
@@ -121,12 +121,12 @@ def test_the_latency_model_takes_the_calibrations_intrinsic_latency():
 
 def test_link_names_for_capture():
     topo = topology.build("bigraph:upper=2,lower=2,hosts_per_switch=1")
-    assert fidelity.parse_link_name(topo, "s1-s3") == ("s1", "s3")
-    assert fidelity.capture_interface(topo, "s1", "s3") == "efs1-eth2"
-    assert fidelity.capture_interface(topo, "h1", "s1") == "efs1-eth1"
+    assert captures.parse_link_name(topo, "s1-s3") == ("s1", "s3")
+    assert captures.capture_interface(topo, "s1", "s3") == "efs1-eth2"
+    assert captures.capture_interface(topo, "h1", "s1") == "efs1-eth1"
     for bad in ("s1-s2", "s1", "x-y", "s1-s3-s4"):
         with pytest.raises(UserError, match="field 'link'"):
-            fidelity.parse_link_name(topo, bad)
+            captures.parse_link_name(topo, bad)
 
 
 def test_htb_rates_parse():

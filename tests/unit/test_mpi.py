@@ -21,16 +21,13 @@ from emulator.runs.mpi_plan import (
     BENCH_JSON,
     DEFAULT_NICE,
     RESERVED_MCA,
-    MpiResults,
     MpiRunConfig,
-    RankPlace,
     RemoteLaunch,
     daemon_start_failed,
     fetch_output_command,
     host_name,
     hostfile_text,
     launch_agent_script,
-    load_results,
     mca_settings,
     mpirun_command,
     named,
@@ -40,6 +37,7 @@ from emulator.runs.mpi_plan import (
     resolve_program,
     split_fetched,
 )
+from emulator.runs.mpi_results import MpiResults, RankPlace, load_results
 from emulator.runs.results import Fidelity
 
 BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"

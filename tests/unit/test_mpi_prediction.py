@@ -16,7 +16,7 @@ from emulator.model.latency import LatencyModel
 from emulator.model.prediction import cost
 from emulator.model.prediction.check import check
 from emulator.model.schedule import executor
-from emulator.runs.mpi_plan import BTL_PORT_MIN, MpiResults, mca_settings
+from emulator.runs.mpi_plan import BTL_PORT_MIN, mca_settings
 from emulator.runs.mpi_prediction import (
     GENERATOR_OF,
     MpiPrediction,
@@ -28,6 +28,7 @@ from emulator.runs.mpi_prediction import (
     predict_bench,
     predict_row,
 )
+from emulator.runs.mpi_results import MpiResults
 
 LEAFSPINE = "leafspine:leaves=4,spines=2,hosts_per_leaf=2,bw=20"
 BENCH = ("/venv/bin/emu-allreduce-bench", "--algo", "rabenseifner", "--sizes", "1MiB")

@@ -12,7 +12,7 @@ from controllers.core import DEFAULT_LISTEN, Settings
 from emulator.base.errors import UserError
 from emulator.base.files import write_json_atomic
 from emulator.cli import main as cli
-from emulator.emulation.session import fidelity
+from emulator.emulation.session import captures
 from emulator.model import topology
 from emulator.runs import fault_plan as faults
 
@@ -81,7 +81,7 @@ def test_mininet_shell_commands_are_quoted_with_shlex():
 @pytest.mark.parametrize("name", ["s1-s3; rm -rf /", "s1-s3 && true", "$(id)-s1", "s1-s3 x", "../s1-s3"])
 def test_link_names_from_configs_must_be_links_of_the_model(name):
     with pytest.raises(UserError):
-        fidelity.parse_link_name(TOPO, name)
+        captures.parse_link_name(TOPO, name)
     with pytest.raises(UserError):
         faults.parse_fault(f"link_down:{name}@1s", TOPO, 8, 6)
 

@@ -15,7 +15,8 @@ from emulator.model import fabric
 from emulator.model.collectives.placements import PLACEMENTS
 from emulator.runs import admission, cluster_file
 from emulator.runs.cluster_file import ClusterRun
-from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiResults, MpiRunConfig, has_latency
+from emulator.runs.mpi_plan import DEFAULT_NICE, DEFAULT_TIMEOUT_S, MpiRunConfig, has_latency
+from emulator.runs.mpi_results import MpiResults
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -10,7 +10,7 @@ the network). :func:`run_in_session` does the same on a session that is
 already up and leaves it up (``emu run``'s MPI cells, on their network's
 session). Files in the folder:
 
-* ``results.json`` -- :class:`emulator.runs.mpi_plan.MpiResults`, rewritten atomically
+* ``results.json`` -- :class:`emulator.runs.mpi_results.MpiResults`, rewritten atomically
   when the run starts and when it ends (however it ends);
 * ``mpirun.log`` -- mpirun's own output (every rank's lines, and Open MPI's
   messages); ``ranks/rank-R.stdout`` and ``ranks/rank-R.stderr`` -- each
@@ -64,9 +64,7 @@ from emulator.runs.mpi_plan import (
     PRLIMIT,
     START_ATTEMPTS,
     WHERE,
-    MpiResults,
     MpiRunConfig,
-    RankPlace,
     RemoteLaunch,
     check_latency_mca,
     daemon_start_failed,
@@ -91,6 +89,7 @@ from emulator.runs.mpi_plan import (
     split_fetched,
     yield_environment,
 )
+from emulator.runs.mpi_results import MpiResults, RankPlace
 
 #: The run folder's files: Open MPI's launch agent, and the latency library's holds per pair of hosts.
 LAUNCH_AGENT = "launch-agent"

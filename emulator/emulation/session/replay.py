@@ -66,7 +66,7 @@ from emulator.emulation.machine.calibration_file import Calibration
 from emulator.emulation.network.controller_process import ControllerProcess
 from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.emulation.network.ovs_sockets import vswitchd_pid
-from emulator.emulation.session import fidelity
+from emulator.emulation.session import captures, fidelity
 from emulator.emulation.session.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.model import fabric, routing, topology
 from emulator.model.cluster_placement import Placement
@@ -176,7 +176,7 @@ def prepare(cfg: ReplayConfig, calibration: Calibration | None = None) -> Prepar
     report = scheck.predict(schedule, topo, cfg.routing, seed=cfg.seed, latency=model, mtu=profile.emulated_mtu,
                             where=f"schedule {cfg.schedule!r}")
     for link in cfg.pcap:
-        fidelity.parse_link_name(topo, link)
+        captures.parse_link_name(topo, link)
     faults.parse_faults(cfg.faults, topo, schedule.p, schedule.steps, cfg.repeat, where="replay: fault")
     return Prepared(schedule, topo, profile, model, report)
 
@@ -407,7 +407,7 @@ class ReplaySession:
         stats_offset = self.stats_offset()
         fleet: Fleet | None = None
         actions: FaultActions | None = None
-        captures: list[Any] = []
+        pcaps: list[Any] = []
         arbiter: DomainArbiter | None = None
         try:
             if plan.files.domain is not None:
@@ -416,7 +416,7 @@ class ReplaySession:
             if plan.fault_plan:
                 actions = FaultActions(self.topo, self.ctl, fleet.kill, **self._fault_runner())
             for link in pcap or []:
-                captures.append(fidelity.start_capture(self.en, self.topo, link, plan.out))
+                pcaps.append(captures.start_capture(self.en, self.topo, link, plan.out))
             for rep in range(warmup + repeat):
                 self._run_repetition(plan, results, fleet, actions, rep)
             fleet.quit()
@@ -432,7 +432,7 @@ class ReplaySession:
                 raise ReplayFailed(lost) from exc
             raise
         finally:
-            fidelity.stop_captures(captures)
+            captures.stop_captures(pcaps)
             if fleet is not None:
                 fleet.close()
             if arbiter is not None:

@@ -4,7 +4,7 @@
 cell with an MPI program (:attr:`emulator.study.experiment.Cell.mpi`). It runs
 the program through the :class:`MpiCellRunner` it is made with (``emu run``'s
 is :func:`emulator.study.live.runner.run_mpi_cell`; reading and reporting need
-none); its ``results.json`` is an :class:`emulator.runs.mpi_plan.MpiResults`
+none); its ``results.json`` is an :class:`emulator.runs.mpi_results.MpiResults`
 (kind ``mpirun``) with its network's probe added; a program that exits
 non-zero, times out or cannot start is a failed cell. Its progress line is
 :func:`mpi_line`, its report row an :class:`MpiRow`: the bundled benchmark's
@@ -24,14 +24,14 @@ from emulator.base.files import write_json_atomic
 from emulator.model import fabric, topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
-from emulator.runs.mpi_plan import MpiResults
+from emulator.runs.mpi_results import MpiResults
 from emulator.runs.results import Fidelity, ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
 from emulator.study.folder.cell_state import CellState
 from emulator.study.progress import QUIET_FLAGS
 
-#: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_plan.MpiResults.to_json`).
+#: ``results.json``'s ``kind`` of an MPI cell (:meth:`emulator.runs.mpi_results.MpiResults.to_json`).
 RESULTS_KIND = "mpirun"
 
 

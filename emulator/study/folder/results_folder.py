@@ -19,7 +19,7 @@
 * ``cells/<cell-id>/`` -- what the replay writes for one cell (``results.json``,
   ``timeline.jsonl``, ``links.jsonl``, ``schedule.json``, ``topology.json``,
   agent logs); for an MPI cell what ``emu mpirun`` writes (``results.json``
-  of kind ``mpirun``, :class:`emulator.runs.mpi_plan.MpiResults`; ``mpirun.log``,
+  of kind ``mpirun``, :class:`emulator.runs.mpi_results.MpiResults`; ``mpirun.log``,
   ``ranks/``, the launch files, ``links.jsonl``, ``bench.json``);
 * ``sessions/<network>/`` -- one network's controller logs and port counters,
   its probes (``probe-<attempt>/``) and their verdicts (``probe.json``).
@@ -31,7 +31,7 @@ changed in the file, one that failed or was interrupted, and one whose
 results are missing, unreadable or of another kind are run again. A replay
 cell's ``results.json`` is read as :func:`emulator.runs.results.load` reads
 it, so folders written before the schema version existed (schema 1) resume
-as before; an MPI cell's as :class:`emulator.runs.mpi_plan.MpiResults` (its
+as before; an MPI cell's as :class:`emulator.runs.mpi_results.MpiResults` (its
 program exited 0: status ``ok``). Every cell goes through one code path
 here; a new kind of cell needs no change in this module.
 

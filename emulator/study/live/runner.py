@@ -60,7 +60,7 @@ from emulator.model.prediction.check import CheckReport, predict
 from emulator.model.schedule.format import Schedule
 from emulator.model.topology import DEFAULT_MTU, Topology
 from emulator.runs import network_probe as probe
-from emulator.runs.mpi_plan import MpiResults
+from emulator.runs.mpi_results import MpiResults
 from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study.cell_kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
