@@ -307,7 +307,7 @@ class Agent:
         largest = max((op.bytes for op in self.program.ops if op.is_comm), default=0)
         # Room for a whole message before the receiver has posted its receive (see peer.open_channels).
         self.rcvbuf = min(max(2 * largest + (1 << 16), 1 << 20), 32 << 20)
-        self.channels = Channels({}, {})  # none until connect
+        self.channels: Channels[SendEnd] = Channels({}, {})  # none until connect
 
     # ------------------------------------------------------------ connections
     def host_of(self, rank: int) -> topology.Host:
@@ -346,7 +346,8 @@ class Agent:
         """Open every data connection: listen for our receive peers, connect to our send peers (over the
         fabric, and over the server's interconnect where the topology has one)."""
         try:
-            self.channels = open_channels(self.connection_plan(), timeout_s)
+            fabric = open_channels(self.connection_plan(), timeout_s)
+            self.channels = Channels[SendEnd]({**fabric.send}, dict(fabric.receive))
             if self.domain_keys:
                 timed = open_domain_channels(self.domain_plan(), timeout_s)
                 self.channels.send.update(timed.send)
@@ -403,7 +404,7 @@ class Agent:
         cpu_s = time.process_time() - cpu_before  # before the data check: the repetition's own work
         return RepetitionResult(run.timings, self.buffers.wrong(), run.send_timings, run.arrivals, cpu_s)
 
-    def _start_workers(self, channels: Channels, run: _Repetition) -> None:
+    def _start_workers(self, channels: Channels[SendEnd], run: _Repetition) -> None:
         workers = [threading.Thread(target=_Sender(channels.send[key], self.latency[key.peer], self.buffers, run),
                                     daemon=True) for key in self.send_keys]
         workers += [threading.Thread(target=self._receive_worker, args=(channels.receive[key], run), daemon=True)

@@ -64,7 +64,6 @@ from emulator.emulation.agents.peer import (
     Delivered,
     PeerError,
     RecvChannel,
-    SendChannel,
     accept_all,
     check_accepted,
     close_quietly,
@@ -326,7 +325,7 @@ class DomainPlan:
     send_to: tuple[tuple[ConnKey, int], ...]  # (key, the receiver's host index)
 
 
-def open_domain_channels(plan: DomainPlan, timeout_s: float) -> Channels:
+def open_domain_channels(plan: DomainPlan, timeout_s: float) -> Channels[DomainSendChannel]:
     """Listen on :func:`rank_socket` for ``plan.receive_from``, connect to each of ``plan.send_to`` and, per
     send channel, to the arbiter, all within ``timeout_s``. Raises :class:`PeerError` naming the peer."""
     path = rank_socket(plan.directory, plan.rank)
@@ -343,7 +342,7 @@ def open_domain_channels(plan: DomainPlan, timeout_s: float) -> Channels:
                                                              lambda conn: None), daemon=True)
         acceptor.start()
         deadline = time.monotonic() + timeout_s
-        send: dict[ConnKey, SendChannel | DomainSendChannel] = {}
+        send: dict[ConnKey, DomainSendChannel] = {}
         for key, dst in plan.send_to:
             sock = _connect(rank_socket(plan.directory, key.peer), deadline, key.describe())
             arbiter = _connect(arbiter_socket(plan.directory), deadline, "the interconnect arbiter")

@@ -39,13 +39,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from emulator.base.waiting import wait_until
 from emulator.model.schedule.format import Op
-
-if TYPE_CHECKING:
-    from emulator.emulation.agents.interconnect import DomainSendChannel
 
 HEADER = struct.Struct("!IIQ")  # repetition, step, payload bytes
 HELLO = struct.Struct("!II")  # sender rank and lane, first thing on a data connection
@@ -412,12 +409,20 @@ class ConnectionPlan:
     link_bps: float
 
 
-@dataclass
-class Channels:
-    """A rank's open data connections, by peer rank and lane (over the fabric, or over a server's interconnect:
-    :mod:`emulator.emulation.agents.interconnect`)."""
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
-    send: dict[ConnKey, SendChannel | DomainSendChannel]
+
+S = TypeVar("S", bound=_Closes)
+
+
+@dataclass
+class Channels(Generic[S]):
+    """A rank's open data connections, by peer rank and lane: their send ends of type ``S`` (over the fabric
+    :class:`SendChannel`, over a server's interconnect :mod:`emulator.emulation.agents.interconnect`'s own) and
+    their receive ends."""
+
+    send: dict[ConnKey, S]
     receive: dict[ConnKey, RecvChannel]
 
     def close(self) -> None:
@@ -427,7 +432,7 @@ class Channels:
             into.close()
 
 
-def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
+def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels[SendChannel]:
     """Listen for ``plan.receive_from`` and connect along ``plan.send_to``, all within ``timeout_s``.
 
     The listening socket's receive buffer is ``plan.rcvbuf``, set before
@@ -449,7 +454,7 @@ def open_channels(plan: ConnectionPlan, timeout_s: float) -> Channels:
                                     daemon=True)
         acceptor.start()
         deadline = time.monotonic() + timeout_s
-        send: dict[ConnKey, SendChannel | DomainSendChannel] = {}
+        send: dict[ConnKey, SendChannel] = {}
         for route in plan.send_to:
             channel = SendChannel(connect(plan.ip, route, deadline), route.key, plan.link_bps)
             channel.hello(plan.rank)
