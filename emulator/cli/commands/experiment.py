@@ -123,54 +123,77 @@ def cmd_run(args: argparse.Namespace) -> int:
     exp = xp.load(args.file)
     if args.max_time is None:  # the file knows how long it runs; the command line still overrides it
         args.max_time = exp.max_time_s
-    cells = xp.expand(exp)
     existing = {p.emulated_mtu: calibration_file.load_calibration(p.emulated_mtu) for p in xp.profiles(exp)}
     cluster = cluster_run(args)
     if cluster is not None:  # every network's MTU, before anything starts
         for p in xp.profiles(exp):
             cluster.cluster.check_mtu(p.emulated_mtu, f"cluster file {cluster.cluster.name}")
     if args.check:
-        prepared, dilations = _prepare(exp, existing)
-        _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it
-        request, verdict = _admit(args, prepared, args.out, existing, cluster)
-        for pc in prepared:
-            if pc.report is None:
-                _print_mpi_cell(pc)
-                continue
-            eff = pc.report.scaling_efficiency
-            what = (f"scaling efficiency {eff:.3f}" if eff is not None
-                    else f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s")
-            print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, {what}, "
-                  f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
-        _print_loads(prepared)
-        est = request.time_s or 0.0
-        n_mpi = sum(pc.report is None for pc in prepared)
-        guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
-        print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks; "
-              f"about {format_duration(est)} if the network met the model{guess}")
-        _print_fabrics(prepared)
-        for line in verdict.lines:
-            print(f"# {line}")
-        return 0
-    if args.out:
-        out = args.out
-        old = results_folder.RunFolder(out).read_run()
-        if old is not None and old.fingerprint != exp.fingerprint():
-            raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got {out!r} "
-                            "(it holds a run of a different experiment file)")
-    else:
-        found = None if args.new else results_folder.find_unfinished(RESULTS_ROOT, exp)
-        out = found or results_folder.new_out_dir(RESULTS_ROOT, exp.name)
+        return _check_only(args, exp, existing, cluster)
+    out = _results_folder(args, exp)
     prepared, dilations = _prepare(exp, existing)
     _, verdict = _admit(args, prepared, out, existing, cluster)  # memory and time before anything starts; the load where calibrated
     system.require_root()
-    if any(c.mpi is not None for c in cells):  # before anything starts: MPI cells need Open MPI's launcher
+    if any(pc.cell.mpi is not None for pc in prepared):  # before anything starts: MPI cells need Open MPI's launcher
         system.require_tools([mpi.MPIRUN, "mnexec"])
     # one line, and about a minute per MTU, when this machine has no calibration at an MTU the cells use
     calibrations: dict[int, Calibration | None] = {p.emulated_mtu: ensure_calibration(p) for p in xp.profiles(exp)}
     if any(existing[mtu] is None for mtu in calibrations):  # predict with the new calibration; check the load
         prepared, dilations = _prepare(exp, calibrations)
         _, verdict = _admit(args, prepared, out, calibrations, cluster)
+    _make_folder(args, out)
+    with open(args.file, encoding="utf-8") as fh:
+        text = fh.read()
+    interrupt_on_sigterm()
+    _print_start(exp, prepared, dilations, verdict, out, cluster)
+    results_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
+    factory = replay.on_cluster(cluster) if cluster is not None else replay.ReplaySession
+    summary = runner.Runner(exp, out, session_factory=factory, source_text=text, prepared=prepared).run()
+    return _finish(summary, out)
+
+
+def _check_only(args: argparse.Namespace, exp: xp.Experiment, existing: dict[int, Calibration | None],
+                cluster: ClusterRun | None) -> int:
+    """``emu run --check``: every cell proved and predicted, each network's load, admission; nothing starts."""
+    prepared, dilations = _prepare(exp, existing)
+    _print_dilations(dilations, all(c is not None for c in existing.values()))  # before a refusal: it explains it
+    request, verdict = _admit(args, prepared, args.out, existing, cluster)
+    for pc in prepared:
+        if pc.report is None:
+            _print_mpi_cell(pc)
+            continue
+        eff = pc.report.scaling_efficiency
+        what = (f"scaling efficiency {eff:.3f}" if eff is not None
+                else f"busbw {pc.report.to_json()['busbw_mbps']:.2f} Mbit/s")
+        print(f"{pc.cell.id}: predicted {pc.predicted_s:.3f} s per repetition, {what}, "
+              f"max flows per link {max(pc.report.costs.max_flows_per_link, default=0)}")
+    _print_loads(prepared)
+    est = request.time_s or 0.0
+    n_mpi = sum(pc.report is None for pc in prepared)
+    guess = f" (MPI cells: {xp.MPI_ESTIMATE_S:g} s each, a guess: no model predicts them)" if n_mpi else ""
+    print(f"{args.file}: ok, experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks; "
+          f"about {format_duration(est)} if the network met the model{guess}")
+    _print_fabrics(prepared)
+    for line in verdict.lines:
+        print(f"# {line}")
+    return 0
+
+
+def _results_folder(args: argparse.Namespace, exp: xp.Experiment) -> str:
+    """Where the run's results go: ``--out`` (new, or a run of the same experiment), else the newest unfinished
+    run of this experiment (unless ``--new``), else a new folder under ``results/``."""
+    if args.out:
+        old = results_folder.RunFolder(args.out).read_run()
+        if old is not None and old.fingerprint != exp.fingerprint():
+            raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got "
+                            f"{args.out!r} (it holds a run of a different experiment file)")
+        return str(args.out)
+    found = None if args.new else results_folder.find_unfinished(RESULTS_ROOT, exp)
+    return found or results_folder.new_out_dir(RESULTS_ROOT, exp.name)
+
+
+def _make_folder(args: argparse.Namespace, out: str) -> None:
+    """Create the results folder (and point ``results/latest`` at it when ``--out`` did not name it)."""
     try:
         os.makedirs(out, exist_ok=True)
     except OSError as exc:
@@ -178,22 +201,24 @@ def cmd_run(args: argparse.Namespace) -> int:
             from None
     if not args.out:
         results_folder.point_latest(RESULTS_ROOT, out)
-    with open(args.file, encoding="utf-8") as fh:
-        text = fh.read()
-    interrupt_on_sigterm()
+
+
+def _print_start(exp: xp.Experiment, prepared: list[xp.PreparedCell], dilations: list[xp.RunDilation],
+                 verdict: admission.Verdict, out: str, cluster: ClusterRun | None) -> None:
+    """What is about to run: its cells and networks, fabrics, dilations, admission, and the cluster's placement."""
     print(f"experiment {exp.name!r}: {len(prepared)} cells on {_networks(prepared)} networks, results in {out}")
     _print_fabrics(prepared)
     _print_dilations(dilations, True)
-    results_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
     for line in verdict.lines:
         print(f"# {line}")
     if cluster is not None:
         for spec, topo in {pc.topo.spec: pc.topo for pc in prepared}.items():
             print(f"# {spec} on cluster {cluster.cluster.name}: "
                   f"{cluster.placement(topo).describe(topo, cluster.cluster.head)}")
-    factory = replay.on_cluster(cluster) if cluster is not None else replay.ReplaySession
-    summary = runner.Runner(exp, out, session_factory=factory, source_text=text,
-                            prepared=prepared).run()
+
+
+def _finish(summary: runner.Summary, out: str) -> int:
+    """The report, the closing lines, and the exit status: 130 interrupted, 1 when a cell failed, else 0."""
     try:
         path = _write_report(out)
         print(f"report: {path}")
