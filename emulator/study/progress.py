@@ -3,7 +3,7 @@
 Every console line of the live loop (:mod:`emulator.study.live.runner`) goes through
 :class:`Progress`, which keeps the count of cells done and the ids still to
 run, and asks :class:`Eta` how long those will take. The file log
-(``run.log``) is :meth:`emulator.study.folder.results_folder.RunFolder.log`'s, not this
+(``run.log``) is :meth:`emulator.study.folder.results_folder.ResultsFolder.log`'s, not this
 module's.
 
 :class:`Eta` starts from the timing model: each cell's predicted seconds per

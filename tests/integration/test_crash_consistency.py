@@ -34,7 +34,7 @@ import pytest
 from emulator.base.files import read_json_object
 from emulator.emulation.machine.started import all_runs
 from emulator.study import experiment as xp
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 
 from . import census
 from .census import CensusLog
@@ -141,7 +141,7 @@ def _assert_complete_and_consistent(path: str, out: str) -> None:
     """Every cell finished ok and of its own cell, state.json and run.json agree, and the report builds."""
     exp = xp.load(path)
     cells = xp.expand(exp)
-    folder = RunFolder(out)
+    folder = ResultsFolder(out)
     for cell in cells:
         res = folder.results_of(cell)
         assert res is not None, f"{cell.id}: results.json missing or unreadable"

@@ -13,7 +13,7 @@ from emulator.model import topology
 from emulator.model.schedule.format import COMPUTE
 from emulator.study import experiment as xp
 from emulator.study import report
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.live import runner
 
 pytestmark = pytest.mark.integration
@@ -31,7 +31,7 @@ def test_interrupt_after_first_cell_then_resume_runs_only_the_rest(tmp_path):
     def interrupt(cell_id: str, outcome: str) -> None:
         raise KeyboardInterrupt  # as Ctrl-C right after the first cell
 
-    folder = RunFolder(out)
+    folder = ResultsFolder(out)
     first = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO(), after_cell=interrupt).run()
     assert first.interrupted and first.ran == [ids[0]] and not first.failed
     res = folder.results_of(ids[0])
@@ -106,7 +106,7 @@ def test_a_resnet50_iteration_runs_from_an_experiment_file_and_reports_its_effic
     summary = runner.Runner(exp, out, session_factory=ReplaySession, stream=io.StringIO()).run()
     assert summary.status == "complete", summary.failed
     assert summary.ran == [cell.id]
-    res = RunFolder(out).results_of(cell.id)
+    res = ResultsFolder(out).results_of(cell.id)
     assert res is not None and len(res.repetitions) == 2 and all(r.correct for r in res.repetitions)
     data = res.to_json()
     assert data["compute_only_s"] == pytest.approx(compute_s, rel=1e-6)

@@ -20,7 +20,7 @@ from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.schedule import format as sformat
 from emulator.study import experiment as xp
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 
 pytestmark = pytest.mark.integration
 
@@ -121,7 +121,7 @@ def _start_run(path: str, out: str) -> subprocess.Popen:
 def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_s: float = 240) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        done = [c.id for c in xp.expand(exp) if RunFolder(out).cell_finished(c)]
+        done = [c.id for c in xp.expand(exp) if ResultsFolder(out).cell_finished(c)]
         if len(done) >= n:
             return done
         assert proc.poll() is None, proc.communicate()[0]
@@ -161,7 +161,7 @@ def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cell
     proc = _start_run(path, out)  # its bring-up removes what the killed run left
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output
-    assert all(RunFolder(out).cell_finished(c) for c in cells)
+    assert all(ResultsFolder(out).cell_finished(c) for c in cells)
     for cid, mtime in kept.items():
         assert os.stat(os.path.join(out, "cells", cid, "results.json")).st_mtime_ns == mtime
     assert f"skipped {first[0]}" in open(os.path.join(out, "run.log")).read()

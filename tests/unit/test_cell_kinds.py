@@ -18,7 +18,7 @@ from emulator.runs.results import ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.cell_kinds import CSV_FIELDS, DEFAULT_KINDS, Kinds, MpiKind, ReplayKind
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.live import runner
 
 EXP = """
@@ -135,10 +135,10 @@ def test_a_third_kind_runs_through_the_runners_one_path_and_resumes(tmp_path):
     assert f"{FAKE_IDS[0]}: fake value 42" in stream.getvalue()
     doc = json.loads((tmp_path / "run" / "cells" / FAKE_IDS[0] / "results.json").read_text())
     assert doc["kind"] == "fake" and doc["probe"]["passed"] and doc["flags"] == []  # the probe noted by the kind
-    folder = RunFolder(out, _kinds(fake))
+    folder = ResultsFolder(out, _kinds(fake))
     cell = next(c for c in xp.expand(_exp()) if c.id == FAKE_IDS[0])
     assert folder.cell_finished(cell) and isinstance(folder.results_of(cell), FakeResults)
-    assert not RunFolder(out).cell_finished(cell)  # the default kinds read it as a replay's: not one
+    assert not ResultsFolder(out).cell_finished(cell)  # the default kinds read it as a replay's: not one
     again = runner.Runner(_exp(), out, session_factory=factory(), stream=io.StringIO(), kinds=_kinds(fake)).run()
     assert again.skipped == [*FAKE_IDS, REAL_ID] and fake.ran == FAKE_IDS
 

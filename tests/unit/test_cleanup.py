@@ -75,7 +75,7 @@ def test_clean_removes_our_pattern_only(tmp_path, monkeypatch):
 
 def test_a_live_run_keeps_its_bridges_unless_forced(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
-    state = started.RunState.create("test")  # owned by this live process
+    state = started.StartedRecord.create("test")  # owned by this live process
     machine = FakeMachine(["efs1"], ["efs1-eth1"])
     report = cleanup.clean(runner=machine)
     assert len(report) == 1 and report[0].startswith(f"left run {state.run_id} alone")
@@ -95,7 +95,7 @@ def test_processes_are_known_by_pid_and_start_time():
 
 def test_kill_recorded_kills_what_was_recorded_and_not_a_recycled_pid(tmp_path, monkeypatch):
     monkeypatch.setenv("EF_RUN_DIR", str(tmp_path))
-    state = started.RunState.create("test")
+    state = started.StartedRecord.create("test")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:

@@ -18,7 +18,7 @@ from emulator.runs.results import CellResults, Fidelity, Repetition
 from emulator.study import experiment as xp
 from emulator.study.experiment.grid import expand
 from emulator.study.folder import results_folder
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.live import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -283,7 +283,7 @@ def test_interrupt_keeps_finished_cells_and_resume_runs_only_the_rest(tmp_path):
     s = _runner(exp, tmp_path, after_cell=stop_after_first).run()
     assert s.interrupted and s.ran == [ids[0]]
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
-    assert RunFolder(str(tmp_path)).cell_finished(xp.expand(exp)[0])
+    assert ResultsFolder(str(tmp_path)).cell_finished(xp.expand(exp)[0])
     FakeSession.runs.clear()
     s2 = _runner(exp, tmp_path).run()
     assert s2.skipped == [ids[0]] and s2.ran == ids[1:] and FakeSession.runs == ids[1:]

@@ -25,7 +25,7 @@ from emulator.runs.results import CellResults, Fidelity
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.cell_kinds import DEFAULT_KINDS
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.live import runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -304,7 +304,7 @@ def test_mpi_cells_run_on_their_networks_session_between_its_replays(tmp_path):
     assert [row["size"] for row in doc["bench"]] == [256 << 10, 1 << 20]
     states = json.loads((tmp_path / "state.json").read_text())["cells"]
     assert all(states[cid]["status"] == "ok" for cid in IDS)
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     assert all(folder.cell_finished(c) for c in xp.expand(exp))
     text = stream.getvalue()
     assert f"{IDS[1]}: MPI program exited 0 after 4.5 s, busbw 15.00 Mbit/s at 1MiB (measured/predicted 1.10)" in text
@@ -363,7 +363,7 @@ def test_ctrl_c_in_an_mpi_cell_leaves_it_interrupted_and_a_resume_runs_it_again(
     assert states[IDS[2]]["status"] == "interrupted" and IDS[3] not in states
     assert _doc(tmp_path, IDS[2])["status"] == "interrupted"
     assert json.loads((tmp_path / "run.json").read_text())["status"] == "interrupted"
-    assert not RunFolder(str(tmp_path)).cell_finished(xp.expand(exp)[2])
+    assert not ResultsFolder(str(tmp_path)).cell_finished(xp.expand(exp)[2])
 
     again = FakeMpi()
     s2 = _runner(exp, tmp_path, again).run()
@@ -397,7 +397,7 @@ def _mpi_doc(cell: xp.Cell, status: str = "ok") -> MpiResults:
 def test_an_mpi_cell_is_finished_only_with_ok_mpirun_results_of_exactly_that_cell(tmp_path):
     cells = xp.expand(parse(MIXED))
     replay, cell, other = cells[0], cells[1], cells[2]
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     os.makedirs(folder.cell_dir(cell))
     assert not folder.cell_finished(cell)
     for status in ("running", "failed", "timeout", "interrupted"):

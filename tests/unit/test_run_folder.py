@@ -14,7 +14,7 @@ from fake_session import FakeSession, factory
 from emulator.runs.results import CellResults, Fidelity, ProbeVerdict, Repetition
 from emulator.study import experiment as xp
 from emulator.study.folder.cell_state import CellState
-from emulator.study.folder.results_folder import RunFolder, find_unfinished, new_out_dir, point_latest
+from emulator.study.folder.results_folder import ResultsFolder, find_unfinished, new_out_dir, point_latest
 from emulator.study.live import runner
 
 TINY = """
@@ -43,7 +43,7 @@ def _results(cell: xp.Cell, status: str = "ok") -> CellResults:
                        repetitions=[rep], status=status, outcome=status)
 
 
-def _write(folder: RunFolder, cell: xp.Cell, text: str) -> None:
+def _write(folder: ResultsFolder, cell: xp.Cell, text: str) -> None:
     os.makedirs(folder.cell_dir(cell), exist_ok=True)
     with open(folder.results_path(cell), "w", encoding="utf-8") as fh:
         fh.write(text)
@@ -51,7 +51,7 @@ def _write(folder: RunFolder, cell: xp.Cell, text: str) -> None:
 
 # ------------------------------------------------------------------ cells
 def test_a_cell_is_finished_only_with_ok_results_of_exactly_that_cell(tmp_path, exp):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     ring, hd = xp.expand(exp)
     assert folder.cell_dir(ring) == os.path.join(str(tmp_path), "cells", ring.id) == folder.cell_dir(ring.id)
     assert not folder.cell_finished(ring) and folder.results_of(ring) is None  # never ran
@@ -66,7 +66,7 @@ def test_a_cell_is_finished_only_with_ok_results_of_exactly_that_cell(tmp_path, 
 
 
 def test_results_of_another_cell_or_of_a_changed_cell_do_not_count(tmp_path, exp):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     ring, hd = xp.expand(exp)
     os.makedirs(folder.cell_dir(ring))
     folder.save_results(ring, _results(hd))  # hd's results in ring's directory
@@ -80,7 +80,7 @@ def test_results_of_another_cell_or_of_a_changed_cell_do_not_count(tmp_path, exp
 @pytest.mark.parametrize("text", ["", "{not json", "[]", '"ok"', '{"schema": 99, "status": "ok"}',
                                   '{"status": "ok", "repetitions": [{"rep": 0}]}', "\x00\xff"])
 def test_a_corrupt_results_json_is_not_finished(tmp_path, exp, text):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     ring = xp.expand(exp)[0]
     _write(folder, ring, text)
     assert folder.results_of(ring) is None and not folder.cell_finished(ring)
@@ -88,7 +88,7 @@ def test_a_corrupt_results_json_is_not_finished(tmp_path, exp, text):
 
 def test_a_schema_1_results_json_of_an_older_run_is_finished(tmp_path, exp):
     """results.json as runs before the schema version wrote it: no ``schema`` key, plain dicts."""
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     ring = xp.expand(exp)[0]
     old = {"config": {"cell": ring.to_json(), "experiment": "t"}, "status": "ok", "error": None,
            "prediction": {"predicted_time_s": 0.5, "busbw_mbps": 1.0},
@@ -101,7 +101,7 @@ def test_a_schema_1_results_json_of_an_older_run_is_finished(tmp_path, exp):
 
 
 def test_empty_cell_dir_removes_what_an_earlier_attempt_left(tmp_path, exp):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     ring = xp.expand(exp)[0]
     _write(folder, ring, "{}")
     where = folder.empty_cell_dir(ring)
@@ -110,7 +110,7 @@ def test_empty_cell_dir_removes_what_an_earlier_attempt_left(tmp_path, exp):
 
 # ------------------------------------------------------------ run files
 def test_run_json_keeps_its_creation_time_and_reads_any_object(tmp_path, exp):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     assert folder.read_run() is None
     first = folder.write_run(exp, "running", 2, 1.23456)
     assert folder.read_run() == first and first.wall_s == 1.235 and first.fingerprint == exp.fingerprint()
@@ -129,7 +129,7 @@ def test_run_json_keeps_its_creation_time_and_reads_any_object(tmp_path, exp):
 
 
 def test_state_json_round_trip_leaves_out_unreadable_entries(tmp_path):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     assert folder.read_states() == {}
     states = {"a.b": CellState.recorded("failed", 1.23456, "boom"), "c.d": CellState("ok")}
     folder.write_states(states)
@@ -147,7 +147,7 @@ def test_state_json_round_trip_leaves_out_unreadable_entries(tmp_path):
 
 
 def test_plan_and_probe_files(tmp_path, exp):
-    folder = RunFolder(str(tmp_path))
+    folder = ResultsFolder(str(tmp_path))
     assert not folder.has_plan()
     folder.write_plan(exp, xp.prepare(exp), "name: t\n")
     assert folder.has_plan()
@@ -157,10 +157,10 @@ def test_plan_and_probe_files(tmp_path, exp):
     assert plan["fingerprint"] == exp.fingerprint() and all(c["predicted_time_s"] > 0 for c in plan["cells"])
     work = folder.session_dir("star:hosts=4,bw=20", "shortest", 0, 20.0)
     assert work == os.path.join(str(tmp_path), "sessions", "star-4.shortest-s0")
-    probe_dir = RunFolder.empty_probe_dir(work, 1)
+    probe_dir = ResultsFolder.empty_probe_dir(work, 1)
     assert probe_dir == os.path.join(work, "probe-1") and os.path.isdir(probe_dir)
     verdict = ProbeVerdict(passed=True, pair=("h1", "h4"), measured_s=1.0, predicted_s=1.0, ratio=1.0, reason="ok")
-    RunFolder.write_probes(work, [verdict])
+    ResultsFolder.write_probes(work, [verdict])
     assert json.loads(open(os.path.join(work, "probe.json")).read()) == {"attempts": [verdict.to_json()]}
     (tmp_path / "experiment.json").write_text('{"experiment": {}, "cells": [{"id": "nodot"}]}')
     assert not folder.has_plan()
@@ -222,11 +222,11 @@ def test_an_interrupted_run_is_found_and_resumed_from_its_folder(tmp_path, exp):
         raise KeyboardInterrupt
 
     first = runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO(), after_cell=interrupt).run()
-    assert first.interrupted and RunFolder(out).read_run().status == "interrupted"
+    assert first.interrupted and ResultsFolder(out).read_run().status == "interrupted"
     assert find_unfinished(str(tmp_path), exp) == out
     FakeSession.runs.clear()
     second = runner.Runner(exp, out, session_factory=factory(), stream=io.StringIO()).run()
     assert second.skipped == first.ran and FakeSession.runs == second.ran and second.status == "complete"
     assert find_unfinished(str(tmp_path), exp) is None
-    states = RunFolder(out).read_states()
+    states = ResultsFolder(out).read_states()
     assert {s.status for s in states.values()} == {"ok"}

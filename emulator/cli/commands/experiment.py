@@ -96,7 +96,7 @@ def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str |
     """Refuse the cells still to run (every cell without ``out``) when they do not fit this machine (on a
     ``cluster``: each server its share); the load and the agents' work are held against ``calibrations`` (per
     MTU)."""
-    folder = results_folder.RunFolder(out) if out is not None else None
+    folder = results_folder.ResultsFolder(out) if out is not None else None
     todo = [pc for pc in prepared if folder is None or not folder.cell_finished(pc.cell)]
     request = xp.experiment_request(todo, _envelopes(calibrations))
     if cluster is None:
@@ -146,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = fh.read()
     interrupt_on_sigterm()
     _print_start(exp, prepared, dilations, verdict, out, cluster)
-    results_folder.RunFolder(out).write_dilations([d.to_json() for d in dilations])
+    results_folder.ResultsFolder(out).write_dilations([d.to_json() for d in dilations])
     factory = replay.on_cluster(cluster) if cluster is not None else replay.ReplaySession
     summary = runner.Runner(exp, out, session_factory=factory, source_text=text, prepared=prepared).run()
     return _finish(summary, out)
@@ -183,7 +183,7 @@ def _results_folder(args: argparse.Namespace, exp: xp.Experiment) -> str:
     """Where the run's results go: ``--out`` (new, or a run of the same experiment), else the newest unfinished
     run of this experiment (unless ``--new``), else a new folder under ``results/``."""
     if args.out:
-        old = results_folder.RunFolder(args.out).read_run()
+        old = results_folder.ResultsFolder(args.out).read_run()
         if old is not None and old.fingerprint != exp.fingerprint():
             raise UserError(f"run: field 'out': expected a new folder or one of the same experiment, got "
                             f"{args.out!r} (it holds a run of a different experiment file)")
@@ -275,7 +275,7 @@ def _print_fabrics(prepared: list[xp.PreparedCell]) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     expected = "a results folder of `emu run` (with its experiment.json)"
-    if not results_folder.RunFolder(args.dir).has_plan():
+    if not results_folder.ResultsFolder(args.dir).has_plan():
         raise UserError(f"report: field 'dir': expected {expected}, got {args.dir!r}")
     try:
         path = _write_report(args.dir)

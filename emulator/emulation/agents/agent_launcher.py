@@ -54,7 +54,7 @@ from typing import IO, Any
 from emulator.base.waiting import wait_until
 from emulator.emulation.agents import agent, agent_protocol
 from emulator.emulation.machine import confinement
-from emulator.emulation.machine.started import RunState
+from emulator.emulation.machine.started import StartedRecord
 from emulator.emulation.machine.system import end_by_closing_input
 
 CLONE_NEWNET = 0x40000000
@@ -184,7 +184,7 @@ class Adopted:
 
     def __init__(self) -> None:
         become_subreaper()
-        self.state = RunState.create("agents")
+        self.state = StartedRecord.create("agents")
         os.makedirs(os.path.join(self.state.path, "logs"))
         self.status: dict[int, int] = {}
 

@@ -121,13 +121,13 @@ def alive(pid: int, start_time: int | None) -> bool:
 
 
 @dataclass
-class RunState:
-    """The on-disk record of one run."""
+class StartedRecord:
+    """The on-disk record of what one run started (see the module docstring)."""
 
     path: str
 
     @classmethod
-    def create(cls, label: str) -> RunState:
+    def create(cls, label: str) -> StartedRecord:
         root = state_root()
         os.makedirs(root, exist_ok=True)
         run_id = f"{label}-{os.getpid()}-{int(time.time() * 1000)}"
@@ -160,7 +160,7 @@ class RunState:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-def all_runs() -> Iterator[RunState]:
+def all_runs() -> Iterator[StartedRecord]:
     root = state_root()
     try:
         names = sorted(os.listdir(root))
@@ -169,7 +169,7 @@ def all_runs() -> Iterator[RunState]:
     for name in names:
         path = os.path.join(root, name)
         if os.path.isdir(path) and name != SSH_FOLDER:
-            yield RunState(path)
+            yield StartedRecord(path)
 
 
 def has_our_interface(pid: int, proc: str = "/proc") -> bool:
@@ -195,7 +195,7 @@ def _all_gone(pids: list[int]) -> bool:
     return all(proc_start_time(p) is None for p in pids)
 
 
-def kill_recorded(state: RunState, grace_s: float = 1.0) -> list[int]:
+def kill_recorded(state: StartedRecord, grace_s: float = 1.0) -> list[int]:
     """Kill every process ``state`` recorded, and every process inside a recorded host namespace.
 
     Returns the pids signalled. A process counts as inside a recorded host

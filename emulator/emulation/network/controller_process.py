@@ -47,7 +47,7 @@ from controllers.core import DEFAULT_STATS_INTERVAL, Settings, connections_log
 from emulator.base.files import PROJECT_ROOT, read_json_object
 from emulator.base.naming import BRIDGE_RE, NAME_PREFIX
 from emulator.base.waiting import wait_until
-from emulator.emulation.machine.started import RunState
+from emulator.emulation.machine.started import StartedRecord
 from emulator.emulation.machine.system import Runner, run
 
 #: What Mininet gives every controller record (``OVSSwitch(reconnectms=1000)``), given again after a re-point.
@@ -149,7 +149,7 @@ class ControllerProcess:
         self.topo = settings.check()
         self.log_file = log_file
         self.proc: subprocess.Popen | None = None
-        self.state: RunState | None = None
+        self.state: StartedRecord | None = None
         self.state_file = ""
         self.pid_file = ""
         self.last_log = ""  # the log as it was when the controller stopped
@@ -185,7 +185,7 @@ class ControllerProcess:
         host, port = self.settings.listen
         if listening(host, port):
             raise RuntimeError(f"something already listens on {host}:{port}")
-        self.state = RunState.create("controller")
+        self.state = StartedRecord.create("controller")
         self.state_file = os.path.join(self.state.path, "state.json")
         self.pid_file = os.path.join(self.state.path, f"{NAME_PREFIX}-controller-{port}.pid")
         log_path = self.log_file or os.path.join(self.state.path, "controller.log")

@@ -50,7 +50,7 @@ from emulator.base.errors import UserError
 from emulator.base.naming import HOST_SUBNET, bridge_name, host_intf, switch_intf
 from emulator.emulation.machine.cleanup import clean, remove_our_bridges
 from emulator.emulation.machine.network_lock import NetworkLock
-from emulator.emulation.machine.started import RunState, kill_recorded, proc_netns
+from emulator.emulation.machine.started import StartedRecord, kill_recorded, proc_netns
 from emulator.emulation.machine.system import (
     Runner,
     choose_datapath,
@@ -132,7 +132,7 @@ class EmulatedNetwork:
         self.switch_delay_s = switch_delay_s
         self.runner = runner
         self.net: Any = None
-        self.state: RunState | None = None
+        self.state: StartedRecord | None = None
         self.bringup_s: float | None = None
         self._lock: NetworkLock | None = None
         self.socket_buffers: dict[str, int] = {}
@@ -188,7 +188,7 @@ class EmulatedNetwork:
             self._release_lock()
             raise
         t0 = time.monotonic()
-        self.state = RunState.create(self.label)
+        self.state = StartedRecord.create(self.label)
         try:
             self._build()
             self._configure_hosts()

@@ -11,13 +11,13 @@ from typing import Any
 from emulator.base.naming import bridge_name, host_intf, switch_intf
 from emulator.emulation.machine.cleanup import remove_our_bridges
 from emulator.emulation.machine.network_lock import NetworkLock
-from emulator.emulation.machine.started import RunState, kill_recorded, proc_netns
+from emulator.emulation.machine.started import StartedRecord, kill_recorded, proc_netns
 from emulator.emulation.machine.system import run
 from emulator.model import topology
 from emulator.selfcheck.bench.rows import BringupTimes
 
 
-def _add_nodes_and_links(net: Any, topo: topology.Topology, state: RunState) -> None:
+def _add_nodes_and_links(net: Any, topo: topology.Topology, state: StartedRecord) -> None:
     """``topo``'s hosts (recorded in ``state``), switches and shaped links, with our names; Mininet's ``bw``."""
     for h in topo.hosts:
         node = net.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
@@ -50,7 +50,7 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> BringupTime
 
     setLogLevel(os.environ.get("EF_MININET_LOG", "error"))
     with NetworkLock():
-        state = RunState.create("bench-plain")
+        state = StartedRecord.create("bench-plain")
         net = None
         try:
             t0 = time.monotonic()

@@ -1,10 +1,10 @@
 """The results folder of ``emu run``: its layout, what it says about each cell, and where runs go.
 
-:class:`RunFolder` is the only code that knows the folder's layout:
+:class:`ResultsFolder` is the only code that knows the folder's layout:
 
 * ``experiment.yaml`` -- the experiment file as given;
 * ``experiment.json`` -- the validated experiment, its fingerprint and every
-  cell with the model's prediction (:meth:`RunFolder.write_plan`; an MPI
+  cell with the model's prediction (:meth:`ResultsFolder.write_plan`; an MPI
   cell has null predictions and a ``prediction`` saying it has none);
 * ``run.json`` -- the run's status (``running``, ``interrupted``,
   ``incomplete`` with failed cells, or ``complete``), when it was created and
@@ -26,7 +26,7 @@
 
 A cell is finished when its ``results.json``, read as the cell's kind reads
 it (:mod:`emulator.study.cell_kinds`), says ``ok`` and holds exactly this cell's
-configuration (:meth:`RunFolder.cell_finished`): a cell whose definition
+configuration (:meth:`ResultsFolder.cell_finished`): a cell whose definition
 changed in the file, one that failed or was interrupted, and one whose
 results are missing, unreadable or of another kind are run again. A replay
 cell's ``results.json`` is read as :func:`emulator.runs.results.load` reads
@@ -99,7 +99,7 @@ class RunRecord:
                    wall_s=json_number(data.get("wall_s")))
 
 
-class RunFolder:
+class ResultsFolder:
     """One results folder of ``emu run`` at ``path`` (see the module docstring for its layout), its cells of
     ``kinds`` (:mod:`emulator.study.cell_kinds`: how each kind's results are read and written)."""
 
@@ -268,7 +268,7 @@ def find_unfinished(results_root: str, exp: xp.Experiment) -> str | None:
         path = os.path.join(results_root, name)
         if name == LATEST or os.path.islink(path) or not name.startswith(exp.name + "-"):
             continue
-        run = RunFolder(path).read_run()
+        run = ResultsFolder(path).read_run()
         if run is None or run.fingerprint != exp.fingerprint() or run.status == "complete":
             continue
         key = (run.created or "", name)

@@ -1,7 +1,7 @@
 """The live loop of ``emu run``: every cell of an experiment on emulated networks, resumable.
 
 :class:`Runner` runs an experiment into one results folder
-(:class:`emulator.study.folder.results_folder.RunFolder`, which owns the layout and decides
+(:class:`emulator.study.folder.results_folder.ResultsFolder`, which owns the layout and decides
 which cells are finished). It
 
 1. writes the plan (``experiment.yaml``, ``experiment.json``) and marks the run
@@ -65,7 +65,7 @@ from emulator.runs.results import CellResults, ProbeVerdict
 from emulator.study import experiment as xp
 from emulator.study.cell_kinds import CellKind, Kinds, MpiCellRunner, Results, Session, run_kinds
 from emulator.study.folder.cell_state import CellState
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.progress import TEARDOWN_S, Eta, Progress
 
 __all__ = ["CellOutcome", "MpiCellRunner", "Network", "Runner", "Session", "SessionFactory", "Summary",
@@ -153,7 +153,7 @@ class Runner:
         self.exp = exp
         self.out = out
         self.kinds = kinds if kinds is not None else run_kinds(mpi_runner)
-        self.folder = RunFolder(out, self.kinds)
+        self.folder = ResultsFolder(out, self.kinds)
         self.source_text = source_text
         self.session_factory = session_factory
         self.stream = stream or sys.stdout
@@ -323,7 +323,7 @@ class Runner:
                 (progress.rebuilding if verdicts else progress.damaged)(reason)
                 session.stop()
                 session = self._bring_up(pc, net, work)
-            verdict = self._run_probe(session, sched, report, RunFolder.empty_probe_dir(where, attempt))
+            verdict = self._run_probe(session, sched, report, ResultsFolder.empty_probe_dir(where, attempt))
             verdicts.append(verdict)
             ratio = f" ({verdict.ratio:.2f}x the model)" if verdict.passed and verdict.ratio else ""
             self.folder.log(f"probe of {net.describe()}{when}, attempt {attempt + 1}: {verdict.reason}{ratio}")
@@ -331,7 +331,7 @@ class Runner:
                 break
         else:
             progress.probe_failed_again(verdicts[-1].reason, probe.FLAG)
-        RunFolder.write_probes(where, verdicts)
+        ResultsFolder.write_probes(where, verdicts)
         return session, verdicts[-1]
 
     @staticmethod

@@ -83,7 +83,7 @@ from emulator.base.files import write_atomic, write_json_atomic
 from emulator.model import fabric
 from emulator.model.prediction import paper_scale
 from emulator.study.cell_kinds import DEFAULT_KINDS, Kinds
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.report import answers, llm_section, sections
 from emulator.study.report.doc import Doc
 from emulator.study.report.families import (
@@ -210,7 +210,7 @@ def write_report(out: str, kinds: Kinds = DEFAULT_KINDS) -> str:
     """
     report = build(out, kinds)
     write_csv(os.path.join(out, "cells.csv"), report.cells)
-    run = RunFolder(out).read_run()
+    run = ResultsFolder(out).read_run()
     write_json_atomic(os.path.join(out, "summary.json"),
                       answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers))
     write_atomic(os.path.join(out, "report.html"), report.doc.html(f"Experiment {report.plan.name}"))

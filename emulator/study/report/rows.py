@@ -28,7 +28,7 @@ from emulator.base.files import read_json, write_atomic
 from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
 from emulator.study.cell_kinds import CSV_FIELDS, DEFAULT_KINDS, CellRow, Kinds, MpiRow, Row
-from emulator.study.folder.results_folder import RunFolder
+from emulator.study.folder.results_folder import ResultsFolder
 
 __all__ = ["CSV_FIELDS", "DEFAULT_REFERENCE", "CellRow", "MpiRow", "Plan", "Reference", "Row", "busbw_rows", "load",
            "load_mpi_rows", "load_rows", "training_rows", "write_csv"]
@@ -87,7 +87,7 @@ def load(out: str, kinds: Kinds = DEFAULT_KINDS) -> tuple[Plan, list[Row]]:
     Raises FileNotFoundError when ``out`` has no ``experiment.json``.
     """
     plan, entries = _plan_cells(out)
-    folder = RunFolder(out, kinds)
+    folder = ResultsFolder(out, kinds)
     states = folder.read_states()
     by_kind: dict[str, list[Row]] = {kind.name: [] for kind in kinds}
     for entry in entries:
