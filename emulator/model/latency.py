@@ -49,7 +49,8 @@ from emulator.model.topology import last_segment_bytes
 #: frame for its serialisation. A small burst keeps the difference to the one
 #: packet, which the agents then add themselves (:attr:`emulator.model.latency.PathLatency.unshaped_s`).
 #: Mininet's default burst (15 kB) let whole jumbo frames through unshaped;
-#: docs/fidelity.md has the measurement. The tc commands (:mod:`emulator.emulation.network.tc_commands`) set it. The rate is kept either way.
+#: docs/fidelity.md has the measurement. The tc commands (:mod:`emulator.emulation.network.tc_commands`) set it. The
+#: rate is kept either way.
 SHAPER_BURST_BYTES = 100
 
 
@@ -266,7 +267,9 @@ def _path(model: LatencyModel, switches: int) -> PathLatency:
     p = model.profile
     msg = message_latency_s(p, switches) if p is not None else 0.0
     cts = rendezvous_latency_s(p, switches) if p is not None else 0.0
-    if switches == DOMAIN:  # no link, no TCP: what the agents add is their lateness (emulator.emulation.agents.interconnect)
+    # over an interconnect no link, no TCP: what the agents add is their lateness
+    # (emulator.emulation.agents.interconnect)
+    if switches == DOMAIN:
         return PathLatency(DOMAIN, msg, cts, 0.0, 0.0, 0.0, 0.0, eager_bytes=model.eager_bytes)
     i = model.intrinsic
     return PathLatency(switches, msg, cts, switches * model.link_delay_per_switch_s, i.data.at(switches),

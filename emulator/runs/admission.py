@@ -70,7 +70,8 @@ MPI_RANK_THREADS = 8
 #: What an agent's memory limit allows beyond its estimate: allocator slack (glibc keeps freed temporaries in its
 #: heap), the schedule's own objects. Measured with RLIMIT_DATA bisected, 8 ranks on a star, 16 MiB: the agent's
 #: buffers peak at 0.92-1.14 x rank_bytes (allreduce ring and hd, broadcast dbtree, reduce_scatter, alltoall) and
-#: 1.48 x for allgather (rank_bytes 58 MiB, peak 86 MiB). Before emulator.model.schedule.buffers filled them in bounded batches
+#: 1.48 x for allgather (rank_bytes 58 MiB, peak 86 MiB). Before emulator.model.schedule.buffers filled them in
+#: bounded batches
 #: they peaked at up to 3.8 x (whole-segment int64 index arrays) and a 64 MiB ring's agents ran out of 747 MiB.
 AGENT_LIMIT_SLACK = 1.5
 AGENT_LIMIT_EXTRA_BYTES = 256 * MiB

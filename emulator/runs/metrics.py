@@ -205,7 +205,8 @@ def send_paths(topo: topology.Topology, planned: Sequence[scost.Transfer], model
 
 def send_lateness(schedule: Schedule, sends: SendTimes,
                   paths: Mapping[tuple[int, int], PathLatency]) -> tuple[list[float], list[float]]:
-    """Every send's lateness and its path's target message latency, for :func:`emulator.emulation.session.fidelity.lateness`."""
+    """Every send's lateness and its path's target message latency, for
+    :func:`emulator.emulation.session.fidelity.lateness`."""
     late, target = [], []
     for prog in schedule.ranks:
         for op in prog.ops:

@@ -1,7 +1,8 @@
 """The self-check of a network before its cells: is this network as fast as the calibration says?
 
 A network can come up slow and say nothing, and its cells then look trusted
-(issue 14; docs/fidelity.md has what was measured). Before an experiment runs a network's cells, :class:`emulator.study.live.runner.Runner`
+(issue 14; docs/fidelity.md has what was measured). Before an experiment runs a network's cells,
+:class:`emulator.study.live.runner.Runner`
 replays a short probe on it and compares the measured time with the timing
 model's prediction, which already holds this machine's calibrated intrinsic
 latency (:mod:`emulator.emulation.session.fidelity`):

@@ -136,7 +136,8 @@ class Progress:
                 f"ETA {format_duration(self._eta_s())}  {cell_id}: ")
 
     def cell_ok(self, cell_id: str, line: str) -> None:
-        """A cell finished ok; ``line`` is what its kind says of it (:meth:`emulator.study.cell_kinds.CellKind.line`)."""
+        """A cell finished ok; ``line`` is what its kind says of it
+        (:meth:`emulator.study.cell_kinds.CellKind.line`)."""
         self.say(self._head(cell_id) + line)
 
     def cell_failed(self, cell_id: str, error: str | None) -> None:

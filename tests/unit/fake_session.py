@@ -1,4 +1,5 @@
-"""A stand-in for :class:`emulator.emulation.session.replay.ReplaySession`: writes plausible cell results without a network.
+"""A stand-in for :class:`emulator.emulation.session.replay.ReplaySession`: writes plausible cell results without a
+network.
 
 Each repetition takes the model's per-step times, stretched by ``slowdown``
 (``slowdown_ecmp`` for ECMP routing), so the report has something to show.

@@ -1,6 +1,7 @@
 """Admission (emulator.runs.admission): the estimates of memory, time and load, and the refusals they make.
 
-The memory estimate of an agent is held against what :class:`emulator.model.schedule.buffers.RankBuffers` really allocates; the
+The memory estimate of an agent is held against what :class:`emulator.model.schedule.buffers.RankBuffers` really
+allocates; the
 rate a capacity refusal suggests is predicted again to check that it fits; the command line refuses before
 anything is written, with the machine's memory replaced by a small one.
 """

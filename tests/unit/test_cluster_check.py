@@ -1,5 +1,6 @@
 """``emu cluster check`` (emulator/cli/commands/cluster.py) with fake runners: the probes of
-emulator/emulation/cluster/cluster_probe.py read scripted results, the findings of emulator/runs/cluster_check.py compare
+emulator/emulation/cluster/cluster_probe.py read scripted results, the findings of emulator/runs/cluster_check.py
+compare
 them with the head's, and the command's exit status is 0, 1 or 2."""
 
 from __future__ import annotations

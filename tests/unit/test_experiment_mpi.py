@@ -1,6 +1,7 @@
 """MPI programs as experiment cells (``mpi:``): parsing and validation with field-named errors, grid expansion and
 ids, ``--check``, the runner's loop and resume rule with a fake MPI runner on the fake session, and the report's
-"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.runs.mpi_results.MpiResults` documents. No root.
+"MPI programs" section and ``cells.csv`` rows from fake :class:`~emulator.runs.mpi_results.MpiResults` documents. No
+root.
 """
 
 from __future__ import annotations
@@ -225,7 +226,8 @@ def test_the_bundled_mpi_experiment_checks():
 
 # ------------------------------------------------------------------ running
 class FakeMpi:
-    """Stands in for :func:`emulator.study.live.runner.run_mpi_cell`: writes what :func:`emulator.emulation.mpi.mpi_run.run_in_session`
+    """Stands in for :func:`emulator.study.live.runner.run_mpi_cell`: writes what
+    :func:`emulator.emulation.mpi.mpi_run.run_in_session`
     writes (``results.json`` of kind mpirun, running then final), on the fake session, which must be up.
 
     ``exit``: cell id -> the program's exit status (default 0); ``interrupt``: cells Ctrl-C hits mid-run;

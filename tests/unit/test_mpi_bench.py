@@ -147,8 +147,8 @@ def test_importing_the_benchmark_imports_no_mpi():
 
 
 def test_help_needs_no_mpi():
-    proc = subprocess.run([sys.executable, "-m", "emulator.emulation.mpi.allreduce_bench_program", "--help"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "emulator.emulation.mpi.allreduce_bench_program", "--help"],
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith(f"usage: {PROG}") and "--algo NAME" in proc.stdout
 
 

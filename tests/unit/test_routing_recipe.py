@@ -73,7 +73,8 @@ def test_the_controller_and_the_schedule_check_take_it(last):
 def test_an_experiment_file_and_the_report_take_it(last):
     exp = xp.from_dict({"series": [{"name": "s", "runs": [
         {"topology": LEAFSPINE, "routing": ["last", "shortest"], "algorithms": ["ring"], "sizes": ["64KiB"]}]}]})
-    assert [c.id for c in xp.expand(exp)] == ["s.leafspine-3x3x2.last.ring.64KiB", "s.leafspine-3x3x2.shortest.ring.64KiB"]
+    assert [c.id for c in xp.expand(exp)] == ["s.leafspine-3x3x2.last.ring.64KiB",
+                                              "s.leafspine-3x3x2.shortest.ring.64KiB"]
     assert routing.title(last) == "last-candidate"
     row = type("Row", (), {"kind": "leafspine", "routing": last, "algorithm": "ring", "placement": "identity",
                            "collective": "allreduce"})()

@@ -72,7 +72,8 @@ def _imports(tree: ast.Module, module: str, modules: set[str]) -> tuple[set[str]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             names = [base] + [f"{base}.{a.name}" for a in node.names]
         found = {n for n in names if n in modules}
         (checking if node in typing_only else runtime).update(found)

@@ -280,7 +280,8 @@ class Agent:
         """``ip_of`` maps host names to addresses (default: the topology's plan; tests use loopback);
         ``latency`` the latency terms of the path to each rank this one sends to (default: none);
         ``compute_dilation`` what a compute operation's seconds are multiplied by (the fabric's dilation);
-        ``domain_dir`` where the server's interconnect sockets are (:mod:`emulator.emulation.agents.interconnect`; needed
+        ``domain_dir`` where the server's interconnect sockets are (:mod:`emulator.emulation.agents.interconnect`;
+        needed
         when the topology has one and this rank talks to another of its server)."""
         self.schedule = schedule
         self.ip_of = ip_of or {h.name: h.ip for h in topo.hosts}
@@ -563,7 +564,8 @@ def _serve(control: AgentChannel, agent: Agent) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The agent process (see the module docstring): 0 after ``quit``, 1 after reporting an ``error``,
-    :data:`emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS` after running out of its memory limit (one line in its log
+    :data:`emulator.emulation.machine.confinement.OUT_OF_MEMORY_STATUS` after running out of its memory limit (one
+    line in its log
     and its stderr, and an ``error`` with ``out_of_memory``)."""
     args = _arguments(argv)
     # A worker woken by its socket waits for the GIL up to the switch interval

@@ -300,8 +300,9 @@ class AgentLauncher:
     def start(self) -> AgentLauncher:
         become_subreaper()
         with open(self.stderr_path, "ab") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "emulator.emulation.agents.agent_launcher"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True, cwd=self.cwd, env=self.env)
+            self.proc = subprocess.Popen([sys.executable, "-m", "emulator.emulation.agents.agent_launcher"],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         cwd=self.cwd, env=self.env)
         return self
 
     def spawn(self, netns_pid: int, argv: Sequence[str], output: str,

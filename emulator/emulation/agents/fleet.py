@@ -84,7 +84,8 @@ class Spawner(Protocol):
 
 
 class Control(Protocol):
-    """The orchestrator's end of the control socket (:class:`emulator.emulation.agents.agent_protocol.ControlServer`)."""
+    """The orchestrator's end of the control socket
+    (:class:`emulator.emulation.agents.agent_protocol.ControlServer`)."""
 
     path: str
     address: str  # where agents connect: the Unix socket's path, or tcp:IP:PORT
@@ -105,7 +106,8 @@ class AgentFiles:
     topology: str
     latency: str  # the latency plan (emulator.emulation.agents.agent.latency_plan)
     logs: str  # the folder of rank-R.log and rank-R.stderr
-    domain: str | None = None  # the folder of the servers' interconnect sockets (emulator.emulation.agents.interconnect)
+    #: the folder of the servers' interconnect sockets (emulator.emulation.agents.interconnect)
+    domain: str | None = None
 
     def argv(self, rank: int, control: str) -> list[str]:
         """The agent's command line (:func:`emulator.emulation.agents.agent.main`)."""

@@ -77,7 +77,8 @@ class RemoteLauncher:
     def start(self) -> RemoteLauncher:
         with open(self.stderr_path, "ab") as err:
             self.proc = remote_shell.popen(self.cluster, self.server,
-                                           [sys.executable, "-m", "emulator.emulation.agents.agent_launcher", "--adopt"],
+                                           [sys.executable, "-m", "emulator.emulation.agents.agent_launcher",
+                                            "--adopt"],
                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
                                            start_new_session=True)
         first = self._answer()

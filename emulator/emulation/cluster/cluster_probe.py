@@ -1,4 +1,5 @@
-"""The probes of ``emu cluster check``: what one server has, read through a :data:`~emulator.emulation.machine.system.Runner`.
+"""The probes of ``emu cluster check``: what one server has, read through a
+:data:`~emulator.emulation.machine.system.Runner`.
 
 Each function takes the runner of the server it reads
 (:func:`emulator.emulation.cluster.remote_shell.remote_runner`: the head's runs

@@ -114,7 +114,8 @@ class Machine:
     loadavg_after: list[float] = field(default_factory=list)
 
     def identity(self) -> dict[str, Any]:
-        """What :func:`emulator.emulation.machine.system.machine_identity` says of the machine that made the calibration."""
+        """What :func:`emulator.emulation.machine.system.machine_identity` says of the machine that made the
+        calibration."""
         return {key: getattr(self, key) for key in IDENTITY_KEYS}
 
     def to_json(self) -> dict[str, Any]:
@@ -156,7 +157,8 @@ class PathMeasurement:
 
 @dataclass(frozen=True)
 class LatencyCalibration:
-    """The intrinsic latency probes (:mod:`emulator.selfcheck.live.intrinsic_latency`): per path length, and the fitted curves."""
+    """The intrinsic latency probes (:mod:`emulator.selfcheck.live.intrinsic_latency`): per path length, and the
+    fitted curves."""
 
     link_mbps: float
     mtu: int

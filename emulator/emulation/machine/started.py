@@ -30,7 +30,8 @@ from emulator.base.files import append_jsonl, read_json_object, read_jsonl, writ
 from emulator.base.naming import HOST_INTERFACE_RE
 from emulator.base.waiting import wait_until
 
-#: The folder of the state root that holds shared ssh connections' sockets (:mod:`emulator.emulation.cluster.remote_shell`),
+#: The folder of the state root that holds shared ssh connections' sockets
+#: (:mod:`emulator.emulation.cluster.remote_shell`),
 #: not a run: each connection ends by itself when idle.
 SSH_FOLDER = "ssh"
 

@@ -109,9 +109,11 @@ class EmulatedNetwork:
         datapath: ``auto``, ``user`` or ``kernel``.
         label: names the run-state directory.
         mtu: of every interface (default :data:`DEFAULT_MTU`).
-        queue_packets: the FIFO depth of every link end (default: :data:`emulator.emulation.network.tc_commands.DEFAULT_QUEUE_BYTES`
+        queue_packets: the FIFO depth of every link end (default:
+        :data:`emulator.emulation.network.tc_commands.DEFAULT_QUEUE_BYTES`
             in frames).
-        tsq_bytes: per-flow host queue bound (default :data:`emulator.emulation.network.host_commands.DEFAULT_HOST_TSQ_BYTES`).
+        tsq_bytes: per-flow host queue bound (default
+        :data:`emulator.emulation.network.host_commands.DEFAULT_HOST_TSQ_BYTES`).
         switch_delay_s: what every switch port holds each packet (netem; the kernel must have it).
     """
 
@@ -302,7 +304,8 @@ class EmulatedNetwork:
             runner(["sysctl", "-qw", *settings[i:i + 200]])
 
     def _enlarge_datapath_sockets(self) -> None:
-        """See :mod:`emulator.emulation.network.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a packet:
+        """See :mod:`emulator.emulation.network.ovs_sockets`. The send socket exists once ovs-vswitchd has sent a
+        packet:
         a packet-out of a frame nobody listens to (EtherType 0x88b5, local experimental) makes sure."""
         first = self.topo.hosts[0]
         frame = first.mac.replace(":", "") + "020000000000" + "88b5" + "00" * 46

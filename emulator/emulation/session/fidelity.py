@@ -85,7 +85,8 @@ class Snapshot:
     time: float  # CLOCK_MONOTONIC seconds
     qdisc: dict[str, QdiscCounters] = field(default_factory=dict)  # per interface
     retrans: dict[str, int] = field(default_factory=dict)  # TCP RetransSegs per host
-    cpu_idle: float = 0.0  # CPU seconds, summed over all CPUs since boot (see emulator.emulation.machine.system.cpu_times)
+    #: CPU seconds, summed over all CPUs since boot (see emulator.emulation.machine.system.cpu_times)
+    cpu_idle: float = 0.0
     cpu_total: float = 0.0
 
 
@@ -113,7 +114,8 @@ def parse_tcp_retrans(text: str) -> int:
 
 
 def snapshot(en: Any, topo: Topology) -> Snapshot:
-    """Counters of the live network ``en`` (an :class:`emulator.emulation.network.emulated_network.EmulatedNetwork`) now."""
+    """Counters of the live network ``en`` (an
+    :class:`emulator.emulation.network.emulated_network.EmulatedNetwork`) now."""
     if getattr(en, "cluster", None) is not None:
         qdiscs, retrans = _cluster_counters(en, topo)
     else:

@@ -180,7 +180,8 @@ def check(schedule: Schedule, topo: Topology, policy: str, *, seed: int = 0, lat
     network's; a compute op takes its ``seconds`` times ``compute_dilation``
     (default :func:`dilation_of`: the profile's dilation, 1 without a
     profile); ``flow_of`` the 5-tuple of each connection, where it is not the
-    agents' (:func:`emulator.model.prediction.cost.transfers`). Raises :class:`~emulator.base.errors.UserError` for hosts missing
+    agents' (:func:`emulator.model.prediction.cost.transfers`). Raises :class:`~emulator.base.errors.UserError` for
+    hosts missing
     from the topology or an unknown routing policy; correctness problems are
     reported in the result (``valid`` false, ``execution.errors``) and then no
     timing is simulated.

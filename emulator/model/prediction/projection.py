@@ -320,7 +320,8 @@ class _Transfer:
 
 
 def _hd_steps(p: int, size: int) -> list[list[tuple[int, int, int]]]:
-    """``(src, dst, bytes)`` of every step, as :func:`~emulator.model.collectives.generators.generate` builds ``hd`` with its default chunks."""
+    """``(src, dst, bytes)`` of every step, as :func:`~emulator.model.collectives.generators.generate` builds ``hd``
+    with its default chunks."""
     big = 1 << (p.bit_length() - 1)
     extra = p - big
     chunk = check_chunking(size, big, WHERE)

@@ -78,7 +78,7 @@ __all__ = [
     "IPPROTO_TCP", "LEARNED_COOKIE", "LEARNED_IDLE_TIMEOUT", "MAX_AGENT_SOURCE_PORT", "POLICIES", "PRIORITY_ARP",
     "PRIORITY_DEST", "PRIORITY_FLOW", "PRIORITY_PAIR", "PRIORITY_TCP_MISS", "PRIORITY_UPLINK", "Flow", "FlowEntry",
     "Learner", "NoPath", "Router", "RoutingPolicy", "agent_flow", "agent_lane", "all_agent_flows", "check_policy",
-    "cut_pairs", "directed_links", "ecmp_hash", "exact_flows", "hashes_five_tuples", "own_routing", "flow_table", "hop_port", "label",
-    "learned_entries", "link_sharing", "max_lanes", "path_links", "policy", "policy_kinds", "register", "route",
-    "routes", "seed_words", "seeds_of", "server_sender", "switch_links_of", "title", "unregister",
+    "cut_pairs", "directed_links", "ecmp_hash", "exact_flows", "hashes_five_tuples", "own_routing", "flow_table",
+    "hop_port", "label", "learned_entries", "link_sharing", "max_lanes", "path_links", "policy", "policy_kinds",
+    "register", "route", "routes", "seed_words", "seeds_of", "server_sender", "switch_links_of", "title", "unregister"
 ]

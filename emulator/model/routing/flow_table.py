@@ -106,7 +106,8 @@ class FlowEntry:
         parts += [f"idle_timeout={self.idle_timeout}"] if self.idle_timeout else []
         parts.append(f"priority={self.priority}")
         for key, value in self.match:
-            parts.append(f"{names[key]}={hex(int(value)) if key == 'eth_type' else value}")  # type: ignore[call-overload]
+            shown = hex(int(value)) if key == "eth_type" else value  # type: ignore[call-overload]
+            parts.append(f"{names[key]}={shown}")
         action = "controller" if self.out_port == CONTROLLER_PORT else f"output:{self.out_port}"
         return ",".join(parts) + f",actions={action}"
 

@@ -31,7 +31,8 @@ NIC_PLACEMENTS = ("packed", "spread", "hdrm", "rail")
 _RATE_KEYS = ("bw", "host_bw", "switch_bw")
 _SERVER_KEYS = ("servers", "accels_per_server", "nics_per_server", "pcie_bw", "nic_placement", "domain_bw")
 #: A server's accelerator interconnect is not shaped by HTB (its transfers are timed by the agents, see
-#: emulator.emulation.agents.interconnect), so its rate may exceed MAX_LINK_MBPS; beyond this the agents cannot move the bytes.
+#: emulator.emulation.agents.interconnect), so its rate may exceed MAX_LINK_MBPS; beyond this the agents cannot move
+#: the bytes.
 MAX_DOMAIN_MBPS = 20000.0
 
 

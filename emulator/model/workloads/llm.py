@@ -238,7 +238,8 @@ class _Pass:
 
     def tp(self, where: str, what: str, collective: str, nbytes: int) -> None:
         if self.cfg.tp > 1:
-            self.items.append(Work(TP, self.direction, where, f"{what} {MEANINGS[collective].short}", collective, nbytes))
+            self.items.append(Work(TP, self.direction, where, f"{what} {MEANINGS[collective].short}", collective,
+                                   nbytes))
 
     def ep(self, where: str, what: str, nbytes: int) -> None:
         if self.cfg.ep > 1:

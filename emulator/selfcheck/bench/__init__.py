@@ -53,7 +53,8 @@ Modules (each imports only those before it):
 * :mod:`~emulator.selfcheck.bench.results` -- the whole run's results and its JSON document;
 * :mod:`~emulator.selfcheck.bench.report` -- the printed table;
 * :mod:`~emulator.selfcheck.bench.request` -- the profile and the admission request, before the run;
-* live, in :mod:`emulator.selfcheck.live`: :mod:`~emulator.selfcheck.live.bench_replays`, :mod:`~emulator.selfcheck.live.bench_mpi_pairs`,
+* live, in :mod:`emulator.selfcheck.live`: :mod:`~emulator.selfcheck.live.bench_replays`,
+:mod:`~emulator.selfcheck.live.bench_mpi_pairs`,
   :mod:`~emulator.selfcheck.live.plain_mininet` (the only one that imports Mininet),
   :mod:`~emulator.selfcheck.live.bench_bringup`, and :mod:`~emulator.selfcheck.live.bench_run`, which runs the sections.
 """

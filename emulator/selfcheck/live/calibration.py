@@ -263,7 +263,8 @@ def flow_paths(topo: Topology, policy: str, pairs: Sequence[tuple[str, str]], se
 
 
 def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]) -> list[list[str]]:
-    """``tc`` commands setting every link's shaping class (:func:`emulator.emulation.network.tc_commands.shaping_class_command`) to ``rate_mbps``.
+    """``tc`` commands setting every link's shaping class
+    (:func:`emulator.emulation.network.tc_commands.shaping_class_command`) to ``rate_mbps``.
 
     Host ends run inside the host's namespace (``mnexec -a PID``).
     """
@@ -279,7 +280,8 @@ def reshape_commands(topo: Topology, rate_mbps: float, host_pids: dict[str, int]
 
 
 def machine_info(datapath: str, mtu: int) -> dict[str, Any]:
-    """The machine a calibration describes: :func:`emulator.emulation.machine.system.machine_identity` and the conditions."""
+    """The machine a calibration describes: :func:`emulator.emulation.machine.system.machine_identity` and the
+    conditions."""
     return {**machine_identity(), "datapath": datapath, "mtu": mtu,
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "loadavg_before": load_average()}

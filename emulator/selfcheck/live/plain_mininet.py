@@ -38,7 +38,8 @@ def plain_mininet_bringup(topo: topology.Topology, datapath: str) -> BringupTime
     """Build, start and stop ``topo`` with bare Mininet; returns the times up and down.
 
     The same hosts (IP, MAC), switches (dpid) and shaped links as
-    :class:`~emulator.emulation.network.emulated_network.EmulatedNetwork`, and our names (so ``emu clean`` can remove what a
+    :class:`~emulator.emulation.network.emulated_network.EmulatedNetwork`, and our names (so ``emu clean`` can remove
+    what a
     killed run leaves); no controller, no MTU, sysctl, ARP or flow set-up.
     Holds the machine-wide network lock; host shells are recorded in a run state.
     """

@@ -107,7 +107,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 @dataclass(frozen=True)
 class MpiProgram:
-    """A run's MPI program (``mpi:``): what ``emu mpirun`` would run, one rank per host (:mod:`emulator.emulation.mpi.mpi_run`).
+    """A run's MPI program (``mpi:``): what ``emu mpirun`` would run, one rank per host
+    (:mod:`emulator.emulation.mpi.mpi_run`).
 
     ``program`` is the command as given (its first word is resolved when the cell runs, as ``emu mpirun``
     does); ``np`` None means every host of the topology.

@@ -51,7 +51,8 @@ class PreparedCell:
 
     def peak_load_mbps(self) -> float:
         """The model's busiest step: switch-hop Mbit/s (bytes x switches crossed / the step's span), the unit of
-        the calibrated datapath capacity (:mod:`emulator.selfcheck.live.calibration`); 0 for an MPI cell (no model of its load)."""
+        the calibrated datapath capacity (:mod:`emulator.selfcheck.live.calibration`); 0 for an MPI cell (no model of
+        its load)."""
         return self.report.peak_load_mbps() if self.report is not None else 0.0
 
 

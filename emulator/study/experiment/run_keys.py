@@ -53,7 +53,8 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricChoice, repeat:
     rprofile = fabric_field(where, run, f"{rp}.", enclosing.profile) if has_fabric_keys(run) else None
     choice = FabricChoice(rprofile or enclosing.profile,
                           own is False if own is not None else enclosing.names_dilation)
-    # an MPI program's ranks of one server talk through its switch: no interconnect (emulator.emulation.agents.interconnect)
+    # an MPI program's ranks of one server talk through its switch: no interconnect
+    # (emulator.emulation.agents.interconnect)
     network = _network(where, f"{rp}.topology", run["topology"], choice, interconnect="mpi" not in run)
     topo = network.topology
     if network.profile != choice.profile:  # the topology's own rate set the dilation: the run has a fabric of its own

@@ -81,7 +81,8 @@ class SessionFactory(Protocol):
 
 def run_mpi_cell(session: Session, cell: xp.Cell, out: str, *, config: dict[str, Any],
                  echo: Callable[[str], None]) -> MpiResults:
-    """An MPI cell on its network's :class:`~emulator.emulation.session.replay.ReplaySession`: checked as ``emu mpirun`` checks its
+    """An MPI cell on its network's :class:`~emulator.emulation.session.replay.ReplaySession`: checked as ``emu
+    mpirun`` checks its
     input (:func:`emulator.emulation.mpi.mpi_run.prepare`), then run in the session, which stays up."""
     if not isinstance(session, ReplaySession):
         raise TypeError(f"an MPI cell runs on a ReplaySession, not a {type(session).__name__}")

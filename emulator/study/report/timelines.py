@@ -44,7 +44,8 @@ def pick_heatmap_cells(rows: list[CellRow], ref: Reference) -> tuple[CellRow | N
     # at the host count most cells have (the main comparison), not a scaling point
     hosts = statistics.mode(r.hosts for r in pool)
     congested = max(pool, key=lambda r: (r.collective == ALLREDUCE,
-                                         routing.hashes_five_tuples(r.routing) and r.algorithm == "hd" and r.max_flows_per_link > 1,
+                                         routing.hashes_five_tuples(r.routing) and r.algorithm == "hd"
+                                         and r.max_flows_per_link > 1,
                                          r.hosts == hosts, r.max_flows_per_link, -(r.busbw_mbps or 0)))
     clean_pool = [r for r in pool if ref.matches(r) and r.max_flows_per_link <= 1] or \
                  [r for r in pool if r.max_flows_per_link <= 1]
