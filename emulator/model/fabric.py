@@ -407,6 +407,23 @@ class Resolved:
     profile: FabricProfile
 
 
+class OnNetwork:
+    """A run's input that carries its resolved :attr:`network` (``emu replay``'s, ``emu mpirun``'s): the topology
+    spec as it was given and the real fabric it stands for, read from it."""
+
+    network: Resolved
+
+    @property
+    def topology(self) -> str | Mapping[str, Any]:
+        """The topology spec as it was given."""
+        return self.network.spec
+
+    @property
+    def fabric(self) -> FabricProfile:
+        """The real fabric it stands for."""
+        return self.network.profile
+
+
 def resolve(spec: str | Mapping[str, Any], choice: FabricChoice | None = None, *, interconnect: bool = True,
             where: str = "topology") -> Resolved:
     """``spec`` (a spec string, a mapping, or a topology JSON file) on the fabric ``choice`` (default: the default

@@ -34,7 +34,7 @@ from emulator.base.errors import FieldError
 from emulator.base.naming import HOST_SUBNET
 from emulator.model import routing
 from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
-from emulator.model.fabric import FabricProfile, Resolved
+from emulator.model.fabric import FabricProfile, OnNetwork, Resolved
 from emulator.model.latency import SHAPER_BURST_BYTES, LatencyModel
 from emulator.model.prediction.cost import path_byte_s
 from emulator.model.topology import DEFAULT_MTU, Topology, tcp_goodput_factor, tcp_payload_bytes
@@ -123,7 +123,7 @@ _MCA_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
 
 
 @dataclass(frozen=True)
-class MpiRunConfig:
+class MpiRunConfig(OnNetwork):
     """``emu mpirun``'s input, as given: the network it runs on (the topology and the real fabric it stands for,
     :func:`emulator.model.fabric.resolve` without the servers' interconnect), the program, and how."""
 
@@ -144,16 +144,6 @@ class MpiRunConfig:
     #: the fabric's per-message and per-switch latency on Open MPI's messages (:data:`LATENCY_LIBRARY`); off:
     #: the links stand for its bandwidth only
     latency: bool = True
-
-    @property
-    def topology(self) -> str | Mapping[str, Any]:
-        """The topology spec as it was given."""
-        return self.network.spec
-
-    @property
-    def fabric(self) -> FabricProfile:
-        """The real fabric it stands for."""
-        return self.network.profile
 
     def to_json(self) -> dict[str, Any]:
         return {"topology": self.topology, "routing": self.routing, "out": self.out, "program": list(self.program),

@@ -48,7 +48,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +70,7 @@ from emulator.emulation.session import captures, fidelity
 from emulator.emulation.session.fault_injection import FaultActions, fault_records, measure_affected
 from emulator.model import fabric, routing, topology
 from emulator.model.cluster_placement import Placement
-from emulator.model.fabric import FabricProfile, Resolved
+from emulator.model.fabric import OnNetwork, Resolved
 from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.prediction import check as scheck
 from emulator.model.prediction import cost as scost
@@ -100,7 +100,7 @@ START_MARGIN_S = 0.1
 
 
 @dataclass
-class ReplayConfig:
+class ReplayConfig(OnNetwork):
     """``emu replay``'s input: the schedule file, the network it replays on (the topology and the real fabric it
     stands for, :func:`emulator.model.fabric.resolve`), and how."""
 
@@ -116,16 +116,6 @@ class ReplayConfig:
     datapath: str = "auto"
     stats_interval_s: float = 0.5
     faults: list[Any] = field(default_factory=list)  # specs, see emulator.runs.fault_plan
-
-    @property
-    def topology(self) -> str | Mapping[str, Any]:
-        """The topology spec as it was given."""
-        return self.network.spec
-
-    @property
-    def fabric(self) -> FabricProfile:
-        """The real fabric it stands for."""
-        return self.network.profile
 
     def check(self) -> None:
         for name, value, low in (("repeat", self.repeat, 1), ("warmup", self.warmup, 0), ("seed", self.seed, 0)):
