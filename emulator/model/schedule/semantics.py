@@ -41,36 +41,56 @@ reduce_scatter, allgather and alltoall, 1 for broadcast, reduce and p2p.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLTOALL = "allreduce", "reduce_scatter", "allgather", "alltoall"
 BROADCAST, REDUCE_TO_ROOT, P2P = "broadcast", "reduce", "p2p"
-COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, ALLTOALL, BROADCAST, REDUCE_TO_ROOT, P2P)
-ROOTED = (BROADCAST, REDUCE_TO_ROOT)
 #: A schedule whose segments are of different collectives (see :class:`Shape`).
 MIXED = "mixed"
 
 
 @dataclass(frozen=True)
 class Collective:
-    """How a collective is called and what its proof establishes, in words (its semantics are
-    :class:`Shape`'s, its bus bandwidth :func:`bus_factor`'s)."""
+    """One collective's registration: its name, its short name, what its proof establishes in words, its bus
+    bandwidth factor (nccl-tests' busbw / algbw over ``p`` ranks) and whether it has a root. What its ranks hold
+    before and after is :class:`Shape`'s; its size in bytes,
+    :attr:`~emulator.model.schedule.format.Schedule.collective_bytes` (the larger of input and output)."""
 
     name: str
     short: str  # in the names of a workload's segments ("tp ar", "dp rs")
     result: str  # what every rank ends with, as the proof establishes it
+    bus_factor: Callable[[int], float]
+    rooted: bool = False
 
 
-#: Every collective by name, in :data:`COLLECTIVES`' order.
+def _twice_all_but_one(p: int) -> float:
+    return 2 * (p - 1) / p
+
+
+def _all_but_one(p: int) -> float:
+    return (p - 1) / p
+
+
+def _one(p: int) -> float:
+    return 1.0
+
+
+#: Every collective by name.
 MEANINGS: dict[str, Collective] = {c.name: c for c in (
-    Collective(ALLREDUCE, "ar", "every rank ends with every chunk reduced over all ranks, each once"),
-    Collective(REDUCE_SCATTER, "rs", "every rank ends with its block reduced over all ranks, each once"),
-    Collective(ALLGATHER, "ag", "every rank ends with every rank's block"),
-    Collective(ALLTOALL, "a2a", "every rank ends with block r of every rank r's input, in rank order"),
-    Collective(BROADCAST, "bc", "every rank ends with the root's buffer"),
-    Collective(REDUCE_TO_ROOT, "red", "the root ends with every chunk reduced over all ranks, each once"),
-    Collective(P2P, "p2p", "every message is matched and delivered, nothing deadlocks (no data to check)"),
+    Collective(ALLREDUCE, "ar", "every rank ends with every chunk reduced over all ranks, each once",
+               _twice_all_but_one),
+    Collective(REDUCE_SCATTER, "rs", "every rank ends with its block reduced over all ranks, each once",
+               _all_but_one),
+    Collective(ALLGATHER, "ag", "every rank ends with every rank's block", _all_but_one),
+    Collective(ALLTOALL, "a2a", "every rank ends with block r of every rank r's input, in rank order", _all_but_one),
+    Collective(BROADCAST, "bc", "every rank ends with the root's buffer", _one, rooted=True),
+    Collective(REDUCE_TO_ROOT, "red", "the root ends with every chunk reduced over all ranks, each once", _one,
+               rooted=True),
+    Collective(P2P, "p2p", "every message is matched and delivered, nothing deadlocks (no data to check)", _one),
 )}
+COLLECTIVES = tuple(MEANINGS)
+ROOTED = tuple(c for c, meaning in MEANINGS.items() if meaning.rooted)
 
 
 def qualified(collective: str, label: str) -> str:
@@ -235,12 +255,9 @@ class Shape:
 
 
 def bus_factor(collective: str, p: int) -> float:
-    """nccl-tests' busbw / algbw for ``collective`` over ``p`` ranks."""
-    if collective == ALLREDUCE:
-        return 2 * (p - 1) / p
-    if collective in (REDUCE_SCATTER, ALLGATHER, ALLTOALL):
-        return (p - 1) / p
-    return 1.0
+    """nccl-tests' busbw / algbw for ``collective`` over ``p`` ranks (its registration's; 1 for another)."""
+    meaning = MEANINGS.get(collective)
+    return meaning.bus_factor(p) if meaning is not None else 1.0
 
 
 def bus_bandwidth_mbps(size: int, p: int, seconds: float, collective: str = ALLREDUCE) -> float:
