@@ -76,6 +76,7 @@ from typing import Any
 
 from emulator.base.errors import FieldError, exact_number, printable
 from emulator.model import topology
+from emulator.model.topology import Topology
 from emulator.model.topology import spec as topology_spec
 
 #: Emulated link rates outside this range (Mbit/s) cannot be shaped faithfully:
@@ -403,7 +404,7 @@ class Resolved:
     rates, the profile those rates stand for, and the topology spec as it was written (results record it)."""
 
     spec: str | Mapping[str, Any]
-    topology: topology.Topology
+    topology: Topology
     profile: FabricProfile
 
 
