@@ -9,7 +9,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict
 
 import pytest
 
@@ -73,7 +72,7 @@ def hdrm_on_bigraph(tmp_path_factory):
                             out=str(tmp / "hdrm16"), repeat=2, warmup=0)]
     preps = [prepare(cfg) for cfg in configs]  # as `emu replay` would, each on the same network
     with ReplaySession(preps[0].topo, "bigraph", latency=preps[0].latency, work_dir=str(tmp / "session")) as session:
-        results = [session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, config=asdict(cfg),
+        results = [session.run(prep.schedule, cfg.out, repeat=cfg.repeat, warmup=cfg.warmup, config=cfg.to_json(),
                                report=prep.report) for cfg, prep in zip(configs, preps, strict=True)]
     return tmp, schedule, results[0], results[1]
 

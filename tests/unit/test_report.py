@@ -21,7 +21,7 @@ from emulator.model import fabric
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.live import runner
-from emulator.study.report import answers
+from emulator.study.report.answers import describe
 
 EXP = """
 name: synth
@@ -126,9 +126,9 @@ def test_a_placement_other_than_the_algorithms_own_is_named(tmp_path):
     assert row.algorithm_label == "hd"
     on_hdrm = dataclasses.replace(row, placement="hdrm")  # hd on HDRM's placement is not hd's own family
     assert on_hdrm.algorithm_label == "hd-hdrm" and on_hdrm.family() != row.family()
-    assert answers.describe(on_hdrm).endswith(" + hd (hdrm placement)")
+    assert describe(on_hdrm).endswith(" + hd (hdrm placement)")
     hdrm = dataclasses.replace(row, algorithm="hdrm", placement="hdrm")
-    assert hdrm.algorithm_label == "hdrm" and answers.describe(hdrm).endswith(" + hdrm")
+    assert hdrm.algorithm_label == "hdrm" and describe(hdrm).endswith(" + hdrm")
     assert dataclasses.replace(row, collective="allgather").op_label == "allgather-hd"
 
 
