@@ -5,7 +5,7 @@
 ``data`` buffer (every collective below keeps input and result the same
 size).
 
-Allreduce (in place; ``ALGORITHMS``):
+Allreduce (in place; its algorithms in the registry's order):
 
 ``ring``
     Reduce-scatter then all-gather around the ring ``0 -> 1 -> ... -> p-1 -> 0``,

@@ -31,8 +31,8 @@ def hdrm_placement(topo: Topology) -> list[str]:
     and ``p = 2·U·M`` a power of two; rank ``r`` runs on the host of slot
     :func:`emulator.model.topology.hdrm_slot_order` ``[r]`` (the construction and
     its proof are there). With servers: the identity over accelerators, with
-    ``servers`` and ``accels_per_server`` powers of two (see the module
-    docstring).
+    ``servers`` and ``accels_per_server`` powers of two (see ``hdrm`` in
+    :mod:`emulator.model.collectives.algorithms`).
     """
     if topo.has_servers:
         servers, accels = topo.params["servers"], topo.params["accels_per_server"]
