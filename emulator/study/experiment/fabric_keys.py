@@ -21,7 +21,7 @@ from typing import Any
 
 from emulator.base.errors import FieldError
 from emulator.model import fabric
-from emulator.model.fabric import FabricProfile
+from emulator.model.fabric import FabricChoice, FabricProfile
 
 AUTO = "auto"
 
@@ -54,6 +54,13 @@ def auto_dilation_field(where: str, data: Mapping[str, Any], prefix: str) -> boo
                              "not several", value)
         return False
     return False if explicit else None
+
+
+def level_choice(auto: bool | None, own: FabricProfile | None, enclosing: FabricChoice) -> FabricChoice:
+    """The fabric a level (the top, a series, a run) resolves its topologies on: its own profile (``own``, from
+    :func:`fabric_field`), else the enclosing level's; its dilation named where the level says so itself
+    (``auto`` False, from :func:`auto_dilation_field`), else as the enclosing level's is."""
+    return FabricChoice(own or enclosing.profile, auto is False if auto is not None else enclosing.names_dilation)
 
 
 def fabric_field(where: str, data: Mapping[str, Any], prefix: str, enclosing: FabricProfile) -> FabricProfile:

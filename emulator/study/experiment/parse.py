@@ -33,7 +33,7 @@ from emulator.study.experiment.cells import (
     Experiment,
     Series,
 )
-from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys
+from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys, level_choice
 from emulator.study.experiment.fields import (
     choices_field,
     list_field,
@@ -79,7 +79,7 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     description = string_field(where, "description", top.get("description", ""))
     auto = auto_dilation_field(where, top, "")
     profile = fabric_field(where, top, "", fabric.default())
-    choice = FabricChoice(profile, names_dilation=auto is False)
+    choice = level_choice(auto, profile, FabricChoice(fabric.default()))
     repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
     warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
     seeds = seeds_field(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
@@ -128,8 +128,7 @@ def _series(where: str, sp: str, raw: object, enclosing: FabricChoice, repeat: i
     sdesc = string_field(where, f"{sp}.description", ser.get("description", ""))
     sauto = auto_dilation_field(where, ser, f"{sp}.")
     sprofile = fabric_field(where, ser, f"{sp}.", enclosing.profile) if has_fabric_keys(ser) else None
-    choice = FabricChoice(sprofile or enclosing.profile,
-                          sauto is False if sauto is not None else enclosing.names_dilation)
+    choice = level_choice(sauto, sprofile, enclosing)
     ssizes = sizes_field(where, f"{sp}.sizes", ser["sizes"]) if "sizes" in ser else None
     if "runs" not in ser:
         raise FieldError(where, f"{sp}.runs", "a non-empty list of runs (topology, routing, algorithms)", MISSING)

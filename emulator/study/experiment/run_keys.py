@@ -20,7 +20,7 @@ from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.model.workloads import llm, llm_models, training
 from emulator.runs import fault_plan as faults
 from emulator.study.experiment.cells import Run, Workload
-from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys
+from emulator.study.experiment.fabric_keys import auto_dilation_field, fabric_field, has_fabric_keys, level_choice
 from emulator.study.experiment.fields import (
     choices_field,
     list_field,
@@ -51,8 +51,7 @@ def run_entry(where: str, rp: str, raw: object, enclosing: FabricChoice, repeat:
     own = auto_dilation_field(where, run, f"{rp}.")
     auto = _run_auto(where, rp, run, own)
     rprofile = fabric_field(where, run, f"{rp}.", enclosing.profile) if has_fabric_keys(run) else None
-    choice = FabricChoice(rprofile or enclosing.profile,
-                          own is False if own is not None else enclosing.names_dilation)
+    choice = level_choice(own, rprofile, enclosing)
     # an MPI program's ranks of one server talk through its switch: no interconnect
     # (emulator.emulation.agents.interconnect)
     network = _network(where, f"{rp}.topology", run["topology"], choice, interconnect="mpi" not in run)
