@@ -231,6 +231,28 @@ def test_real_converter_puts_groups_where_they_are_read(tmp_path):
     assert execute(sched).valid
 
 
+def test_groups_that_differ_only_in_size_keep_their_own_bytes(tmp_path):
+    """The tensor-parallel pairs allreduce at the same point of the step, pair (2, 3) 64 KiB, the others 4 KiB:
+    alike but for the size, so two collectives, and every op of a pair carries half its pair's bytes (a ring of
+    two sends each half once in each phase)."""
+    size = {rank: 65536 if rank in (2, 3) else 4096 for rank in range(WORLD)}
+    ranks = []
+    for rank in range(WORLD):
+        r = PyTorchRank(rank, _member_groups(rank))
+        r.collective(pb.ALL_REDUCE, size[rank], _pg(rank, TP))
+        ranks.append(r)
+    sched = chakra.load(write_pytorch_trace(tmp_path, "sizes", ranks))
+    assert [(c["comm_size"], c["groups"]) for c in sched.meta["collectives"]] == [
+        (4096, [[0, 1], [4, 5], [6, 7]]), (65536, [[2, 3]])]
+    for program in sched.ranks:
+        moves = [op for op in program.ops if op.kind in ("send", "recv", "recv_reduce")]
+        assert len(moves) == 4 and {op.bytes for op in moves} == {size[program.rank] // 2}, program.rank
+        segment = next(s for s in sched.segments if any(program.rank in g for g in s.groups))
+        assert segment.chunks * sched.meta["chunk_bytes"] == size[program.rank]
+        assert all(segment.chunk <= op.chunk < segment.chunk + segment.chunks for op in moves)
+    assert execute(sched).valid
+
+
 def test_a_group_late_to_its_collective_is_split_off(tmp_path):
     """Rank 2 waits for a message rank 0 sends after its pair's allreduce: the other pairs' allreduce does not wait
     for rank 2 (a segment of three groups, then one of the late pair)."""
