@@ -216,6 +216,56 @@ def test_the_data_parallel_shard_is_the_stages_parameters_over_tp(t, p, d):
     assert total == TINY_GPT.parameters + tied_copy + padding + replicated
 
 
+def moe_shard(m: TransformerModel, t: int, p: int, e: int, stage: int) -> tuple[int, int]:
+    """One rank's ``(dense, expert)`` parameters of a Mixtral-shaped model (SwiGLU, RMSNorm, no biases, rotary
+    positions, untied output layer). Megatron-Core gives each rank ``experts / e`` local experts
+    (``num_moe_experts // expert_model_parallel_size``), each split over the expert tensor-parallel size, which
+    defaults to ``t``; the router and the norms are whole on every tensor-parallel rank."""
+    h, f, hd = m.hidden, m.ffn, m.hidden // m.heads
+    attention = h * (m.heads * hd + 2 * m.kv_heads * hd) + m.heads * hd * h  # Q, K, V, then the output projection
+    swiglu = 3 * h * f  # gate, up and down
+    dense = expert = 0
+    for layer in range(stage * m.layers // p, (stage + 1) * m.layers // p):
+        moe = layer % m.moe_layer_freq == 0
+        dense += attention // t + 2 * h + (h * m.experts if moe else swiglu // t)
+        expert += m.experts // e * swiglu // t if moe else 0
+    if stage == 0:
+        dense += padded_vocab(m, t) * h // t
+    if stage == p - 1:
+        dense += h + padded_vocab(m, t) * h // t  # the final norm and the output layer
+    return dense, expert
+
+
+@pytest.mark.parametrize(("t", "p", "d", "e"), [(2, 1, 4, 2), (1, 2, 4, 2), (1, 1, 8, 2), (1, 1, 8, 4), (2, 1, 2, 2)])
+def test_the_expert_data_parallel_shard_is_the_local_experts_over_tp(t, p, d, e):
+    """The distributed optimizer's collectives of a mixture of experts: dense parameters over the data-parallel
+    group of ``d``, the rank's local experts over the expert-data-parallel group of ``d / e`` (the ranks of one
+    expert-parallel index: ``dp mod e``), fp32 gradients reduce-scattered and bf16 parameters all-gathered."""
+    spec = "star:hosts=4" if t * p * d == 4 else STAR8
+    s = build(spec, TINY_MOE, tp=t, pp=p, dp=d, ep=e, sequence_parallel=t > 1)
+
+    def rank(ti: int, di: int, si: int) -> int:
+        return ti + t * (di + d * si)
+
+    segments = {seg.name: seg for seg in s.segments}
+    for stage in range(p):
+        dense, expert = moe_shard(TINY_MOE, t, p, e, stage)
+        has_experts = d // e > 1
+        assert s.meta["stages"][stage]["dp"] == {"collectives": 2 + 2 * has_experts,
+                                                 "bytes": 6 * dense + 6 * expert * has_experts}
+        want = {f"dp rs s{stage}": 4 * dense, f"dp ag s{stage}": 2 * dense}
+        if has_experts:
+            want |= {f"dp rs expert s{stage}": 4 * expert, f"dp ag expert s{stage}": 2 * expert}
+        assert sorted(n for n in segments if n.startswith("dp") and n.endswith(f"s{stage}")) == sorted(want)
+        dp_groups = {tuple(rank(ti, di, stage) for di in range(d)) for ti in range(t)}
+        edp_groups = {tuple(rank(ti, k * e + j, stage) for k in range(d // e)) for ti in range(t) for j in range(e)}
+        for name, nbytes in want.items():
+            seg = segments[name]
+            assert set(seg.groups) == (edp_groups if "expert" in name else dp_groups), name
+            assert nbytes <= seg.chunks * s.chunk_bytes <= 1.2 * nbytes, name
+    assert executor.execute(s).valid
+
+
 def test_padding_adds_up_and_every_segment_is_named_by_its_kind():
     s = build(STAR8, tp=2, pp=2, dp=2)
     kinds = {seg.name.split()[0] for seg in s.segments}
