@@ -26,11 +26,11 @@ def emu(*args: str, env: dict[str, str] | None = None, timeout: float = 240) -> 
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
-    state = tmp_path / "state"  # never the machine's real calibration
-    res = emu("calibrate", "--quick", "--bw", "10", env={"EF_STATE_DIR": str(state)})
+def test_calibrate_quick_writes_a_calibration_file(quick_calibration, monkeypatch):
+    # the session's one quick calibration (conftest.py), in a directory of its own: never the machine's
+    res, state = quick_calibration.done, quick_calibration.state_dir
     assert res.returncode == 0, res.stderr[-2000:]
-    data = json.loads((state / f"calibration-mtu{DEFAULT_MTU}.json").read_text())
+    data = json.loads(open(quick_calibration.path, encoding="utf-8").read())
     # the bench's targets (docs/fidelity.md: one link 0.991-0.998, agents / iperf3 0.994-0.995, target 0.97 each)
     # less the noise of the quick calibration's short flows (docs/testing-accuracy.md)
     assert data["one_link_ratio"] >= 0.95, data["measurements"]["one_link"]
@@ -47,7 +47,7 @@ def test_calibrate_quick_writes_a_calibration_file(tmp_path, monkeypatch):
     for v in per.values():
         assert 0 < v["data_s"] < 0.05 and 0 < v["rendezvous_s"] < 0.05 and v["messages"] > 0
     assert "intrinsic latency per message" in res.stdout
-    monkeypatch.setenv("EF_STATE_DIR", str(state))
+    monkeypatch.setenv("EF_STATE_DIR", state)
     calibration = calibration_file.load_calibration(DEFAULT_MTU)  # made on this machine: it counts here
     assert calibration is not None and calibration.to_json() == data
 

@@ -10,8 +10,6 @@ import subprocess
 import pytest
 import yaml
 
-from emulator.emulation.machine import calibration_file
-
 from .cluster_servers import NamespaceServers
 
 pytestmark = pytest.mark.integration
@@ -28,14 +26,6 @@ def probe_leftovers(servers: NamespaceServers) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
-def calibrated():
-    # The servers share the machine's /var/lib/ef-emu: without a calibration there the check would make one on
-    # each server (a Mininet network in each), which is not what this test is about.
-    if calibration_file.load_calibration() is None:
-        pytest.skip("no calibration of this machine at MTU 9000: run `emu calibrate` first")
-
-
 def check(servers: NamespaceServers, *args: str) -> subprocess.CompletedProcess[str]:
     """``emu cluster check`` in the head. The servers share this repository's files, so their code digests
     differ only when a file changes between the head's reading and b's: others may be editing the tree while
@@ -48,7 +38,9 @@ def check(servers: NamespaceServers, *args: str) -> subprocess.CompletedProcess[
     return done
 
 
-def test_cluster_check_passes_on_namespace_servers_and_names_a_server_ssh_cannot_reach(tmp_path, calibrated):
+def test_cluster_check_passes_on_namespace_servers_and_names_a_server_ssh_cannot_reach(tmp_path, machine_calibration):
+    # The servers share the machine's /var/lib/ef-emu: without a calibration there the check would make one on
+    # each server (a Mininet network in each), which is not what this test is about; the fixture installs one.
     with NamespaceServers(str(tmp_path)) as servers:
         done = check(servers, servers.cluster_path)
         print(done.stdout, done.stderr)

@@ -240,8 +240,9 @@ def _restart_openvswitch() -> None:
     assert subprocess.run(["ovs-vsctl", "--timeout=10", "show"], capture_output=True).returncode == 0
 
 
-def _run_with_fault(tmp_path, fault: str) -> dict:
-    """Run the two cells with ``fault`` under the first; return state.json's cells, the affected cell first."""
+def _run_with_fault(tmp_path, fault: str) -> tuple[dict, str]:
+    """Run the two cells with ``fault`` under the first; return state.json's cells (the affected cell first) and
+    the console's output."""
     path = _write(tmp_path, "faulted.yaml", FAULTED.format(size="4MiB"))
     first, second = (c.id for c in xp.expand(xp.load(path)))
     out = str(tmp_path / "faulted")
@@ -280,7 +281,7 @@ def _run_with_fault(tmp_path, fault: str) -> dict:
     after = json.loads(open(os.path.join(out, "cells", second, "results.json")).read())
     assert not any("network_damaged" in ((r.get("fidelity") or {}).get("flags") or []) for r in after["repetitions"])
     _nothing_of_ours_left()
-    return {first: affected, second: nxt}
+    return {first: affected, second: nxt}, output
 
 
 def test_open_vswitch_restarted_under_a_cell_the_next_cell_still_runs(tmp_path):
@@ -291,16 +292,27 @@ def test_controller_killed_under_a_cell_the_next_cell_still_runs(tmp_path):
     _run_with_fault(tmp_path, "controller_kill")
 
 
-@pytest.mark.skipif(not os.environ.get("EF_SOAK_LONG"), reason="a minute and more (the probe after the failed cell "
-                    "waits out the agents' connect timeout): `make soak` runs it (EF_SOAK_LONG=1); "
-                    "tests/unit/test_experiment.py holds the runner's recovery in `make test`")
+@pytest.mark.skipif(not os.environ.get("EF_SOAK_LONG"), reason="a minute and more (the affected cell waits out "
+                    "its timeout): `make soak` runs it (EF_SOAK_LONG=1); tests/unit/test_experiment.py holds the "
+                    "runner's recovery in `make test`")
 def test_controller_killed_then_open_vswitch_restarted_the_runner_rebuilds_the_network(tmp_path):
     """Flows wiped with no controller to put them back: the network stays broken, so the affected cell fails; the
-    runner probes the network after a failed cell, rebuilds it, and the next cell runs ok (before the runner did,
-    the next cell failed too: "cannot connect to rank 0: timed out")."""
-    states = _run_with_fault(tmp_path, "controller_kill+ovs_restart")
-    first = next(iter(states))
+    runner sees its controller gone, names it, rebuilds the network before the next cell (whose probe goes to
+    ``sessions/<network>/after-<cell>/``), and the next cell runs ok (before the runner did, the next cell failed
+    too: "cannot connect to rank 0: timed out")."""
+    states, output = _run_with_fault(tmp_path, "controller_kill+ovs_restart")
+    first, second = states
+    assert "network broken (its controller exited" in output, output
     assert states[first]["status"] == "failed" and states[first]["error"]
-    log = open(os.path.join(str(tmp_path / "faulted"), "run.log")).read()
-    assert f"rebuilding leafspine:leaves=2,spines=2,hosts_per_leaf=1,bw=20 (ecmp, seed 0) after the failed cell " \
-           f"{first}" in log, log
+    out = str(tmp_path / "faulted")
+    log = open(os.path.join(out, "run.log")).read()
+    network = "leafspine:leaves=2,spines=2,hosts_per_leaf=1,bw=20 (ecmp, seed 0)"
+    # the controller is checked before Open vSwitch: the damage named is the exited controller
+    damage = log.index(f"{network} after the cell {first}: its controller exited")
+    rebuild = log.index(f"rebuilding {network} after the cell {first}: its controller exited", damage)
+    probe = log.index(f"probe of {network} after the cell {first}, attempt 1: ", rebuild)
+    assert probe < log.index(f"ran {second} in ", probe), log
+    sessions = [os.path.join(out, "sessions", d) for d in os.listdir(os.path.join(out, "sessions"))]
+    probes = [os.path.join(s, f"after-{first}", "probe.json") for s in sessions]
+    attempts = [read_json_object(p) for p in probes if os.path.exists(p)]
+    assert len(attempts) == 1 and (attempts[0] or {}).get("attempts"), (probes, attempts)
