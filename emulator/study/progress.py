@@ -22,6 +22,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import TextIO
 
+from emulator.base.progress import format_duration, progress_bar
 from emulator.model import routing
 from emulator.study import experiment as xp
 
@@ -32,22 +33,6 @@ DEFAULT_BRINGUP_S = 10.0
 TEARDOWN_S = 4.0
 #: Flags left out of the per-cell line: every cell of a machine without a calibration has it.
 QUIET_FLAGS = frozenset({"uncalibrated"})
-
-
-def format_duration(seconds: float) -> str:
-    """``42s``, ``1m01s``, ``1h02m`` (rounded to the second; negative reads as 0)."""
-    seconds = max(0, int(round(seconds)))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
-    if seconds >= 60:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds}s"
-
-
-def progress_bar(done: int, total: int, width: int = 24) -> str:
-    """``[######------]``: ``done`` of ``total`` in ``width`` characters (full when there is nothing to do)."""
-    filled = int(width * done / total) if total else width
-    return "[" + "#" * filled + "-" * (width - filled) + "]"
 
 
 class Eta:

@@ -19,6 +19,7 @@ import os
 from collections.abc import Callable
 
 from emulator.base.errors import UserError
+from emulator.base.progress import Meter, format_duration
 from emulator.cli.arguments import add_cluster_arguments, cluster_run
 from emulator.cli.commands import admit
 from emulator.emulation.machine import calibration_file, system
@@ -36,7 +37,6 @@ from emulator.selfcheck.live.calibration import ensure_calibration
 from emulator.study import experiment as xp
 from emulator.study.folder import results_folder
 from emulator.study.live import runner
-from emulator.study.progress import format_duration
 
 RESULTS_ROOT = "results"
 
@@ -82,12 +82,15 @@ def _prepare(exp: xp.Experiment, calibrations: dict[int, Calibration | None]
              ) -> tuple[list[xp.PreparedCell], list[xp.RunDilation]]:
     """Every cell proven and predicted with this machine's calibration at its MTU (None: no intrinsic latency),
     the runs under ``dilation: auto`` at the dilation chosen from it; and every run's dilation."""
-    _predicting(len(xp.expand(exp)))
+    cells = xp.expand(exp)
+    _predicting(len(cells))
 
     def latency_of(profile: FabricProfile) -> LatencyModel:
         return fidelity.latency_model(profile, calibrations[profile.emulated_mtu])
 
-    return xp.choose_dilations(exp, xp.prepare(exp, latency_of=latency_of), _envelopes(calibrations), latency_of)
+    with Meter("proving and predicting", len(cells), "cells") as meter:
+        prepared = xp.prepare(exp, cells, latency_of=latency_of, meter=meter)
+        return xp.choose_dilations(exp, prepared, _envelopes(calibrations), latency_of, meter)
 
 
 def _admit(args: argparse.Namespace, prepared: list[xp.PreparedCell], out: str | None,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from emulator.base.errors import UserError
+from emulator.base.progress import Meter
 from emulator.model import topology
 from emulator.runs.dilation import DilationChoice, Envelope, choose_dilation
 from emulator.study.experiment.cells import Experiment, Run, Series
@@ -42,6 +43,7 @@ class RunDilation:
     choice: DilationChoice | None  # None: nothing to choose from (an MPI run)
     error: str | None = None  # why no rate fits (then the run keeps its own)
     follows: str | None = None  # an MPI run under auto: the replay run whose rate it takes
+    dilation: float | None = None  # the dilation its cells run at, where no rate fits (auto's or the file's own)
 
     @property
     def outside(self) -> bool:
@@ -52,7 +54,11 @@ class RunDilation:
     def line(self) -> str:
         """What ``emu run`` prints for this run."""
         if self.error is not None:
-            return f"{self.field}: no rate fits this machine: {self.error}"
+            own = f"{self.link_mbps:g} Mbit/s" + (f" (dilation {self.dilation:g})" if self.dilation else "")
+            if self.auto:
+                return f"{self.field}: dilation auto: no rate fits this machine, the run keeps {own}: {self.error}"
+            return (f"{self.field}: {own} as the file sets; `dilation: auto` would find no rate this machine "
+                    f"keeps up with: {self.error}")
         if self.follows is not None:
             return (f"{self.field}: {self.link_mbps:g} Mbit/s, the rate chosen for {self.follows} on the same "
                     "topology (an MPI program: no model of its load to choose by)")
@@ -83,7 +89,7 @@ def _decide(exp: Experiment, ser: Series, run: Run, where: str, pcs: Sequence[Pr
         choice = choose_dilation(reports, profile, envelope_of(profile.emulated_mtu),
                                  topology.switch_ports(pcs[0].topo))
     except UserError as exc:  # NoDilationFits, or a rate the profile refuses
-        return RunDilation(where, False, rate, None, error=str(exc)), None
+        return RunDilation(where, auto, rate, None, error=str(exc), dilation=profile.dilation), None
     if not auto:
         return RunDilation(where, False, rate, choice), None
     chosen = replace(run, fabric=exp.profile_of(ser, run).changed(where, dilation=choice.profile.dilation),
@@ -92,9 +98,9 @@ def _decide(exp: Experiment, ser: Series, run: Run, where: str, pcs: Sequence[Pr
 
 
 def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Callable[[int], Envelope],
-           latency_of: LatencyOf) -> tuple[list[PreparedCell], list[RunDilation]]:
+           latency_of: LatencyOf, meter: Meter | None = None) -> tuple[list[PreparedCell], list[RunDilation]]:
     """Every run's dilation (see the module docstring); the cells, those of ``auto`` runs at their chosen rate
-    and predicted again, in file order."""
+    and predicted again (counted on ``meter``), in file order."""
     by_field: dict[str, list[PreparedCell]] = {}
     for pc in prepared:
         by_field.setdefault(pc.cell.field, []).append(pc)
@@ -112,7 +118,7 @@ def choose(exp: Experiment, prepared: Sequence[PreparedCell], envelope_of: Calla
     _follow(exp, decisions, new_runs, by_topology)
     if not new_runs:
         return list(prepared), list(decisions.values())
-    return _predict_again(exp, prepared, new_runs, latency_of), list(decisions.values())
+    return _predict_again(exp, prepared, new_runs, latency_of, meter), list(decisions.values())
 
 
 def _follow(exp: Experiment, decisions: dict[str, RunDilation], new_runs: dict[str, Run],
@@ -130,12 +136,15 @@ def _follow(exp: Experiment, decisions: dict[str, RunDilation], new_runs: dict[s
 
 
 def _predict_again(exp: Experiment, prepared: Sequence[PreparedCell], new_runs: dict[str, Run],
-                   latency_of: LatencyOf) -> list[PreparedCell]:
+                   latency_of: LatencyOf, meter: Meter | None) -> list[PreparedCell]:
     """The cells, those of the runs in ``new_runs`` (by field) replaced by theirs predicted again, in file order."""
     chosen = replace(exp, series=tuple(
         replace(ser, runs=tuple(new_runs.get(f"series[{si}].runs[{ri}]", run) for ri, run in enumerate(ser.runs)))
         for si, ser in enumerate(exp.series)))
-    again = prepare(chosen, [c for c in expand(chosen) if c.field in new_runs], latency_of)
+    cells = [c for c in expand(chosen) if c.field in new_runs]
+    if meter is not None:
+        meter.phase("predicting again at the chosen dilations", len(cells), "cells")
+    again = prepare(chosen, cells, latency_of, meter)
     kept = [pc for pc in prepared if pc.cell.field not in new_runs]
     order = {f"series[{si}].runs[{ri}]": (si, ri) for si, ser in enumerate(exp.series) for ri in range(len(ser.runs))}
     return sorted([*kept, *again], key=lambda pc: order[pc.cell.field])

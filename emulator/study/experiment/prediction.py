@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError, UserError, printable
+from emulator.base.progress import Meter
 from emulator.model import topology
 from emulator.model.fabric import FabricProfile
 from emulator.model.latency import LatencyModel
@@ -64,13 +65,14 @@ def cell_profile(cell: Cell) -> FabricProfile:
 LatencyOf = Callable[[FabricProfile], LatencyModel]
 
 
-def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: LatencyOf = LatencyModel) -> list[PreparedCell]:
+def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: LatencyOf = LatencyModel,
+            meter: Meter | None = None) -> list[PreparedCell]:
     """Generate every cell's schedule and predict it, as the replay would; :class:`UserError` on failure.
 
     ``latency_of(profile)`` is the latency model of a cell's fabric profile,
     with this machine's intrinsic latency
     (``lambda p: fidelity.latency_model(p, calibration)``); by default the
-    profile alone.
+    profile alone. ``meter`` counts the cells done.
     """
     models: dict[FabricProfile, LatencyModel] = {}
     topos: dict[str, topology.Topology] = {}
@@ -80,9 +82,11 @@ def prepare(exp: Experiment, cells: list[Cell] | None = None, latency_of: Latenc
         model = models.setdefault(cell.fabric, latency_of(cell.fabric))
         if cell.mpi is not None:  # a program of its own: nothing to generate, nothing the model predicts
             out.append(PreparedCell(cell=cell, topo=topo, schedule=None, report=None, latency=model))
-            continue
-        schedule, report = _predicted(exp, cell, topo, model)
-        out.append(PreparedCell(cell=cell, topo=topo, schedule=schedule, report=report))
+        else:
+            schedule, report = _predicted(exp, cell, topo, model)
+            out.append(PreparedCell(cell=cell, topo=topo, schedule=schedule, report=report))
+        if meter is not None:
+            meter.advance()
     return out
 
 
