@@ -287,7 +287,7 @@ class NoDilationFits(UserError):
 
     def __init__(self, need: float, rate_mbps: float, binding: Bound, repetition_s: float):
         self.need, self.rate_mbps, self.binding, self.repetition_s = need, rate_mbps, binding, repetition_s
-        super().__init__(f"dilation: auto: the rules ask for dilation {need:.4g}, {rate_mbps:.3g} Mbit/s links, "
+        super().__init__(f"the rules ask for dilation {need:.4g}, {rate_mbps:.3g} Mbit/s links, "
                          f"below the {fabric.MIN_LINK_MBPS:g} Mbit/s the shapers emulate (set by the {binding.rule}: "
                          f"{binding.why}); a repetition there would take about {repetition_s / 3600:.1f} h")
 

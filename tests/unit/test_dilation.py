@@ -139,7 +139,7 @@ def test_a_scaled_workloads_latencies_set_the_latency_floor_not_the_runs_profile
 def test_when_no_rate_fits_the_error_says_what_the_rules_ask_for_and_how_long_it_would_take():
     profile = fabric.default()
     reports, topo = reports_at(BIGRAPH, profile)
-    with pytest.raises(dilation.NoDilationFits, match=r"dilation: auto: the rules ask for dilation .* below the 0.1 "
+    with pytest.raises(dilation.NoDilationFits, match=r"the rules ask for dilation .* below the 0.1 "
                                                       r"Mbit/s the shapers emulate \(set by the datapath") as err:
         choose_dilation(reports, profile, Envelope(1e-6, FREE, 2), topology.switch_ports(topo))
     assert err.value.repetition_s == pytest.approx(reports[0].predicted_time_s * err.value.need / profile.dilation)
@@ -194,6 +194,20 @@ def test_auto_runs_take_the_chosen_rate_and_explicit_ones_are_held_against_it():
     assert not fixed.auto and fixed.link_mbps == 5
     assert fixed.outside == (5 > fixed.choice.link_mbps) and "as the file sets" in fixed.line()
     assert "dilation auto" in auto.line() and auto.to_json()["choice"]["link_mbps"] == auto.link_mbps
+
+
+def test_where_no_rate_fits_a_run_with_its_own_dilation_is_said_to_keep_what_the_file_sets_and_auto_is_named_so():
+    exp = xp.from_dict(experiment(dilation=5000))
+    auto = xp.from_dict(experiment())
+    starved = Envelope(capacity_mbps=1e-6, costs=FREE, cores=2)  # no rate fits: the datapath rule asks too much
+    _, (fixed, _) = xp.choose_dilations(exp, xp.prepare(exp), lambda mtu: starved, LatencyModel)
+    _, (chosen, _) = xp.choose_dilations(auto, xp.prepare(auto), lambda mtu: starved, LatencyModel)
+    assert fixed.error is not None and not fixed.auto
+    assert fixed.line().startswith("series[0].runs[0]: 20 Mbit/s (dilation 5000) as the file sets; `dilation: auto` "
+                                   "would find no rate this machine keeps up with: the rules ask for dilation ")
+    assert "dilation: auto:" not in fixed.line() and "dilation auto" not in fixed.line()
+    assert chosen.auto and chosen.error is not None
+    assert chosen.line().startswith("series[0].runs[0]: dilation auto: no rate fits this machine, the run keeps ")
 
 
 def test_an_mpi_run_under_auto_takes_the_rate_of_the_replay_run_on_its_topology_and_shares_its_network():
