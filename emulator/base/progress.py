@@ -136,7 +136,7 @@ class Meter:
                 self.said = False
 
     def _run(self) -> None:
-        interval = REDRAW_S if self.tty else min(1.0, self.every_s)
+        interval = REDRAW_S if self.tty else min(1.0, max(REDRAW_S, self.every_s))
         while not self._stop.wait(interval):
             self.poll()
 

@@ -121,3 +121,26 @@ def test_emu_run_check_shows_its_progress_on_stderr_and_its_output_on_stdout_is_
     assert "proving and predicting: 3/3 cells, " in captured.err
     assert "proving and predicting" not in captured.out.split("\n", 1)[1]  # stdout: the first line, then results
     assert "experiments/tiny.yaml: ok" in captured.out
+
+
+class PollOnce(Meter):
+    """A meter whose lines are due at once, polled once on entering instead of from a thread."""
+
+    def __init__(self, what: str, total: int = 0, unit: str = "", **kwargs):
+        super().__init__(what, total, unit, every_s=0.0, **kwargs)
+
+    def __enter__(self) -> Meter:
+        self.poll()
+        return self
+
+
+def test_emu_schedule_import_shows_what_it_imports_and_writes_on_stderr(monkeypatch, capsys, tmp_path):
+    from emulator.cli.commands import schedule
+
+    monkeypatch.setattr(schedule, "Meter", PollOnce)
+    out = tmp_path / "ar.json"
+    traces = [f"tests/data/chakra_ar.{rank}.et" for rank in range(4)]
+    assert cli_main.main(["schedule", "import", *traces, "-o", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in err] == ["importing 4 Chakra trace files"] * 2 + [f"writing {out}"] * 2
+    assert err[1].startswith("importing 4 Chakra trace files: done in ")

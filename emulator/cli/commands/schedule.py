@@ -17,6 +17,7 @@ import math
 import os
 
 from emulator.base.errors import FieldError
+from emulator.base.progress import Meter
 from emulator.cli.arguments import fabric_choice, int_at_least, number
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.session import fidelity
@@ -287,16 +288,19 @@ def cmd_import(args: argparse.Namespace) -> int:
         if args.scale != 1:
             raise FieldError("schedule import", "scale", "no --scale for MSCCL (--size gives its size)", args.scale)
         size = fmt.parse_size(args.size, "schedule import", "size") if args.size else None
-        sched = msccl.load(files[0], size, instances=args.instances)
+        with Meter(f"importing the MSCCL algorithm {files[0]}"):
+            sched = msccl.load(files[0], size, instances=args.instances)
     elif all(f.lower().endswith(".et") for f in files):
         if args.size:
             raise FieldError("schedule import", "size", "no --size for Chakra traces (comm_size gives it)",
                              args.size)
-        sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology, placement=args.placement,
-                            ranks=args.ranks, scale=args.scale)
+        with Meter(f"importing {len(files)} Chakra trace file{'s' if len(files) > 1 else ''}"):
+            sched = chakra.load(files, algo=args.algo, index=args.index, topology=args.topology,
+                                placement=args.placement, ranks=args.ranks, scale=args.scale)
     else:
         raise FieldError("schedule import", "FILE", "one MSCCL .xml file or Chakra .et files", " ".join(files))
-    _save(sched, args.output, "schedule import")
+    with Meter(f"writing {args.output}"):
+        _save(sched, args.output, "schedule import")
     print(f"wrote {args.output}: {_summary(sched)}")
     for line in chakra.notes(sched.meta) if sched.meta.get("imported_from") == "chakra" else ():
         print(line)
