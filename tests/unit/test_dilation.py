@@ -72,7 +72,7 @@ def test_a_small_datapath_binds_and_the_chosen_rate_fits_it_when_predicted_again
     assert topo2.host_bw == choice.link_mbps
     capacity = env.capacity_for(ports)
     assert capacity is not None
-    assert again[0].peak_load_mbps() <= env.load_fraction * capacity * 1.02
+    assert again[0].peak_load_mbps() <= env.load_fraction * capacity  # within the rule, not near it
     # a rate 10% faster would not fit: the choice is the fastest that does, to its two digits
     faster, _ = reports_at(BIGRAPH, fabric.at_link_rate(profile, choice.link_mbps * 1.12))
     assert faster[0].peak_load_mbps() > env.load_fraction * capacity
@@ -87,7 +87,7 @@ def test_costly_agents_bind_and_the_chosen_rate_keeps_their_share_within_the_fra
     assert choice.binding.rule == "agents" and "test" in choice.binding.why
     assert choice.link_mbps < profile.emulated_link_mbps
     again, _ = reports_at(BIGRAPH, choice.profile, size=4 * MiB)
-    assert agents_share(again, costs, 2).share <= env.cpu_fraction * 1.02
+    assert agents_share(again, costs, 2).share <= env.cpu_fraction  # admission refuses a share over it
 
 
 def test_a_network_of_more_switch_ports_gets_a_slower_rate():
@@ -220,3 +220,28 @@ def test_an_mpi_run_under_auto_takes_the_rate_of_the_replay_run_on_its_topology_
     assert first.auto and second.follows == "series[0].runs[0]" and second.link_mbps == first.link_mbps
     assert "the rate chosen for series[0].runs[0]" in second.line()
     assert len(xp.groups([pc.cell for pc in chosen])) == 1  # one network for both
+
+
+def test_the_choice_leaves_the_documented_five_percent_below_the_rule_and_no_more():
+    """docs/fidelity.md (2026-12-03, ResNet-50 at 64 hosts): a first choice exactly at a rule's fraction came out
+    just over it when the cells were predicted again at it, and admission refused it; so the chooser asks 5 % more
+    dilation than the rules, and the file runs about 5 % slower. Here the calibration puts the datapath rule's rate
+    at 10.4 Mbit/s, where rounding to two digits moves a rate 5 % slower (9.9) by under 1 %: the busiest step,
+    predicted again at the chosen rate, offers 1/1.05 of the rule's share, less that rounding."""
+    profile = fabric.default()
+    reports, topo = reports_at(BIGRAPH, profile)
+    ports = topology.switch_ports(topo)
+    rule_mbps = 10.4
+    # the capacity at which the busiest step at 10.4 Mbit/s offers exactly the load fraction (loads go as the rate)
+    at_rule = reports[0].peak_load_mbps() * rule_mbps / profile.emulated_link_mbps
+    per_calibrated = Envelope(1.0, FREE, 2).capacity_for(ports)
+    assert per_calibrated is not None
+    env = Envelope(capacity_mbps=at_rule / dilation.LOAD_FRACTION / per_calibrated, costs=FREE, cores=2)
+    choice = choose_dilation(reports, profile, env, ports)
+    assert choice.binding.rule == "datapath"
+    again, _ = reports_at(BIGRAPH, choice.profile)
+    capacity = env.capacity_for(ports)
+    assert capacity is not None
+    share_of_rule = again[0].peak_load_mbps() / (env.load_fraction * capacity)
+    assert share_of_rule == pytest.approx(choice.link_mbps / rule_mbps)  # the loads do go as the rate
+    assert 0.99 / 1.05 <= share_of_rule <= 1 / 1.05
