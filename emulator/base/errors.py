@@ -21,6 +21,31 @@ def exact_number(value: float) -> str:
     return text if float(text) == value else repr(value)
 
 
+#: A value taken from the input is echoed in a message cut to this many characters (its start and end kept).
+MAX_SHOWN = 120
+#: The command line's last guard: no error line it prints is longer.
+MAX_LINE = 2000
+
+
+def shorten(text: str, limit: int = MAX_SHOWN) -> str:
+    """``text`` itself when it has at most ``limit`` characters, else its start and end around `` ... ``: the one
+    place a message cuts what it echoes (a 1 MB value given where a name was expected reads in one line)."""
+    if len(text) <= limit:
+        return text
+    tail = max(limit // 4, 1)
+    head = max(limit - tail - 5, 1)
+    return f"{text[:head]} ... {text[-tail:]}"
+
+
+def shown(value: object) -> str:
+    """How a message shows a value the input gave: its ``repr``, printable on one line and cut by :func:`shorten`."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer past Python's 4300 digits
+        text = f"a {type(value).__name__} too long to show"
+    return shorten(printable(text))
+
+
 def printable(text: object) -> str:
     """``text`` as one printable line: line breaks and other control characters escaped as in ``repr``.
 
@@ -42,8 +67,8 @@ class FieldError(UserError):
         self.field = field
         self.expected = expected
         self.given = given
-        super().__init__(f"{printable(where)}: field '{printable(field)}': expected {printable(expected)}, "
-                         f"got {given!r}")
+        super().__init__(f"{printable(where)}: field '{shorten(printable(field))}': expected {printable(expected)}, "
+                         f"got {shown(given)}")
 
 
 def int_field(where: str, name: str, value: object, minimum: int = 0, maximum: int | None = None, *,

@@ -41,8 +41,9 @@ from typing import Any
 
 import yaml
 
-from emulator.base.errors import FieldError, UserError, int_field
-from emulator.base.files import read_text, write_atomic
+from emulator.base.documents import format_of, parse_text, read_document
+from emulator.base.errors import FieldError, int_field
+from emulator.base.files import write_atomic
 from emulator.model.schedule.semantics import ALLREDUCE, COLLECTIVES, MIXED, P2P, ROOTED, Shape
 
 FORMAT_NAME = "eflops-emulator-schedule"
@@ -795,41 +796,9 @@ def dumps(schedule: Schedule, fmt: str = "yaml") -> str:
     return header + yaml.dump(data, Dumper=_Dumper, sort_keys=False, width=200)
 
 
-def format_of(path: str) -> str:
-    return "json" if path.lower().endswith(".json") else "yaml"
-
-
 def save(schedule: Schedule, path: str) -> None:
     """Write the schedule atomically; ``.json`` files get JSON, anything else YAML."""
     write_atomic(path, dumps(schedule, format_of(path)))
-
-
-#: What the YAML and JSON readers raise for text they cannot turn into data: besides their own errors,
-#: constructors fail on values such as ``!!float x``, ``!!float``, ``2001-13-45`` or a 5000-digit integer, and deep
-#: nesting exhausts the recursion limit.
-PARSE_ERRORS = (yaml.YAMLError, ValueError, TypeError, AttributeError, IndexError, KeyError, OverflowError,
-                RecursionError)
-
-
-def describe_parse_error(exc: BaseException) -> str:
-    """One line saying where (line N, when known) and what is wrong in unreadable YAML or JSON text."""
-    if isinstance(exc, json.JSONDecodeError):
-        return f"line {exc.lineno}: {exc.msg}"
-    mark = getattr(exc, "problem_mark", None)
-    line = f"line {mark.line + 1}: " if mark is not None else ""
-    what = getattr(exc, "problem", None) or str(exc) or type(exc).__name__
-    return line + " ".join(str(what).split())
-
-
-def parse_text(text: str, where: str, fmt: str = "yaml") -> object:
-    """YAML (safe subset) or JSON text -> data; one-line :class:`UserError` if it is not readable."""
-    try:
-        if fmt == "json":
-            return json.loads(text)
-        return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except PARSE_ERRORS as exc:
-        kind = "JSON" if fmt == "json" else "YAML"
-        raise UserError(f"{where}: not valid {kind} ({describe_parse_error(exc)})") from None
 
 
 def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
@@ -839,7 +808,7 @@ def loads(text: str, where: str = "schedule", fmt: str = "yaml") -> Schedule:
 def load(path: str) -> Schedule:
     """Read and validate a schedule file (YAML, or JSON when the name ends in ``.json``)."""
     where = f"schedule {path!r}"
-    return loads(read_text(path, where), where, format_of(path))
+    return from_dict(read_document(path, where), where)
 
 
 # ---------------------------------------------------------------------------

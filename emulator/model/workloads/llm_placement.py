@@ -33,9 +33,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from emulator.base.documents import read_document
 from emulator.base.errors import FieldError
-from emulator.base.files import read_text
-from emulator.model.schedule.format import format_of, parse_text
 from emulator.model.topology import Topology
 
 #: Megatron-Core's default rank order (``cp`` is 1 here and ``ep`` splits ``dp``).
@@ -194,7 +193,7 @@ def check_hosts(hosts: Sequence[object], topo: Topology, n: int, where: str, fie
 def read_placement_file(path: str, topo: Topology, n: int) -> list[str]:
     """The hosts of ranks ``0..n-1`` from a YAML or JSON list (``.json``: JSON); one-line errors naming the entry."""
     where = f"placement file {path!r}"
-    data = parse_text(read_text(path, where), where, format_of(path))
+    data = read_document(path, where)
     if not isinstance(data, list):
         raise FieldError(where, "hosts", "a list of host names, the host of rank 0, 1, ...", type(data).__name__)
     return check_hosts(data, topo, n, where, "hosts")

@@ -15,14 +15,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-import yaml
-
-from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.documents import parse_text
+from emulator.base.errors import MISSING, FieldError, int_field, printable
 from emulator.base.files import read_text
 from emulator.model import fabric, routing
 from emulator.model.collectives.registry import algorithms
 from emulator.model.fabric import FabricChoice
-from emulator.model.schedule.format import PARSE_ERRORS, describe_parse_error
 from emulator.model.schedule.semantics import ALLREDUCE
 from emulator.study.experiment.cells import (
     DEFAULT_REFERENCE,
@@ -57,11 +55,7 @@ REFERENCE_KEYS = ("algorithm", "routing")
 
 def load(path: str) -> Experiment:
     """Read and validate an experiment file; :class:`UserError` for anything wrong."""
-    text = read_text(path, f"experiment file {path!r}")
-    try:
-        data = yaml.safe_load(text)
-    except PARSE_ERRORS as exc:
-        raise UserError(f"{printable(path)}: not valid YAML ({describe_parse_error(exc)})") from None
+    data = parse_text(read_text(path, f"experiment file {path!r}"), printable(path))
     default_name = os.path.splitext(os.path.basename(path))[0]
     return from_dict(data, where=path, default_name=default_name)
 
