@@ -4,7 +4,8 @@ Every Open vSwitch bridge, root-namespace interface, pid file and temporary
 file carries :data:`NAME_PREFIX`, so that ``emu clean`` finds exactly what is
 ours and nothing else. This module owns that prefix, how model names (``s3``,
 ``h12``) become bridge and interface names, and the patterns that recognise
-them again. It imports nothing of the project.
+them again, and what a name a user gives must look like where it becomes
+part of a path (:data:`USER_NAME_RE`). It imports nothing of the project.
 """
 
 from __future__ import annotations
@@ -27,6 +28,12 @@ HOST_INTERFACE_RE = re.compile(rf"^{NAME_PREFIX}h\d+-eth0$")
 #: ``emu cluster check``'s MTU probe: a network namespace per server, a VXLAN device per tunnel end.
 CHECK_NAMESPACE_PREFIX = f"{NAME_PREFIX}chk-"
 CHECK_DEVICE_RE = re.compile(rf"^{NAME_PREFIX}vx[0-9a-f]+$")
+
+
+#: A name a user gives that ends up in paths and file names (an experiment's, a cluster's): no separator, dot
+#: or blank can turn it into another folder.
+USER_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+USER_NAME_WORDS = "a name of letters, digits, '-' and '_' (at most 64)"
 
 
 def bridge_name(switch: str) -> str:

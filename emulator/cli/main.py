@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from emulator.base.errors import UserError, printable
+from emulator.base.errors import MAX_LINE, UserError, printable, shorten
 
 COMMAND_MODULES = (
     "emulator.cli.commands.topo",
@@ -54,7 +54,13 @@ class OneLineParser(argparse.ArgumentParser):
             self.error(argument_message(exc))
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {printable(message)} (see {self.prog} --help)\n")
+        self.exit(2, one_line(f"{self.prog}: error: {printable(message)} (see {self.prog} --help)") + "\n")
+
+
+def one_line(message: str) -> str:
+    """An error line as printed: the last guard, after every message cut what it echoes, that none is longer than
+    :data:`~emulator.base.errors.MAX_LINE` characters, whatever the input held."""
+    return shorten(printable(message), MAX_LINE)
 
 
 def argument_message(exc: argparse.ArgumentError) -> str:
@@ -83,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
-        print(f"emu: {printable(exc)}", file=sys.stderr)  # one line, whatever the input held
+        print(one_line(f"emu: {printable(exc)}"), file=sys.stderr)
         return exc.exit_status
     except KeyboardInterrupt:
         print("emu: interrupted", file=sys.stderr)

@@ -8,15 +8,13 @@ Every reader is a small pure function used by the keys' modules
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from emulator.base.errors import FieldError, int_field
+from emulator.base.naming import USER_NAME_RE, USER_NAME_WORDS
 from emulator.model.schedule.format import parse_size
 from emulator.runs.admission import parse_duration
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 
 
 def reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -43,8 +41,8 @@ def list_field(where: str, name: str, value: object, *, allow_scalar: bool = Fal
 
 
 def name_field(where: str, name: str, value: object) -> str:
-    if not isinstance(value, str) or not _NAME_RE.match(value):
-        raise FieldError(where, name, "a name of letters, digits, '-' and '_' (at most 64)", value)
+    if not isinstance(value, str) or not USER_NAME_RE.fullmatch(value):
+        raise FieldError(where, name, USER_NAME_WORDS, value)
     return value
 
 
