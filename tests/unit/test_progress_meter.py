@@ -144,3 +144,15 @@ def test_emu_schedule_import_shows_what_it_imports_and_writes_on_stderr(monkeypa
     err = capsys.readouterr().err.splitlines()
     assert [line.split(":")[0] for line in err] == ["importing 4 Chakra trace files"] * 2 + [f"writing {out}"] * 2
     assert err[1].startswith("importing 4 Chakra trace files: done in ")
+
+
+def test_writing_the_report_with_its_projections_shows_it_is_going_on(monkeypatch, capsys, tmp_path):
+    from emulator.cli.commands import experiment
+    from emulator.study import report
+
+    monkeypatch.setattr(experiment, "Meter", PollOnce)
+    monkeypatch.setattr(report, "write_report", lambda out: f"{out}/report.md")
+    assert experiment._write_report(str(tmp_path)) == f"{tmp_path}/report.md"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 2 and err[1].startswith("writing the report, with the model's projections to 1024 "
+                                               "accelerators: done in ")

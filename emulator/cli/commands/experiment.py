@@ -296,4 +296,5 @@ def _write_report(out: str) -> str:
         report,  # here, not at the top: `emu --help` and `emu run --check` need no report or plots
     )
 
-    return report.write_report(out)
+    with Meter("writing the report, with the model's projections to 1024 accelerators"):
+        return report.write_report(out)
