@@ -19,9 +19,7 @@ import math
 from collections.abc import Callable
 
 from emulator.base.errors import UserError, printable
-from emulator.base.files import read_text
-from emulator.model import fabric
-from emulator.model.schedule.format import parse_text
+from emulator.model import cluster_placement, fabric
 from emulator.runs import cluster_file
 from emulator.runs.admission import parse_duration
 from emulator.runs.cluster_file import ClusterRun
@@ -98,9 +96,8 @@ def cluster_run(args: argparse.Namespace) -> ClusterRun | None:
     cluster.require_private_underlay(f"cluster file {printable(args.cluster)}")
     if not args.placement:
         return ClusterRun(cluster)
-    where = f"placement file {printable(args.placement)}"
-    data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
-    return ClusterRun(cluster, data, printable(args.placement))
+    overrides = cluster_placement.read_overrides(args.placement, cluster.names)
+    return ClusterRun(cluster, overrides, printable(args.placement))
 
 
 def fabric_choice(text: str | None, command: str) -> fabric.FabricChoice:

@@ -15,7 +15,8 @@ share: groups do not split) and as few links as possible cross servers:
 a greedy start (each group where most of its links already are, largest
 groups first) refined by moves and swaps while one lowers the cut.
 :func:`place` returns the :class:`Placement`; :func:`overridden` applies a
-placement file (server -> the nodes it must run) on top of it.
+placement file (server -> the nodes it must run, read and checked by
+:func:`read_overrides` before anything is built) on top of it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.base.errors import FieldError
+from emulator.base.documents import read_document
+from emulator.base.errors import FieldError, printable
 from emulator.model.topology import Topology
 
 
@@ -97,25 +99,49 @@ def place(topo: Topology, servers: Sequence[str], weights: Mapping[str, float] |
     return Placement(tuple(servers), of, cut(topo, of))
 
 
-def overridden(placement: Placement, topo: Topology, data: object, where: str = "placement file") -> Placement:
-    """``placement`` with a placement file's choices on top: ``{server: [node, ...]}``; every other node stays.
-    :class:`FieldError` for an unknown server or node, or a node listed twice."""
+#: A placement file as read: server -> the nodes it must run, in the file's order.
+Overrides = Mapping[str, tuple[str, ...]]
+
+
+def read_overrides(path: str, servers: Sequence[str]) -> Overrides:
+    """A placement file (YAML: ``{server: [node, ...]}``), its shape and servers checked before anything is
+    built or proved (its nodes are a topology's: :func:`overridden` checks them); one-line :class:`FieldError`."""
+    where = f"placement file {printable(path)}"
+    return parse_overrides(read_document(path, where, "yaml"), printable(path), servers)
+
+
+def parse_overrides(data: object, where: str, servers: Sequence[str]) -> Overrides:
+    """``data`` as a placement file's :data:`Overrides`: a mapping of the cluster's servers to lists of node
+    names, each listed once; :class:`FieldError` naming the server or entry."""
     if not isinstance(data, Mapping):
         raise FieldError(where, "placement", "a mapping of server name to the nodes it runs", data)
-    nodes = {h.name for h in topo.hosts} | {s.name for s in topo.switches}
-    of = dict(placement.of)
     listed: set[str] = set()
+    out: dict[str, tuple[str, ...]] = {}
     for server, names in data.items():
-        if server not in placement.servers:
-            raise FieldError(where, str(server), f"a server of the cluster ({', '.join(placement.servers)})", server)
-        if not isinstance(names, list):
-            raise FieldError(where, str(server), "a list of node names", names)
+        if not isinstance(server, str) or server not in servers:
+            raise FieldError(where, str(server), f"a server of the cluster ({', '.join(servers)})", server)
+        if not isinstance(names, list | tuple):  # a tuple: overrides read already
+            raise FieldError(where, server, "a list of node names", names)
         for i, name in enumerate(names):
-            if name not in nodes:
-                raise FieldError(where, f"{server}[{i}]", f"a host or switch of {topo.spec}", name)
+            if not isinstance(name, str):
+                raise FieldError(where, f"{server}[{i}]", "a node name (a host or switch, such as h1 or s2)", name)
             if name in listed:
                 raise FieldError(where, f"{server}[{i}]", "a node listed once", name)
             listed.add(name)
+        out[server] = tuple(names)
+    return out
+
+
+def overridden(placement: Placement, topo: Topology, data: object, where: str = "placement file") -> Placement:
+    """``placement`` with a placement file's choices on top (:func:`parse_overrides`); every other node stays.
+    :class:`FieldError` for an unknown server or node, or a node listed twice."""
+    overrides = parse_overrides(data, where, placement.servers)
+    nodes = {h.name for h in topo.hosts} | {s.name for s in topo.switches}
+    of = dict(placement.of)
+    for server, names in overrides.items():
+        for i, name in enumerate(names):
+            if name not in nodes:
+                raise FieldError(where, f"{server}[{i}]", f"a host or switch of {topo.spec}", name)
             of[name] = server
     return Placement(placement.servers, of, cut(topo, of))
 

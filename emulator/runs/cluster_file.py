@@ -5,12 +5,13 @@ every bad field is one :class:`~emulator.base.errors.FieldError` line naming
 it. The edges (``emu cluster check``, the remote bring-up) take the
 :class:`Cluster` this returns and nothing else. The format::
 
-    name: lab                  # optional: the file's name without .yaml
+    name: lab                  # optional: the file's name without .yaml; letters, digits, - and _ (it names files)
     head: a                    # the server that runs the controller and collects the results
     underlay_mtu: 9100         # the underlay's MTU: a VXLAN tunnel needs the fabric's MTU + 50
     private_underlay: true     # the underlay is a network of these servers alone (see below)
     known_hosts: lab.known_hosts  # optional: the servers' host keys, as ssh records them on first contact
-                               # (default: NAME.known_hosts beside the cluster file; relative to it)
+                               # (default: NAME.known_hosts beside the cluster file; relative to it); an
+                               # OpenSSH known_hosts file, or none yet in an existing folder
     servers:
       - name: a                # letters, digits and -, starting with a letter, at most 15
         ssh: 192.0.2.10        # where its sshd listens: an IPv4 address or a host name
@@ -33,6 +34,8 @@ to, or relies on, a user's default keys.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 import os
 import re
@@ -40,11 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from emulator.base.documents import read_document
 from emulator.base.errors import MISSING, FieldError, int_field, printable
-from emulator.base.files import read_text
+from emulator.base.naming import USER_NAME_RE, USER_NAME_WORDS
 from emulator.model import cluster_placement
-from emulator.model.cluster_placement import Placement
-from emulator.model.schedule.format import parse_text
+from emulator.model.cluster_placement import Overrides, Placement
 from emulator.model.topology import Topology
 
 TOP_KEYS = ("name", "head", "underlay_mtu", "private_underlay", "known_hosts", "servers")
@@ -58,6 +61,13 @@ MAX_UNDERLAY_MTU = 9216
 SERVER_NAME = re.compile(r"[a-z][a-z0-9-]{0,14}")
 HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?")
 USER_NAME = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+#: known_hosts: an optional marker, host patterns (``!``, ``*``, ``?``, ``[host]:port``) or hashed names
+#: (``|1|salt|hash``), key types such as ssh-ed25519, ecdsa-sha2-nistp256 or sk-ssh-ed25519@openssh.com.
+KNOWN_HOSTS_MARKERS = ("@cert-authority", "@revoked")
+KNOWN_HOSTS_HOST = re.compile(r"\|1\|[A-Za-z0-9+/=]+\|[A-Za-z0-9+/=]+|!?[A-Za-z0-9.:*?_%\[\]-]+")
+KEY_TYPE = re.compile(r"[a-z][a-z0-9-]*(@[a-z0-9.-]+)?")
+#: A known_hosts larger than this is not one ssh wrote for a cluster.
+MAX_KNOWN_HOSTS_BYTES = 16 << 20
 #: Linux's key file names that ssh tries by itself: a cluster file must name a key of its own.
 DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ecdsa_sk", "id_ed25519", "id_ed25519_sk", "id_dsa")
 
@@ -125,10 +135,13 @@ class Cluster:
 
 
 def load(path: str) -> Cluster:
-    """Read and validate a cluster file; :class:`UserError` (one line) for anything wrong."""
-    data = parse_text(read_text(path, f"cluster file {path!r}"), f"cluster file {printable(path)}")
-    return from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0],
-                     folder=os.path.dirname(os.path.abspath(path)))
+    """Read and validate a cluster file and the ``known_hosts`` it names; :class:`UserError` (one line) for
+    anything wrong."""
+    data = read_document(path, f"cluster file {printable(path)}", "yaml")
+    cluster = from_dict(data, where=printable(path), default_name=os.path.splitext(os.path.basename(path))[0],
+                        folder=os.path.dirname(os.path.abspath(path)))
+    check_known_hosts(cluster.known_hosts, printable(path))
+    return cluster
 
 
 def from_dict(data: object, where: str = "cluster", default_name: str = "cluster", folder: str = "") -> Cluster:
@@ -138,11 +151,12 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
         raise FieldError(where, "cluster", "a mapping with head, underlay_mtu and servers", data)
     _no_unknown(where, "", data, TOP_KEYS)
     name = data.get("name", default_name)
-    if not isinstance(name, str) or not name.strip():
-        raise FieldError(where, "name", "a non-empty string", name)
+    if not isinstance(name, str) or not USER_NAME_RE.fullmatch(name):
+        unset = "" if "name" in data else " (the file's name, as it sets none)"
+        raise FieldError(where, "name", f"{USER_NAME_WORDS}: it names files{unset}", name)
     head = data.get("head", MISSING)
     mtu = int_field(where, "underlay_mtu", data.get("underlay_mtu", MISSING), MIN_UNDERLAY_MTU, MAX_UNDERLAY_MTU)
-    known_hosts = data.get("known_hosts", f"{name.strip()}.known_hosts")
+    known_hosts = data.get("known_hosts", f"{name}.known_hosts")
     if not isinstance(known_hosts, str) or not known_hosts.strip() or "\0" in known_hosts:
         raise FieldError(where, "known_hosts", "a file name (where ssh records the servers' host keys)",
                          known_hosts)
@@ -157,8 +171,56 @@ def from_dict(data: object, where: str = "cluster", default_name: str = "cluster
     names = [s.name for s in servers]
     if head not in names:
         raise FieldError(where, "head", f"the name of one of the servers ({', '.join(names)})", head)
-    return Cluster(name.strip(), str(head), mtu, servers, os.path.join(folder, known_hosts) if folder else known_hosts,
+    return Cluster(name, str(head), mtu, servers, os.path.join(folder, known_hosts) if folder else known_hosts,
                    private)
+
+
+def check_known_hosts(path: str, where: str) -> None:
+    """:class:`FieldError` unless ``path`` is where ssh may keep the servers' host keys: an OpenSSH known_hosts
+    file, or no file yet in an existing folder (ssh writes it). ssh appends to it, so a file of anything else
+    (a typo naming another file) is refused naming its first wrong line."""
+    expected = ("an OpenSSH known_hosts file (lines of: [@cert-authority|@revoked] hosts key-type base64-key "
+                "[comment]) or a new file in an existing folder")
+    if not os.path.lexists(path):
+        if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+            raise FieldError(where, "known_hosts", expected, f"{path} (no such folder)")
+        return
+    if not os.path.isfile(path):
+        raise FieldError(where, "known_hosts", expected, f"{path} (not a regular file)")
+    if os.path.getsize(path) > MAX_KNOWN_HOSTS_BYTES:
+        raise FieldError(where, "known_hosts", expected, f"{path} (over {MAX_KNOWN_HOSTS_BYTES >> 20} MiB)")
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
+    for number, line in enumerate(lines, 1):
+        if not known_hosts_line(line):
+            raise FieldError(where, "known_hosts", expected, f"{path}, whose line {number} is not one")
+
+
+def known_hosts_line(line: bytes) -> bool:
+    """Whether ``line`` may stand in a known_hosts file (sshd(8), "SSH_KNOWN_HOSTS FILE FORMAT"): blank, a
+    comment, or [marker] host patterns (or ``|1|salt|hash``), a key type, and the base64 key of that type."""
+    try:
+        text = line.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return False
+    if not text or text.startswith("#"):
+        return True
+    words = text.split()
+    if words[0] in KNOWN_HOSTS_MARKERS:
+        words = words[1:]
+    if len(words) < 3 or not all(KNOWN_HOSTS_HOST.fullmatch(h) for h in words[0].split(",")):
+        return False
+    return KEY_TYPE.fullmatch(words[1]) is not None and _key_of_type(words[2], words[1])
+
+
+def _key_of_type(text: str, key_type: str) -> bool:
+    """Whether ``text`` is base64 of an ssh public key blob, which opens with its key type (RFC 4253, 6.6)."""
+    try:
+        blob = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    size = int.from_bytes(blob[:4], "big")
+    return len(blob) > 4 + size and blob[4:4 + size] == key_type.encode()
 
 
 def _server(where: str, i: int, entry: object) -> Server:
@@ -223,7 +285,7 @@ class ClusterRun:
     with a placement file's choices on top when one was given: ``overrides``, as parsed)."""
 
     cluster: Cluster
-    overrides: object = None
+    overrides: Overrides | None = None
     where: str = "placement file"
 
     def placement(self, topo: Topology) -> Placement:

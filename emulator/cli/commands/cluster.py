@@ -12,13 +12,12 @@ from dataclasses import replace
 from functools import partial
 
 from emulator.base.errors import printable
-from emulator.base.files import read_json, read_text
+from emulator.base.files import read_json
 from emulator.cli.arguments import fabric_choice
 from emulator.emulation.cluster import cluster_probe, remote_shell
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.machine.system import Result, Runner, interrupt_on_sigterm, machine_identity, require_root, run
 from emulator.model import cluster_placement, fabric, topology
-from emulator.model.schedule.format import parse_text
 from emulator.runs import cluster_check, cluster_file
 from emulator.runs.cluster_check import CalibrationStatus, ServerFindings, Ssh
 
@@ -57,9 +56,8 @@ def cmd_place(args: argparse.Namespace) -> int:
     topo = topology.load(args.topology)
     placed = cluster_placement.place(topo, cluster.names)
     if args.placement:
-        where = f"placement file {printable(args.placement)}"
-        data = parse_text(read_text(args.placement, f"placement file {args.placement!r}"), where)
-        placed = cluster_placement.overridden(placed, topo, data, where=printable(args.placement))
+        overrides = cluster_placement.read_overrides(args.placement, cluster.names)
+        placed = cluster_placement.overridden(placed, topo, overrides, where=printable(args.placement))
     if args.json:
         print(json.dumps({"cluster": cluster.name, "topology": topo.spec, **placed.to_json()}, sort_keys=True))
         return 0

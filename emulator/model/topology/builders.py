@@ -18,7 +18,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from emulator.base.errors import FieldError, UserError
+from emulator.base.documents import read_document
+from emulator.base.errors import FieldError
 from emulator.model.topology.kinds import KINDS
 from emulator.model.topology.model import JSON_FORMAT_VERSION, PCIE, Host, Link, Switch, Topology
 from emulator.model.topology.spec import hdrm_slot_order, parse_spec
@@ -124,7 +125,7 @@ def build(spec: str | Mapping[str, Any], default_mbps: float | None = None,
     return builder.build(kind, params)
 
 
-def from_json(data: Mapping[str, Any], where: str = "topology file") -> Topology:
+def from_json(data: object, where: str = "topology file") -> Topology:
     """Rebuild a :class:`Topology` from :meth:`Topology.to_json` output.
 
     The model is rebuilt from its spec and then compared with the file, so a
@@ -157,14 +158,6 @@ def load(source: str | Mapping[str, Any], default_mbps: float | None = None,
     interconnect at ``domain_ratio`` times the host links where it sets none, see :func:`parse_spec`), or the
     path of a JSON export (its own rates)."""
     if isinstance(source, str) and (source.endswith(".json") or os.sep in source) and ":" not in source:
-        try:
-            with open(source, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except OSError as exc:
-            raise UserError(f"topology file {source!r}: cannot read it ({exc.strerror})") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"topology file {source!r}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
-        except (ValueError, UnicodeDecodeError) as exc:  # a NUL in the path; a file that is not text
-            raise UserError(f"topology file {source!r}: cannot read it ({exc})") from None
-        return from_json(data, where=f"topology file {source!r}")
+        where = f"topology file {source!r}"
+        return from_json(read_document(source, where, "json"), where=where)
     return build(source, default_mbps, domain_ratio)
