@@ -218,7 +218,7 @@ def test_calibrate_cluster_runs_each_servers_own_calibration_in_turn(tmp_path, m
     from emulator.cli.commands import calibrate
 
     path = tmp_path / "lab.yaml"
-    path.write_text(yaml.safe_dump(cluster().to_json()))
+    path.write_text(yaml.safe_dump({**cluster().to_json(), "known_hosts": "lab hosts"}))  # a folder that exists
     seen: list[list[str]] = []
 
     def fake(timeout):
@@ -279,7 +279,7 @@ def test_a_faults_link_command_runs_on_the_server_of_its_interface():
 
 def test_captures_are_refused_on_a_cluster(tmp_path, capsys):
     path = tmp_path / "lab.yaml"
-    path.write_text(yaml.safe_dump(cluster().to_json()))
+    path.write_text(yaml.safe_dump({**cluster().to_json(), "known_hosts": "lab hosts"}))  # a folder that exists
     schedule = tmp_path / "s.yaml"
     assert main(["schedule", "gen", "--algo", "ring", "--topology", "star:hosts=4", "--size", "64KiB",
                  "--out", str(schedule)]) == 0
