@@ -42,7 +42,7 @@ def shown(value: object) -> str:
     try:
         text = repr(value)
     except ValueError:  # an integer past Python's 4300 digits
-        text = f"a {type(value).__name__} too long to show"
+        text = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else "a value too long to show"
     return shorten(printable(text))
 
 
