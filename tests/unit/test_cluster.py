@@ -4,6 +4,7 @@ the fewest any balanced placement has (checked against every placement of small 
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import json
@@ -219,3 +220,65 @@ def test_a_replays_memory_spread_over_servers_adds_up_to_the_one_machines():
     assert per["a"].session_bytes == whole.session_bytes and per["b"].session_bytes == 0
     for server, estimate in per.items():
         assert estimate.ranks == sum(1 for h in topo.hosts if placed.of[h.name] == server)
+
+
+def _known_hosts_line(key_type: str = "ssh-ed25519", hosts: str = "192.0.2.10,[node-b.example]:2222") -> str:
+    """A line as ssh writes it: the key is base64 of a blob that opens with its type's length and name."""
+    blob = len(key_type).to_bytes(4, "big") + key_type.encode() + (32).to_bytes(4, "big") + bytes(range(32))
+    return f"{hosts} {key_type} {base64.b64encode(blob).decode()}"
+
+
+@pytest.mark.parametrize("name", ["../../x y", "lab/a", "lab.v2", "", "x\n", "-" * 3, "a" * 65])
+def test_a_cluster_name_that_would_change_a_path_is_refused(tmp_path, name):
+    with pytest.raises(FieldError) as info:
+        cluster_file.from_dict({**GOOD, "name": name}, where="lab.yaml")
+    assert info.value.field == "name" and "letters, digits, '-' and '_'" in str(info.value)
+    path = tmp_path / "lab v2.yaml"  # a file name that is no name, and no name: in it
+    path.write_text(yaml.safe_dump(GOOD | {"name": None}).replace("name: null\n", ""))
+    with pytest.raises(FieldError, match="the file's name, as it sets none"):
+        cluster_file.load(str(path))
+
+
+def test_an_existing_known_hosts_must_be_one_and_a_new_one_needs_its_folder(tmp_path):
+    path = tmp_path / "lab.yaml"
+    hosts = tmp_path / "lab.known_hosts"
+    hashed = f"|1|{base64.b64encode(b's' * 20).decode()}|{base64.b64encode(b'h' * 20).decode()}"
+    hosts.write_text(f"# the lab\n\n{_known_hosts_line()}\n@cert-authority *.example "
+                     f"{_known_hosts_line('ecdsa-sha2-nistp256', '')[1:]} lab CA\n{_known_hosts_line(hosts=hashed)}\n")
+    path.write_text(yaml.safe_dump(GOOD))
+    assert cluster_file.load(str(path)).known_hosts == str(hosts)
+    other = tmp_path / "notes.txt"
+    for bad_line in ("ssh-ed25519 AAAA", _known_hosts_line().replace("ssh-ed25519 ", "ssh-rsa "),
+                     "host ssh-ed25519 not*base64", "root:x:0:0:root:/root:/bin/bash"):
+        other.write_text(f"{_known_hosts_line()}\n{bad_line}\n")
+        path.write_text(yaml.safe_dump({**GOOD, "known_hosts": "notes.txt"}))
+        with pytest.raises(FieldError) as info:
+            cluster_file.load(str(path))
+        assert info.value.field == "known_hosts" and f"{other}, whose line 2 is not one" in str(info.value)
+    for name, why in ((str(tmp_path), "not a regular file"), ("missing/k", "no such folder")):
+        path.write_text(yaml.safe_dump({**GOOD, "known_hosts": name}))
+        with pytest.raises(FieldError, match=why):
+            cluster_file.load(str(path))
+    path.write_text(yaml.safe_dump({**GOOD, "known_hosts": "new.known_hosts"}))  # ssh makes it on first contact
+    assert cluster_file.load(str(path)).known_hosts == str(tmp_path / "new.known_hosts")
+
+
+def test_a_placement_entry_that_is_no_node_name_is_refused_when_the_file_is_read(tmp_path, capsys):
+    path = tmp_path / "lab.yaml"
+    path.write_text(yaml.safe_dump({**GOOD, "private_underlay": True}))
+    override = tmp_path / "place.yaml"
+    for text, field in (("a: [[h1]]\n", "a[0]"), ("a: [{h1: 1}]\n", "a[0]"), ("1: [h1]\n", "1"),
+                        ("c: [h1]\n", "c"), ("a: [h1]\nb: [h1]\n", "b[0]")):
+        override.write_text(text)
+        with pytest.raises(FieldError) as info:
+            cluster_placement.read_overrides(str(override), ["a", "b"])
+        assert info.value.field == field
+        assert main(["cluster", "place", str(path), "--topology", "star:hosts=2", "--placement", str(override)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"field '{field}'" in err
+    override.write_text("a: [[h1]]\n")
+    from emulator.cli.arguments import cluster_run
+
+    args = type("Args", (), {"cluster": str(path), "placement": str(override)})()
+    with pytest.raises(FieldError, match=r"field 'a\[0\]': expected a node name"):
+        cluster_run(args)  # what emu run, replay and mpirun call before anything is proved
