@@ -79,11 +79,26 @@ AGENT_LIMIT_EXTRA_BYTES = 256 * MiB
 RESERVE_FRACTION = 0.10
 RESERVE_MIN_BYTES = 1 * GiB
 DEFAULT_MAX_TIME_S = 30 * 60.0
+#: The longest a user may let a run take (``--max-time``, an experiment's ``max_time``, a repetition's timeout):
+#: a week. No run of this emulator is planned longer (the largest experiment takes hours), so a longer bound is a
+#: typo, and ``1e30`` would be no bound at all.
+MAX_DURATION_S = 7 * 86400.0
+#: Measured repetitions of one replay or cell (``--repeat``, ``repeat``): the statistics need a few, a thousand is
+#: far past what any figure used, and every one costs the model's time again.
+MAX_REPEAT = 1000
+#: Unmeasured repetitions before them (``--warmup``, ``warmup``): one is the default; more than a hundred only waits.
+MAX_WARMUP = 100
+#: ECMP seeds (``--ecmp-seed``, ``ecmp_seeds``, a run's ``seeds``): 32 bits, as NumPy's and NCCL's; a seed names
+#: cells and result folders (``ecmp-s<seed>``), so a hundred-digit one makes names no one can read.
+MAX_SEED = (1 << 32) - 1
 _DURATION_UNITS = {"s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+#: How the limits' messages write :data:`MAX_DURATION_S`.
+MAX_DURATION_TEXT = f"at most {MAX_DURATION_S / 86400:g} days ({MAX_DURATION_S:g} s)"
 
 
 def parse_duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h``; :class:`ValueError` unless > 0 and finite."""
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h``; :class:`ValueError` unless > 0 and at most
+    :data:`MAX_DURATION_S` (NaN, infinity and ``1e30`` included)."""
     body = text.strip().lower()
     factor = 1.0
     for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
@@ -91,9 +106,11 @@ def parse_duration(text: str) -> float:
             body, factor = body[: -len(unit)], _DURATION_UNITS[unit]
             break
     value = float(body) * factor
-    if not 0 < value < math.inf:
+    if not 0 < value <= MAX_DURATION_S:
         raise ValueError(text)
     return value
+
+
 #: Open MPI ranks per core (no model predicts an MPI program's load, so no calibrated rule applies to them):
 #: what 64 agents on 2 cores ran trusted before the agents' costs were calibrated (docs/fidelity.md).
 MAX_MPI_RANKS_PER_CORE = 32

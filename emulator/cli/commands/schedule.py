@@ -56,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--batch", type=int_at_least(1), metavar="N",
                      help=f"--model: samples per accelerator (default {training.DEFAULT_BATCH})")
     _add_llm_arguments(gen)
-    gen.add_argument("--scale", type=number("a number >= 1", lambda x: 1 <= x <= 1e6), default=1.0, metavar="S",
+    gen.add_argument("--scale", type=number(training.SCALE_EXPECTED, lambda x: 1 <= x <= training.MAX_SCALE), default=1.0, metavar="S",
                      help="--model: divide every gradient and compute time by S, to keep emulated runs short "
                      "(check and replay divide the fabric's latencies by S as well)")
     gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
@@ -99,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     imp.add_argument("--ranks", type=int_at_least(2), default=None, metavar="N",
                      help="Chakra: replicate one rank's trace file to N ranks (one rank of a symmetric data-parallel "
                      "job; its collectives span all N)")
-    imp.add_argument("--scale", type=number("a number >= 1", lambda x: 1 <= x <= 1e6), default=1.0, metavar="S",
+    imp.add_argument("--scale", type=number(training.SCALE_EXPECTED, lambda x: 1 <= x <= training.MAX_SCALE), default=1.0, metavar="S",
                      help="Chakra: divide every size and compute time by S (>= 1), as a training iteration's "
                      "--scale does; replays divide the fabric's latencies alike (default 1)")
     imp.set_defaults(func=cmd_import)

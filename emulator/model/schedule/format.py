@@ -67,6 +67,9 @@ MAX_STEPS = 1 << 17
 MAX_LANES = 64
 #: The longest compute operation, in seconds of the real system (a replay dilates it).
 MAX_COMPUTE_S = 3600.0
+#: The largest message size a user may ask for (an experiment's ``sizes``, ``emu schedule gen --size``, an MSCCL
+#: import's ``--size``): a rank's buffers hold at least its size, and no server gives one rank a tebibyte.
+MAX_MESSAGE_BYTES = 1 << 40
 
 
 # ---------------------------------------------------------------------------
@@ -79,12 +82,20 @@ _UNITS = {"": 1, "B": 1, "kB": 10**3, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB
 _SIZE_RE = re.compile(r"^\s*([0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-def parse_size(text: object, where: str = "schedule", field_name: str = "size") -> int:
+def parse_size(text: object, where: str = "schedule", field_name: str = "size", maximum: int | None = None) -> int:
     """Bytes from ``65536``, ``64KiB``, ``16MiB``, ``1GiB``, ``1MB`` (decimal) or ``100B``.
 
-    Raises :class:`FieldError` for anything else, for zero, and for negative numbers.
+    Raises :class:`FieldError` for anything else, for zero, for negative numbers and above ``maximum`` (a message
+    a user asks for: :data:`MAX_MESSAGE_BYTES`).
     """
-    expected = "a positive size such as 65536, 64KiB, 16MiB, 1GiB or 1MB"
+    size = _size_value(text, where, field_name, "a positive size such as 65536, 64KiB, 16MiB, 1GiB or 1MB")
+    if maximum is not None and size > maximum:
+        raise FieldError(where, field_name, f"a size of at most {format_size(maximum)} (a rank's buffers hold at "
+                         "least its size)", text)
+    return size
+
+
+def _size_value(text: object, where: str, field_name: str, expected: str) -> int:
     if isinstance(text, bool):
         raise FieldError(where, field_name, expected, text)
     if isinstance(text, int):

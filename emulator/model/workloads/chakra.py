@@ -213,7 +213,7 @@ from emulator.model.workloads.chakra_groups import (
     match_collectives,
     parse_pg_config,
 )
-from emulator.model.workloads.training import scaled_bytes
+from emulator.model.workloads.training import check_scale, scaled_bytes
 
 FILE_RE = re.compile(r"^(?P<prefix>.+)\.(?P<rank>[0-9]+)\.et$")
 WHERE = "chakra import"
@@ -1119,9 +1119,7 @@ def load(paths: Sequence[str], algo: str = "ring", index: int | None = None, top
     """
     if algo not in _algorithms():
         raise FieldError(WHERE, "algo", f"one of {', '.join(_algorithms())}", algo)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1 <= scale <= 1e6:
-        raise FieldError(WHERE, "scale", "a number from 1 to 10^6 (sizes and compute times are divided by it)",
-                         scale)
+    check_scale(scale, WHERE)
     replicated = ranks is not None
     if ranks is not None:
         traces = replicate(paths, ranks)

@@ -109,7 +109,7 @@ from emulator.model.topology import Topology
 from emulator.model.topology import build as build_topology
 from emulator.model.workloads.llm_models import A100, ACCELERATORS, MODELS, TransformerModel, model
 from emulator.model.workloads.llm_placement import Grid, Placement, place, read_placement_file
-from emulator.model.workloads.training import Accelerator, chunk_multiple, pad_sizes, scaled_bytes
+from emulator.model.workloads.training import Accelerator, check_scale, chunk_multiple, pad_sizes, scaled_bytes
 
 WHERE = "schedule gen"
 #: bf16 activations, activation gradients and parameters (Megatron's ``--bf16``).
@@ -623,8 +623,7 @@ def _meta(cfg: LlmConfig, placement: Placement, algos: _Algos, scale: float) -> 
 
 
 def _check_scale(scale: float) -> None:
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 1:
-        raise FieldError(WHERE, "scale", "a number >= 1 (sizes and compute times are divided by it)", scale)
+    check_scale(scale, WHERE)
 
 
 def _check_algos(cfg: LlmConfig, algos: _Algos) -> None:

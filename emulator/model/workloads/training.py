@@ -365,6 +365,21 @@ def pad_sizes(sizes: Sequence[int], multiple: int, max_padding: float = 0.01,
         c *= 2
 
 
+#: The largest ``scale`` (``--scale``, a run's ``scale``): it divides every size and compute time; past a million
+#: the smallest model's gradients (ResNet-50's 100 MB) are a few elements and its compute times microseconds, so
+#: nothing of the workload is left to emulate.
+MAX_SCALE = 1e6
+#: What a scale must be, as every check of one words it.
+SCALE_EXPECTED = f"a number from 1 to {MAX_SCALE:,.0f} (sizes and compute times are divided by it)"
+
+
+def check_scale(scale: object, where: str, field_name: str = "scale") -> float:
+    """``scale`` as a float in 1..:data:`MAX_SCALE`, or :class:`FieldError` naming ``field_name``."""
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 1 <= scale <= MAX_SCALE:
+        raise FieldError(where, field_name, SCALE_EXPECTED, scale)
+    return float(scale)
+
+
 def scaled_bytes(n: int, scale: float, element_bytes: int) -> int:
     """``n`` bytes divided by ``scale``, rounded up to whole elements, at least one: the ``scale`` rule for every
     size (this iteration's buckets, a language model's collectives, a scaled Chakra trace's)."""
@@ -391,8 +406,7 @@ def iteration(topo: Topology, algo: str, config: TrainingConfig | None = None, p
     """
     config = config or TrainingConfig()
     config.check()
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale < 1:
-        raise FieldError(WHERE, "scale", "a number >= 1 (gradient sizes and compute times are divided by it)", scale)
+    check_scale(scale, WHERE)
     if not 0 < max_padding < 1:
         raise FieldError(WHERE, "max_padding", "a fraction between 0 and 1", max_padding)
     m = model(config.model)

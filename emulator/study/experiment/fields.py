@@ -13,8 +13,8 @@ from typing import Any
 
 from emulator.base.errors import FieldError, int_field
 from emulator.base.naming import USER_NAME_RE, USER_NAME_WORDS
-from emulator.model.schedule.format import parse_size
-from emulator.runs.admission import parse_duration
+from emulator.model.schedule.format import MAX_MESSAGE_BYTES, parse_size
+from emulator.runs.admission import MAX_DURATION_S, MAX_DURATION_TEXT, MAX_REPEAT, MAX_SEED, MAX_WARMUP, parse_duration
 
 
 def reject_unknown(where: str, prefix: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
@@ -55,16 +55,16 @@ def string_field(where: str, name: str, value: object) -> str:
 def sizes_field(where: str, name: str, value: object) -> tuple[int, ...]:
     """Distinct message sizes (``1MiB``, ``65536``), one or a list."""
     items = list_field(where, name, value, allow_scalar=True)
-    sizes = tuple(parse_size(v, where, f"{name}[{i}]") for i, v in enumerate(items))
+    sizes = tuple(parse_size(v, where, f"{name}[{i}]", MAX_MESSAGE_BYTES) for i, v in enumerate(items))
     if len(set(sizes)) != len(sizes):
         raise FieldError(where, name, "distinct sizes", value)
     return sizes
 
 
 def seeds_field(where: str, name: str, value: object) -> tuple[int, ...]:
-    """Distinct ECMP seeds (integers >= 0), one or a list."""
+    """Distinct ECMP seeds (integers in 0..:data:`~emulator.runs.admission.MAX_SEED`), one or a list."""
     items = list_field(where, name, value, allow_scalar=True)
-    seeds = tuple(int_field(where, f"{name}[{i}]", v, 0) for i, v in enumerate(items))
+    seeds = tuple(int_field(where, f"{name}[{i}]", v, 0, MAX_SEED) for i, v in enumerate(items))
     if len(set(seeds)) != len(seeds):
         raise FieldError(where, name, "distinct seeds", value)
     return seeds
@@ -81,24 +81,37 @@ def choices_field(where: str, name: str, value: object, allowed: tuple[str, ...]
     return tuple(items)
 
 
+def repeat_field(where: str, value: object) -> int:
+    """``repeat``: measured repetitions per cell, 1..:data:`~emulator.runs.admission.MAX_REPEAT`."""
+    return int_field(where, "repeat", value, 1, MAX_REPEAT)
+
+
+def warmup_field(where: str, value: object) -> int:
+    """``warmup``: unmeasured repetitions first, 0..:data:`~emulator.runs.admission.MAX_WARMUP`."""
+    return int_field(where, "warmup", value, 0, MAX_WARMUP)
+
+
 def max_time_field(where: str, value: object) -> float | None:
     """``max_time``: what ``--max-time`` is for this file when the command line gives none (seconds, or a
-    duration such as ``45m``); None when it is left out."""
+    duration such as ``45m``, at most :data:`~emulator.runs.admission.MAX_DURATION_S`); None when it is left
+    out."""
     if value is None:
         return None
-    expected = "a duration > 0 such as 2700, 45m or 1h (or leave it out)"
+    expected = f"a duration > 0 such as 2700, 45m or 1h, {MAX_DURATION_TEXT} (or leave it out)"
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise FieldError(where, "max_time", expected, value)
     try:
         return parse_duration(str(value))
-    except ValueError:
+    except (ValueError, OverflowError):
         raise FieldError(where, "max_time", expected, value) from None
 
 
 def timeout_field(where: str, value: object) -> float | None:
-    """``timeout_s``: seconds > 0 per repetition, or None when it is left out."""
+    """``timeout_s``: seconds > 0 per repetition, at most :data:`~emulator.runs.admission.MAX_DURATION_S`, or
+    None when it is left out."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise FieldError(where, "timeout_s", "seconds > 0 per repetition (or leave it out)", value)
-    return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_DURATION_S:
+        raise FieldError(where, "timeout_s", f"seconds > 0 per repetition, {MAX_DURATION_TEXT} (or leave it out)",
+                         value)
+    return float(value)

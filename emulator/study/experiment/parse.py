@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from emulator.base.documents import parse_text
-from emulator.base.errors import MISSING, FieldError, int_field, printable
+from emulator.base.errors import MISSING, FieldError, printable
 from emulator.base.files import read_text
 from emulator.model import fabric, routing
 from emulator.model.collectives.registry import algorithms
@@ -39,10 +39,12 @@ from emulator.study.experiment.fields import (
     max_time_field,
     name_field,
     reject_unknown,
+    repeat_field,
     seeds_field,
     sizes_field,
     string_field,
     timeout_field,
+    warmup_field,
 )
 from emulator.study.experiment.grid import expand
 from emulator.study.experiment.run_keys import run_entry
@@ -74,8 +76,8 @@ def from_dict(data: object, where: str = "experiment", default_name: str = "expe
     auto = auto_dilation_field(where, top, "")
     profile = fabric_field(where, top, "", fabric.default())
     choice = level_choice(auto, profile, FabricChoice(fabric.default()))
-    repeat = int_field(where, "repeat", top.get("repeat", DEFAULT_REPEAT), 1)
-    warmup = int_field(where, "warmup", top.get("warmup", DEFAULT_WARMUP), 0)
+    repeat = repeat_field(where, top.get("repeat", DEFAULT_REPEAT))
+    warmup = warmup_field(where, top.get("warmup", DEFAULT_WARMUP))
     seeds = seeds_field(where, "ecmp_seeds", top["ecmp_seeds"]) if "ecmp_seeds" in top else DEFAULT_SEEDS
     sizes = sizes_field(where, "sizes", top["sizes"]) if "sizes" in top else DEFAULT_SIZES
     timeout = timeout_field(where, top.get("timeout_s"))

@@ -143,14 +143,12 @@ def _workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topolo
         return None
     name = choices_field(where, f"{rp}.model", run["model"], (*training.MODELS, *llm_models.MODELS))[0]
     batch = int_field(where, f"{rp}.batch", run["batch"], 1, 1 << 16) if "batch" in run else None
-    scale = run.get("scale", 1)
-    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 1 <= scale <= 1e6:
-        raise FieldError(where, f"{rp}.scale", "a number >= 1 (gradients and compute divided by it)", scale)
+    scale = training.check_scale(run.get("scale", 1), where, f"{rp}.scale")
     if name not in llm_models.MODELS:
         if "llm" in run:
             raise FieldError(where, f"{rp}.llm", f"nothing for {name} (a data-parallel model)", run["llm"])
-        return Workload(name, batch, float(scale))
-    return _llm_workload(where, rp, run, topo, Workload(name, batch, float(scale)))
+        return Workload(name, batch, scale)
+    return _llm_workload(where, rp, run, topo, Workload(name, batch, scale))
 
 
 def _llm_workload(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topology,
