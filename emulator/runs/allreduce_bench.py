@@ -64,6 +64,8 @@ from emulator.base.errors import MISSING, FieldError, UserError, int_field, prin
 from emulator.base.files import read_json
 from emulator.model.schedule.format import format_size, parse_size
 from emulator.model.schedule.semantics import ALLREDUCE, bus_factor
+from emulator.runs import trust
+from emulator.runs.trust import Trust
 
 PROG = "emu-allreduce-bench"
 FORMAT_VERSION = 1
@@ -441,8 +443,18 @@ def _json_float(where: str, name: str, value: object) -> float:
 
 
 def exit_status(rows: Iterable[BenchRow]) -> int:
-    """1 when any row has wrong data, else 0 (unchecked rows count as right)."""
+    """1 when any row has wrong data, else 0: a row whose data was not checked is not wrong, but the run's
+    trust says it is unchecked (:func:`data_check`)."""
     return EXIT_WRONG if any(row.wrong for row in rows) else EXIT_OK
+
+
+def data_check(wrong: Iterable[int | None]) -> Trust:
+    """The rows' data as a check of the run (``wrong`` per row): flagged ``wrong_data`` when a row had wrong
+    elements, unchecked when a row was not checked (None), trusted when every row was checked and right."""
+    counts = list(wrong)
+    if any(n for n in counts):
+        return Trust(flags=("wrong_data",))
+    return Trust(unchecked=(trust.DATA,)) if any(n is None for n in counts) else Trust()
 
 
 #: The columns: name, unit, width (nccl-tests' out-of-place half, without root; bandwidths in Mbit/s).

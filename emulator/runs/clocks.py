@@ -7,7 +7,9 @@ the error is at most half of it). A cell's times are moved onto the head's
 clock by the first measurement, so what limits them is the measurement's
 error plus how far the clock moved during the cell (drift). A run is
 flagged ``clock_offset`` when that exceeds :data:`CLOCK_SHARE` of its
-shortest predicted step: the step times would then measure the clocks.
+shortest predicted step: the step times would then measure the clocks. A
+run with no predicted step, or a server whose clock was measured only at
+the start, is unchecked (:func:`check`), never trusted.
 On one machine (the namespace servers of the tests) both are microseconds.
 """
 
@@ -15,6 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from emulator.runs import trust
+from emulator.runs.trust import Trust
 
 #: The share of the shortest step a server's clock may be uncertain by.
 CLOCK_SHARE = 0.01
@@ -38,7 +43,7 @@ def clock_records(before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[s
 
 
 def uncertainty_s(records: Sequence[Mapping[str, Any]]) -> float:
-    """How far any server's times may be off the head's: its error plus its drift."""
+    """How far any server's times may be off the head's: its error plus its drift (0 where not measured)."""
     return max((r["error_s"] + abs(r["drift_s"] or 0.0) for r in records), default=0.0)
 
 
@@ -48,7 +53,13 @@ def shortest_step_s(per_step: Sequence[Mapping[str, Any]]) -> float | None:
     return min(times) if times else None
 
 
-def trusted(records: Sequence[Mapping[str, Any]], per_step: Sequence[Mapping[str, Any]]) -> bool:
-    """False when the clocks' uncertainty exceeds :data:`CLOCK_SHARE` of the shortest predicted step."""
+def check(records: Sequence[Mapping[str, Any]], per_step: Sequence[Mapping[str, Any]]) -> Trust:
+    """Flagged :data:`FLAG` when the clocks' uncertainty exceeds :data:`CLOCK_SHARE` of the shortest predicted
+    step; unchecked when there is no predicted step to compare with, or a server's clock was measured only
+    once (its drift unknown) and the rest are within the share."""
     step = shortest_step_s(per_step)
-    return step is None or uncertainty_s(records) <= CLOCK_SHARE * step
+    if step is None:
+        return Trust(unchecked=(trust.CLOCKS,))
+    if uncertainty_s(records) > CLOCK_SHARE * step:
+        return Trust(flags=(FLAG,))
+    return Trust(unchecked=(trust.CLOCKS,)) if any(r.get("drift_s") is None for r in records) else Trust()

@@ -7,7 +7,10 @@ from typing import Any
 
 from emulator.base.errors import UserError, printable
 from emulator.base.files import read_json_object, write_json_atomic
+from emulator.runs import trust
+from emulator.runs.allreduce_bench import data_check
 from emulator.runs.results import Fidelity
+from emulator.runs.trust import Trust, Verdict
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,9 @@ class MpiResults:
     every process of the run had (None: none), and ``out_of_memory`` the
     ranks whose output says an allocation was refused (then ``error`` says
     so in one line); ``predictions`` the benchmark's rows beside the timing
-    model (:mod:`emulator.runs.mpi_prediction`).
+    model (:mod:`emulator.runs.mpi_prediction`); ``trusted`` (written, not
+    read back) is true only when every check of :meth:`trust` had its data
+    and passed, and ``verdict``, ``flags`` and ``unchecked`` say which.
     """
 
     config: dict[str, Any]
@@ -59,9 +64,31 @@ class MpiResults:
     #: The benchmark's rows beside the timing model (emulator.runs.mpi_prediction.MpiPrediction's JSON)
     predictions: list[dict[str, Any]] = field(default_factory=list)
 
+    def largest_row(self) -> dict[str, Any] | None:
+        """The benchmark's row at its largest size (None: the program wrote no rows)."""
+        rows = [r for r in self.bench if isinstance(r, dict) and isinstance(r.get("size"), int)]
+        return max(rows, key=lambda r: r["size"]) if rows else None
+
+    def over_model(self, size: int) -> float | None:
+        """The benchmark row of ``size``'s measured/predicted time (None: no prediction of it)."""
+        for p in self.predictions:
+            if isinstance(p, dict) and p.get("size") == size and isinstance(p.get("measured_over_predicted"), float):
+                return float(p["measured_over_predicted"])
+        return None
+
+    def trust(self) -> Trust:
+        """The run's checks: its fidelity (unchecked without), the benchmark's data where it ran, and its time
+        at the largest size against :data:`emulator.runs.trust.MPI_BAND` (unchecked without a model of it)."""
+        fidelity = self.fidelity.trust if self.fidelity is not None else Trust(unchecked=(trust.NO_FIDELITY,))
+        top = self.largest_row()
+        data = data_check(r.get("wrong") for r in self.bench if isinstance(r, dict)) if self.bench else Trust()
+        ratio = self.over_model(top["size"]) if top is not None else None
+        return fidelity + data + trust.model_check(ratio, trust.MPI_BAND)
+
     @property
     def trusted(self) -> bool:
-        return self.fidelity is not None and self.fidelity.trusted
+        """Every check had its data and passed."""
+        return self.trust().verdict is Verdict.TRUSTED
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": "mpirun", "config": self.config, "ranks": [r.to_json() for r in self.ranks],
@@ -69,7 +96,7 @@ class MpiResults:
                 "datapath": self.datapath, "bringup_s": self.bringup_s, "status": self.status,
                 "exit_status": self.exit_status, "wall_s": self.wall_s,
                 "fidelity": self.fidelity.to_json() if self.fidelity is not None else None,
-                "trusted": self.trusted, "error": self.error, "bench": self.bench,
+                "trusted": self.trusted, **self.trust().to_json(), "error": self.error, "bench": self.bench,
                 "learned_connections": self.learned_connections, "memory_limit_bytes": self.memory_limit_bytes,
                 "out_of_memory": self.out_of_memory, "predictions": self.predictions}
 

@@ -8,8 +8,9 @@ resume logic, the probe and ``emu bench`` read it back with :func:`load`.
 The layout (schema :data:`SCHEMA_VERSION`):
 
 * ``schema`` -- this version; a document without it is schema 1, which has
-  the same layout and is read as such, as is schema 2 (results of earlier
-  runs resume and report as before);
+  the same layout and is read as such, as are schemas 2 and 3 (results of
+  earlier runs resume and report as before, their trust judged again by
+  today's rule);
 * ``config`` -- the input echoed back (the replay's or the cell's settings,
   the schedule's algorithm, ranks and size, topology, routing, seed,
   repetitions, MTU), free-form because each entry point echoes its own;
@@ -20,10 +21,16 @@ The layout (schema :data:`SCHEMA_VERSION`):
   :meth:`emulator.model.prediction.check.CheckReport.to_json`);
 * ``link_mbps``, ``switch_link_mbps``, ``datapath``, ``bringup_s`` -- the
   network as it was built;
-* ``repetitions`` and ``warmup`` -- one :class:`Repetition` each;
+* ``repetitions`` and ``warmup`` -- one :class:`Repetition` each (a
+  fidelity's ``cpu_idle`` is null where the CPU counters did not advance:
+  schema 4);
 * ``busbw_mbps_median``, ``time_s_median``,
-  ``measured_over_predicted_median``, ``trusted`` -- over the measured
-  repetitions, present once there is one (:meth:`CellResults.summary`);
+  ``measured_over_predicted_median``, ``trusted`` (true only when every
+  check had its data and passed), ``verdict`` (``trusted``, ``flagged`` or
+  ``unchecked``), ``flags`` and ``unchecked`` (the failed checks' flags, the
+  checks without data: :class:`emulator.runs.trust.Trust`; schema 4) -- over
+  the measured repetitions, present once there is one
+  (:meth:`CellResults.summary`);
   for a schedule with compute (a training iteration, a trace: schema 3)
   also ``iteration_s_median``, ``compute_only_s`` and
   ``scaling_efficiency_median`` (compute-only time / iteration time, both
@@ -45,8 +52,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from emulator.base.files import read_json_object, write_json_atomic
+from emulator.runs import clocks, trust
+from emulator.runs.trust import Trust, Verdict
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: Fault records are the documents of :mod:`emulator.runs.fault_plan` (action, target, when it fired, what it hit).
 FaultRecord = dict[str, Any]
@@ -58,9 +67,13 @@ class SchemaError(ValueError):
 
 @dataclass
 class Fidelity:
-    """What :func:`emulator.emulation.session.fidelity.assess` found about one repetition."""
+    """What :func:`emulator.emulation.session.fidelity.assess` found about one repetition.
 
-    cpu_idle: float
+    ``cpu_idle`` is None where it is unknown (the CPU counters did not advance, or the repetition was flagged
+    after it ran without having been assessed: :meth:`unmeasured`); ``trusted`` is False once a flag failed it.
+    """
+
+    cpu_idle: float | None
     datapath_load_mbps: float
     datapath_capacity_mbps: float
     qdisc_drops: int = 0
@@ -72,10 +85,21 @@ class Fidelity:
     flags: list[str] = field(default_factory=list)
     trusted: bool = True
 
+    @classmethod
+    def unmeasured(cls) -> Fidelity:
+        """A repetition's fidelity where nothing was assessed (to carry a flag added later): nothing measured."""
+        return cls(cpu_idle=None, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
+
     def flag(self, name: str) -> None:
         """Add ``name`` to the flags and mark the repetition untrusted."""
         self.flags = sorted({*self.flags, name})
         self.trusted = False
+
+    @property
+    def trust(self) -> Trust:
+        """The machine's checks of the repetition: its flags, and the CPU idle time where it is unknown."""
+        cpu = Trust(unchecked=(trust.CPU_IDLE,)) if self.cpu_idle is None else Trust()
+        return trust.flags_check(self.flags, self.trusted) + cpu
 
     def to_json(self) -> dict[str, Any]:
         """Every field; the agents' lag only where it was measured (documents written before it stay as they were)."""
@@ -87,7 +111,8 @@ class Fidelity:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Fidelity:
-        return cls(cpu_idle=float(data.get("cpu_idle", 1.0)),
+        idle = data.get("cpu_idle")
+        return cls(cpu_idle=float(idle) if idle is not None else None,
                    datapath_load_mbps=float(data.get("datapath_load_mbps", 0.0)),
                    datapath_capacity_mbps=float(data.get("datapath_capacity_mbps", 0.0)),
                    qdisc_drops=int(data.get("qdisc_drops", 0)), tcp_retransmits=int(data.get("tcp_retransmits", 0)),
@@ -170,8 +195,14 @@ class Repetition:
     agents_cpu_s: float | None = None  # every agent's CPU seconds in the repetition, summed (None: not reported)
 
     @property
+    def trust(self) -> Trust:
+        """Unchecked without fidelity data, else its fidelity's checks."""
+        return self.fidelity.trust if self.fidelity is not None else Trust(unchecked=(trust.NO_FIDELITY,))
+
+    @property
     def trusted(self) -> bool:
-        return self.fidelity is None or self.fidelity.trusted
+        """Every check of the repetition had its data and passed."""
+        return self.trust.verdict is Verdict.TRUSTED
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rep": self.rep, "time_s": self.time_s, "algbw_mbps": self.algbw_mbps,
@@ -227,20 +258,29 @@ class ProbeVerdict:
 
 @dataclass(frozen=True)
 class Summary:
-    """Medians over the measured repetitions, and whether all of them are trusted."""
+    """Medians over the measured repetitions, and the cell's checks (:meth:`CellResults.trust`)."""
 
     busbw_mbps: float
     time_s: float
     measured_over_predicted: float | None
-    trusted: bool
+    trust: Trust
     iteration_s: float | None = None
     compute_only_s: float | None = None
     scaling_efficiency: float | None = None
 
+    @property
+    def verdict(self) -> Verdict:
+        return self.trust.verdict
+
+    @property
+    def trusted(self) -> bool:
+        """Every check had its data and passed (unchecked is not trusted)."""
+        return self.trust.verdict is Verdict.TRUSTED
+
 
 #: The keys of the document that :class:`CellResults` owns; the rest go to ``extra`` and back.
-_SUMMARY_KEYS = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted",
-                 "iteration_s_median", "compute_only_s", "scaling_efficiency_median")
+_SUMMARY_KEYS = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted", "verdict",
+                 "flags", "unchecked", "iteration_s_median", "compute_only_s", "scaling_efficiency_median")
 
 
 @dataclass
@@ -290,29 +330,45 @@ class CellResults:
             return None
         time_s = statistics.median(r.time_s for r in self.repetitions)
         predicted = self.predicted_time_s
+        ratio = time_s / predicted if predicted else None
         iterations = [r.iteration for r in self.repetitions if r.iteration is not None]
         return Summary(busbw_mbps=statistics.median(r.busbw_mbps for r in self.repetitions), time_s=time_s,
-                       measured_over_predicted=time_s / predicted if predicted else None,
-                       trusted=all(r.trusted for r in self.repetitions),
+                       measured_over_predicted=ratio, trust=self._trust(ratio),
                        iteration_s=statistics.median(i.iteration_s for i in iterations) if iterations else None,
                        compute_only_s=iterations[0].compute_only_s if iterations else None,
                        scaling_efficiency=(statistics.median(i.scaling_efficiency for i in iterations)
                                            if iterations else None))
 
+    def _trust(self, ratio: float | None) -> Trust:
+        """Every measured repetition's checks, the clocks' (on a cluster) and the measured/model time's against
+        :data:`emulator.runs.trust.REPLAY_BAND`."""
+        clock = clocks.check(self.clocks, self.prediction.get("per_step") or []) if self.clocks else Trust()
+        return (trust.combine(r.trust for r in self.repetitions) + clock
+                + trust.model_check(ratio, trust.REPLAY_BAND))
+
+    def trust(self) -> Trust | None:
+        """The cell's checks (:class:`emulator.runs.trust.Trust`); None before the first measured repetition."""
+        summary = self.summary()
+        return summary.trust if summary is not None else None
+
     @property
     def trusted(self) -> bool | None:
+        """Every check had its data and passed; None before the first measured repetition."""
         summary = self.summary()
         return summary.trusted if summary is not None else None
 
     def flags(self) -> list[str]:
-        """Every fidelity flag of a measured repetition."""
-        return sorted({f for r in self.repetitions if r.fidelity is not None for f in r.fidelity.flags})
+        """Every fidelity flag of a measured repetition, and the cell's own (``model_disagrees``)."""
+        summary = self.summary()
+        own = summary.trust.flags if summary is not None else ()
+        return sorted({*own, *(f for r in self.repetitions if r.fidelity is not None for f in r.fidelity.flags)})
 
     def flag_all(self, name: str) -> None:
-        """Flag every repetition (warm-up included) with ``name``, which makes the result untrusted."""
+        """Flag every repetition (warm-up included) with ``name``, which makes the result untrusted; a
+        repetition without fidelity data gets one that measured nothing (:meth:`Fidelity.unmeasured`)."""
         for rep in [*self.warmup, *self.repetitions]:
             if rep.fidelity is None:
-                rep.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
+                rep.fidelity = Fidelity.unmeasured()
             rep.fidelity.flag(name)
 
     def to_json(self) -> dict[str, Any]:
@@ -326,7 +382,8 @@ class CellResults:
         summary = self.summary()
         if summary is not None:
             out.update(busbw_mbps_median=summary.busbw_mbps, time_s_median=summary.time_s,
-                       measured_over_predicted_median=summary.measured_over_predicted, trusted=summary.trusted)
+                       measured_over_predicted_median=summary.measured_over_predicted, trusted=summary.trusted,
+                       **summary.trust.to_json())
             if summary.iteration_s is not None:
                 out.update(iteration_s_median=summary.iteration_s, compute_only_s=summary.compute_only_s,
                            scaling_efficiency_median=summary.scaling_efficiency)

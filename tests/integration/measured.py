@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from emulator.runs.results import CellResults
+from emulator.runs.trust import REPLAY_BAND
 
 
 def step_time(results: CellResults, steps) -> float:
@@ -16,8 +17,9 @@ def step_time(results: CellResults, steps) -> float:
     return sum(statistics.median(per_step[s]) for s in steps)
 
 
-#: The accuracy docs/fidelity.md states for a replay's measured/predicted time: every `make bench` row within ±10 %.
-BENCH_ACCURACY = 0.10
+#: The accuracy docs/fidelity.md states for a replay's measured/predicted time (``make bench``'s rows, ±10 %): the
+#: band a report flags ``model_disagrees`` outside of, defined once in emulator.runs.trust.
+BENCH_ACCURACY = REPLAY_BAND.accuracy
 
 
 def band(noise: float, accuracy: float = BENCH_ACCURACY) -> tuple[float, float]:

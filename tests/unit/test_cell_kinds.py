@@ -15,6 +15,7 @@ from fake_session import FakeSession, factory
 
 from emulator.base.files import write_json_atomic
 from emulator.runs.results import ProbeVerdict
+from emulator.runs.trust import Trust
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.cell_kinds import CSV_FIELDS, DEFAULT_KINDS, Kinds, MpiKind, ReplayKind
@@ -57,8 +58,8 @@ class FakeRow:
     datapath: str | None = "fake"
 
     @property
-    def trusted(self) -> bool | None:
-        return None if self.value is None else not self.flags
+    def trust(self) -> Trust | None:
+        return None if self.value is None else Trust(flags=tuple(self.flags))
 
     def csv(self) -> dict[str, Any]:
         own = {"id": self.id, "status": self.status, "busbw_mbps": self.value, "flags": " ".join(self.flags)}

@@ -19,7 +19,9 @@ from emulator.emulation.cluster import cluster_network, remote_shell
 from emulator.emulation.machine.system import Result
 from emulator.emulation.network.tc_commands import root_interface_rates
 from emulator.model import cluster_placement, topology
-from emulator.runs import clocks, cluster_file
+from emulator.runs import clocks, cluster_file, trust
+from emulator.runs.results import CellResults, Fidelity, Repetition
+from emulator.runs.trust import Trust, Verdict
 
 SERVERS = [
     {"name": "a", "ssh": "192.0.2.10", "key": "/keys/ef lab%1", "underlay": "10.77.0.1"},
@@ -141,11 +143,25 @@ def test_clocks_are_trusted_while_error_and_drift_stay_under_a_hundredth_of_the_
     assert records == [{"server": "b", "offset_s": 1.0, "error_s": 2e-4, "offset_after_s": 1.0002,
                         "drift_s": pytest.approx(2e-4)}]
     assert clocks.uncertainty_s(records) == pytest.approx(4e-4)
-    assert clocks.trusted(records, [{"time_s": 0.05}, {"time_s": 0.1}])
-    assert not clocks.trusted(records, [{"time_s": 0.03}])
-    assert clocks.trusted(records, [])
+    assert clocks.check(records, [{"time_s": 0.05}, {"time_s": 0.1}]).verdict is Verdict.TRUSTED
+    assert clocks.check(records, [{"time_s": 0.03}]) == Trust(flags=(clocks.FLAG,))
     lost = clocks.clock_records([{"server": "b", "offset_s": 0.0, "error_s": 1e-5}], [])
     assert lost[0]["drift_s"] is None and clocks.uncertainty_s(lost) == 1e-5
+
+
+def test_clocks_without_a_predicted_step_or_a_second_measurement_are_unchecked_never_trusted():
+    records = clocks.clock_records([{"server": "b", "offset_s": 1.0, "error_s": 1e-4}],
+                                   [{"server": "b", "offset_s": 1.0002, "error_s": 2e-4}])
+    assert clocks.check(records, []) == Trust(unchecked=(trust.CLOCKS,))
+    assert clocks.check(records, [{"step": 0, "time_s": None}]).verdict is Verdict.UNCHECKED
+    lost = clocks.clock_records([{"server": "b", "offset_s": 0.0, "error_s": 1e-5}], [])
+    assert clocks.check(lost, [{"time_s": 0.05}]).verdict is Verdict.UNCHECKED  # its drift was never measured
+    assert clocks.check(lost, [{"time_s": 1e-4}]).verdict is Verdict.FLAGGED  # its error alone is too large
+    cell = CellResults(status="ok", prediction={"predicted_time_s": 1.0}, clocks=records,
+                       repetitions=[Repetition(rep=0, time_s=1.0, algbw_mbps=1.0, busbw_mbps=1.0,
+                                               fidelity=Fidelity(cpu_idle=0.5, datapath_load_mbps=1.0,
+                                                                 datapath_capacity_mbps=10.0))])
+    assert cell.trust() == Trust(unchecked=(trust.CLOCKS,)) and cell.trusted is False
 
 
 def test_a_cluster_run_needs_a_stated_private_underlay_and_a_placement_needs_a_cluster(tmp_path, capsys):

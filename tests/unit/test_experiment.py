@@ -358,6 +358,12 @@ def _results(out, cell_id):
     return json.loads((out / "cells" / cell_id / "results.json").read_text())
 
 
+def _only_the_model_flags(res) -> bool:
+    """No flag but ``model_disagrees``: the network is fine. (The fake session stretches max-min step times, which
+    puts a ring cell at 1.4 times the model's time, outside the replay's band.)"""
+    return set(res["flags"]) <= {"model_disagrees"} and not res["unchecked"]
+
+
 def test_a_network_that_passes_its_probe_runs_its_cells_trusted(tmp_path):
     exp = parse(TINY)
     FakeSession.started.clear()
@@ -395,7 +401,7 @@ def test_a_network_that_fails_its_probe_twice_flags_its_cells_probe_failed(tmp_p
     assert bad["trusted"] is False
     assert all("probe_failed" in r["fidelity"]["flags"] and not r["fidelity"]["trusted"]
                for r in bad["repetitions"])
-    assert good["trusted"] and good["probe"]["passed"]
+    assert _only_the_model_flags(good) and good["probe"]["passed"]
     from emulator.study import report
 
     _, rows = report.load_rows(str(tmp_path))
@@ -592,7 +598,7 @@ def test_after_a_failed_cell_the_network_is_probed_again_and_rebuilt_when_it_fai
     first = json.loads((tmp_path / "sessions" / "bigraph-2x2x1.bigraph-s0" / "probe.json").read_text())
     assert [a["passed"] for a in first["attempts"]] == [True]  # the network's first probe is kept
     res = json.loads((tmp_path / "cells" / ids[1] / "results.json").read_text())
-    assert res["probe"]["passed"] and res["trusted"]
+    assert res["probe"]["passed"] and _only_the_model_flags(res)
 
 
 def test_after_a_failed_cell_a_network_that_passes_its_probe_is_kept(tmp_path):
@@ -639,7 +645,7 @@ def test_a_network_broken_under_a_cell_that_finished_flags_it_and_is_rebuilt_bef
     assert not first["trusted"] and "network_damaged" in first["repetitions"][0]["fidelity"]["flags"]
     assert first["probe"]["passed"]  # the probe it ran after is kept
     second = json.loads((tmp_path / "cells" / ids[1] / "results.json").read_text())
-    assert second["trusted"]
+    assert _only_the_model_flags(second)
     log = (tmp_path / "run.log").read_text()
     assert f"after the cell {ids[0]}: its controller exited (killed)" in log
     assert log.index("its controller exited") < log.index("rebuilding") < log.index(f"ran {ids[1]}")

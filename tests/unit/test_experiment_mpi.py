@@ -477,7 +477,7 @@ def test_cells_csv_has_a_row_per_mpi_cell_with_the_columns_that_apply(tmp_path):
     assert replay["program"] == "" and replay["exit_status"] == "" and replay["ranks"] == "8"
     assert bench["program"] == "emu-allreduce-bench --algo ring --sizes 256KiB,1MiB" and bench["ranks"] == "8"
     assert bench["exit_status"] == "0" and bench["status"] == "ok" and bench["size"] == str(1 << 20)
-    assert float(bench["busbw_mbps"]) == 15.0 and float(bench["time_s"]) == 4.5 and bench["trusted"] == "True"
+    assert float(bench["busbw_mbps"]) == 15.0 and float(bench["time_s"]) == 4.5 and bench["trusted"] == "trusted"
     assert bench["predicted_time_s"] == "" and bench["collective"] == "" and bench["flags"] == "uncalibrated"
     assert ecmp_failed["status"] == "failed" and ecmp_failed["exit_status"] == "3" and ecmp_failed["ranks"] == "4"
     assert ecmp_failed["error"] == "the program exited with status 3"

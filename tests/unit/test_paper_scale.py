@@ -51,14 +51,14 @@ class Cell:
     """The fields of a report row that :func:`paper_scale.model_error` reads."""
 
     status: str
-    trusted: bool | None
+    measurement_trusted: bool
     hosts: int
     measured_over_predicted: float | None
 
 
 def test_model_error_summarises_trusted_cells_by_host_count():
     rows = [Cell("ok", True, 16, r) for r in (1.0, 1.1, 0.9)]
-    rows += [Cell("ok", False, 16, 3.0), Cell("failed", None, 64, None), Cell("ok", True, 64, 1.2)]
+    rows += [Cell("ok", False, 16, 3.0), Cell("failed", False, 64, None), Cell("ok", True, 64, 1.2)]
     errors = paper_scale.model_error(rows)
     assert [(e.hosts, e.cells, e.median, e.low, e.high) for e in errors] == [
         (16, 3, pytest.approx(1.0), 0.9, 1.1), (64, 1, 1.2, 1.2, 1.2)]

@@ -155,7 +155,8 @@ def test_flags_untrusted_and_partial_run(tmp_path):
                   after_cell=lambda *_: (_ for _ in ()).throw(KeyboardInterrupt)).run()
     md = open(report.write_report(out)).read()
     assert "**1 of 20 cells finished**" in md
-    assert "`over_capacity`: 1 cells" in md and "Not trusted: `cmp.bigraph-2x2x2.bigraph.hdrm.16KiB`" in md
+    assert "`over_capacity`: 1 cells" in md
+    assert "Flagged: `cmp.bigraph-2x2x2.bigraph.hdrm.16KiB` (flagged: over_capacity" in md
     assert "Not run yet: 19 cells." in md
 
 
@@ -289,7 +290,20 @@ def make_answers_results(tmp_path, bw="", fail=()):
     out = str(tmp_path / "run")
     runner.Runner(exp, out, session_factory=factory(fail=set(fail)), stream=io.StringIO()).run()
     jitter(out)
+    within_the_model(out)
     return out
+
+
+def within_the_model(out, ratio=1.02):
+    """Put every finished cell's repetition times at ``ratio`` of its model's, as today's experiments measure: the
+    fake session stretches max-min step times, which for ECMP and ring cells lands far outside the band (their
+    busbw, which the answers compare, stays as the fake measured it)."""
+    for cell_id in sorted(os.listdir(os.path.join(out, "cells"))):
+        res = cell_results(out, cell_id)
+        if res.get("status") == "ok":
+            for rep in res["repetitions"]:
+                rep["time_s"] = res["prediction"]["predicted_time_s"] * ratio
+            write_json_atomic(os.path.join(out, "cells", cell_id, "results.json"), res)
 
 
 def cell_results(out, cell_id):
@@ -334,7 +348,8 @@ def test_answers_open_the_report_and_match_the_tables_and_summary(tmp_path):
     md = open(report.write_report(out)).read()
     blocks = md.split("\n\n")
     assert blocks[0] == "# Experiment `answers`" and blocks[1].startswith("a comparison at 8 hosts")
-    assert blocks[2] == "## Answers"  # before anything else
+    assert blocks[2].startswith("**Trust: 20 of 20 measured cells trusted, 0 flagged, 0 unchecked.**")
+    assert blocks[3] == "## Answers"  # before anything else but the trust line
     answers_md = md[md.index("## Answers"):md.index("\n## ", md.index("## Answers") + 1)]
     assert "**Q2. Do BiGraph and HDRM remove network congestion?**" in answers_md
     assert f"repetitions and ECMP seeds ({report.RESAMPLES} resamples)" in answers_md
@@ -400,7 +415,7 @@ def test_an_untrusted_or_failed_cell_is_called_out_in_its_answer(tmp_path):
     report.write_report(out)
     answers = summary_of(out)["answers"]
     big = next(a for a in answers if a["question"] == "Q2" and a["hosts"] == 16)
-    assert f"Caution: not trusted: over_capacity in `{BIG_REF}`." in big["text"] and big["trusted"] is False
+    assert f"Caution: flagged: over_capacity in `{BIG_REF}`." in big["text"] and big["trusted"] is False
     assert "uncalibrated" not in big["text"] and big["measured"] is not None
     # the failed 8-host reference: its answers are not measured and name it, with the model's number
     eight = [a for a in answers if a["question"] == "Q2" and a["hosts"] == 8]

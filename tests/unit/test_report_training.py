@@ -353,5 +353,5 @@ def test_an_experiment_of_training_only_has_no_busbw_sections(tmp_path):
         found = json.load(fh)["answers"]
     assert {a["question"] for a in found} == {"training"}
     at32 = next(a for a in found if a["hosts"] == 32)
-    assert at32["trusted"] is False and f"Caution: not trusted: over_capacity in `{untrusted.id}`." in at32["text"]
-    assert f"not trusted: `{untrusted.id}`" in section(md, "## Training iteration: scaling efficiency")
+    assert at32["trusted"] is False and f"Caution: flagged: over_capacity in `{untrusted.id}`." in at32["text"]
+    assert f"flagged: `{untrusted.id}`" in section(md, "## Training iteration: scaling efficiency")

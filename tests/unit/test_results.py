@@ -18,7 +18,8 @@ from emulator.runs import results
 from emulator.runs.results import CellResults, Fidelity, ProbeVerdict, Repetition, SchemaError, StepTime
 
 OLD = os.path.join(os.path.dirname(__file__), "..", "data", "results-schema1-star16-hd.json")
-SUMMARY = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted")
+SUMMARY = ("busbw_mbps_median", "time_s_median", "measured_over_predicted_median", "trusted", "verdict", "flags",
+           "unchecked")
 
 
 def old_document() -> dict:

@@ -97,7 +97,8 @@ def test_a_schema_1_results_json_of_an_older_run_is_finished(tmp_path, exp):
            "warmup": [], "busbw_mbps_median": 0.9, "trusted": True}
     _write(folder, ring, json.dumps(old))
     assert folder.cell_finished(ring)
-    assert folder.finished_results(ring).flags() == ["uncalibrated"]
+    # judged by today's rule: 1.2 times its model is outside the replay's band
+    assert folder.finished_results(ring).flags() == ["model_disagrees", "uncalibrated"]
 
 
 def test_empty_cell_dir_removes_what_an_earlier_attempt_left(tmp_path, exp):

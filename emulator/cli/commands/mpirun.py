@@ -123,7 +123,8 @@ def exit_code(results: MpiResults) -> int:
 
 def _closing_line(results: MpiResults) -> str:
     fid = results.fidelity
-    load = (f"; CPU idle {fid.cpu_idle:.0%}, datapath {fid.datapath_load_mbps:.0f} of "
+    idle = f"{fid.cpu_idle:.0%}" if fid is not None and fid.cpu_idle is not None else "unknown"
+    load = (f"; CPU idle {idle}, datapath {fid.datapath_load_mbps:.0f} of "
             f"{fid.datapath_capacity_mbps:.0f} Mbit/s" if fid is not None else "")
     return (f"# mpirun {results.status} (exit status {results.exit_status}) in {results.wall_s or 0:.1f} s"
             f"{load}{flag_text(fid)}; results in {results.config['out']}")

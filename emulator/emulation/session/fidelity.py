@@ -188,6 +188,9 @@ def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: 
            late_fraction: float | None = None, lag: AgentLag | None = None) -> Fidelity:
     """Fidelity of one repetition: CPU idle, offered datapath load against capacity, latency, flags.
 
+    CPU idle is None when the CPU counters did not advance between the snapshots: the repetition is then
+    unchecked (:attr:`emulator.runs.results.Fidelity.trust`), not idle.
+
     ``datapath_bytes`` is the bytes the schedule makes switches forward (each
     transfer's bytes times the switches on its path); ``calibration`` this
     machine's (None: the capacity is :data:`UNCALIBRATED_CAPACITY_MBPS` and
@@ -197,12 +200,13 @@ def assess(before: Snapshot, after: Snapshot, elapsed_s: float, datapath_bytes: 
     worst rank's agent lag (:func:`emulator.runs.metrics.agent_lag`).
     """
     d_total = after.cpu_total - before.cpu_total
-    idle = (after.cpu_idle - before.cpu_idle) / d_total if d_total > 0 else 1.0
+    # counters that did not advance say nothing of the CPU: its idle share is unknown, not all idle
+    idle = (after.cpu_idle - before.cpu_idle) / d_total if d_total > 0 else None
     measured = calibration.datapath_capacity_mbps if calibration is not None else None
     capacity = measured or UNCALIBRATED_CAPACITY_MBPS
     offered = datapath_bytes * 8 / elapsed_s / 1e6 if elapsed_s > 0 else 0.0
     flags = []
-    if idle < CPU_SATURATED_IDLE:
+    if idle is not None and idle < CPU_SATURATED_IDLE:
         flags.append("cpu_saturated")
     if offered > capacity:
         flags.append("over_capacity")

@@ -90,6 +90,7 @@ from emulator.runs.metrics import (
     timeline_records,
 )
 from emulator.runs.results import CellResults, Repetition
+from emulator.runs.trust import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -316,7 +317,8 @@ class ReplaySession:
         except (LauncherError, OSError):  # a lost server: the cell failed already
             after = []
         results.clocks = clocks.clock_records([c.to_json() for c in self.clock_offsets], after)
-        if results.repetitions and not clocks.trusted(results.clocks, results.prediction.get("per_step") or []):
+        verdict = clocks.check(results.clocks, results.prediction.get("per_step") or []).verdict
+        if results.repetitions and verdict is Verdict.FLAGGED:  # unchecked: the results' own summary says so
             results.flag_all(clocks.FLAG)
 
     def cluster_config(self) -> dict[str, Any]:

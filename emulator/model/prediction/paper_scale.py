@@ -153,7 +153,7 @@ def project_families(families: tuple[Family, ...], profile: FabricProfile, sizes
 
 @dataclass(frozen=True)
 class ModelError:
-    """measured / predicted time of the trusted cells at one host count."""
+    """measured / predicted time of the cells whose measurement is trusted, at one host count."""
 
     hosts: int
     cells: int
@@ -168,7 +168,7 @@ class MeasuredCell(Protocol):
     @property
     def status(self) -> str: ...
     @property
-    def trusted(self) -> bool | None: ...
+    def measurement_trusted(self) -> bool: ...  # every check but the model's had its data and passed
     @property
     def hosts(self) -> int: ...
     @property
@@ -176,11 +176,15 @@ class MeasuredCell(Protocol):
 
 
 def model_error(rows: Iterable[MeasuredCell]) -> list[ModelError]:
-    """Per host count, the spread of measured/predicted time over the finished, trusted cells."""
+    """Per host count, the spread of measured/predicted time over the finished cells whose measurement is trusted.
+
+    The model's own check (its band) is left out of that trust: a cell the model disagrees with is part of the
+    model's error, not a reason to leave it out of it; a cell flagged or unchecked by any other check is left out.
+    """
     by_hosts: dict[int, list[float]] = {}
     for r in rows:
         ratio = r.measured_over_predicted
-        if r.status == "ok" and r.trusted and ratio:
+        if r.status == "ok" and r.measurement_trusted and ratio:
             by_hosts.setdefault(int(r.hosts), []).append(float(ratio))
     return [ModelError(hosts=h, cells=len(v), median=statistics.median(v), low=min(v), high=max(v))
             for h, v in sorted(by_hosts.items())]

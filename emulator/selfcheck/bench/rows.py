@@ -81,7 +81,7 @@ class ReplayRow:
             measured_over_predicted_reps=tuple(r.get("measured_over_predicted") for r in reps),
             busbw_mbps=busbw, busbw_over_link=busbw / link_mbps if busbw else None,
             datapath_load_mbps=max((f["datapath_load_mbps"] for f in measured), default=None),
-            cpu_idle_min=min((f["cpu_idle"] for f in measured), default=None),
+            cpu_idle_min=min((f["cpu_idle"] for f in measured if f.get("cpu_idle") is not None), default=None),
             tcp_retransmits=tuple(f.get("tcp_retransmits") for f in measured),
             flags=tuple(sorted({f for r in reps for f in r.get("fidelity", {}).get("flags", [])
                                 if f != "uncalibrated"})),

@@ -23,8 +23,10 @@ from emulator.model import fabric
 from emulator.model.fabric import FabricProfile
 from emulator.model.prediction.check import CheckReport
 from emulator.model.schedule.format import Schedule
+from emulator.runs import trust as checks
 from emulator.runs.fault_plan import Fault
 from emulator.runs.results import CellResults, ProbeVerdict
+from emulator.runs.trust import Trust, Verdict
 from emulator.study import experiment as xp
 from emulator.study.folder.cell_state import CellState
 
@@ -79,7 +81,7 @@ class Row(Protocol):
     def flags(self) -> list[str]: ...
 
     @property
-    def trusted(self) -> bool | None: ...
+    def trust(self) -> Trust | None: ...  # None: not measured
 
     @property
     def error(self) -> str | None: ...
@@ -87,6 +89,36 @@ class Row(Protocol):
     def csv(self) -> dict[str, Any]:
         """The row of ``cells.csv``: every column of :data:`CSV_FIELDS`."""
         ...
+
+
+class TrustedRow:
+    """What a row's ``trust`` (None: not measured) says, in the words each reader needs; a row class inherits it."""
+
+    trust: Trust | None
+
+    @property
+    def verdict(self) -> Verdict | None:
+        return self.trust.verdict if self.trust is not None else None
+
+    @property
+    def trusted(self) -> bool | None:
+        """Every check had its data and passed (unchecked is not trusted); None when not measured."""
+        return self.verdict is Verdict.TRUSTED if self.trust is not None else None
+
+    @property
+    def measurement_trusted(self) -> bool:
+        """Every check but the model's had its data and passed: the measurement, whatever the model says of it
+        (the cells the model's error is measured on)."""
+        return self.trust is not None and \
+            self.trust.without(checks.MODEL, checks.MODEL_FLAG).verdict is Verdict.TRUSTED
+
+    def trust_text(self) -> str:
+        """``trusted``, ``flagged: ...``, ``unchecked: ...`` (:meth:`Trust.text`), ``–`` when not measured."""
+        return self.trust.text() if self.trust is not None else "–"
+
+    def trust_word(self) -> str:
+        """``cells.csv``'s ``trusted`` column: the verdict's word, empty when not measured."""
+        return self.verdict.value if self.verdict is not None else ""
 
 
 class PlanDefaults(Protocol):

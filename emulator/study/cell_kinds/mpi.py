@@ -26,8 +26,10 @@ from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.runs.mpi_results import MpiResults
 from emulator.runs.results import Fidelity, ProbeVerdict
+from emulator.runs.trust import Trust
 from emulator.study import experiment as xp
-from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, TrustedRow, read_fabric
+from emulator.study.cell_kinds.replay import verdict_tail
 from emulator.study.folder.cell_state import CellState
 from emulator.study.progress import QUIET_FLAGS
 
@@ -45,28 +47,21 @@ class MpiCellRunner(Protocol):
 
 def mpi_line(res: MpiResults) -> str:
     """The tail of a finished MPI cell's progress line: wall time, the benchmark's largest size and its time over
-    the model's, its flags."""
+    the model's, its flags (``model_disagrees`` among them), and its verdict when it is unchecked."""
     text = f"MPI program exited {res.exit_status} after {res.wall_s or 0.0:.1f} s"
-    rows = [r for r in res.bench if isinstance(r.get("size"), int)]
-    if rows:
-        top = max(rows, key=lambda r: r["size"])
-        ratio = _over_model(res, top["size"])
+    top = res.largest_row()
+    if top is not None:
+        ratio = res.over_model(top["size"])
         model = f"measured/predicted {ratio:.2f}" if ratio is not None else "no model"
         text += f", busbw {float(top.get('busbw_mbps') or 0.0):.2f} Mbit/s at {format_size(top['size'])} ({model})"
-    flags = [f for f in (res.fidelity.flags if res.fidelity else []) if f not in QUIET_FLAGS]
-    return text + (f" [fidelity: {', '.join(flags)}]" if flags else "")
-
-
-def _over_model(res: MpiResults | None, size: int) -> float | None:
-    """The benchmark row of ``size``'s measured/predicted time (None: no prediction of it)."""
-    for p in res.predictions if res else []:
-        if isinstance(p, Mapping) and p.get("size") == size and isinstance(p.get("measured_over_predicted"), float):
-            return float(p["measured_over_predicted"])
-    return None
+    checks = res.trust()
+    flags = sorted({*(f for f in (res.fidelity.flags if res.fidelity else []) if f not in QUIET_FLAGS),
+                    *checks.flags})
+    return text + (f" [fidelity: {', '.join(flags)}]" if flags else "") + verdict_tail(checks)
 
 
 @dataclass(frozen=True)
-class MpiRow:
+class MpiRow(TrustedRow):
     """One planned MPI cell as the report sees it: the program's run, never a busbw or model comparison.
 
     ``busbw_mbps`` is the bundled benchmark's at its largest size (``busbw_size``), None when the program is
@@ -98,7 +93,7 @@ class MpiRow:
     link_mbps: float
     capacity_mbps: float  # link goodput: link_mbps x the TCP goodput at the fabric's MTU
     fabric: FabricProfile  # the cell's (else the experiment's, else the default one): its MTU sets capacity_mbps
-    trusted: bool | None
+    trust: Trust | None  # the run's checks (MpiResults.trust); None: no results
     flags: list[str]
     qdisc_drops: int
     tcp_retransmits: int
@@ -121,7 +116,7 @@ class MpiRow:
                "hosts": self.hosts, "routing": self.routing, "seed": self.seed, "algorithm": self.algorithm,
                "placement": self.placement, "size": self.busbw_size if self.busbw_size is not None else "",
                "status": self.status, "outcome": self.run_status or self.status, "busbw_mbps": self.busbw_mbps,
-               "time_s": self.time_s, "trusted": self.trusted, "flags": " ".join(self.flags),
+               "time_s": self.time_s, "trusted": self.trust_word(), "flags": " ".join(self.flags),
                "qdisc_drops": self.qdisc_drops, "tcp_retransmits": self.tcp_retransmits, "wall_s": self.wall_s,
                "error": self.error, "program": self.program, "ranks": self.ranks, "exit_status": self.exit_status,
                "measured_over_predicted": self.measured_over_predicted}
@@ -139,12 +134,15 @@ def _fabric(entry: Mapping[str, Any], plan: PlanDefaults) -> FabricProfile:
 def _bench_top(res: MpiResults | None) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """The benchmark's rows that have a size, and the one at the largest size (None without rows)."""
     rows = [r for r in (res.bench if res else []) if isinstance(r, Mapping) and isinstance(r.get("size"), int)]
-    return rows, (max(rows, key=lambda r: r["size"]) if rows else None)
+    return rows, (res.largest_row() if res is not None else None)
 
 
-def _fidelity_fields(res: MpiResults | None) -> dict[str, Any]:
+def _fidelity_fields(res: MpiResults | None, finished: bool) -> dict[str, Any]:
+    """The run's checks (a finished run's), its flags (``model_disagrees`` among them) and fidelity counters."""
     fid = res.fidelity if res else None
-    return {"trusted": res.trusted if res and fid else None, "flags": sorted(fid.flags) if fid else [],
+    checks = res.trust() if res is not None and finished else None
+    flags = sorted({*(fid.flags if fid else []), *(checks.flags if checks else ())})
+    return {"trust": checks, "flags": flags,
             "qdisc_drops": fid.qdisc_drops if fid else 0, "tcp_retransmits": fid.tcp_retransmits if fid else 0,
             "cpu_idle": fid.cpu_idle if fid else None}
 
@@ -207,7 +205,7 @@ class MpiKind:
 
     def flag(self, res: MpiResults, name: str) -> None:
         if res.fidelity is None:
-            res.fidelity = Fidelity(cpu_idle=1.0, datapath_load_mbps=0.0, datapath_capacity_mbps=0.0)
+            res.fidelity = Fidelity.unmeasured()
         res.fidelity.flag(name)
 
     def line(self, res: MpiResults) -> str:
@@ -235,8 +233,8 @@ class MpiKind:
             time_s=res.wall_s if res else None, wall_s=state.wall_s if state else None, bench=bench,
             busbw_mbps=float(busbw) if isinstance(busbw, int | float) else None,
             busbw_size=top["size"] if top else None, link_mbps=link_mbps, fabric=profile,
-            capacity_mbps=link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu), **_fidelity_fields(res),
+            capacity_mbps=link_mbps * topology.tcp_goodput_factor(profile.emulated_mtu), **_fidelity_fields(res, finished),
             error=None if finished else ((state.error if state else None) or (res.error if res else None)),
             learned_connections=res.learned_connections if res else None,
             datapath=(res.datapath or None) if res else None, dir=cell_dir,
-            measured_over_predicted=_over_model(res, top["size"]) if top else None)
+            measured_over_predicted=res.over_model(top["size"]) if res is not None and top else None)

@@ -21,8 +21,9 @@ from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.semantics import ALLREDUCE, qualified
 from emulator.runs import fault_plan as faults
 from emulator.runs.results import CellResults, FaultRecord, Iteration, ProbeVerdict, SchemaError, Summary
+from emulator.runs.trust import Trust
 from emulator.study import experiment as xp
-from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, read_fabric
+from emulator.study.cell_kinds.base import CSV_FIELDS, PlanDefaults, Session, TrustedRow, read_fabric
 from emulator.study.folder.cell_state import CellState
 from emulator.study.progress import QUIET_FLAGS
 
@@ -31,13 +32,14 @@ LEGACY_GOODPUT = 1448 / 1514  # TCP payload per wire byte at MTU 1500, for resul
 
 def cell_line(res: CellResults) -> str:
     """The tail of a finished cell's progress line: median busbw (a training iteration: its time and scaling
-    efficiency) against the model's, and its fidelity flags."""
+    efficiency) against the model's, its fidelity flags, and its verdict when it is not trusted."""
     summary = res.summary()
     pred = res.prediction.get("busbw_mbps") or 0.0
     flags = [f for f in res.flags() if f not in QUIET_FLAGS]
     busbw = summary.busbw_mbps if summary is not None else 0.0
     ratio = (summary.measured_over_predicted if summary is not None else None) or 0.0
-    tail = f", measured/predicted {ratio:.2f}" + (f" [fidelity: {', '.join(flags)}]" if flags else "")
+    tail = (f", measured/predicted {ratio:.2f}" + (f" [fidelity: {', '.join(flags)}]" if flags else "")
+            + verdict_tail(summary.trust if summary is not None else None))
     if summary is not None and summary.scaling_efficiency is not None:
         model = res.prediction.get("scaling_efficiency") or 0.0
         return f"iteration {summary.iteration_s:.1f} s, scaling efficiency {summary.scaling_efficiency:.2f} " \
@@ -45,11 +47,17 @@ def cell_line(res: CellResults) -> str:
     return f"busbw {busbw:.2f} Mbit/s (model {pred:.2f})" + tail
 
 
+def verdict_tail(trust: Trust | None) -> str:
+    """`` [unchecked: no fidelity data]`` after a progress line whose cell is unchecked ("" otherwise: a trusted
+    cell says nothing, a flagged one shows its flags already)."""
+    return f" [{trust.text()}]" if trust is not None and not trust.flags and trust.unchecked else ""
+
+
 @dataclass(frozen=True)
-class CellRow:
+class CellRow(TrustedRow):
     """One planned replay cell as the report sees it (``cells.csv`` holds the fields of :data:`CSV_FIELDS`).
 
-    Measured fields (busbw, times, ``trusted``, ``rep_busbw``) are None or
+    Measured fields (busbw, times, ``trust``, ``rep_busbw``) are None or
     empty unless the cell finished; predictions come from the cell's results,
     else from the plan.
     """
@@ -75,7 +83,7 @@ class CellRow:
     alpha_beta_time_s: float | None
     measured_over_predicted: float | None
     max_flows_per_link: int
-    trusted: bool | None
+    trust: Trust | None  # the cell's checks (emulator.runs.trust); None: not measured
     flags: list[str]
     qdisc_drops: int
     tcp_retransmits: int
@@ -122,8 +130,8 @@ class CellRow:
     def csv(self) -> dict[str, Any]:
         """The row of ``cells.csv``: the columns of :data:`CSV_FIELDS` (``program`` and ``exit_status`` are an
         MPI cell's, empty here)."""
-        return {name: " ".join(self.flags) if name == "flags" else
-                "" if name in ("program", "exit_status") else getattr(self, name) for name in CSV_FIELDS}
+        special = {"flags": " ".join(self.flags), "trusted": self.trust_word(), "program": "", "exit_status": ""}
+        return {name: special[name] if name in special else getattr(self, name) for name in CSV_FIELDS}
 
     @property
     def algorithm_label(self) -> str:
@@ -163,7 +171,7 @@ def _measured(res: CellResults | None, finished: bool) -> dict[str, Any]:
             "busbw_max_mbps": max(busbws) if busbws and finished else None,
             "time_s": summary.time_s if summary else None,
             "measured_over_predicted": summary.measured_over_predicted if summary else None,
-            "trusted": summary.trusted if summary else None,
+            "trust": summary.trust if summary else None,
             "qdisc_drops": sum(f.qdisc_drops for f in fidelity),
             "tcp_retransmits": sum(f.tcp_retransmits for f in fidelity), "repetitions": len(reps),
             "rep_busbw": busbws if finished else [],

@@ -12,7 +12,10 @@ flow level) beside every number; training iterations (cells with a workload
 instead of a size) never enter a busbw comparison
 (:func:`~emulator.study.report.rows.busbw_rows`), they have their own section:
 
-* first, the answers to the paper's questions in a few sentences
+* first, how many cells are trusted, flagged (each flag's count) and
+  unchecked, with the model's bands (:mod:`emulator.runs.trust`;
+  ``summary.json``'s ``cells`` and ``model_band``);
+* then the answers to the paper's questions in a few sentences
   (``summary.json`` holds them as numbers);
 * the speedup of the reference (by default BiGraph + hdrm) over every other
   topology x routing x algorithm of the same series and host count, per size;
@@ -39,7 +42,9 @@ instead of a size) never enter a busbw comparison
   bundled benchmark's busbw at its largest size and its time over the model's (they enter no
   other section's table, plot or answer, but count in the overview and in
   the fidelity and failure lists);
-* every cell: measured against predicted, faults, fidelity flags, failures.
+* every cell: measured against predicted, its trust, faults, fidelity flags,
+  failures, and the reading guide (a table: each verdict, column and flag,
+  what it means, what to do).
 
 A collective other than allreduce is named wherever a family is (``leafspine-4x4x4
 ecmp allgather-ring``), and its speedup tables are its own; allreduce labels
@@ -82,6 +87,7 @@ from dataclasses import dataclass, field
 from emulator.base.files import write_atomic, write_json_atomic
 from emulator.model import fabric
 from emulator.model.prediction import paper_scale
+from emulator.runs import trust
 from emulator.study.cell_kinds import DEFAULT_KINDS, Kinds
 from emulator.study.folder.results_folder import ResultsFolder
 from emulator.study.report import answers, llm_section, sections
@@ -180,6 +186,7 @@ def build(out: str, kinds: Kinds = DEFAULT_KINDS) -> Report:
 
     doc = Doc()
     sections.title(doc, plan)
+    sections.trust_summary(doc, every)
     sections.answers_section(doc, found, plan.repeat)
     sections.overview(doc, plan, every)
     # an experiment of training iterations or MPI programs only has no busbw to show
@@ -212,7 +219,8 @@ def write_report(out: str, kinds: Kinds = DEFAULT_KINDS) -> str:
     write_csv(os.path.join(out, "cells.csv"), report.cells)
     run = ResultsFolder(out).read_run()
     write_json_atomic(os.path.join(out, "summary.json"),
-                      answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers))
+                      answers.summary(report.plan.name, run.wall_s if run is not None else None, report.answers,
+                                      trust.tally(r.trust for r in report.cells)))
     write_atomic(os.path.join(out, "report.html"), report.doc.html(f"Experiment {report.plan.name}"))
     path = os.path.join(out, "report.md")
     write_atomic(path, report.doc.markdown())

@@ -37,7 +37,9 @@ training iteration. A family of another collective than allreduce is named
 with it (``leaf-spine + ECMP + ring allgather``).
 
 Every answer names its cells' trouble in place: a cell that failed, did not
-run or is not trusted (a fidelity flag) is called out in the sentence.
+run, is flagged (a fidelity flag, ``model_disagrees``) or is unchecked (a
+check without data) is called out in the sentence; an answer is trusted only
+when every cell it uses is.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from emulator.model.collectives import registry
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.model.schedule.semantics import ALLREDUCE
+from emulator.runs import trust
+from emulator.runs.trust import Tally, Verdict
 from emulator.study.report.families import TrainingKey, TrainingPoint, efficiency_interval, training_families
 from emulator.study.report.rows import CellRow, Reference, busbw_rows
 from emulator.study.report.speedups import ServerComparison, SpeedupTable, median, ratio, speedup_interval
@@ -75,6 +79,8 @@ PAPER = {
     "projection": "",
     "designs": "",
 }
+#: The band of each kind of cell's measured/model time (:mod:`emulator.runs.trust`), by the report's name for it.
+BANDS = {"replay": trust.REPLAY_BAND, "mpi": trust.MPI_BAND}
 EACH_FAMILY_MAX = 4  # at the largest host count, every baseline family gets a sentence up to this many
 KINDS = {name: kind.title for name, kind in topology.KINDS.items()}
 EFLOPS_DESIGNS = (None, "NIC per accelerator")  # a network question is asked of hosts with their own NIC
@@ -94,7 +100,7 @@ class Answer:
     interval: tuple[float, float] | None   # 95% bootstrap interval of ``measured``
     significant: bool | None               # the interval excludes 1
     model: float | None
-    trusted: bool                          # every cell used finished and is trusted
+    trusted: bool                          # every cell used finished and is trusted (none flagged or unchecked)
     cells: tuple[str, ...]
 
     def to_json(self) -> dict[str, Any]:
@@ -124,19 +130,20 @@ def _algorithm(row: CellRow) -> str:
 
 
 def caution(cells: Iterable[CellRow]) -> str:
-    """`` Caution: not trusted: over_capacity in `id`; `id2` failed.`` or "" when every cell is fine."""
+    """`` Caution: flagged: over_capacity in `id`; unchecked: no fidelity data in `id3`; `id2` failed.`` or ""
+    when every cell is fine."""
     notes = []
     for c in cells:
         if c.status != "ok":
             notes.append(f"`{c.id}` {c.status}")
-        elif c.trusted is False:
-            flags = [f for f in c.flags if f != "uncalibrated"] or ["a fidelity flag"]
-            notes.append(f"not trusted: {', '.join(flags)} in `{c.id}`")
+        elif c.trust is not None and c.verdict is not Verdict.TRUSTED:
+            notes.append(f"{c.trust.text()} in `{c.id}`")
     return f" Caution: {'; '.join(notes)}." if notes else ""
 
 
 def _trusted(cells: Iterable[CellRow]) -> bool:
-    return all(c.status == "ok" and c.trusted is not False for c in cells)
+    """Every cell finished and is trusted: every check had its data and passed."""
+    return all(c.status == "ok" and c.verdict is Verdict.TRUSTED for c in cells)
 
 
 def _x(value: float | None) -> str:
@@ -363,7 +370,8 @@ def _training_alone(rk: TrainingKey, hosts: int, rp: TrainingPoint, paper: bool)
 
 # --------------------------------------------------------------- projection
 def model_error_text(errors: list[paper_scale.ModelError]) -> str:
-    """``measured/model time 0.97-1.12 (median 1.03) over 40 trusted cells at 8-64 hosts``."""
+    """``measured/model time 0.97-1.12 (median 1.03) over 40 trusted cells at 8-64 hosts`` (trusted: every check
+    but the model's own, so a cell outside the model's band counts in its error)."""
     if not errors:
         return "no trusted cell measured its error"
     lo, hi = min(e.low for e in errors), max(e.high for e in errors)
@@ -468,6 +476,9 @@ def find(rows: list[CellRow], ref: Reference, tables: list[SpeedupTable],
             *training_answers(rows, ref)]
 
 
-def summary(name: str, wall_s: float | None, found: list[Answer]) -> dict[str, Any]:
-    """The content of ``summary.json``."""
-    return {"schema": 1, "experiment": name, "wall_s": wall_s, "answers": [a.to_json() for a in found]}
+def summary(name: str, wall_s: float | None, found: list[Answer], cells: Tally) -> dict[str, Any]:
+    """The content of ``summary.json``: the answers, and how many cells are trusted, flagged and unchecked
+    (``cells``), with the model's bands."""
+    return {"schema": 1, "experiment": name, "wall_s": wall_s, "answers": [a.to_json() for a in found],
+            "cells": cells.to_json(), "model_band": {name: {"low": band.low, "high": band.high, "source": band.source}
+                                                     for name, band in BANDS.items()}}

@@ -62,9 +62,9 @@ def section(doc: Doc, rows: list[CellRow], profile: fabric.FabricProfile) -> Non
         body.append([_label(r), f"`{r.workload}`", str(r.hosts), f"{fmt_number(r.iteration_s, 1)} "
                      f"({fmt_number(r.predicted_time_s, 1)})", fmt_number(r.measured_over_predicted),
                      fmt_number(r.compute_only_s, 1), f"{fmt_number(r.scaling_efficiency)} ({fmt_number(r.predicted_scaling_efficiency)})",
-                     _shares(r), "yes" if r.trusted else "no" if r.trusted is False else r.status])
+                     _shares(r), r.trust_text() if r.trust is not None else r.status])
     doc.table(["fabric", "workload", "accelerators", "iteration s (model)", "measured/model", "compute-only s",
-               "efficiency (model)", "communication share per group, measured (model)", "trusted"], body)
+               "efficiency (model)", "communication share per group, measured (model)", "trust"], body)
     _grown(doc, cells, profile)
 
 

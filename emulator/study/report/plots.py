@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from emulator.model.schedule.format import format_size
+from emulator.runs.trust import Verdict
 from emulator.study.report.families import ScalingKey, ScalingPoint, TrainingKey, TrainingPoint
 from emulator.study.report.rows import CellRow
 from emulator.study.report.timelines import LinkStepMatrix, Timeline
@@ -199,7 +200,8 @@ def plot_training_efficiency(path: str, fams: dict[TrainingKey, dict[int, Traini
 
 
 def plot_measured_vs_predicted(path: str, rows: list[CellRow]) -> bool:
-    """Measured against model busbw per cell, untrusted cells circled; False when no cell has both."""
+    """Measured against model busbw per cell, flagged cells circled red and unchecked ones grey; False when no
+    cell has both."""
     pts = [r for r in rows if r.busbw_mbps and r.predicted_busbw_mbps]
     if not pts:
         return False
@@ -210,10 +212,11 @@ def plot_measured_vs_predicted(path: str, rows: list[CellRow]) -> bool:
         sel = [r for r in pts if r.kind == kind]
         ax.scatter([r.predicted_busbw_mbps for r in sel], [r.busbw_mbps for r in sel], label=kind,
                    marker="os^Dv"[i % 5], alpha=0.8)
-    untrusted = [r for r in pts if r.trusted is False]
-    if untrusted:
-        ax.scatter([r.predicted_busbw_mbps for r in untrusted], [r.busbw_mbps for r in untrusted],
-                   facecolors="none", edgecolors="red", s=120, label="fidelity flag")
+    for verdict, colour in ((Verdict.FLAGGED, "red"), (Verdict.UNCHECKED, "grey")):
+        marked = [r for r in pts if r.verdict is verdict]
+        if marked:
+            ax.scatter([r.predicted_busbw_mbps for r in marked], [r.busbw_mbps for r in marked],
+                       facecolors="none", edgecolors=colour, s=120, label=verdict.value)
     top = max(max(r.predicted_busbw_mbps or 0.0 for r in pts), max(r.busbw_mbps or 0.0 for r in pts)) * 1.05
     ax.plot([0, top], [0, top], color="grey", linestyle="--", label="measured = model")
     ax.set_xlim(0, top)

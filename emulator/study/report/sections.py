@@ -22,7 +22,9 @@ from emulator.model import fabric
 from emulator.model.prediction import paper_scale
 from emulator.model.schedule.format import format_size
 from emulator.model.schedule.semantics import ALLREDUCE
+from emulator.runs import trust
 from emulator.runs.metrics import LAG_SHARE
+from emulator.runs.trust import Verdict
 from emulator.study.report import answers, plots
 from emulator.study.report.doc import Doc
 from emulator.study.report.families import ScalingKey, ScalingPoint, TrainingKey, TrainingPoint
@@ -55,6 +57,33 @@ def title(doc: Doc, plan: Plan) -> None:
     doc.h(1, f"Experiment `{plan.name}`")
     if plan.description:
         doc.p(plan.description)
+
+
+def _counts(counts: dict[str, int], words: dict[str, str] | None = None) -> str:
+    """`` (`over_capacity` 2, `model_disagrees` 1)`` or "" without counts."""
+    if not counts:
+        return ""
+    named = [f"{(words or {}).get(k) or f'`{k}`'} {n}" for k, n in counts.items()]
+    return f" ({', '.join(named)})"
+
+
+def bands_sentence() -> str:
+    """The model's bands, each with where it is documented."""
+    return "; ".join(f"{name} cells {band.text()} ({band.source})" for name, band in answers.BANDS.items())
+
+
+def trust_summary(doc: Doc, every: Sequence[Row]) -> None:
+    """How many measured cells are trusted, flagged (each flag's count) and unchecked (each reason's), and the
+    model's bands: the line under the title."""
+    t = trust.tally(r.trust for r in every)
+    if not t.measured:
+        return
+    doc.p(f"**Trust: {t.trusted} of {t.measured} measured cells trusted, {t.flagged} flagged"
+          f"{_counts(t.flags)}, {t.unchecked} unchecked{_counts(t.why_unchecked, trust.UNCHECKED_WHY)}.** "
+          "Trusted: every check had its data and passed; flagged: a check failed; unchecked: a check had no "
+          "data, so nothing says the cell is right. A cell whose measured/model time is outside its band is "
+          f"flagged `{trust.MODEL_FLAG}`; the bands: {bands_sentence()}. What each flag means and what to do: "
+          "\"How to read the trust and flags\" below.")
 
 
 def answers_section(doc: Doc, found: list[answers.Answer], repeat: int) -> None:
@@ -327,13 +356,13 @@ def _range(point: TrainingPoint) -> str:
 
 
 def _notes(cells: list[CellRow]) -> str:
-    """``2 seeds``, ``not trusted: id``, ``id failed`` (what a training point's cells say), or ""."""
+    """``2 seeds``, ``flagged: id``, ``unchecked: id``, ``id failed`` (what a training point's cells say), or ""."""
     notes = [f"{len(cells)} seeds"] if len(cells) > 1 else []
     for c in cells:
         if c.status != "ok":
             notes.append(f"`{c.id}` {c.status}")
-        elif c.trusted is False:
-            notes.append(f"not trusted: `{c.id}`")
+        elif c.verdict is not None and c.verdict is not Verdict.TRUSTED:
+            notes.append(f"{c.verdict.value}: `{c.id}`")
     return "; ".join(notes)
 
 
@@ -494,12 +523,10 @@ def designs(doc: Doc, grown: Sequence[paper_scale.Grown], measured_hosts: int, e
 
 # ---------------------------------------------------------- MPI programs
 def _mpi_verdict(r: MpiRow) -> str:
-    """``trusted``, ``not trusted: over_capacity``, ``–`` (not measured); other flags in brackets."""
-    if r.trusted is None:
-        return "–"
-    if r.trusted:
-        return "trusted" + (f" ({', '.join(r.flags)})" if r.flags else "")
-    return "not trusted: " + (", ".join(r.flags) or "a fidelity flag")
+    """``trusted``, ``flagged: over_capacity``, ``unchecked: no fidelity data``, ``–`` (not measured); a trusted
+    cell's other flags (``uncalibrated``) in brackets."""
+    notes = [f for f in r.flags if r.trust is not None and f not in r.trust.flags]
+    return r.trust_text() + (f" ({', '.join(notes)})" if notes and r.verdict is Verdict.TRUSTED else "")
 
 
 def _exit_text(r: MpiRow) -> str:
@@ -519,7 +546,7 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
         return
     doc.h(2, "MPI programs")
     doc.table(["cell", "program", "ranks", "placement", "exit status", "wall s", "busbw (largest size)",
-               "busbw / link goodput", "measured / model", "trusted or flags"],
+               "busbw / link goodput", "measured / model", "trust"],
               [[f"`{r.id}`", f"`{r.program}`", str(r.ranks), r.placement, _exit_text(r), fmt_number(r.time_s, 1),
                 f"{fmt_number(r.busbw_mbps)} at {format_size(r.busbw_size)}" if r.busbw_size is not None else "–",
                 fmt_number(r.efficiency), fmt_number(r.measured_over_predicted), _mpi_verdict(r)] for r in rows])
@@ -535,8 +562,9 @@ def mpi_programs(doc: Doc, rows: Sequence[MpiRow]) -> None:
           "of the same name. Their messages get the fabric's latency where they are received, from a library "
           "preloaded into every rank (docs/emulation.md, \"Open MPI programs\"). Wall s is mpirun's, Open MPI's "
           "start-up included; a program that exits "
-          "non-zero is a failed cell. Trusted: fidelity over the program's run (CPU idle, the datapath's load "
-          "against its calibrated capacity). Each cell's folder has `mpirun.log` and every rank's output in "
+          "non-zero is a failed cell. Trust: fidelity over the program's run (CPU idle, the datapath's load "
+          "against its calibrated capacity), the benchmark's data check, and measured / model within "
+          f"{trust.MPI_BAND.text()} (else `{trust.MODEL_FLAG}`; no model: unchecked). Each cell's folder has `mpirun.log` and every rank's output in "
           "`ranks/`.")
     bench = [(r, b) for r in rows for b in r.bench]
     if bench:
@@ -573,24 +601,55 @@ def every_cell(doc: Doc, rows: list[CellRow], plot_dir: str) -> None:
 
     body = [[f"`{r.id}`", r.status, rate(r, True), rate(r, False), fmt_number(r.time_s, 3),
              fmt_number(r.predicted_time_s, 3), fmt_number(r.measured_over_predicted), str(r.max_flows_per_link),
-             ", ".join(r.flags) or "none", str(r.qdisc_drops), str(r.tcp_retransmits)] for r in rows]
+             r.trust_text(), ", ".join(r.flags) or "none", str(r.qdisc_drops), str(r.tcp_retransmits)] for r in rows]
     doc.table(["cell", "status", "busbw", "model busbw", "time s", "model s", "measured/model time",
-               "max flows/link", "fidelity flags", "qdisc drops", "TCP retrans."], body)
+               "max flows/link", "trust", "fidelity flags", "qdisc drops", "TCP retrans."], body)
     doc.p("Times are the median of the measured repetitions; busbw in Mbit/s. "
           + ("Training cells (their id ends with the workload, e.g. `resnet50-s100`) show their scaling "
              "efficiency (`eff.`: compute-only / iteration time) instead of busbw, and their time is the "
-             "iteration's. " if any(r.is_training for r in rows) else "")
-          + "Fidelity flags per repetition "
-          "(any repetition): `over_capacity` = the switch datapath was offered more than this machine's "
-          "calibrated capacity, `cpu_saturated` = the CPU had under 5% idle time, `latency_floor` = messages "
-          "could not meet the fabric's latency (this machine's own latency is above it, or the agents sent "
-          "late), `emulator_lag` = an agent was behind the fabric (bytes already in its host, or a send past "
-          "its deadline) for over " f"{LAG_SHARE:.0%} of the repetition, `uncalibrated` = `emu "
-          "calibrate` never ran here (the capacity is the documented default), `probe_failed` = its network "
-          "failed its probe again after a rebuild, `network_damaged` = its controller exited or Open vSwitch "
-          "was restarted while it ran, `clock_offset` = on a cluster, a server's clock was not known to within "
-          "1% of the shortest step. A cell with any flag but `uncalibrated` is not trusted: it measures the "
-          "emulator (or a broken network), not the fabric.")
+             "iteration's. " if any(r.is_training for r in rows) else ""))
+    reading_guide(doc)
+
+
+#: The reading guide's rows: a column, verdict or flag; what it means; what to do.
+GUIDE: tuple[tuple[str, str, str], ...] = (
+    ("trust: `trusted`", "every check had its data and passed", "read the cell's numbers as the fabric's"),
+    ("trust: `flagged: ...`", "a check failed; the flags say which (below)",
+     "do not read the cell as the fabric's; fix what its flag names and run it again (delete "
+     "`cells/<cell>/`, then `emu run` with `--out` on this folder)"),
+    ("trust: `unchecked: ...`", "a check had no data, so nothing says the cell is right (no fidelity data: "
+     "results older than the check; CPU idle unknown: its counters did not advance; clocks not comparable; "
+     "no model time)", "run the cell again with this version; a cell without a model stays unchecked"),
+    ("measured/model time", "the median measured time over the timing model's (1 = as predicted)",
+     f"outside {trust.REPLAY_BAND.text()} the cell is flagged `{trust.MODEL_FLAG}`"),
+    (f"`{trust.MODEL_FLAG}`", f"measured/model time outside its band ({bands_sentence()})",
+     "compare its per-step times (`cells/<cell>/results.json`) with the model's; rerun on a quiet machine; "
+     "`docs/fidelity.md` has the figures measured so far"),
+    ("`over_capacity`", "the switch datapath was offered more than this machine's calibrated capacity",
+     "slower links (a larger dilation, or `dilation: auto`) or fewer hosts"),
+    ("`cpu_saturated`", "the CPU had under 5% idle time", "fewer hosts or slower links; nothing else running"),
+    ("`latency_floor`", "messages could not meet the fabric's latency: this machine's own latency is above it, "
+     "or the agents sent late", "a larger dilation (the target grows with it), or read the cell as bandwidth "
+     "only"),
+    ("`emulator_lag`", f"an agent was behind the fabric (bytes already in its host, or a send past its deadline) "
+     f"for over {LAG_SHARE:.0%} of the repetition", "fewer hosts per core or slower links"),
+    ("`uncalibrated`", "`emu calibrate` never ran here: the capacity is the documented default (not a failed "
+     "check)", "run `emu calibrate` once on this machine"),
+    ("`probe_failed`", "its network failed its probe again after a rebuild",
+     "look at `sessions/<network>/probe.json`; rerun when the machine is quiet"),
+    ("`network_damaged`", "its controller exited or Open vSwitch was restarted while it ran",
+     "rerun the cell; `run.log` says what broke"),
+    ("`clock_offset`", "on a cluster, a server's clock was not known to within 1% of the shortest step",
+     "synchronise the servers' clocks (chrony), or longer steps (a larger dilation)"),
+    ("qdisc drops, TCP retrans.", "frames the links dropped and TCP sent again, over the measured repetitions",
+     "a few are normal under ECMP contention; many beside a slow cell say the links, not the model, set it"),
+)
+
+
+def reading_guide(doc: Doc) -> None:
+    """How to read the trust and flag columns: one row per verdict, column and flag, what it means, what to do."""
+    doc.h(3, "How to read the trust and flags")
+    doc.table(["column, verdict or flag", "what it means", "what to do"], [list(row) for row in GUIDE])
 
 
 def faults(doc: Doc, rows: list[CellRow]) -> None:
@@ -619,17 +678,19 @@ def faults(doc: Doc, rows: list[CellRow]) -> None:
 
 
 def fidelity(doc: Doc, every: Sequence[Row]) -> None:
-    """How many cells carry each fidelity flag, the untrusted cells, the failed ones and those not run yet
-    (cells of every kind, in :func:`~emulator.study.report.rows.load`'s order)."""
+    """How many cells carry each fidelity flag, the flagged and the unchecked cells, the failed ones and those not
+    run yet (cells of every kind, in :func:`~emulator.study.report.rows.load`'s order)."""
     doc.h(2, "Fidelity flags and failures")
     flag_counts: dict[str, int] = {}
     for r in every:
         for f in r.flags:
             flag_counts[f] = flag_counts.get(f, 0) + 1
     doc.ul([f"`{f}`: {n} cells" for f, n in sorted(flag_counts.items())] or ["no fidelity flag in any cell"])
-    untrusted = [r for r in every if r.trusted is False]
-    if untrusted:
-        doc.p("Not trusted: " + ", ".join(f"`{r.id}`" for r in untrusted) + ".")
+    for verdict in (Verdict.FLAGGED, Verdict.UNCHECKED):
+        cells = [r for r in every if r.trust is not None and r.trust.verdict is verdict]
+        if cells:
+            doc.p(f"{verdict.value.capitalize()}: " + ", ".join(f"`{r.id}` ({r.trust.text()})" for r in cells
+                                                                if r.trust is not None) + ".")
     failed = [r for r in every if r.status not in ("ok", "not run")]
     doc.ul([f"`{r.id}`: {r.status}: {r.error or 'no error recorded'}" for r in failed] or ["no failed cells"])
     not_run = sum(r.status == "not run" for r in every)
