@@ -21,7 +21,7 @@ from collections.abc import Callable
 from emulator.base.errors import UserError, printable
 from emulator.model import cluster_placement, fabric
 from emulator.runs import cluster_file
-from emulator.runs.admission import parse_duration
+from emulator.runs.admission import MAX_DURATION_S, MAX_DURATION_TEXT, parse_duration
 from emulator.runs.cluster_file import ClusterRun
 
 
@@ -29,16 +29,17 @@ def _refuse(expected: str, text: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An integer ``>= minimum``, written as :func:`int` reads it (``"3"``, ``" 3"``, ``"+3"``, ``"1_000"``)."""
-    expected = f"an integer >= {minimum}"
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An integer ``>= minimum`` (and ``<= maximum`` when given), written as :func:`int` reads it (``"3"``,
+    ``" 3"``, ``"+3"``, ``"1_000"``)."""
+    expected = f"an integer >= {minimum}" if maximum is None else f"an integer in {minimum}..{maximum}"
 
     def convert(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise _refuse(expected, text) from None
-        if value < minimum:
+        if value < minimum or (maximum is not None and value > maximum):
             raise _refuse(expected, text)
         return value
 
@@ -70,12 +71,18 @@ def positive(unit: str, *, finite: bool = False) -> Callable[[str], float]:
     return number(f"{unit} > 0", lambda x: x > 0)
 
 
+def timeout_seconds(text: str) -> float:
+    """Seconds > 0, at most :data:`emulator.runs.admission.MAX_DURATION_S` (NaN and infinity refused)."""
+    return number(f"seconds > 0, {MAX_DURATION_TEXT}", lambda x: 0 < x <= MAX_DURATION_S)(text)
+
+
 def duration(text: str) -> float:
-    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0; :func:`emulator.runs.admission.parse_duration`)."""
+    """Seconds from ``90``, ``90s``, ``30m``, ``30min`` or ``1.5h`` (> 0, at most
+    :data:`emulator.runs.admission.MAX_DURATION_S`; :func:`emulator.runs.admission.parse_duration`)."""
     try:
         return parse_duration(text)
-    except ValueError:
-        raise _refuse("a duration > 0 such as 1800, 90s, 30m or 2h", text) from None
+    except (ValueError, OverflowError):
+        raise _refuse(f"a duration > 0 such as 1800, 90s, 30m or 2h, {MAX_DURATION_TEXT}", text) from None
 
 
 def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:

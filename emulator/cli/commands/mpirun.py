@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 
 from emulator.base.errors import printable
-from emulator.cli.arguments import fabric_choice, int_at_least, positive
+from emulator.cli.arguments import fabric_choice, int_at_least, timeout_seconds
 from emulator.cli.commands import admit
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.mpi.mpi_run import check_cluster, prepare, run
@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", required=True, metavar="SPEC")
     p.add_argument("--routing", required=True, metavar="POLICY")
     p.add_argument("--out", required=True, metavar="DIR", help="the run's folder (new or empty)")
-    p.add_argument("--seed", "--ecmp-seed", dest="seed", type=int_at_least(0), default=0, metavar="N",
+    p.add_argument("--seed", "--ecmp-seed", dest="seed", type=int_at_least(0, admission.MAX_SEED), default=0, metavar="N",
                    help="ECMP seed (every TCP connection is hashed by its 5-tuple with it), and the random "
                    "placement's")
     p.add_argument("--placement", default="identity", metavar="P",
@@ -43,9 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--latency", default="on", choices=("on", "off"),
                    help="the fabric's per-message and per-switch latency on the program's messages, from a "
                    "library preloaded into every rank (default on; off: the links stand for its bandwidth only)")
-    p.add_argument("--timeout", type=positive("seconds"), default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+    p.add_argument("--timeout", type=timeout_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
                    help=f"stop the program after this long (default {DEFAULT_TIMEOUT_S:g})")
-    p.add_argument("--nice", type=int_at_least(0), default=DEFAULT_NICE, metavar="N",
+    p.add_argument("--nice", type=int_at_least(0, 19), default=DEFAULT_NICE, metavar="N",
                    help=f"niceness of every rank (default {DEFAULT_NICE}: Open MPI busy-polls, and its spinning must "
                    "not starve the datapath; 0 to measure what it costs)")
     p.add_argument("program", nargs=argparse.REMAINDER, metavar="-- PROGRAM [ARGS...]",

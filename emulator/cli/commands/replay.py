@@ -7,7 +7,7 @@ import dataclasses
 import os
 
 from emulator.base.errors import UserError
-from emulator.cli.arguments import add_cluster_arguments, cluster_run, fabric_choice, int_at_least, positive
+from emulator.cli.arguments import add_cluster_arguments, cluster_run, fabric_choice, int_at_least, timeout_seconds
 from emulator.cli.commands import admit
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.session.replay import ReplayConfig, ReplayFailed, prepare, replay
@@ -24,11 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--topology", required=True, metavar="SPEC")
     p.add_argument("--routing", required=True, metavar="POLICY")
     p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--repeat", type=int_at_least(1), default=3, metavar="N", help="measured repetitions (default 3)")
-    p.add_argument("--warmup", type=int_at_least(0), default=1, metavar="W",
+    p.add_argument("--repeat", type=int_at_least(1, admission.MAX_REPEAT), default=3, metavar="N",
+                   help="measured repetitions (default 3)")
+    p.add_argument("--warmup", type=int_at_least(0, admission.MAX_WARMUP), default=1, metavar="W",
                    help="unmeasured repetitions first (default 1)")
-    p.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S")
-    p.add_argument("--timeout", type=positive("seconds"), default=None, metavar="SECONDS",
+    p.add_argument("--ecmp-seed", type=int_at_least(0, admission.MAX_SEED), default=0, metavar="S")
+    p.add_argument("--timeout", type=timeout_seconds, default=None, metavar="SECONDS",
                    help="per repetition (default: 5x the prediction + 15 s, at least 30 s)")
     p.add_argument("--pcap", default="", metavar="LINK,...", help="capture these links, e.g. s1-s5,h1-s1")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))

@@ -30,6 +30,7 @@ from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.semantics import ALLREDUCE, MEANINGS
 from emulator.model.workloads import chakra, llm, llm_models, training
+from emulator.runs.admission import MAX_SEED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -61,8 +62,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "(check and replay divide the fabric's latencies by S as well)")
     gen.add_argument("--placement", metavar="P", help=f"one of {', '.join(PLACEMENTS)} "
                      "(default: hdrm for --algo hdrm, else identity)")
-    gen.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the random placement")
-    gen.add_argument("--chunks", type=int, metavar="N", help="number of chunks (default: the algorithm's own)")
+    gen.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0, metavar="S", help="seed of the random placement")
+    gen.add_argument("--chunks", type=int_at_least(1, fmt.MAX_CHUNKS), metavar="N", help="number of chunks (default: the algorithm's own)")
     gen.add_argument("-o", "--output", required=True, metavar="FILE", help="file to write (.json: JSON, else YAML)")
     gen.set_defaults(func=cmd_gen)
 
@@ -71,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chk.add_argument("--topology", metavar="SPEC", help="topology spec or JSON (default: the schedule's own)")
     chk.add_argument("--routing", default="shortest", metavar="POLICY",
                      help=f"one of {', '.join(routing.POLICIES)} (default: shortest)")
-    chk.add_argument("--seed", type=int, default=0, metavar="S", help="seed of hash-based routing")
+    chk.add_argument("--seed", type=int_at_least(0, MAX_SEED), default=0, metavar="S", help="seed of hash-based routing")
     chk.add_argument("--fabric", default=None, metavar="PROFILE",
                      help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
                      f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET}); a topology "
@@ -195,7 +196,7 @@ def gen_schedule(args: argparse.Namespace) -> fmt.Schedule:
     if args.model is not None:
         return training.gen(args.model, args.algo, topo, batch=args.batch, scale=args.scale,
                             placement=args.placement, seed=args.seed)
-    size = fmt.parse_size(args.size, where, "size")
+    size = fmt.parse_size(args.size, where, "size", fmt.MAX_MESSAGE_BYTES)
     return generate(args.algo, topo, size, placement=args.placement, seed=args.seed, chunks=args.chunks,
                     collective=args.collective, root=args.root)
 
@@ -287,7 +288,7 @@ def cmd_import(args: argparse.Namespace) -> int:
             raise FieldError("schedule import", "ranks", "no --ranks for MSCCL (the XML gives its ranks)", args.ranks)
         if args.scale != 1:
             raise FieldError("schedule import", "scale", "no --scale for MSCCL (--size gives its size)", args.scale)
-        size = fmt.parse_size(args.size, "schedule import", "size") if args.size else None
+        size = fmt.parse_size(args.size, "schedule import", "size", fmt.MAX_MESSAGE_BYTES) if args.size else None
         with Meter(f"importing the MSCCL algorithm {files[0]}"):
             sched = msccl.load(files[0], size, instances=args.instances)
     elif all(f.lower().endswith(".et") for f in files):
