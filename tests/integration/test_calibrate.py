@@ -57,6 +57,8 @@ def test_agents_against_iperf3_with_every_flow_at_once():
     row = calibration.measure_agents_aggregate(640.0, seconds=1.5, repeat=1)
     assert row["link_mbps"] == 20.0 and row["flows"] == calibration.AGGREGATE_HOSTS
     assert len(row["iperf3_flows_mbps"]) == row["flows"] and len(row["agent_reps_mbps"]) == 1
+    print(f"aggregate: iperf3/offered {row['iperf3_over_offered']:.3f}, agents/offered {row['agent_over_offered']:.3f}, "
+          f"agents/iperf3 {row['ratio']:.3f}")
     assert 0.85 <= row["iperf3_over_offered"] <= 1.02, row
     assert 0.7 <= row["agent_over_offered"] <= 1.02 and 0.7 <= row["ratio"] <= 1.1, row
 

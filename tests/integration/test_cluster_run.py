@@ -88,11 +88,8 @@ def test_tiny_on_two_servers_matches_one_machine(tmp_path):
     alone = _one_machine(str(tmp_path / "alone"))
     assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-2000:]
     before = _machine()
+    # (`emu cluster check` on servers made as these: test_cluster_check.py)
     with NamespaceServers(str(tmp_path / "servers")) as servers:
-        check = servers.emu("a", ["cluster", "check", servers.cluster_path], timeout=120)
-        assert check.returncode == 0, check.stdout + check.stderr
-        rows = {line.split()[0]: line for line in check.stdout.splitlines()[2:]}
-        assert set(rows) == {"a", "b"} and rows["a"].endswith("ok") and rows["b"].endswith("ok")
         out = str(tmp_path / "cluster")
         res = servers.emu("a", ["run", TINY, "--cluster", servers.cluster_path, "--out", out], timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

@@ -18,7 +18,10 @@ import time
 
 import pytest
 
+from emulator.runs.mpi_prediction import MpiPrediction
 from emulator.study import experiment as xp
+
+from .test_mpirun import MPI_BAND
 
 pytestmark = pytest.mark.integration
 
@@ -73,6 +76,11 @@ def test_an_mpi_cell_runs_on_its_networks_session_beside_a_replay_cell(tmp_path)
     assert [row["size"] for row in doc["bench"]] == [256 << 10]
     row = doc["bench"][0]
     assert row["wrong"] == 0 and row["busbw_mbps"] > 0 and row["count"] == (256 << 10) // 4
+    # the cell's run beside the timing model, as `emu mpirun`'s: its row's time within the MPI band
+    (predicted,) = [MpiPrediction.from_json(p) for p in doc["predictions"]]
+    ratio = predicted.measured_over_predicted
+    print(f"MPI cell: ring 256 KiB on star:hosts=4, measured/predicted {ratio}")
+    assert predicted.size == 256 << 10 and ratio is not None and MPI_BAND[0] <= ratio <= MPI_BAND[1], predicted
     assert doc["fidelity"] is not None and doc["wall_s"] > 0
     assert os.path.getsize(cdir / "mpirun.log") > 0 and (cdir / "ranks" / "rank-3.stdout").exists()
     assert (cdir / "bench.json").exists() and (cdir / "hostfile").read_text().count("slots=1") == 4

@@ -20,14 +20,21 @@ import pytest
 
 from emulator.model import topology
 from emulator.model.collectives.placements import placement_hosts
+from emulator.runs import trust
 from emulator.runs.mpi_prediction import MpiPrediction
 from emulator.runs.mpi_results import load_results
+
+from .measured import band
 
 pytestmark = pytest.mark.integration
 
 EMU = [sys.executable, "-m", "emulator"]
 BIGRAPH = "bigraph:upper=2,lower=2,hosts_per_switch=2"
 LEAFSPINE = "leafspine:leaves=2,spines=2,hosts_per_leaf=4"
+#: Open MPI's measured/predicted time: the accuracy docs/fidelity.md states for it with the latency on (±15 %,
+#: 0.98-1.07 over the grid of 2026-12-05; a report flags model_disagrees outside it) widened by the spread
+#: measured here (docs/testing-accuracy.md).
+MPI_BAND = band(noise=0.10, accuracy=trust.MPI_BAND.accuracy)
 
 
 def emu_mpirun(out, topo: str, routing: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -71,11 +78,13 @@ def test_the_bundled_benchmark_runs_with_correct_data_and_leaves_a_results_folde
     assert doc["wall_s"] > 0 and doc["bringup_s"] > 0
     if routing == "ecmp":  # every connection between leaves crosses a choice point and is learned
         assert (results.learned_connections or 0) >= 8
-    # Each row beside the timing model, under ecmp with the ports Open MPI's connections had; loose bounds (a
-    # 64 KiB row is mostly Open MPI's own start-up of the size, and the figures are docs/fidelity.md's)
+    # Each row beside the timing model, under ecmp with the ports Open MPI's connections had; the 512 KiB row held
+    # to MPI_BAND (a 64 KiB row is mostly Open MPI's own start-up of the size)
     predicted = [MpiPrediction.from_json(p) for p in results.predictions]
     assert [p.size for p in predicted] == [65536, 524288] and all(p.predicted_s for p in predicted), predicted
-    assert 0.5 < (predicted[-1].measured_over_predicted or 0) < 3.0
+    ratio = predicted[-1].measured_over_predicted
+    print(f"emu mpirun {algo} on {topo}: measured/predicted {[p.measured_over_predicted for p in predicted]}")
+    assert ratio is not None and MPI_BAND[0] <= ratio <= MPI_BAND[1], predicted[-1]
     assert "# model: 524288 B" in res.stdout
     bench_rank0 = (out / "ranks" / "rank-0.stdout").read_text()
     assert "emu-allreduce-bench" in bench_rank0
@@ -92,9 +101,9 @@ def test_a_rank_that_fails_makes_mpirun_exit_with_its_status(tmp_path):
 
 def test_a_program_past_its_timeout_is_stopped_and_recorded(tmp_path):
     out = tmp_path / "run"
-    res = emu_mpirun(out, "star:hosts=2", "shortest", "--timeout", "8", "--", "python3", "-c",
+    res = emu_mpirun(out, "star:hosts=2", "shortest", "--timeout", "4", "--", "python3", "-c",
                      "import time; time.sleep(120)")
     assert res.returncode == 124, res.stdout[-2000:] + res.stderr[-2000:]
     results = load_results(str(out / "results.json"))
-    assert results.status == "timeout" and "--timeout 8" in (results.error or "")
+    assert results.status == "timeout" and "--timeout 4" in (results.error or "")
     assert results.wall_s is not None and results.wall_s < 60
