@@ -338,7 +338,8 @@ ALL_TYPES = [(pb.BROADCAST, 4096), (pb.REDUCE, 2048), (pb.REDUCE_SCATTER_BLOCK, 
 def test_every_collective_type_in_one_trace(tmp_path, algo):
     p = 4
     nodes = [chakra.coll_node(k + 1, f"c{k}", t, s, deps=[k] if k else []) for k, (t, s) in enumerate(ALL_TYPES)]
-    topo = "bigraph:upper=2,lower=2,hosts_per_switch=1" if algo == "hdrm" else None
+    topo = {"hdrm": "bigraph:upper=2,lower=2,hosts_per_switch=1",
+            "hier": "leafspine:leaves=2,spines=1,hosts_per_leaf=2"}.get(algo)  # hier's groups: two switches of two
     sched = chakra.load(_write(tmp_path, [nodes] * p), algo=algo, topology=topo)
     assert sched.collective == "mixed"
     assert [s.collective for s in sched.segments] == ["broadcast", "reduce", "reduce_scatter", "alltoall",

@@ -25,7 +25,7 @@ from emulator.model import fabric, routing, topology
 from emulator.model.collectives import msccl
 from emulator.model.collectives.generators import generate
 from emulator.model.collectives.placements import PLACEMENTS
-from emulator.model.collectives.registry import GENERATED, algorithms
+from emulator.model.collectives.registry import GENERATED, algorithms, check_topology_groups
 from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.semantics import ALLREDUCE, MEANINGS
@@ -193,6 +193,7 @@ def gen_schedule(args: argparse.Namespace) -> fmt.Schedule:
                 raise FieldError(where, name, f"nothing with --model (a {args.model} iteration allreduces its "
                                  "gradients in its own buckets)", getattr(args, name))
     topo = topology.load(args.topology)
+    check_topology_groups(args.collective, args.algo, topo, where, "algo")
     if args.model is not None:
         return training.gen(args.model, args.algo, topo, batch=args.batch, scale=args.scale,
                             placement=args.placement, seed=args.seed)

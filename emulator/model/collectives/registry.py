@@ -18,6 +18,7 @@ models (:func:`collective_formula`).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,6 +36,7 @@ from emulator.model.schedule.semantics import (
     REDUCE_SCATTER,
     REDUCE_TO_ROOT,
 )
+from emulator.model.topology import Topology
 
 DBTREE_DEFAULT_CHUNKS = 8
 #: Pieces a pipelined broadcast or reduce (``ring``, ``dbtree``) cuts the buffer into by default.
@@ -180,6 +182,27 @@ def required_placement(collective: str, name: str) -> str | None:
     """The placement ``(collective, name)`` is defined on, which it always takes (hdrm's); None for any other."""
     known = REGISTRY.get((collective, name))
     return known.placement if known is not None else None
+
+
+#: A topology where ``hier``'s groups are real: servers of several accelerators (what hier is for) or, without
+#: servers, several hosts on each of several switches.
+GROUPS_SPEC = "leafspine:leaves=2,spines=1,hosts_per_leaf=2,servers=2,accels_per_server=2,nics_per_server=2"
+
+
+def check_topology_groups(collective: str, name: str, topo: Topology, where: str, field: str) -> None:
+    """Refuse (:class:`FieldError` naming ``field``) an algorithm whose groups are the topology's servers or
+    switches (``hier``) on a topology where they are one group of every host, or groups of one host each:
+    there it would run a plain ring while its name says otherwise."""
+    known = REGISTRY.get((collective, name))
+    if known is None or not known.topology_groups:
+        return
+    per_switch = Counter(h.switch for h in topo.hosts)
+    if len(per_switch) >= 2 and min(per_switch.values()) >= 2:
+        return
+    what = (f"one group of all {len(topo.hosts)} hosts" if len(per_switch) < 2
+            else f"{len(per_switch)} groups of one host")
+    raise FieldError(where, field, f"{name} on a topology of servers (e.g. '{GROUPS_SPEC}') or of several hosts "
+                     f"on each of several switches: on {topo.spec} its groups would be {what}, a plain ring", name)
 
 
 def collective_formula(collective: str, algo: str, p: int, n: float, alpha: float, beta: float, gamma: float = 0.0,

@@ -1131,6 +1131,7 @@ def load(paths: Sequence[str], algo: str = "ring", index: int | None = None, top
     table = groups_of(traces, replicated)
     matching = collectives_of(traces, table)
     topo = _topology(topology, p)
+    registry.check_topology_groups(ALLREDUCE, algo, topo, WHERE, "algo")
     gen = _Generator(topo, placement or registry.own_placement(ALLREDUCE, algo), seed)
     placement_hosts(topo, gen.placement, seed)  # a bad placement is named before anything else
     meta = _meta(traces, table, matching, replicated)

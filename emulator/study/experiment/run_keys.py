@@ -189,6 +189,7 @@ def _placements(where: str, rp: str, run: Mapping[str, Any], topo: topology.Topo
     for i, placement in enumerate(placements):
         _check_placement(where, f"{rp}.placements[{i}]", topo, placement)
     for i, algo in enumerate(algos):
+        registry.check_topology_groups(collective, algo, topo, where, f"{rp}.algorithms[{i}]")
         own = registry.required_placement(collective, algo)
         if own is not None:
             _check_placement(where, f"{rp}.algorithms[{i}]", topo, own)
