@@ -348,28 +348,57 @@ def test_ranks_that_disagree_on_a_group(tmp_path):
         chakra.load(_write(tmp_path, per_rank))
 
 
-@pytest.mark.parametrize("text, names", [
-    ("['[{\"pg_name\": \"0\", \"ranks\": [], \"group_size\": 2}]']", ["0"]),  # the converter's
-    ('[{"pg_name": "3", "ranks": [1, 0], "pg_desc": null}]', ["3"]),  # the JSON alone
-    ('[[{"pg_name": "0", "ranks": []}, {"pg_name": 4, "ranks": [0, 1], "is_x": true}]]', ["0", "4"]),
-    ("", []), ("[]", []),
-])
-def test_pg_config_forms(text, names):
-    assert [g.name for g in parse_pg_config(text, "t", "n")] == names
+WORLD_PG = '{"pg_name": "0", "ranks": []}'
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("not json", r"n\.inputs\.values': expected PyTorch's pg_config"),
-    ('[{"ranks": []}]', r"values\[0\]\.pg_name'"),
-    ('[{"pg_name": "1", "ranks": [0, 0]}]', r"values\[0\]\.ranks': expected distinct ranks"),
-    ('[{"pg_name": "1", "ranks": "all"}]', r"values\[0\]\.ranks'"),
-    ('[{"pg_name": "1", "ranks": [], "group_size": -1}]', r"values\[0\]\.group_size'"),
-    ('[5]', r"n\.inputs\.values': expected PyTorch's pg_config"),
-    ('[{"pg_name": "1", "ranks": [], "group_size": 2}, [3]]', r"n\.inputs\.values': expected PyTorch's"),
+@pytest.mark.parametrize("text, groups", [
+    ("['[{\"pg_name\": \"0\", \"ranks\": [], \"group_size\": 2}]']", [ProcessGroup("0", (), 2)]),  # the converter's
+    ('[{"pg_name": "3", "ranks": [1, 0], "pg_desc": 7}]', [ProcessGroup("3", (1, 0), 0, "7")]),  # the JSON alone
+    ('[[{"pg_name": "0", "ranks": [], "pg_desc": "default_pg"}, {"pg_name": 4, "ranks": [0, 1], "is_x": true}]]',
+     [ProcessGroup("0", (), 0, "default_pg"), ProcessGroup("4", (0, 1))]),
+    (f"[[[{WORLD_PG}]]]", [ProcessGroup("0", ())]),  # three lists deep: the deepest nesting read
+    ("", []), ("[]", []), (" [] ", []),
 ])
-def test_bad_pg_config(text, needle):
-    with pytest.raises(FieldError, match=needle):
+def test_pg_config_forms(text, groups):
+    assert list(parse_pg_config(text, "t", "n")) == groups
+
+
+#: What a ``pg_config`` that is not one reads as.
+NOT_PG_CONFIG = ("t: field 'n.inputs.values': expected PyTorch's pg_config: a JSON list of {pg_name, ranks, "
+                 "group_size, ...} (in a list, as the Chakra converter stores it), got ")
+RANKS = "expected a list of ranks (integers >= 0; empty: every rank), got"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("not json", NOT_PG_CONFIG + "'not json'"),
+    ('[{"ranks": []}]', "t: field 'n.inputs.values[0].pg_name': expected a process group name (a non-empty string), "
+                        "got None"),
+    ('[{"pg_name": "", "ranks": []}]', "t: field 'n.inputs.values[0].pg_name': expected a process group name (a "
+                                       "non-empty string), got ''"),
+    ('[{"pg_name": 2.5, "ranks": []}]', "t: field 'n.inputs.values[0].pg_name': expected a process group name (a "
+                                        "non-empty string), got 2.5"),
+    ('[{"pg_name": "1", "ranks": [0, 0]}]', "t: field 'n.inputs.values[0].ranks': expected distinct ranks, got [0, 0]"),
+    ('[{"pg_name": "1", "ranks": "all"}]', f"t: field 'n.inputs.values[0].ranks': {RANKS} 'all'"),
+    ('[{"pg_name": "1", "ranks": [0, -1]}]', f"t: field 'n.inputs.values[0].ranks': {RANKS} [0, -1]"),
+    ('[{"pg_name": "1", "ranks": [true, 1]}]', f"t: field 'n.inputs.values[0].ranks': {RANKS} [True, 1]"),
+    ('[{"pg_name": "1", "ranks": ["0"]}]', f"t: field 'n.inputs.values[0].ranks': {RANKS} ['0']"),
+    ('[{"pg_name": "1", "ranks": [], "group_size": -1}]', "t: field 'n.inputs.values[0].group_size': expected an "
+                                                          "integer >= 0, got -1"),
+    ('[{"pg_name": "1", "ranks": [], "group_size": "8"}]', "t: field 'n.inputs.values[0].group_size': expected an "
+                                                           "integer >= 0, got '8'"),
+    ('[{"pg_name": "1", "ranks": [], "group_size": true}]', "t: field 'n.inputs.values[0].group_size': expected an "
+                                                            "integer >= 0, got True"),
+    ('[5]', NOT_PG_CONFIG + "'[5]'"),
+    ('[{"pg_name": "1", "ranks": [], "group_size": 2}, [3]]', NOT_PG_CONFIG
+     + "'[{\"pg_name\": \"1\", \"ranks\": [], \"group_size\": 2}, [3]]'"),
+    (f"[[[[{WORLD_PG}]]]]", NOT_PG_CONFIG + f"'[[[[{WORLD_PG}]]]]'"),  # four lists deep
+    (f"[[[{json.dumps(WORLD_PG)}]]]", NOT_PG_CONFIG + repr(f"[[[{json.dumps(WORLD_PG)}]]]")),  # a string that deep
+])
+def test_bad_pg_config(text, message):
+    """Refused, the message naming where, the field, what was expected and what was given."""
+    with pytest.raises(FieldError) as err:
         parse_pg_config(text, "t", "n")
+    assert str(err.value) == message
 
 
 # ---------------------------------------------------------------------------
@@ -465,7 +494,7 @@ def test_cli_ranks_is_for_chakra_only(tmp_path, capsys):
 @pytest.mark.parametrize("algo, topo, used", [
     ("hd", None, ["hd"] * 5),
     ("dbtree", None, ["dbtree", "dbtree", "ring", "dbtree", "dbtree"]),
-    ("hier", None, ["hier"] * 5),
+    ("hier", "star:hosts=4,servers=4,accels_per_server=2,nics_per_server=1", ["hier"] * 5),  # servers of 2
     ("hdrm", "bigraph:upper=2,lower=2,hosts_per_switch=2", ["hd"] * 4 + ["hdrm"]),  # hdrm places every rank
 ])
 def test_groups_with_other_algorithms(tmp_path, algo, topo, used):
