@@ -13,6 +13,8 @@ or ``json.loads`` would let through silently or expensively:
   own anchor: a "billion laughs" document is a few hundred bytes that expand
   to ~10^9 nodes, and echoing such a value in an error message once printed
   80 MB;
+* collections nested deeper than :data:`MAX_DEPTH` levels: libyaml's C
+  composer recurses per level, and 40,000 levels crash the interpreter;
 * text that is not YAML or JSON at all (a parser's error, cut to
   :data:`~emulator.base.errors.MAX_SHOWN` characters).
 
@@ -38,6 +40,13 @@ from emulator.base.files import read_text
 #: kilobytes, while a "billion laughs" document (10^7..10^9 nodes from a few hundred bytes) is refused after
 #: one pass over the nodes it really holds.
 MAX_ALIAS_NODES = 100_000
+
+#: Collections nested deeper than this are refused. No file of the project nests past ~10 levels, and libyaml's
+#: C composer recurses once per level: 40,000 nested ``[`` crash the interpreter (a segmentation fault, no error).
+MAX_DEPTH = 200
+#: Every level of nesting needs an indicator of its own (a flow ``[`` or ``{``, a block ``-``, ``?`` or ``:``),
+#: so a text with at most :data:`MAX_DEPTH` of them cannot nest deeper; others are measured first.
+_INDICATORS = "[{-?:"
 
 #: What the YAML and JSON readers raise for text they cannot turn into data: besides their own errors,
 #: constructors fail on values such as ``!!float x``, ``!!float``, ``2001-13-45`` or a 5000-digit integer, and deep
@@ -97,6 +106,9 @@ def _json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
+_EventLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """The safe loader (C parser where there is one), refusing duplicate keys and alias bombs."""
 
@@ -106,6 +118,7 @@ class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ign
         self._checked: set[int] = set()
 
     def get_single_data(self) -> Any:
+        _check_depth(self._text)
         node = self.get_single_node()
         if node is None:
             return None
@@ -138,6 +151,21 @@ class _StrictLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ign
             if seen is not None:
                 raise _Refused(f"line {line}: duplicate key {shown(key)} (first at line {seen})")
             first[key] = line
+
+
+def _check_depth(text: str) -> None:
+    """:class:`_Refused` if collections nest deeper than :data:`MAX_DEPTH`; counted on the parser's events (no
+    recursion) unless the indicators are too few to nest that deep (most files: a count at C speed)."""
+    if sum(text.count(c) for c in _INDICATORS) <= MAX_DEPTH:
+        return
+    depth = 0
+    for event in yaml.parse(text, Loader=_EventLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _Refused(f"line {event.start_mark.line + 1}: collections nested deeper than {MAX_DEPTH} levels")
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _children(node: Node) -> Iterator[Node]:

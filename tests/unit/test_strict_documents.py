@@ -3,6 +3,8 @@ through the library and through `emu` (exit 2, one line)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -119,3 +121,15 @@ def test_a_cluster_file_with_head_twice_is_refused_by_every_command(tmp_path, ca
     path.write_text(CLUSTER.replace("head: b\n", ""))
     assert cluster_file.load(str(path)).head == "a"
     assert yaml.safe_load(CLUSTER)["head"] == "b"  # what a plain reader made of it
+
+
+def test_deep_nesting_is_refused_not_a_crash(tmp_path):
+    """libyaml's C composer recurses once per level: 100,000 nested lists once killed the process (SIGSEGV)."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    done = subprocess.run([sys.executable, "-m", "emulator", "schedule", "check", str(deep), "--topology",
+                           "star:hosts=2"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr == f"emu: schedule '{deep}': line 1: collections nested deeper than 200 levels\n"
+    assert "nested deeper" in _refusal("a:\n" + "".join(" " * i + "b:\n" for i in range(1, 300)))
+    assert documents.parse_text("[" * 150 + "]" * 150, "f") is not None  # deep, within the bound
