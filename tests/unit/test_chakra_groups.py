@@ -319,7 +319,7 @@ BAD_GROUPS = {
                                    "rank 0 has, got 1"),
     "sizes disagree in a group": (_pairs(lambda r: [_ar(3, "2", 64 if r == 2 else 128)] if r >= 2 else []),
                                   r"t\.3\.et'.*attr\.comm_size': expected 64, as rank 2's collective 1 of process "
-                                  "group '2'"),
+                                  r"group '2' \(node 3 \(ar3\)\) has, got 128$"),
 }
 
 
