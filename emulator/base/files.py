@@ -71,7 +71,7 @@ def read_json(path: str) -> Any | None:
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
-    except (OSError, ValueError):  # ValueError: JSONDecodeError, UnicodeDecodeError, a NUL in the path
+    except (OSError, ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError, a NUL in the path; nesting
         return None
 
 

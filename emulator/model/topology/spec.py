@@ -19,7 +19,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from emulator.base.errors import MISSING, FieldError, exact_number, int_field
+from emulator.base.errors import MISSING, FieldError, exact_number, int_field, shown
 from emulator.model.topology.kinds import KINDS
 
 MAX_LINK_MBPS = 1000.0
@@ -38,7 +38,7 @@ MAX_DOMAIN_MBPS = 20000.0
 
 def _where(spec: object) -> str:
     """The ``where`` of a spec's errors: the spec string itself, or just "topology spec" for a mapping."""
-    return f"topology spec {spec!r}" if isinstance(spec, str) else "topology spec"
+    return f"topology spec {shown(spec)}" if isinstance(spec, str) else "topology spec"
 
 
 def _parse_rate(where: str, key: str, raw: object, maximum: float = MAX_LINK_MBPS,
