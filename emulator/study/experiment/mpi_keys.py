@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.errors import MAX_LINE, MISSING, FieldError, UserError, int_field, printable, shorten
 from emulator.model import topology
 from emulator.model.collectives.placements import PLACEMENTS
 from emulator.model.fabric import FabricProfile
@@ -136,7 +136,7 @@ def _bench_arguments(where: str, name: str, args: list[str]) -> None:
         raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments: --{exc.field} must be {exc.expected}",
                          exc.given) from None
     except UserError as exc:
-        raise UserError(f"{printable(where)}: field '{printable(name)}': {printable(exc)}") from None
+        raise UserError(f"{printable(where)}: field '{printable(name)}': {shorten(printable(exc), MAX_LINE)}") from None
     if options.json_path is not None:
         raise FieldError(where, name, f"{mpi.BENCH_PROGRAM} arguments without --json (emu run collects its rows "
                          f"into the cell's {mpi.BENCH_JSON})", options.json_path)

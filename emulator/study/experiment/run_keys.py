@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from emulator.base.errors import MISSING, FieldError, UserError, int_field, printable
+from emulator.base.errors import MAX_LINE, MISSING, FieldError, UserError, int_field, printable, shorten
 from emulator.model import fabric, routing, topology
 from emulator.model.collectives import registry
 from emulator.model.collectives.placements import PLACEMENTS, placement_hosts
@@ -102,7 +102,7 @@ def _network(where: str, name: str, value: object, choice: FabricChoice, interco
     except FieldError as exc:
         raise FieldError(where, f"{name}.{exc.field}", exc.expected, exc.given) from None
     except UserError as exc:
-        raise UserError(f"{printable(where)}: field '{name}': {printable(exc)}") from None
+        raise UserError(f"{printable(where)}: field '{name}': {shorten(printable(exc), MAX_LINE)}") from None
 
 
 def _routings(where: str, name: str, value: object, topo: topology.Topology) -> tuple[str, ...]:
