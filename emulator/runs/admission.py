@@ -259,6 +259,18 @@ def mpi_memory_per_server(hosts: Sequence[str], program_bytes: int, topo: Topolo
     return out
 
 
+def buffers_over(schedule: Schedule, topo: Topology, machine: Machine) -> float | None:
+    """How many times too large a replay of ``schedule``'s buffers are for ``machine`` (the factor its sizes must
+    be divided by, what ``--scale`` divides), or None when the replay fits; infinity when not even empty buffers
+    would."""
+    est = replay_memory(schedule, topo)
+    if est.total_bytes <= machine.usable_bytes:
+        return None
+    buffers = est.programs_bytes - est.ranks * AGENT_BASE_BYTES
+    room = machine.usable_bytes - (est.total_bytes - buffers)
+    return buffers / room if room > 0 else math.inf
+
+
 def largest(estimates: Sequence[MemoryEstimate]) -> MemoryEstimate:
     """The peak of runs made one after another (one network at a time): the largest of them."""
     return max(estimates, key=lambda e: e.total_bytes)
@@ -485,9 +497,11 @@ def replay_request(command: str, schedule: Schedule, topo: Topology, report: Che
     """One replay on its own network (``emu replay``): bring-up, then ``repetitions`` at the model's time."""
     bringup = bringup_estimate_s(topo)
     run_s = replay_time_s(report, repetitions)
+    hint = ("generate it again with a larger --scale (emu schedule gen says which fits)" if "scale" in schedule.meta
+            else "use smaller sizes or fewer ranks")
     return Request(command, replay_memory(schedule, topo), bringup + run_s,
                    f"the model's {report.predicted_time_s:.1f} s x {repetitions} repetitions, bring-up "
-                   f"{bringup:.0f} s", (load_of(report, env, command, topo, profile),))
+                   f"{bringup:.0f} s", (load_of(report, env, command, topo, profile),), memory_hint=hint)
 
 
 def mpirun_request(ranks: int, program: Sequence[str], topo: Topology, timeout_s: float) -> Request:

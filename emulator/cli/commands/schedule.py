@@ -15,10 +15,12 @@ import argparse
 import json
 import math
 import os
+import sys
 
 from emulator.base.errors import FieldError
 from emulator.base.progress import Meter
 from emulator.cli.arguments import fabric_choice, int_at_least, number
+from emulator.cli.commands import admit
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.session import fidelity
 from emulator.model import fabric, routing, topology
@@ -30,6 +32,7 @@ from emulator.model.prediction.check import check
 from emulator.model.schedule import format as fmt
 from emulator.model.schedule.semantics import ALLREDUCE, MEANINGS
 from emulator.model.workloads import chakra, llm, llm_models, training
+from emulator.runs import admission
 from emulator.runs.admission import MAX_SEED
 
 
@@ -135,6 +138,11 @@ _LLM_OPTIONS = ("tp", "pp", "dp", "ep", "microbatches", "micro_batch", "sequence
                 "layers_per_collective", "accelerator", "placement_file")
 
 
+#: The language-model generator's field names as the command line spells its options (``micro_batch`` is
+#: ``--micro-batch``, its ``dp_algo`` is ``--algo``): an error names the flag the user typed.
+_LLM_FLAGS = {**{name: name.replace("_", "-") for name in _LLM_OPTIONS}, "dp_algo": "algo", "scale": "scale"}
+
+
 def _llm_gen(args: argparse.Namespace, where: str) -> fmt.Schedule:
     """``gen --model`` of a language model (:func:`emulator.model.workloads.llm.gen`)."""
     for name, default in (("size", None), ("chunks", None), ("collective", ALLREDUCE), ("root", 0),
@@ -146,8 +154,14 @@ def _llm_gen(args: argparse.Namespace, where: str) -> fmt.Schedule:
         if getattr(args, name) is None:
             raise FieldError(where, name, f"--{name} N for --model {args.model}", "nothing")
     given = {k: getattr(args, k) for k in _LLM_OPTIONS[3:] if getattr(args, k) is not None}
-    return llm.gen(args.model, topology.load(args.topology), tp=args.tp, pp=args.pp, dp=args.dp,
-                   dp_algo=args.algo or "ring", scale=args.scale, **given)
+    try:
+        return llm.gen(args.model, topology.load(args.topology), tp=args.tp, pp=args.pp, dp=args.dp,
+                       dp_algo=args.algo or "ring", scale=args.scale, **given)
+    except FieldError as exc:
+        flag = _LLM_FLAGS.get(exc.field) if exc.where == llm.WHERE else None
+        if flag is None:
+            raise
+        raise FieldError(where, flag, exc.expected, exc.given) from None
 
 
 def _summary(s: fmt.Schedule) -> str:
@@ -210,7 +224,46 @@ def cmd_gen(args: argparse.Namespace) -> int:
     print(f"wrote {args.output}: {what}{_summary(sched)}")
     for line in llm.describe(sched) if sched.meta.get("generator") == "llm" else ():
         print(line)
+    note = memory_note(sched, args, admit.machine())
+    if note:
+        print(note, file=sys.stderr)
     return 0
+
+
+def memory_note(sched: fmt.Schedule, args: argparse.Namespace, machine: admission.Machine) -> str | None:
+    """What ``gen`` says (on stderr) of a schedule whose replay would not fit this machine's memory: what its
+    buffers need, what the machine gives, and the ``--scale`` (or ``--size``) that fits. A warning, not a
+    refusal: projections, ``emu schedule check`` and ``emu run --check`` need no buffers, and a cluster spreads
+    them over servers; ``emu replay`` and ``emu run`` refuse it before anything starts (admission)."""
+    if not sched.topology:
+        return None
+    topo = topology.load(sched.topology)
+    over = admission.buffers_over(sched, topo, machine)
+    if over is None:
+        return None
+    need = admission.format_bytes(admission.replay_memory(sched, topo).total_bytes)
+    if math.isinf(over):
+        what = "not even its agents and network fit: use fewer ranks or a cluster"
+    elif args.model is not None:
+        fits = _round_up(args.scale * over * MEMORY_MARGIN)
+        what = (f"--scale {fits:g} would fit" if fits <= training.MAX_SCALE
+                else f"no --scale up to {training.MAX_SCALE:,.0f} fits: use fewer ranks or a cluster")
+    else:
+        size = math.floor(sched.size / (over * MEMORY_MARGIN))
+        what = f"--size {fmt.format_size(size - size % admission.MiB if size > admission.MiB else max(size, 1))} would fit"
+    return (f"emu: schedule gen: note: a replay of {args.output} needs {need} of memory ({sched.p} agents and "
+            f"their buffers), this machine can give {admission.format_bytes(machine.usable_bytes)}: {what} "
+            "(projections and checks need no buffers; emu replay and emu run refuse it as it is)")
+
+
+#: What a suggested scale or size leaves for rounding (sizes are rounded up to whole elements and padded).
+MEMORY_MARGIN = 1.1
+
+
+def _round_up(x: float) -> float:
+    """``x`` rounded up to two significant digits."""
+    digits = 10 ** max(0, math.floor(math.log10(x)) - 1)
+    return math.ceil(x / digits) * digits
 
 
 def check_network(args: argparse.Namespace, sched: fmt.Schedule, choice: fabric.FabricChoice) -> fabric.Resolved:

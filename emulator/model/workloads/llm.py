@@ -103,7 +103,16 @@ from emulator.model.collectives import registry
 from emulator.model.collectives.generators import generate
 from emulator.model.prediction import timing
 from emulator.model.schedule.compose import Composer, Node
-from emulator.model.schedule.format import DTYPE_BYTES, RECV, SEND, Op, RankProgram, Schedule, is_power_of_two
+from emulator.model.schedule.format import (
+    DTYPE_BYTES,
+    MAX_COMPUTE_S,
+    RECV,
+    SEND,
+    Op,
+    RankProgram,
+    Schedule,
+    is_power_of_two,
+)
 from emulator.model.schedule.semantics import ALLGATHER, ALLREDUCE, ALLTOALL, MEANINGS, P2P, REDUCE_SCATTER
 from emulator.model.topology import Topology
 from emulator.model.topology import build as build_topology
@@ -118,6 +127,11 @@ ACT_BYTES = 2
 GRAD_BYTES = 4
 PARAM_BYTES = 2
 DEFAULT_MICROBATCHES = 8
+#: Microbatches per iteration (``--microbatches``, a run's ``llm.microbatches``): Megatron-LM's published runs use
+#: up to a few hundred; the schedule's steps grow with them towards
+#: :data:`~emulator.model.schedule.format.MAX_STEPS`, and generating one takes about 0.3 s per microbatch (llama2-7b
+#: on 8 ranks), so 100 000 would wait for hours before failing.
+MAX_MICROBATCHES = 256
 #: Data-parallel algorithms: those that run inside a process group (reduce-scatter and all-gather over each group;
 #: hdrm: hd, groups a power of two).
 DP_ALGOS = registry.in_group_algorithms(REDUCE_SCATTER)
@@ -168,6 +182,9 @@ class LlmConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise FieldError(where, name, "a positive integer", value)
+        if self.microbatches > MAX_MICROBATCHES:
+            raise FieldError(where, "microbatches", f"at most {MAX_MICROBATCHES} microbatches per iteration",
+                             self.microbatches)
         if self.grid.world != hosts:
             raise FieldError(where, "dp", f"tp x pp x dp = the {hosts} hosts of the topology (tp {self.tp} x pp "
                              f"{self.pp} x dp {self.dp} = {self.grid.world})", self.dp)
@@ -626,6 +643,19 @@ def _check_scale(scale: float) -> None:
     check_scale(scale, WHERE)
 
 
+def _check_compute(cfg: LlmConfig, scale: float) -> None:
+    """Refuse, naming ``micro_batch``, an iteration whose longest compute operation (one block of layers' backward
+    pass over a microbatch) would exceed :data:`~emulator.model.schedule.format.MAX_COMPUTE_S`: its seconds grow
+    with the sequences per microbatch, so the error says how many fit."""
+    longest = max(w.seconds for s in range(cfg.pp) for ws in stage_passes(cfg, s) for w in ws
+                  if w.kind == COMPUTE) / scale
+    if longest > MAX_COMPUTE_S:
+        most = math.floor(cfg.micro_batch * MAX_COMPUTE_S / longest)
+        raise FieldError(WHERE, "micro_batch", f"at most {most} sequences per microbatch at scale {scale:g} (its "
+                         f"longest compute operation would take {longest:.0f} s, at most {MAX_COMPUTE_S:g} s each)",
+                         cfg.micro_batch)
+
+
 def _check_algos(cfg: LlmConfig, algos: _Algos) -> None:
     """Refuse an algorithm the iteration's groups cannot run before anything is built."""
     g = cfg.grid
@@ -656,6 +686,7 @@ def iteration(topo: Topology, config: LlmConfig, *, dp_algo: str = "ring", tp_al
     """
     config.check(len(topo.hosts))
     _check_scale(scale)
+    _check_compute(config, scale)
     if not 0 < max_padding < 1:
         raise FieldError(WHERE, "max_padding", "a fraction between 0 and 1", max_padding)
     algos = _Algos(tp_algo, dp_algo)
