@@ -72,7 +72,10 @@ def _number(data: Mapping[str, Any], key: str, where: str) -> float:
     value = _get(data, key, where)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FieldError(where, key, "a number", value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past a float's range
+        raise FieldError(where, key, "a number", value) from None
 
 
 def _optional_number(data: Mapping[str, Any], key: str, where: str) -> float | None:
@@ -92,6 +95,11 @@ def _mapping(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]
     if not isinstance(value, Mapping):
         raise FieldError(where, key, "a mapping", value)
     return value
+
+
+def _optional_mapping(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any] | None:
+    """``data[key]`` when it is a mapping, None when absent or null; :class:`FieldError` for anything else."""
+    return None if data.get(key) is None else _mapping(data, key, where)
 
 
 def _optional(data: Mapping[str, Any], key: str, kind: Callable[[Any], Any]) -> Any:
@@ -129,7 +137,7 @@ class Machine:
                        datapath=_optional(data, "datapath", str), mtu=_optional(data, "mtu", int),
                        loadavg_before=[float(x) for x in data.get("loadavg_before") or []],
                        loadavg_after=[float(x) for x in data.get("loadavg_after") or []])
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise FieldError(where, "machine", "kernel, ovs_version, nproc, date, ... of the right types",
                              str(exc)) from None
 
@@ -178,9 +186,12 @@ class LatencyCalibration:
             switches = {int(s): m for s, m in per.items()}
         except ValueError:
             raise FieldError(where, "per_switches", "switch counts as keys", sorted(per)) from None
+        for s, m in switches.items():
+            if not isinstance(m, Mapping):
+                raise FieldError(where, f"per_switches.{s}", "a mapping of the probes' medians", m)
         try:
             intrinsic = Intrinsic.from_json(_mapping(data, "intrinsic", where))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             raise FieldError(where, "intrinsic", "curves data, rendezvous and ack", str(exc)) from None
         return cls(link_mbps=_number(data, "link_mbps", where), mtu=_int(data, "mtu", where),
                    bytes=_int(data, "bytes", where),
@@ -244,14 +255,14 @@ class Calibration:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
         """Read a calibration document; :class:`FieldError` naming the field when it is not one."""
-        latency = data.get("latency")
+        latency = _optional_mapping(data, "latency", WHERE)
         cal = cls(version=_int(data, "version", WHERE), machine=Machine.from_json(_mapping(data, "machine", WHERE)),
                   datapath_capacity_mbps=_optional_number(data, "datapath_capacity_mbps", WHERE),
                   recommended_link_mbps=_optional_number(data, "recommended_link_mbps", WHERE),
                   latency=LatencyCalibration.from_json(latency) if latency is not None else None,
                   quick=bool(data.get("quick", False)), minimal=bool(data.get("minimal", False)),
                   datapath_capacity_unit=str(data.get("datapath_capacity_unit", CAPACITY_UNIT)),
-                  measurements=dict(data.get("measurements") or {}),
+                  measurements=dict(_optional_mapping(data, "measurements", WHERE) or {}),
                   duration_s=_optional_number(data, "duration_s", WHERE),
                   one_link_ratio=_optional_number(data, "one_link_ratio", WHERE),
                   agent_over_iperf3=_optional_number(data, "agent_over_iperf3", WHERE),
