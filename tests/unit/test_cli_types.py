@@ -38,7 +38,7 @@ def test_numbers_refuse_nan_and_what_the_range_leaves_out():
     (["bench", "--repeat", "0"],
      "emu bench: error: field 'repeat': expected an integer >= 1, got '0' (see emu bench --help)"),
     (["replay", "s.yaml", "--topology", "star:hosts=2", "--routing", "shortest", "--out", "o", "--timeout", "nan"],
-     "emu replay: error: field 'timeout': expected seconds > 0, got 'nan' (see emu replay --help)"),
+     "emu replay: error: field 'timeout': expected seconds > 0, at most 7 days (604800 s), got 'nan' (see emu replay --help)"),
     (["schedule", "check", "s.yaml", "--gamma", "inf"],
      "emu schedule check: error: field 'gamma': expected a finite number >= 0, got 'inf' "
      "(see emu schedule check --help)"),
