@@ -125,10 +125,14 @@ bench: setup
 
 # The long versions of two integration files (`make test` runs them short: 3 rounds, 2 crash trials):
 # 50 bring-ups per soak variant, 20 random SIGKILLs of `emu run`, and the runner's rebuild after a broken network.
-# Every census and trial goes to results/soak/*.jsonl.
+# Every census and trial goes to results/soak/*.jsonl. First the hostile-input suite and the fuzz tests at
+# HOSTILE_EXAMPLES generated inputs per test (`make test`: a few hundred per reader, the same ones every run;
+# here new ones every run, tests/unit/fuzz_support.py).
 SOAK_ROUNDS ?= 50
 CRASH_TRIALS ?= 20
+HOSTILE_EXAMPLES ?= 1000
 soak: setup
+	EF_HOSTILE_EXAMPLES=$(HOSTILE_EXAMPLES) $(BIN)/pytest -q -n auto tests/unit/test_hostile_inputs.py tests/unit/test_fuzz_*.py $(PYTEST_ARGS)
 	$(BIN)/emu clean
 	EF_SOAK_ROUNDS=$(SOAK_ROUNDS) EF_CRASH_TRIALS=$(CRASH_TRIALS) EF_SOAK_LONG=1 EF_MPI_STARTS=100 $(BIN)/pytest -q -s \
 		-m integration tests/integration/test_soak.py tests/integration/test_crash_consistency.py \

@@ -4,7 +4,7 @@
 * :func:`mutate` -- one structured corruption of a valid JSON-like document, so the
   fuzzers reach deep validation instead of failing at the first field;
 * :func:`user_error_or` -- call a parser: its result, or ``None`` after a one-line
-  :class:`UserError` (anything else propagates and fails the test);
+  :class:`UserError` (anything else propagates and fails the test), within :func:`bounded`'s time and memory;
 * :func:`run_cli` / :func:`check_cli` -- ``emulator.cli.main.main`` with captured output,
   asserting the bad-input contract (exit 2, one line, no traceback);
 * :class:`Started` and :func:`forbid_starting` -- every edge that starts a process or
@@ -20,7 +20,10 @@ import functools
 import io
 import math
 import os
-from collections.abc import Callable
+import resource
+import signal
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -29,8 +32,16 @@ from hypothesis import strategies as st
 
 from emulator.base.errors import UserError
 
-#: Every fuzz test: 1000 examples, no per-example deadline (a 2-core CI machine is slow).
-FUZZ = settings(max_examples=1000, deadline=None,
+#: Examples per fuzz test: a few hundred per reader in ``make test`` (its tests add up), ``make soak`` sets
+#: ``EF_HOSTILE_EXAMPLES`` (1000 or more).
+EXAMPLES = int(os.environ.get("EF_HOSTILE_EXAMPLES", "100"))
+#: ``make test`` draws the same examples every run (derandomized: a failure there is reproducible on any machine,
+#: never a flake that the next run does not see); ``make soak`` draws new ones each time (it is there to find
+#: what the fixed ones miss, and hypothesis prints the failing input and a ``@reproduce_failure`` blob). No example
+#: database either way: nothing is written into the checkout, and a run does not depend on an earlier one.
+SOAK = "EF_HOSTILE_EXAMPLES" in os.environ
+#: Every fuzz test: no per-example deadline (a 2-core CI machine is slow; :func:`bounded` is the bound).
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not SOAK, database=None, print_blob=SOAK,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
@@ -135,16 +146,75 @@ def mutate(data: st.DataObject, doc: Any, extra_keys: tuple[str, ...] = ()) -> A
     return doc
 
 
+#: The hostile-input contract (issue 49): no reader or command takes longer on one input, or more memory above
+#: what the process already has, and no error line is longer.
+MAX_SECONDS = 10.0
+MAX_EXTRA_BYTES = 1 << 30
+MAX_ERROR_CHARS = 2000
+MAX_MESSAGE_CHARS = 10 * MAX_ERROR_CHARS
+
+
+class TookTooLong(BaseException):  # noqa: N818 - BaseException: no `except Exception` in the code under test eats it
+    """Raised by :func:`bounded`'s timer: one input kept a reader or command past :data:`MAX_SECONDS`."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise TookTooLong(f"one input took more than {MAX_SECONDS:g} s")
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm", encoding="ascii") as fh:
+        return int(fh.read().split()[0]) * resource.getpagesize()
+
+
+@contextlib.contextmanager
+def bounded() -> Iterator[None]:
+    """Run the block with at most :data:`MAX_SECONDS` of wall-clock time and :data:`MAX_EXTRA_BYTES` of address
+    space beyond what the process holds now.
+
+    Cheap enough for every example (two ``setrlimit`` and one ``setitimer``, no subprocess): the memory bound is
+    the process's own ``RLIMIT_AS``, lowered for the block and restored after it, so an input that makes a reader
+    allocate without bound fails with :class:`MemoryError` instead of taking the machine; the time bound is a
+    ``SIGALRM`` that raises :class:`TookTooLong` (and the elapsed time is checked after the block too, for code
+    that the signal cannot interrupt).
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = _address_space() + MAX_EXTRA_BYTES
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    old_handler = signal.signal(signal.SIGALRM, _on_alarm)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    signal.setitimer(signal.ITIMER_REAL, MAX_SECONDS)
+    start = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    elapsed = time.monotonic() - start
+    assert elapsed <= MAX_SECONDS, f"one input took {elapsed:.1f} s (at most {MAX_SECONDS:g} s)"
+
+
 def assert_one_line(message: str) -> None:
+    """The bad-input contract of a message: one line, no traceback; as the command line prints it
+    (:func:`emulator.cli.main.one_line`, which cuts the middle of a longer one) at most :data:`MAX_ERROR_CHARS`
+    characters, and not built from the whole input either (at most :data:`MAX_MESSAGE_CHARS`: an alias bomb once
+    made an 80 MB message before anything cut it)."""
+    from emulator.cli.main import one_line
+
     assert message.strip(), "empty error message"
-    assert "\n" not in message.rstrip("\n"), f"error is not one line: {message!r}"
-    assert "Traceback" not in message, message
+    assert "\n" not in message.rstrip("\n"), f"error is not one line: {message[:300]!r}"
+    assert len(message) <= MAX_MESSAGE_CHARS, f"error message of {len(message)} characters: {message[:300]!r}..."
+    assert len(one_line(message.rstrip("\n"))) <= MAX_ERROR_CHARS, message[:300]
+    assert "Traceback" not in message, message[:300]
 
 
 def user_error_or(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)``, or ``None`` when it raised a one-line :class:`UserError`."""
+    """``fn(*args, **kwargs)`` within :func:`bounded`, or ``None`` when it raised a one-line :class:`UserError`."""
     try:
-        return fn(*args, **kwargs)
+        with bounded():
+            return fn(*args, **kwargs)
     except UserError as exc:
         assert_one_line(str(exc))
         assert exc.exit_status == 2
@@ -165,7 +235,7 @@ def run_cli(argv: list[str]) -> tuple[int | None, str, str]:
 
     out, err = io.StringIO(), io.StringIO()
     status: int | None
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), bounded():
         try:
             status = main(argv)
         except SystemExit as exc:  # argparse: --help (0) and usage errors (2)

@@ -1,9 +1,11 @@
 """Fuzzing experiment files and ``emu run`` / ``emu run --check`` / ``emu report``.
 
-Random YAML and structured corruptions of ``experiments/tiny.yaml``, of a
-richer file using every key, of training iterations and of MPI runs: :func:`emulator.study.experiment.load` /
-``from_dict`` / ``prepare`` (what ``--check`` validates) return, or raise a
-one-line :class:`UserError`. Through the CLI, with every process-starting
+Structured corruptions of ``experiments/tiny.yaml``, of a richer file using
+every key, of training iterations and of MPI runs: :func:`emulator.study.experiment.from_dict` /
+``prepare`` (what ``--check`` validates) return, or raise a one-line
+:class:`UserError`. Random and hand-edited experiment *files* (bytes, text
+corruptions, duplicate keys, aliases) are in ``test_hostile_inputs.py``'s
+table of readers. Through the CLI, with every process-starting
 edge replaced by a raiser (:func:`fuzz_support.forbid_starting`): bad input
 exits 2 with one line before anything starts and creates no results folder.
 """
@@ -95,25 +97,6 @@ def test_from_dict_mutated_experiments(data, which):
     """One corrupted field of a valid experiment: an Experiment whose cells prepare, or one line of error."""
     bad = mutate(data, BASES[which], KEYS)
     _check_parsed(user_error_or(xp.from_dict, bad, "experiments/fuzz.yaml", "fuzz"))
-
-
-yaml_fragments = st.sampled_from([
-    "name: x\n", "series:\n", "  - name: s\n", "    runs:\n", "      - topology: star:hosts=2\n",
-    "        routing: shortest\n", "        algorithms: ring\n", "sizes: [1KiB]\n", "repeat: 0\n", "{", "]", ": ",
-    "- ", "&a ", "*a", "!!python/object/apply:os.system ['true']", "!!float x", "2001-13-45", "1" * 5000,
-    "\t", "\x1f", "---\n", "? ", "'", "\n", "é", "link_mbps: .nan\n", "timeout_s: -1\n",
-])
-
-
-@FUZZ
-@given(text=st.one_of(st.text(max_size=120), st.lists(yaml_fragments, max_size=14).map("".join)),
-       name=st.sampled_from(["e.yaml", "bad name!.yaml", "x\ny.yaml", ".yaml"]))
-def test_load_random_files(text, name):
-    with tempfile.TemporaryDirectory() as root:
-        path = os.path.join(root, name)
-        with open(path, "w", encoding="utf-8", errors="surrogatepass") as fh:
-            fh.write(text)
-        _check_parsed(user_error_or(xp.load, path))
 
 
 @FUZZ

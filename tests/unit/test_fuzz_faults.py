@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from fuzz_support import FUZZ
+from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.base.errors import UserError
@@ -48,13 +49,13 @@ def _fault_or_user_error(spec: object) -> None:
     assert faults.parse_fault(f.describe(), TOPO, RANKS, STEPS) == f  # the canonical form reads back
 
 
-@settings(max_examples=1000, deadline=None)
+@FUZZ
 @given(st.one_of(spec_strings(), st.text(max_size=30)))
 def test_fault_strings_parse_or_raise_one_user_error(spec):
     _fault_or_user_error(spec)
 
 
-@settings(max_examples=1000, deadline=None)
+@FUZZ
 @given(st.one_of(MAPPINGS, VALUES))
 def test_fault_mappings_parse_or_raise_one_user_error(spec):
     _fault_or_user_error(spec)

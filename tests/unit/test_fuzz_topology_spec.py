@@ -6,7 +6,8 @@ import contextlib
 import io
 from unittest import mock
 
-from hypothesis import given, settings
+from fuzz_support import FUZZ
+from hypothesis import given
 from hypothesis import strategies as st
 
 from emulator.base.errors import UserError
@@ -57,13 +58,13 @@ def _builds_or_user_error(spec: object) -> None:
     assert len(topo.hosts) <= topology.MAX_HOSTS and len(topo.switches) <= topology.MAX_SWITCHES
 
 
-@settings(max_examples=1000, deadline=None)
+@FUZZ
 @given(SPECS)
 def test_spec_strings_build_or_raise_one_user_error(spec):
     _builds_or_user_error(spec)
 
 
-@settings(max_examples=1000, deadline=None)
+@FUZZ
 @given(st.one_of(MAPPINGS, MAPPINGS.map(lambda m: {"kind": "bigraph", "upper": 2, "lower": 2,
                                                    "hosts_per_switch": 2, **m}),
                  st.builds(lambda s, a, n, p: {"kind": "star", "hosts": 6, "servers": s, "accels_per_server": a,
@@ -76,7 +77,7 @@ def test_spec_mappings_build_or_raise_one_user_error(spec):
 PARSER = cli.build_parser()  # built once: building it is most of a call's time, and parsers are reusable
 
 
-@settings(max_examples=1000, deadline=None)
+@FUZZ
 @given(SPECS.filter(lambda s: "/" not in s and "\x00" not in s), st.booleans())
 def test_cli_topo_show_succeeds_or_says_one_line_and_exits_2(spec, as_json):
     out, err = io.StringIO(), io.StringIO()
