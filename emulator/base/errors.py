@@ -37,13 +37,13 @@ def shorten(text: str, limit: int = MAX_SHOWN) -> str:
     return f"{text[:head]} ... {text[-tail:]}"
 
 
-def shown(value: object) -> str:
+def shown(value: object, limit: int = MAX_SHOWN) -> str:
     """How a message shows a value the input gave: its ``repr``, printable on one line and cut by :func:`shorten`."""
     try:
         text = repr(value)
     except ValueError:  # an integer past Python's 4300 digits
         text = f"an integer of {value.bit_length()} bits" if isinstance(value, int) else "a value too long to show"
-    return shorten(printable(text))
+    return shorten(printable(text), limit)
 
 
 def printable(text: object) -> str:
@@ -59,16 +59,18 @@ def printable(text: object) -> str:
 class FieldError(UserError):
     """A field holds a value that is not what was expected.
 
-    The message reads: ``<where>: field '<field>': expected <expected>, got <given>``.
+    The message reads: ``<where>: field '<field>': expected <expected>, got <given>``. ``given`` is cut to
+    :data:`MAX_SHOWN` characters; a reader that explains what it found (a chain of waits it traced, not a value
+    echoed from the input) may allow more with ``given_limit``, up to the line's :data:`MAX_LINE`.
     """
 
-    def __init__(self, where: str, field: str, expected: str, given: object):
+    def __init__(self, where: str, field: str, expected: str, given: object, *, given_limit: int = MAX_SHOWN):
         self.where = where
         self.field = field
         self.expected = expected
         self.given = given
         super().__init__(f"{printable(where)}: field '{shorten(printable(field))}': expected {printable(expected)}, "
-                         f"got {shown(given)}")
+                         f"got {shown(given, given_limit)}")
 
 
 def int_field(where: str, name: str, value: object, minimum: int = 0, maximum: int | None = None, *,

@@ -185,7 +185,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from emulator.base.errors import MISSING, FieldError, UserError
+from emulator.base.errors import MAX_LINE, MISSING, FieldError, UserError
 from emulator.model import topology as topology_mod
 from emulator.model.collectives import generators, registry
 from emulator.model.collectives.placements import placement_hosts
@@ -633,7 +633,8 @@ def _cycle_error(nodes: Sequence[TraceNode], pos: Mapping[int, int], waiting: Se
     cycle = path[path.index(cur):] + [cur]
     first = nodes[cycle[0]]
     return FieldError(where, f"{first.label}.deps", "dependencies without a cycle", " -> ".join(
-        f"node {nodes[i].node_id}" for i in reversed(cycle)) + " (each waits for the one before)")
+        f"node {nodes[i].node_id}" for i in reversed(cycle)) + " (each waits for the one before)",
+                      given_limit=MAX_LINE // 2)
 
 
 def rank_files(paths: Sequence[str]) -> list[str]:
@@ -1051,7 +1052,8 @@ class _Replay:
         r, i = start
         node = self.traces[r].nodes[i]
         return FieldError(self.traces[r].where, node.label, "a trace every rank can replay (each receive reached by "
-                          "its send, each collective node by every rank)", self._chain(start))
+                          "its send, each collective node by every rank)", self._chain(start),
+                          given_limit=MAX_LINE // 2)
 
     def _blocker(self, r: int, i: int) -> int:
         """Following unreleased dependencies from node ``i`` of rank ``r`` to one that is ready but waits."""
