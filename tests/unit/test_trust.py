@@ -9,6 +9,7 @@ import os
 
 import pytest
 import yaml
+from fake_session import factory
 
 from emulator.base.files import write_json_atomic
 from emulator.emulation.session import fidelity
@@ -19,7 +20,6 @@ from emulator.runs.trust import MODEL_FLAG, REPLAY_BAND, Trust, Verdict
 from emulator.study import experiment as xp
 from emulator.study import report
 from emulator.study.live import runner
-from fake_session import factory
 
 PREDICTED_S = 2.0
 
