@@ -59,8 +59,12 @@ def test_agents_against_iperf3_with_every_flow_at_once():
     assert len(row["iperf3_flows_mbps"]) == row["flows"] and len(row["agent_reps_mbps"]) == 1
     print(f"aggregate: iperf3/offered {row['iperf3_over_offered']:.3f}, agents/offered {row['agent_over_offered']:.3f}, "
           f"agents/iperf3 {row['ratio']:.3f}")
+    # `make bench`'s target for agents / iperf3 with every flow at once is 0.90 (measured there 0.938-0.977); this
+    # 1.5 s, one-repetition version measured 0.898-0.911 (agents / offered 0.880-0.896): the target less that
+    # shortfall and the spread (docs/testing-accuracy.md, 2026-12-06). Before: 0.7, which agents at 3/4 of
+    # iperf3's goodput passed.
     assert 0.85 <= row["iperf3_over_offered"] <= 1.02, row
-    assert 0.7 <= row["agent_over_offered"] <= 1.02 and 0.7 <= row["ratio"] <= 1.1, row
+    assert 0.85 <= row["agent_over_offered"] <= 1.02 and 0.85 <= row["ratio"] <= 1.05, row
 
 
 def test_replay_pcap_then_analyze_finds_the_agent_flows(tmp_path):
