@@ -7,6 +7,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 from hypothesis import given
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from emulator.base.errors import FieldError, UserError
 from emulator.cli.commands.mpirun import exit_code
 from emulator.cli.main import main
+from emulator.emulation.mpi import mpi_run
 from emulator.model import fabric, topology
 from emulator.model.collectives.placements import hdrm_placement
 from emulator.runs.mpi_plan import (
@@ -372,3 +374,16 @@ def test_the_ranks_whose_stderr_says_they_ran_out_are_found(tmp_path):
     (tmp_path / "rank-2.stderr").write_text("orted: Cannot allocate memory\n")
     assert mpirun.out_of_memory_ranks(str(tmp_path), [0, 1, 2, 3]) == {
         1: "MemoryError: Unable to allocate 16.0 GiB", 2: "orted: Cannot allocate memory"}
+
+
+def test_stopping_mpirun_ends_the_daemons_that_outlived_it():
+    """``emu mpirun``'s timeout must end a run whose daemons outlived mpirun and hold its output open (make soak
+    once waited 16 minutes past a 60 s timeout): the group is signalled though its leader has exited."""
+    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & echo up"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "up\n"
+    proc.wait(5)  # "mpirun" exited; its "daemon" keeps the pipe
+    started = time.monotonic()
+    mpi_run._stop_group(proc)
+    assert proc.stdout.read() == ""  # end of file: nobody holds the pipe any more
+    assert time.monotonic() - started < 5

@@ -478,18 +478,34 @@ def _run_mpirun(session: ReplaySession, host: str, command: list[str], out: str,
 
 
 def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM mpirun's process group (it takes its ranks down), SIGKILL after :data:`STOP_GRACE_S`."""
+    """SIGTERM mpirun's process group (it takes its ranks down), SIGKILL after :data:`STOP_GRACE_S`.
+
+    The group is signalled even when mpirun itself has exited: its daemons (orted, attached to their launch
+    agents in mpirun's group) can outlive it and keep its output pipe open, and the reader would wait on that
+    pipe for ever (seen in ``make soak``, 2026-12-06: a 60 s timeout that never ended the run).
+    """
     for sig, wait_s in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None:
-            return
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
+            proc.poll()
             return
+        if _group_ended(proc, wait_s):
+            return
+
+
+def _group_ended(proc: subprocess.Popen, wait_s: float) -> bool:
+    """Whether mpirun's process group is gone within ``wait_s`` (mpirun is reaped on the way)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        proc.poll()
         try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
 
 
 def collect_rank_output(ranks_dir: str) -> list[int]:
