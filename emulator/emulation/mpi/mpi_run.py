@@ -495,17 +495,32 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def _group_ended(proc: subprocess.Popen, wait_s: float) -> bool:
-    """Whether mpirun's process group is gone within ``wait_s`` (mpirun is reaped on the way)."""
+    """Whether every process of mpirun's group has ended within ``wait_s`` (mpirun is reaped on the way)."""
     deadline = time.monotonic() + wait_s
     while True:
         proc.poll()
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
+        if not _live_members(proc.pid):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+
+
+def _live_members(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` that still run: zombies left out (a daemon whose parent is gone waits for a
+    reaper that may be slow, or absent where PID 1 reaps nothing; it holds no pipe any more)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry))
+    return found
 
 
 def collect_rank_output(ranks_dir: str) -> list[int]:
