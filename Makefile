@@ -124,7 +124,8 @@ bench: setup
 	$(BIN)/emu bench
 
 # The long versions of two integration files (`make test` runs them short: 3 rounds, 2 crash trials):
-# 50 bring-ups per soak variant, 20 random SIGKILLs of `emu run`, and the runner's rebuild after a broken network.
+# 50 bring-ups per soak variant, 20 random SIGKILLs of `emu run`, and the runner's rebuild after a broken network;
+# and the long fault tests `make test` leaves out (tests/integration/soak_only.py says why each).
 # Every census and trial goes to results/soak/*.jsonl. First the hostile-input suite and the fuzz tests at
 # HOSTILE_EXAMPLES generated inputs per test (`make test`: a few hundred per reader, the same ones every run;
 # here new ones every run, tests/unit/fuzz_support.py).
@@ -136,7 +137,9 @@ soak: setup
 	$(BIN)/emu clean
 	EF_SOAK_ROUNDS=$(SOAK_ROUNDS) EF_CRASH_TRIALS=$(CRASH_TRIALS) EF_SOAK_LONG=1 EF_MPI_STARTS=100 $(BIN)/pytest -q -s \
 		-m integration tests/integration/test_soak.py tests/integration/test_crash_consistency.py \
-		tests/integration/test_mpi_starts.py $(PYTEST_ARGS)
+		tests/integration/test_mpi_starts.py \
+		tests/integration/test_faults.py::test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cells \
+		tests/integration/test_cluster_run.py::test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes $(PYTEST_ARGS)
 
 clean:
 	@if [ -x $(BIN)/emu ]; then $(BIN)/emu clean; fi

@@ -24,6 +24,7 @@ import pytest
 from emulator.base.waiting import wait_until
 
 from .cluster_servers import REPO_ROOT, NamespaceServers
+from .soak_only import soak_only
 
 pytestmark = pytest.mark.integration
 
@@ -123,6 +124,8 @@ def _running_cell(out: str) -> str | None:
     return next((cell for cell, res in _cells(out).items() if res.get("status") == "running"), None)
 
 
+@soak_only("two servers, a cell that waits out a lost server, and a resume: the longest integration test "
+           "(144 s under load, docs/testing-accuracy.md 2026-12-06); make test has no shorter cousin of it")
 def test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes(tmp_path):
     experiment = tmp_path / "fault.yaml"
     experiment.write_text(TWO_CELLS.format(sizes="[64KiB, 4MiB]"), encoding="utf-8")

@@ -22,6 +22,8 @@ from emulator.model.schedule import format as sformat
 from emulator.study import experiment as xp
 from emulator.study.folder.results_folder import ResultsFolder
 
+from .soak_only import soak_only
+
 pytestmark = pytest.mark.integration
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -129,6 +131,8 @@ def _wait_finished_cells(out: str, exp, n: int, proc: subprocess.Popen, timeout_
     raise AssertionError(f"fewer than {n} cells finished in {timeout_s} s")
 
 
+@soak_only('three runs of a slow experiment (about 60 s); '
+           "test_crash_consistency.py's random SIGKILL trial holds the resume in `make test`")
 def test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cells(tmp_path):
     path = str(tmp_path / "slow.yaml")
     with open(path, "w") as fh:
