@@ -30,6 +30,7 @@ from emulator.model.workloads import chakra, llm, llm_models
 from emulator.model.workloads.chakra_groups import ProcessGroup
 
 from .measured import band
+from .soak_only import soak_only
 
 pytestmark = pytest.mark.integration
 
@@ -120,6 +121,8 @@ def _hybrid_trace(directory) -> list[str]:
     return paths
 
 
+@soak_only("three replays with their data on one network (88 s under load, docs/testing-accuracy.md 2026-12-06); "
+           "in make test the unit tests prove these schedules and the eight-rank test replays every collective")
 def test_any_size_process_groups_a_pytorch_trace_and_a_language_model_replay_with_their_data(tmp_path):
     """Issue 31's schedules over real TCP on one network, every rank's data checked:
     - 1 MiB on 6, 10 and 12 ranks by ring (chunks one element apart), hd (extra ranks folded in) and dbtree;
