@@ -141,6 +141,7 @@ soak: setup
 		tests/integration/test_faults.py::test_sigint_then_sigkill_to_emu_run_then_a_clean_restart_keeps_finished_cells \
 		tests/integration/test_cluster_run.py::test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes \
 		tests/integration/test_collectives.py::test_any_size_process_groups_a_pytorch_trace_and_a_language_model_replay_with_their_data \
+		'tests/integration/test_controller.py::test_controller[bigraph-bigraph-link_down]' \
 		$(PYTEST_ARGS)
 
 clean:
