@@ -44,6 +44,7 @@ from emulator.base.errors import FieldError
 from emulator.model import routing, topology
 from emulator.model.routing import Flow, FlowEntry
 from emulator.model.topology import Topology, node_sort_key
+from emulator.runs.admission import MAX_SEED
 
 DEFAULT_LISTEN = ("127.0.0.1", 6653)
 DEFAULT_STATS_INTERVAL = 1.0
@@ -80,8 +81,8 @@ class Settings:
         """Validate every field; return the loaded topology. Raises :class:`UserError`."""
         topo = topology.load(self.topology)
         routing.check_policy(topo, self.routing)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise FieldError("controller", "ecmp-seed", "an integer >= 0", self.seed)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise FieldError("controller", "ecmp-seed", f"an integer in 0..{MAX_SEED}", self.seed)
         if not isinstance(self.stats_interval, (int, float)) or not 0.05 <= self.stats_interval <= 3600:
             raise FieldError("controller", "stats-interval", "seconds in [0.05, 3600]", self.stats_interval)
         if isinstance(self.lanes, bool) or not isinstance(self.lanes, int) or not 1 <= self.lanes <= routing.max_lanes(topo):

@@ -31,6 +31,7 @@ from emulator.base.errors import FieldError
 from emulator.cli.arguments import int_at_least
 from emulator.model import topology
 from emulator.model.topology import Topology
+from emulator.runs.admission import MAX_SEED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -40,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ctl.add_argument("--routing", required=True, metavar="POLICY", help="bigraph, dmodk, ecmp or shortest")
     ctl.add_argument("--listen", default=f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}", metavar="HOST:PORT",
                      help="OpenFlow address to listen on (default: %(default)s)")
-    ctl.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="ECMP hash seed (default: 0)")
+    ctl.add_argument("--ecmp-seed", type=int_at_least(0, MAX_SEED), default=0, metavar="S", help="ECMP hash seed (default: 0)")
     ctl.add_argument("--lanes", type=int_at_least(1), default=1, metavar="N",
                      help="agent connections per host pair that ecmp routes by their 5-tuple (default: 1)")
     ctl.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL, metavar="SECONDS",
@@ -55,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     ping = subparsers.add_parser("pingall", help="bring up a network with the controller, ping every host pair")
     ping.add_argument("spec", metavar="SPEC", help="topology spec or exported topology JSON file")
     ping.add_argument("--routing", required=True, metavar="POLICY", help="bigraph, dmodk, ecmp or shortest")
-    ping.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="ECMP hash seed (default: 0)")
+    ping.add_argument("--ecmp-seed", type=int_at_least(0, MAX_SEED), default=0, metavar="S", help="ECMP hash seed (default: 0)")
     ping.add_argument("--json", action="store_true", help="print one JSON object")
     ping.set_defaults(func=cmd_pingall)
 

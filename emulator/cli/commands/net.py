@@ -13,6 +13,7 @@ from emulator.emulation.machine.system import choose_datapath, interrupt_on_sigt
 from emulator.emulation.network.emulated_network import EmulatedNetwork
 from emulator.model import routing, topology
 from emulator.runs import cluster_file
+from emulator.runs.admission import MAX_SEED
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     help="attach to a running OpenFlow controller (default: static routes, no controller)")
     up.add_argument("--routing", default="shortest", metavar="POLICY",
                     help="policy of the static routes when no controller is given (default: shortest)")
-    up.add_argument("--ecmp-seed", type=int_at_least(0), default=0, metavar="S", help="seed of static ECMP routes")
+    up.add_argument("--ecmp-seed", type=int_at_least(0, MAX_SEED), default=0, metavar="S", help="seed of static ECMP routes")
     up.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"),
                     help="Open vSwitch datapath (default: kernel where the module exists, else user)")
     up.set_defaults(func=cmd_up)
