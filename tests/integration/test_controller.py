@@ -223,6 +223,17 @@ def check_ecmp_seeds(fab: Fabric, policy: str, tmp_path) -> None:
     assert "shared by" in logs[0] and "agent flows" in logs[0]
 
 
+def loss_evidence(fab: Fabric, lost: list[tuple[str, str]]) -> str:
+    """What a failed pingall leaves to explain it: whether the same pairs answer two seconds later (a transient,
+    such as an ARP answer later than ping's timeout, or a routing hole), and the lost hosts' neighbour tables."""
+    time.sleep(2)
+    again = ping_all(fab.net, fab.topo, sources=sorted({src for src, _ in lost}, key=topology.node_sort_key))
+    still = sorted(set(lost) & set(again.lost))
+    hosts = sorted({h for pair in lost for h in pair}, key=topology.node_sort_key)[:4]
+    neigh = "; ".join(f"{h}: " + " | ".join(fab.net.host(h).cmd("ip neigh show").split("\n")[:16]) for h in hosts)
+    return f"2 s later still lost: {still[:10]}; neighbours: {neigh}"
+
+
 def check_link_down(fab: Fabric, policy: str, tmp_path) -> None:
     spec = fab.topo.spec
     topo = fab.topo
@@ -248,7 +259,7 @@ def check_link_down(fab: Fabric, policy: str, tmp_path) -> None:
         assert status["failed_links"] == [sorted((a, b), key=topology.node_sort_key)]
         assert status["cut_pairs"] == []
         result = ping_all(fab.net, topo)
-        assert result.lost == [], f"lost after the failure: {result.lost[:10]}"
+        assert result.lost == [], f"lost after the failure: {result.lost[:10]}; {loss_evidence(fab, result.lost)}"
         assert "rerouted in" in ctl.log_text()
         print(f"{spec} {policy}: link {a}-{b} down, longest gap {gap * 1000:.0f} ms")
     finally:
