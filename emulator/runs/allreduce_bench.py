@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -437,7 +438,7 @@ def _json_int(where: str, name: str, value: object, minimum: int) -> int:
 
 
 def _json_float(where: str, name: str, value: object) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= sys.float_info.max:
         raise FieldError(where, name, "a number >= 0", value)
     return float(value)
 

@@ -104,7 +104,7 @@ def _seconds(where: str, raw: object) -> float:
     text = str(raw).strip()
     try:
         value = float(raw) if isinstance(raw, (int, float)) else float(text[:-1] if text.endswith("s") else text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise FieldError(where, "at", expected, raw) from None
     if not math.isfinite(value) or value < 0 or value > 86400:
         raise FieldError(where, "at", expected, raw)

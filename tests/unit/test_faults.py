@@ -54,6 +54,7 @@ def test_describe_round_trips():
     ("link_down:s1-s3@soon", "at"),
     ("link_down:s1-s3@-1s", "at"),
     ("link_down:s1-s3@nan", "at"),
+    ({"action": "link_down", "target": "s1-s3", "at": 10**400}, "at"),   # OverflowError before
     ("link_down:s1-s3@step=6", "step"),     # steps 0..5
     ("link_down:s1-s3@step=x", "step"),
     ("link_down:s1-s3@1s,seed=2", "fault"),

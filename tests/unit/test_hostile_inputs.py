@@ -576,6 +576,18 @@ def test_calibration_documents_found_by_the_suite(key, value):
     assert user_error_or(calibration_file.Calibration.from_json, doc) is None
 
 
+@pytest.mark.parametrize("key", ["bw", "host_bw", "switch_bw"])
+def test_a_topology_exports_rate_past_a_floats_range_is_refused(key, tmp_path):
+    """Found by ``make soak`` (1000 inputs per reader): a 400-digit integer as a topology export's link rate raised
+    OverflowError; now one FieldError naming the rate."""
+    doc = json.loads(json.dumps(topology.build("star:hosts=3").to_json()))
+    doc["graph"]["params"][key] = 10**400
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=f"field '{key}'"):
+        topology.load(str(path))
+
+
 def test_an_mpi_program_of_100000_characters_is_one_short_line():
     """An experiment's ``mpi.program`` with a 100,000-character argument was echoed whole by the bundled
     benchmark's argument check (found by this suite and, at the same time, fixed in the experiment reader)."""

@@ -49,7 +49,7 @@ def _parse_rate(where: str, key: str, raw: object, maximum: float = MAX_LINK_MBP
         raise FieldError(where, key, expected, raw)
     try:
         value = float(raw) if isinstance(raw, (int, float)) else float(str(raw).strip())
-    except ValueError:
+    except (ValueError, OverflowError):  # an integer past a float's range, in a JSON export
         raise FieldError(where, key, expected, raw) from None
     if not math.isfinite(value) or value <= 0 or value > maximum:
         raise FieldError(where, key, expected, raw)
