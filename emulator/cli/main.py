@@ -31,6 +31,8 @@ COMMAND_MODULES = (
     "emulator.cli.commands.analyze",
     "emulator.cli.commands.bench",
     "emulator.cli.commands.cluster",
+    "emulator.cli.commands.nccl_tests",
+    "emulator.cli.commands.validate",
 )
 
 

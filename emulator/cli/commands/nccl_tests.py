@@ -1,0 +1,94 @@
+"""``emu nccl-tests OP ...``: nccl-tests' table for a cluster, from the NCCL model, with nccl-tests' flags.
+
+``emu nccl-tests all_reduce_perf --nodes 2 --gpus-per-node 8 -b 8 -e 8G -f 2``
+prints what ``all_reduce_perf -b 8 -e 8G -f 2`` would print on 2 nodes of 8
+GPUs (out-of-place columns), and, per size, the algorithm, protocol and
+channels NCCL would choose and what limits the bytes. ``--json`` prints one
+object whose ``rows`` are ``{"size", "time_us", "algbw_GBps", "busbw_GBps"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from emulator.base.errors import FieldError
+from emulator.cli.arguments import fabric_choice, int_at_least
+from emulator.model.nccl import cost, tuning
+from emulator.model.nccl import nccl_tests as nt
+from emulator.model.nccl import system as nccl_system
+from emulator.model.nccl.system import System
+
+DEFAULT_FABRIC = "h100-ndr400"
+DEFAULT_GPU = "h100-sxm"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("nccl-tests", help="nccl-tests' table for a cluster, from the NCCL model")
+    p.add_argument("op", metavar="OP", choices=sorted(nt.OPS), help=f"an nccl-tests binary: {', '.join(nt.OPS)}")
+    p.add_argument("--nodes", type=int_at_least(1, nccl_system.MAX_NODES), required=True, metavar="N")
+    p.add_argument("--gpus-per-node", type=int_at_least(1, nccl_system.MAX_GPUS_PER_NODE), required=True,
+                   metavar="G")
+    p.add_argument("--nics-per-node", type=int_at_least(1, nccl_system.MAX_GPUS_PER_NODE), default=None,
+                   metavar="K", help="default: one per GPU (GPU i beside NIC i, one rail per NIC index)")
+    p.add_argument("--fabric", default=DEFAULT_FABRIC, metavar="PROFILE",
+                   help=f"the NICs' line rate and kind from a fabric profile (default {DEFAULT_FABRIC})")
+    p.add_argument("--gpu", default=DEFAULT_GPU, choices=sorted(nccl_system.GPUS),
+                   help=f"the GPU generation (default {DEFAULT_GPU})")
+    p.add_argument("--cpu", default="unknown", choices=sorted(nccl_system.SOCKET_GBS),
+                   help="the CPU (its socket link and NCCL's network overhead; default unknown)")
+    p.add_argument("--no-gdr", action="store_true", help="GPUDirect RDMA off: data staged through host memory")
+    p.add_argument("--cross-socket", action="store_true", help="each GPU's NIC on the other CPU socket")
+    p.add_argument("-b", "--minbytes", default="32M", metavar="MIN", help="smallest size (default 32M)")
+    p.add_argument("-e", "--maxbytes", default="32M", metavar="MAX", help="largest size (default 32M)")
+    p.add_argument("-f", "--stepfactor", type=int_at_least(2, 1 << 20), default=2, metavar="FACTOR",
+                   help="size multiplier (default 2)")
+    p.add_argument("--algo", default="auto", choices=("auto", *tuning.ALGORITHMS))
+    p.add_argument("--protocol", default="auto", choices=("auto", *tuning.PROTOCOLS))
+    p.add_argument("--channels", type=int_at_least(1, tuning.MAX_CHANNELS), default=None, metavar="C",
+                   help="channels NCCL runs (NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = C)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_nccl_tests)
+
+
+def system_of(args: argparse.Namespace) -> System:
+    """The cluster the flags describe: the fabric profile gives the NICs' rate (and RoCE for its RoCE presets)."""
+    profile = fabric_choice(args.fabric, "nccl-tests").profile
+    network = "roce" if profile.preset.startswith("roce") else "infiniband"
+    return System(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                  nics_per_node=args.nics_per_node or args.gpus_per_node, nic_gbps=profile.link_gbps,
+                  gpu=nccl_system.GPUS[args.gpu], network=network, cpu=args.cpu, gdr=not args.no_gdr,
+                  gpu_nic_path="cross-socket" if args.cross_socket else "same-pcie-switch")
+
+
+def cmd_nccl_tests(args: argparse.Namespace) -> int:
+    op = nt.OPS[args.op]
+    system = system_of(args)
+    sizes = nt.sizes(nt.parse_size("minbytes", args.minbytes), nt.parse_size("maxbytes", args.maxbytes),
+                     args.stepfactor)
+    if args.algo != "auto" and not tuning.supports(op.collective, args.algo) or \
+            (op.collective in cost.P2P and (args.algo, args.protocol) not in (("auto", "auto"), ("auto", "simple"))):
+        raise FieldError("nccl-tests", "algo", f"an algorithm and protocol NCCL runs {args.op} with", args.algo)
+    rows, predictions = [], []
+    for requested in sizes:
+        count, size = nt.count_and_size(op, requested, system.ranks)
+        if size == 0:
+            continue
+        prediction = cost.predict(system, op.collective, size, args.algo, args.protocol, args.channels)
+        rows.append(nt.Row(size, count, op, prediction.time_us, system.ranks))
+        predictions.append(prediction)
+    if args.json:
+        print(json.dumps({"op": args.op, "system": system.describe(), "ranks": system.ranks,
+                          "rows": [{**r.to_json(), "algorithm": p.algorithm, "protocol": p.protocol,
+                                    "channels": p.channels, "limit": p.bottleneck}
+                                   for r, p in zip(rows, predictions, strict=True)],
+                          "avg_busbw_GBps": round(nt.average_busbw(rows), 3)}, sort_keys=True))
+        return 0
+    print(f"# {args.op} from the NCCL model (not measured): {system.describe()}, {system.ranks} ranks")
+    print("# nccl-tests' out-of-place columns; then what NCCL chooses and what limits the bytes")
+    print(f"{nt.HEADER[0]}   algorithm/protocol  channels  limit")
+    print(nt.HEADER[1])
+    for row, p in zip(rows, predictions, strict=True):
+        print(f"{nt.format_row(row)}   {p.algorithm + '/' + p.protocol:>18}  {p.channels:8d}  {p.bottleneck}")
+    print(f"# Avg bus bandwidth    : {nt.average_busbw(rows):g}")
+    return 0

@@ -1,0 +1,263 @@
+"""NCCL's tuning model: the algorithm, protocol and channels NCCL chooses, and the time it expects.
+
+NCCL predicts, for each collective, algorithm and protocol, ``latency +
+bytes / bandwidth`` from a few tables and its topology search, and runs the
+fastest (``src/enqueue.cc``, ``topoGetAlgoInfo``). This module is that model
+for the ring and tree algorithms and the LL, LL128 and Simple protocols, as
+NCCL 2.30 (``src/graph/tuning.cc`` at NVIDIA/nccl 5067397c) writes it:
+
+* **the topology search** (``search.cc``, ``connect.cc``), reduced to what the
+  tables need: the per-channel speed is the first entry of NCCL's speed array
+  at most the GPU-NIC path's bandwidth (multi-node) or the GPUs' (one node); a
+  channel takes that speed from every NIC, PCIe and NVLink budget it crosses,
+  so channels are the budgets' quotient; lower speeds are tried while they are
+  above half the first, and the largest total wins; channels then double
+  where NCCL doubles them (``ncclTopoDupChannels``; ``ncclTopoPostset`` for the
+  channels that run);
+* **latencies**: a base latency per algorithm and protocol, and per step a
+  latency by link type (NVLink, PCIe, network), with the network's overhead
+  per ring step;
+* **bandwidths**: channels x per-channel speed, with each protocol's
+  efficiency and caps (LL half, LL128 0.92, tree 0.92 and its per-channel
+  caps by GPU generation), converted to algorithm bandwidth;
+* **the time**: with the tree's correction by size and the ring's "plateau"
+  latency factor, ``latency + bytes / (1000 * bandwidth)`` microseconds.
+
+Not modelled (``docs/validation.md`` says where it matters): NVLS and NVLS
+tree (NVSwitch multicast, NCCL's default for 8-GPU Hopper nodes at large
+sizes), CollNet (SHARP), PAT, tuner plugins, and the channel-count reduction
+for small messages (it changes no predicted time: NCCL's model does not see it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from emulator.base.errors import FieldError
+from emulator.model.nccl.system import System
+
+ALGORITHMS = ("tree", "ring")
+PROTOCOLS = ("ll", "ll128", "simple")
+COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
+
+#: Base latency (us) by algorithm and protocol (LL, LL128, Simple): ``baseLatencies``.
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+#: Per-step latency (us) by link type, algorithm and protocol: ``hwLatencies``.
+HW_LATENCY_US = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+}
+#: Index of a compute capability in NCCL's per-generation tables (Volta, Ampere, Hopper, Blackwell).
+def _cc_index(cc: int) -> int:
+    return 3 if cc >= 100 else 2 if cc >= 90 else 1 if cc >= 80 else 0
+
+
+#: ``llMaxBws``: [GPU generation on one node / Intel, AMD CPUs between nodes][1 node, 2 nodes, more].
+LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (40.0, 40.0, 40.0))
+PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+#: ``treeCorrectionFactor`` by protocol, for sizes 64 B << i (i = 0..23).
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+#: Per-channel speeds the search tries (GB/s), by generation (before Hopper, Hopper, Blackwell) and scope.
+SPEEDS_INTRA = {80: (40, 30, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3),
+                90: (60, 50, 40, 30, 24, 20, 15, 12, 11, 6, 3),
+                100: (90, 80, 70, 60, 50, 45, 40, 30, 24, 20, 19, 18)}
+SPEEDS_INTER = {80: (48, 30, 28, 24, 20, 18, 15, 12, 10, 9, 7, 6, 5, 4, 3, 2.4, 1.2, 0.24, 0.12),
+                90: (48, 45, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12),
+                100: (96, 86, 80, 48, 45.1, 42, 40, 30, 24, 22, 20, 17.5, 15, 12, 6, 3, 2.4, 1.2, 0.24, 0.12)}
+MAX_SEARCH_CHANNELS = 32
+MAX_CHANNELS = 64
+#: ``getNetOverhead``: the network's per-step posting overhead (us) by CPU vendor (x3 for Simple).
+NET_OVERHEAD_US = {"amd": 2.0}
+DEFAULT_NET_OVERHEAD_US = 1.0
+
+
+@dataclass(frozen=True)
+class Graph:
+    """What NCCL's topology search leaves for its tuning: channels and their speed, and the path types."""
+
+    channels: float  # search channels (the tables multiply by these; fractional when channels are forced)
+    speed_gbs: float  # per search channel
+    runtime_channels: int  # what runs (ncclTopoPostset)
+    intra_hw: str  # "nvlink" or "pci"
+    ll128_allowed: bool
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One (algorithm, protocol) of one collective and size, and what NCCL's model says of it."""
+
+    algorithm: str
+    protocol: str
+    latency_us: float
+    bandwidth_gbs: float  # algorithm bandwidth NCCL's model uses for this size (bytes / (1000 * bw) us)
+    channels: int
+
+    def time_us(self, nbytes: int) -> float:
+        return self.latency_us + nbytes / (1000.0 * self.bandwidth_gbs)
+
+
+def _speeds(cc: int, inter: bool) -> tuple[float, ...]:
+    table = SPEEDS_INTER if inter else SPEEDS_INTRA
+    return table[100 if cc >= 100 else 90 if cc >= 90 else 80]
+
+
+def search(system: System) -> Graph:
+    """The ring graph NCCL's search finds for ``system`` (the tree graph takes the same channels and speed)."""
+    inter = system.nodes > 1
+    gpus = system.gpus_per_node
+    link_total = max(system.pcie_gbs, system.gpu.nvlink_gbs)  # one GPU's budget, NVLink or PCIe
+    if inter:
+        max_bw = system.nccl_path_gbs()
+        nics = min(system.nics_per_node, gpus)
+
+        def channels_at(speed: float) -> int:
+            per_nic = min(int(system.nic_line_gbs // speed), int(system.nccl_path_gbs() // speed))
+            through_gpus = int(link_total // speed) if gpus > 1 else per_nic
+            return min(nics * per_nic, through_gpus, MAX_SEARCH_CHANNELS)
+    else:
+        max_bw = link_total
+
+        def channels_at(speed: float) -> int:
+            return min(int(link_total // speed), MAX_SEARCH_CHANNELS)
+
+    candidates = [s for s in _speeds(system.gpu.compute_capability, inter) if s <= max_bw]
+    best_channels, best_speed = 1, 0.1
+    first = None
+    for speed in candidates:
+        n = channels_at(speed)
+        if n < 1:
+            continue
+        if first is None:
+            first = speed
+        elif speed <= 0.49 * first:
+            break
+        if n * speed > best_channels * best_speed:
+            best_channels, best_speed = n, speed
+    channels, speed = best_channels, best_speed
+    cc = system.gpu.compute_capability
+    if speed >= 25 and not (cc > 80 and speed < 50 and channels > 4):  # ncclTopoDupChannels
+        channels, speed = min(2 * channels, MAX_SEARCH_CHANNELS), speed / 2
+    runtime = min(2 * channels, MAX_CHANNELS)
+    if cc >= 90 and inter and speed > 45 and runtime < 16:
+        runtime = min(2 * runtime, MAX_CHANNELS)
+    intra_hw = "nvlink" if gpus > 1 and system.gpu.nvlink_gbs else "pci"
+    # LL128 needs the intra-node path NVLink (or one GPU) and the GPU-NIC path within a PCIe switch (PXN on Hopper):
+    # host staging (PHB) and the other socket (SYS) are beyond it.
+    ll128 = (gpus == 1 or intra_hw == "nvlink") and cc >= 70 and \
+        (not inter or (system.gdr and not system.cross_socket))
+    return Graph(channels, speed, runtime, intra_hw, ll128)
+
+
+def ring_steps(collective: str, n: int) -> int:
+    return 2 * (n - 1) if collective == "allreduce" else n - 1 if collective in ("allgather", "reducescatter") else n
+
+
+def _bandwidth(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
+    """NCCL's algorithm bandwidth (GB/s) for one (collective, algorithm, protocol), before the size corrections."""
+    nodes, ranks = system.nodes, system.ranks
+    cc = _cc_index(system.gpu.compute_capability)
+    index2 = nodes - 1 if nodes <= 2 else 2
+    index1 = cc if nodes == 1 else (1 if system.cpu == "amd" else 0)
+    ll_max = LL_MAX_BW[index1][index2]
+    bus = graph.channels * graph.speed_gbs  # bwIntra for <= 2 nodes, bwInter beyond: the same speed here
+    if algorithm == "ring" and protocol == "ll":
+        bus = min(ll_max, bus * 0.5)
+    if algorithm == "ring" and protocol == "ll128":
+        bus = min(bus * 0.92, graph.channels * PER_CH_MAX_RING_LL128_BW[cc][index2])
+    if algorithm == "tree" and collective == "allreduce":
+        bus = min(bus * 0.92, graph.channels * PER_CH_MAX_TREE_BW[cc][index2])
+    if algorithm == "tree" and protocol == "ll":
+        bus = min(bus / 3.8, ll_max)
+    if algorithm == "tree" and protocol == "ll128":
+        bus = min(bus * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0), graph.channels * PER_CH_MAX_TREE_LL128_BW[cc][index2])
+    if algorithm == "tree" and system.gpus_per_node == 1:  # one GPU per node: the plain TREE pattern
+        bus *= 0.85
+    ratio = ranks / ring_steps(collective, ranks) if algorithm == "ring" else 0.5
+    return bus * ratio
+
+
+def _latency(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
+    """NCCL's latency (us) for one (collective, algorithm, protocol)."""
+    p = PROTOCOLS.index(protocol)
+    nodes, ranks = system.nodes, system.ranks
+    ppn = system.gpus_per_node
+    lat = BASE_LATENCY_US[algorithm][p]
+    intra = HW_LATENCY_US[graph.intra_hw][algorithm][p]
+    inter = HW_LATENCY_US["net"]["tree" if ppn == 1 else algorithm][p]
+    if algorithm == "ring":
+        hw = graph.intra_hw if nodes == 1 else "net"
+        steps = ring_steps(collective, ranks)
+        if collective in ("reduce", "broadcast"):
+            return lat + HW_LATENCY_US[hw]["ring"][p]  # one chain, pipelined (sameChannels)
+        overhead = 0.0
+        if nodes > 1:
+            overhead = NET_OVERHEAD_US.get(system.cpu, DEFAULT_NET_OVERHEAD_US) * (3 if protocol == "simple" else 1)
+        inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective == "allreduce" else nodes - 1
+        return lat + (steps - inter_steps) * max(intra, overhead) + inter_steps * inter
+    return lat + 2 * ((ppn - 1) * intra + int(math.log2(nodes)) * inter)
+
+
+def supports(collective: str, algorithm: str) -> bool:
+    """Tree runs only allreduce; every collective has a ring."""
+    return algorithm == "ring" or collective == "allreduce"
+
+
+def with_channels(graph: Graph, channels: int | None) -> Graph:
+    """The graph with ``channels`` running (``NCCL_MIN_NCHANNELS`` = ``NCCL_MAX_NCHANNELS``): the tables' channels
+    scale with them, each at the search's speed."""
+    if channels is None:
+        return graph
+    if isinstance(channels, bool) or not isinstance(channels, int) or not 1 <= channels <= MAX_CHANNELS:
+        raise FieldError("nccl", "channels", f"an integer in 1..{MAX_CHANNELS}", channels)
+    return replace(graph, channels=graph.channels * channels / graph.runtime_channels, runtime_channels=channels)
+
+
+def options(system: System, collective: str, nbytes: int, algorithm: str = "auto",
+            protocol: str = "auto", channels: int | None = None) -> list[Choice]:
+    """Every (algorithm, protocol) NCCL would consider for ``nbytes`` of ``collective`` (the ones forced, when
+    forced), with NCCL's latency and size-corrected bandwidth; ``channels`` forces the channels that run."""
+    if collective not in COLLECTIVES:
+        raise FieldError("nccl", "collective", " or ".join(COLLECTIVES), collective)
+    if algorithm != "auto" and (algorithm not in ALGORITHMS or not supports(collective, algorithm)):
+        raise FieldError("nccl", "algo", f"auto or an algorithm NCCL runs {collective} with "
+                         f"({', '.join(a for a in ALGORITHMS if supports(collective, a))})", algorithm)
+    if protocol != "auto" and protocol not in PROTOCOLS:
+        raise FieldError("nccl", "protocol", "auto, " + ", ".join(PROTOCOLS), protocol)
+    graph = with_channels(search(system), channels)
+    out = []
+    for a in ALGORITHMS:
+        if (algorithm != "auto" and a != algorithm) or not supports(collective, a):
+            continue
+        for p in PROTOCOLS:
+            # a forced LL128 runs where NCCL would not enable it by default (NCCL_PROTO=LL128 does the same)
+            if (protocol != "auto" and p != protocol) or (p == "ll128" and not graph.ll128_allowed and protocol == "auto"):
+                continue
+            bw = _bandwidth(system, graph, collective, a, p)
+            lat = _latency(system, graph, collective, a, p)
+            log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
+            if a == "tree" and collective == "allreduce" and 0 <= log_size < 23:
+                bw *= TREE_CORRECTION[p][log_size]
+            if a == "ring" and p == "simple" and system.nodes > 1 and collective == "allreduce" and \
+                    nbytes / (graph.runtime_channels * system.ranks) >= 64:
+                lat *= 1.4 if system.gpu.compute_capability >= 80 else 1.9  # NCCL: the ring's "plateau effect"
+            if bw > 0:
+                out.append(Choice(a, p, lat, bw, graph.runtime_channels))
+    return out
+
+
+def choose(system: System, collective: str, nbytes: int, algorithm: str = "auto", protocol: str = "auto",
+           channels: int | None = None) -> Choice:
+    """What NCCL runs: the option of least predicted time (``topoGetAlgoInfo``)."""
+    found = options(system, collective, nbytes, algorithm, protocol, channels)
+    if not found:
+        raise FieldError("nccl", "protocol", f"a protocol NCCL enables for {collective} on {system.describe()}",
+                         protocol)
+    return min(found, key=lambda c: c.time_us(nbytes))
