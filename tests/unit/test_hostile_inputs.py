@@ -67,6 +67,7 @@ from emulator.model.collectives.generators import generate
 from emulator.model.schedule import format as fmt
 from emulator.model.workloads import chakra, llm_placement
 from emulator.runs import cluster_file, mpi_plan
+from emulator.selfcheck.validation import check, tables
 from emulator.study import experiment as xp
 
 pytestmark = pytest.mark.usefixtures(cli_fixture.__name__)
@@ -187,6 +188,9 @@ READERS = {r.name: r for r in (
     Reader("chakra", ".0.et", _chakra_one, (_file("chakra_ar.0.et"),
                                             _file("chakra_ar.1.et")),
            data=False),
+    Reader("validation-table", ".yaml", lambda p: [check.check(t) for t in tables.load(p)],
+           tuple(yaml.safe_load(open(os.path.join(tables.TABLES_DIR, name), encoding="utf-8"))
+                 for name in ("ndr400-2x1-nogdr.yaml", "tcp-32g-gcp-nccl-209.yaml"))),
 )}
 DATA_READERS = sorted(n for n, r in READERS.items() if r.data)
 
@@ -443,6 +447,7 @@ CLI_COMMANDS = {
     "topology-export": ["topo", "show", "F"],
     "msccl": ["schedule", "import", "F", "-o", "o.yaml"],
     "chakra": ["schedule", "import", "F", "--ranks", "2", "--topology", "star:hosts=2", "-o", "o.yaml"],
+    "validation-table": ["validate", "F"],
 }
 
 
