@@ -91,8 +91,24 @@ def test_latencies_are_nccls_tables():
 def test_nccl_switches_protocols_by_size():
     small, large = (tuning.choose(h100(4), "allreduce", n) for n in (1024, 1 << 30))
     assert (small.algorithm, small.protocol) == ("tree", "ll")
-    assert (large.algorithm, large.protocol) == ("ring", "simple")
+    assert (large.algorithm, large.protocol) == ("nvlstree", "simple")  # NCCL's default on multi-node HGX H100
     assert small.time_us(1024) < tuning.choose(h100(4), "allreduce", 1024, "ring", "simple").time_us(1024)
+    one_gpu = System(4, 1, 1, 400, GPUS["h100-pcie"])
+    assert (tuning.choose(one_gpu, "allreduce", 1 << 30).algorithm, tuning.choose(one_gpu, "allreduce", 8).protocol) \
+        == ("ring", "ll")
+
+
+def test_nvls_tree_is_nccls_model_of_it():
+    # 2 nodes of 8: 8 heads at 45 GB/s; per channel min(NVLS 45 x 0.85 x 7/8 x 2, network 2 x 45, Hopper cap 57.7)
+    choice = tuning.choose(h100(2), "allreduce", 1 << 30, "nvlstree", "simple")
+    assert choice.bandwidth_gbs == pytest.approx(8 * 57.7 * 16 / 30)
+    assert choice.latency_us == pytest.approx(25.0 + 2 * 1 * 20.9)
+    # 4 nodes: the network no longer counts twice, 45 per channel
+    assert tuning.choose(h100(4), "allreduce", 1 << 30, "nvlstree").bandwidth_gbs == pytest.approx(8 * 45 * 32 / 62)
+    with pytest.raises(FieldError, match="field 'algo'"):
+        tuning.choose(System(2, 1, 1, 400, GPUS["h100-pcie"]), "allreduce", 1 << 20, "nvlstree")
+    with pytest.raises(FieldError, match="field 'algo'"):
+        tuning.choose(System(1, 8, 8, 400, H100), "allreduce", 1 << 20, "nvlstree")  # one node: not NVLS tree
 
 
 def test_forcing_what_nccl_cannot_run_names_the_field():
@@ -151,7 +167,7 @@ def test_emu_nccl_tests_prints_nccl_tests_table(capsys):
     assert out[2].split()[1:9] == ["size", "count", "type", "redop", "root", "time", "algbw", "busbw"]
     rows = [line.split() for line in out if line and not line.startswith("#")]
     assert [int(r[0]) for r in rows] == nt.sizes(8, 1 << 30, 4)
-    assert rows[0][2:5] == ["float", "sum", "-1"] and rows[0][8] == "tree/ll" and rows[-1][8] == "ring/simple"
+    assert rows[0][2:5] == ["float", "sum", "-1"] and rows[0][8] == "tree/ll" and rows[-1][8] == "nvlstree/simple"
 
 
 def test_emu_nccl_tests_json_rows(capsys):

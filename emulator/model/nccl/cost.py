@@ -45,15 +45,27 @@ class Prediction:
     bottleneck: str  # "nccl channels" or the hardware stage that limits the bytes
 
 
-def hardware_bus_gbs(system: System) -> tuple[float, str]:
-    """The slowest stage in bus-bandwidth terms (GB/s) and its name."""
-    if system.nodes == 1:
-        return system.intra_gbs(), "nvlink" if system.gpu.nvlink_gbs else "pcie"
+def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, str]:
+    """The slowest stage in bus-bandwidth terms (GB/s) and its name, for ``algorithm``'s traffic.
+
+    A ring or tree passes every byte through each GPU's NVLink and, between
+    nodes, through the node's NICs. NVLS tree reduces inside NVSwitch (each GPU
+    sends and receives its data once, at NCCL's NVLS efficiency: twice a ring's
+    bus bandwidth over the same NVLink) and, between two nodes, sends each
+    node's reduced data once (half a ring's bytes over the network).
+    """
+    intra_name = "nvlink" if system.gpu.nvlink_gbs else "pcie"
+    intra = system.intra_gbs()
     network = system.node_network_gbs()
-    name = _path_name(system)
-    if system.gpus_per_node > 1 and system.intra_gbs() < network:
-        return system.intra_gbs(), "nvlink" if system.gpu.nvlink_gbs else "pcie"
-    return network, name
+    if algorithm == "nvlstree":
+        intra *= 2 * tuning.NVLS_EFFICIENCY[tuning.cc_index(system.gpu.compute_capability)]
+        if system.nodes == 2:
+            network *= 2
+    if system.nodes == 1:
+        return intra, intra_name
+    if system.gpus_per_node > 1 and intra < network:
+        return intra, intra_name
+    return network, _path_name(system)
 
 
 def _path_name(system: System) -> str:
@@ -66,8 +78,8 @@ def _path_name(system: System) -> str:
 
 
 def _hardware_algbw(system: System, collective: str, algorithm: str, protocol: str) -> tuple[float, str]:
-    bus, name = hardware_bus_gbs(system)
-    ratio = system.ranks / tuning.ring_steps(collective, system.ranks) if algorithm == "ring" else 0.5
+    bus, name = hardware_bus_gbs(system, algorithm)
+    ratio = system.ranks / tuning.ring_steps(collective, system.ranks) if algorithm in ("ring", "nvlstree") else 0.5
     return bus * PROTOCOL_EFFICIENCY[protocol] * ratio, name
 
 

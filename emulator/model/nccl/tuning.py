@@ -3,7 +3,7 @@
 NCCL predicts, for each collective, algorithm and protocol, ``latency +
 bytes / bandwidth`` from a few tables and its topology search, and runs the
 fastest (``src/enqueue.cc``, ``topoGetAlgoInfo``). This module is that model
-for the ring and tree algorithms and the LL, LL128 and Simple protocols, as
+for the ring, tree and NVLS tree algorithms and the LL, LL128 and Simple protocols, as
 NCCL 2.30 (``src/graph/tuning.cc`` at NVIDIA/nccl 5067397c) writes it:
 
 * **the topology search** (``search.cc``, ``connect.cc``), reduced to what the
@@ -23,10 +23,12 @@ NCCL 2.30 (``src/graph/tuning.cc`` at NVIDIA/nccl 5067397c) writes it:
 * **the time**: with the tree's correction by size and the ring's "plateau"
   latency factor, ``latency + bytes / (1000 * bandwidth)`` microseconds.
 
-Not modelled (``docs/validation.md`` says where it matters): NVLS and NVLS
-tree (NVSwitch multicast, NCCL's default for 8-GPU Hopper nodes at large
-sizes), CollNet (SHARP), PAT, tuner plugins, and the channel-count reduction
-for small messages (it changes no predicted time: NCCL's model does not see it).
+NVLS tree (NVSwitch multicast inside each node, a tree between nodes: NCCL's
+default for large all-reduces across 8-GPU Hopper nodes) takes its heads (one
+per GPU with a NIC) at the ring search's speed; NCCL searches its graph apart.
+Not modelled (``docs/validation.md`` says where it matters): single-node NVLS,
+CollNet (SHARP), PAT, tuner plugins, and the channel-count reduction for small
+messages (it changes no predicted time: NCCL's model does not see it).
 """
 
 from __future__ import annotations
@@ -37,20 +39,20 @@ from dataclasses import dataclass, replace
 from emulator.base.errors import FieldError
 from emulator.model.nccl.system import System
 
-ALGORITHMS = ("tree", "ring")
+ALGORITHMS = ("tree", "ring", "nvlstree")
 PROTOCOLS = ("ll", "ll128", "simple")
 COLLECTIVES = ("broadcast", "reduce", "allgather", "reducescatter", "allreduce")
 
 #: Base latency (us) by algorithm and protocol (LL, LL128, Simple): ``baseLatencies``.
-BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4)}
+BASE_LATENCY_US = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvlstree": (0.0, 0.0, 0.0)}
 #: Per-step latency (us) by link type, algorithm and protocol: ``hwLatencies``.
 HW_LATENCY_US = {
-    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4)},
-    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7)},
-    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0)},
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvlstree": (0.0, 0.0, 25.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvlstree": (0.0, 0.0, 0.0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvlstree": (0.0, 0.0, 20.9)},
 }
 #: Index of a compute capability in NCCL's per-generation tables (Volta, Ampere, Hopper, Blackwell).
-def _cc_index(cc: int) -> int:
+def cc_index(cc: int) -> int:
     return 3 if cc >= 100 else 2 if cc >= 90 else 1 if cc >= 80 else 0
 
 
@@ -59,6 +61,9 @@ LL_MAX_BW = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0
 PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 36.7), (40.0, 40.0, 40.0))
 PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
 PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 80.0))
+#: ``nvlsEfficiency`` by generation (NVLS needs Hopper or later).
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
 #: ``treeCorrectionFactor`` by protocol, for sizes 64 B << i (i = 0..23).
 TREE_CORRECTION = {
     "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
@@ -88,6 +93,8 @@ class Graph:
     runtime_channels: int  # what runs (ncclTopoPostset)
     intra_hw: str  # "nvlink" or "pci"
     ll128_allowed: bool
+    nvls_channels: int = 0  # NVLS tree's channels (its heads: one per GPU with a NIC); 0 where NVLS cannot run
+    nvls_speed_gbs: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -153,7 +160,11 @@ def search(system: System) -> Graph:
     # host staging (PHB) and the other socket (SYS) are beyond it.
     ll128 = (gpus == 1 or intra_hw == "nvlink") and cc >= 70 and \
         (not inter or (system.gdr and not system.cross_socket))
-    return Graph(channels, speed, runtime, intra_hw, ll128)
+    # NVLS (NVSwitch multicast) needs Hopper or later with NVSwitch (every NVLink GPU here is an HGX part); its
+    # tree runs between nodes, a head per GPU with a NIC, at the search's speed before doubling.
+    heads = min(gpus, system.nics_per_node)
+    nvls = heads if inter and cc >= 90 and system.gpu.nvlink_gbs and heads >= 2 else 0
+    return Graph(channels, speed, runtime, intra_hw, ll128, nvls, best_speed if nvls else 0.0)
 
 
 def ring_steps(collective: str, n: int) -> int:
@@ -163,10 +174,12 @@ def ring_steps(collective: str, n: int) -> int:
 def _bandwidth(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
     """NCCL's algorithm bandwidth (GB/s) for one (collective, algorithm, protocol), before the size corrections."""
     nodes, ranks = system.nodes, system.ranks
-    cc = _cc_index(system.gpu.compute_capability)
+    cc = cc_index(system.gpu.compute_capability)
     index2 = nodes - 1 if nodes <= 2 else 2
     index1 = cc if nodes == 1 else (1 if system.cpu == "amd" else 0)
     ll_max = LL_MAX_BW[index1][index2]
+    if algorithm == "nvlstree":
+        return _nvls_tree_bandwidth(system, graph, collective, protocol)
     bus = graph.channels * graph.speed_gbs  # bwIntra for <= 2 nodes, bwInter beyond: the same speed here
     if algorithm == "ring" and protocol == "ll":
         bus = min(ll_max, bus * 0.5)
@@ -182,6 +195,20 @@ def _bandwidth(system: System, graph: Graph, collective: str, algorithm: str, pr
         bus *= 0.85
     ratio = ranks / ring_steps(collective, ranks) if algorithm == "ring" else 0.5
     return bus * ratio
+
+
+def _nvls_tree_bandwidth(system: System, graph: Graph, collective: str, protocol: str) -> float:
+    """NVLS tree (Simple only): NVSwitch's reduction inside the node, a tree between nodes (two nodes: each sends
+    its reduced data once, so the network counts twice), capped per channel."""
+    if protocol != "simple" or graph.nvls_channels < 2 or collective != "allreduce":
+        return 0.0
+    cc = cc_index(system.gpu.compute_capability)
+    index2 = system.nodes - 1 if system.nodes <= 2 else 2
+    n, speed = graph.nvls_channels, graph.nvls_speed_gbs
+    intra = speed * NVLS_EFFICIENCY[cc] * (n - 1) / n * 2.0  # an allreduce pipelines two operations
+    inter = speed * (2 if system.nodes <= 2 else 1)
+    bus = n * min(intra, inter, PER_CH_MAX_NVLS_TREE_BW[cc][index2])
+    return bus * system.ranks / ring_steps(collective, system.ranks)
 
 
 def _latency(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
@@ -202,11 +229,14 @@ def _latency(system: System, graph: Graph, collective: str, algorithm: str, prot
             overhead = NET_OVERHEAD_US.get(system.cpu, DEFAULT_NET_OVERHEAD_US) * (3 if protocol == "simple" else 1)
         inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective == "allreduce" else nodes - 1
         return lat + (steps - inter_steps) * max(intra, overhead) + inter_steps * inter
+    if algorithm == "nvlstree":
+        return lat + HW_LATENCY_US["nvlink"]["nvlstree"][p] + 2 * int(math.log2(nodes)) * inter
     return lat + 2 * ((ppn - 1) * intra + int(math.log2(nodes)) * inter)
 
 
 def supports(collective: str, algorithm: str) -> bool:
-    """Tree runs only allreduce; every collective has a ring."""
+    """Tree and NVLS tree run only allreduce; every collective has a ring (NVLS tree also needs the system to have
+    NVLS: :attr:`Graph.nvls_channels`)."""
     return algorithm == "ring" or collective == "allreduce"
 
 
@@ -232,6 +262,9 @@ def options(system: System, collective: str, nbytes: int, algorithm: str = "auto
     if protocol != "auto" and protocol not in PROTOCOLS:
         raise FieldError("nccl", "protocol", "auto, " + ", ".join(PROTOCOLS), protocol)
     graph = with_channels(search(system), channels)
+    if algorithm == "nvlstree" and graph.nvls_channels < 2:
+        raise FieldError("nccl", "algo", "ring or tree: NVLS tree needs NVSwitch nodes of Hopper or later GPUs, two "
+                         "or more GPUs with NICs, and more than one node", algorithm)
     out = []
     for a in ALGORITHMS:
         if (algorithm != "auto" and a != algorithm) or not supports(collective, a):
