@@ -189,3 +189,14 @@ def test_emu_nccl_tests_refuses_in_one_line(argv, field, capsys):
     status = cli.main(["nccl-tests", "all_gather_perf", "--nodes", "2", "--gpus-per-node", "1", *argv])
     err = capsys.readouterr().err
     assert status == 2 and f"field '{field}'" in err and err.count("\n") == 1, err
+
+
+def test_the_hardware_stage_of_each_algorithm():
+    # 8 x 400G NICs (384) below NVLink, which carries a channel through 7 of a node's 8 GPUs (370.8 x 8/7)
+    assert cost.hardware_bus_gbs(h100(8)) == (pytest.approx(8 * NIC_EFFICIENCY * 50), "nic")
+    assert cost.hardware_bus_gbs(System(1, 8, 8, 400, H100)) == (pytest.approx(18 * 20.6), "nvlink")
+    # NVLS tree between two nodes: the network counts twice (each node's reduced data crosses once, half a ring's
+    # bytes), NVSwitch's reduction twice NVLink at NVLS's efficiency: NVLink (630) below the NICs (768)
+    assert cost.hardware_bus_gbs(h100(2), "nvlstree") == (pytest.approx(2 * 0.85 * 18 * 20.6), "nvlink")
+    assert cost.hardware_bus_gbs(System(2, 8, 2, 400, H100), "nvlstree") == \
+        (pytest.approx(2 * 2 * NIC_EFFICIENCY * 50), "nic")

@@ -110,3 +110,9 @@ def test_emu_validate_one_passing_table_exits_0(tmp_path, capsys):
 def test_emu_validate_names_an_unknown_table(capsys):
     assert cli.main(["validate", "--table", "nope"]) == 2
     assert "field 'table'" in capsys.readouterr().err
+
+
+def test_a_stated_minimum_of_channels_is_applied():
+    t = next(t for t in tables.load_all() if t.name == "h100-8x8-ndr400-min-ctas-24")
+    assert t.min_channels == 24
+    assert {r.prediction.channels for r in check.check(t).rows} == {24}

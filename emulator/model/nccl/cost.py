@@ -48,8 +48,8 @@ class Prediction:
 def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, str]:
     """The slowest stage in bus-bandwidth terms (GB/s) and its name, for ``algorithm``'s traffic.
 
-    A ring or tree passes every byte through each GPU's NVLink and, between
-    nodes, through the node's NICs. NVLS tree reduces inside NVSwitch (each GPU
+    A ring or tree passes every byte through the node's NICs between nodes, and
+    over NVLink through all but the GPU whose NIC it leaves by (one node: all). NVLS tree reduces inside NVSwitch (each GPU
     sends and receives its data once, at NCCL's NVLS efficiency: twice a ring's
     bus bandwidth over the same NVLink) and, between two nodes, sends each
     node's reduced data once (half a ring's bytes over the network).
@@ -63,6 +63,10 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
             network *= 2
     if system.nodes == 1:
         return intra, intra_name
+    if algorithm != "nvlstree":
+        # across nodes each channel's ring (or chain) enters a node on one GPU and leaves from another: of a
+        # node's G GPUs, G - 1 forward the channel's bytes over NVLink, the last over its NIC
+        intra *= system.gpus_per_node / max(system.gpus_per_node - 1, 1)
     if system.gpus_per_node > 1 and intra < network:
         return intra, intra_name
     return network, _path_name(system)

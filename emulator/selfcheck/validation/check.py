@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.model.nccl import cost
+from emulator.model.nccl import cost, tuning
 from emulator.model.nccl.cost import Prediction
 from emulator.selfcheck.validation.tables import Measured, Table
 
@@ -110,11 +110,15 @@ def check(table: Table) -> TableCheck:
         return TableCheck(table, (), tuple(RegimeCheck(name, ()) for name in REGIMES))
     regimes = regime_of(table)
     factor = table.op.factor(table.system.ranks)
+    channels = None
+    if table.min_channels is not None:  # NCCL runs at least that many, at least its own count
+        channels = max(table.min_channels, tuning.search(table.system).runtime_channels)
     rows = []
     for m in table.rows:
         if not (m.time_us or m.busbw_gbs):
             continue
-        prediction = cost.predict(table.system, table.op.collective, m.size, table.algorithm, table.protocol)
+        prediction = cost.predict(table.system, table.op.collective, m.size, table.algorithm, table.protocol,
+                                  channels)
         rows.append(RowCheck(m, prediction, regimes.get(m.size, ""), factor))
     judged = tuple(RegimeCheck(name, tuple(r for r in rows if r.regime == name)) for name in REGIMES)
     return TableCheck(table, tuple(rows), judged)

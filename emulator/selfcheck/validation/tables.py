@@ -60,6 +60,7 @@ class Table:
     assumptions: tuple[str, ...]
     unusable: str = ""
     plateau_only: bool = False  # a table of peak bus bandwidths only
+    min_channels: int | None = None  # NCCL_MIN_CTAS or NCCL_MIN_NCHANNELS of the stated setup
 
 
 def _mapping(where: str, key: str, value: object) -> dict:
@@ -104,6 +105,24 @@ def _system(where: str, setup: dict, nodes: object, gpus: object, assumptions: l
                       network=str(setup.get("network") or "infiniband"), cpu=cpu, gdr=gdr, gpu_nic_path=path)
     except FieldError as exc:
         raise FieldError(where, f"setup.{exc.field}", exc.expected, exc.given) from None
+
+
+MIN_CHANNEL_SETTINGS = ("NCCL_MIN_CTAS", "NCCL_MIN_NCHANNELS")
+
+
+def _min_channels(where: str, setup: dict) -> int | None:
+    """The channels a stated ``NCCL_MIN_CTAS``/``NCCL_MIN_NCHANNELS`` asks for (the larger of both), else None."""
+    env = setup.get("env") or []
+    if not isinstance(env, list):
+        raise FieldError(where, "setup.env", "a list of NAME=VALUE", env)
+    found = []
+    for item in env:
+        name, _, value = str(item).partition("=")
+        if name in MIN_CHANNEL_SETTINGS:
+            if not value.isdigit() or not 1 <= int(value) <= 64:
+                raise FieldError(where, f"setup.env {name}", "an integer in 1..64", value)
+            found.append(int(value))
+    return max(found) if found else None
 
 
 def _number(where: str, key: str, value: object, *, optional: bool = False) -> float | None:
@@ -167,8 +186,8 @@ def load(path: str | os.PathLike) -> list[Table]:
         raise FieldError(where, "name", "the table's name", name)
     source = _mapping(where, "source", doc.get("source"))
     base = Table(name=name, title=str(doc.get("title") or ""), url=str(source.get("url") or ""), op=op, system=None,
-                 algorithm=str(setup.get("algo") or "auto"), protocol=str(setup.get("proto") or "auto"), rows=(),
-                 assumptions=())
+                 algorithm=str(setup.get("algo") or "auto").lower(), protocol=str(setup.get("proto") or "auto").lower(),
+                 rows=(), assumptions=(), min_channels=_min_channels(where, setup))
     if doc.get("peaks"):
         return _peak_tables(where, base, setup, doc["peaks"])
     rows = _rows(where, doc.get("rows"))
