@@ -49,12 +49,13 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
     """The slowest stage in bus-bandwidth terms (GB/s) and its name, for ``algorithm``'s traffic.
 
     A ring or tree passes every byte through the node's NICs between nodes, and
-    over NVLink through all but the GPU whose NIC it leaves by (one node: all). NVLS tree reduces inside NVSwitch (each GPU
-    sends and receives its data once, at NCCL's NVLS efficiency: twice a ring's
-    bus bandwidth over the same NVLink) and, between two nodes, sends each
-    node's reduced data once (half a ring's bytes over the network).
+    over NVLink through all but the GPU whose NIC it leaves by (one node: all).
+    NVLS tree reduces inside NVSwitch (each GPU sends and receives its data
+    once, at NCCL's NVLS efficiency: twice a ring's bus bandwidth over the same
+    NVLink) and, between two nodes, sends each node's reduced data once (half a
+    ring's bytes over the network).
     """
-    intra_name = "nvlink" if system.gpu.nvlink_gbs else "pcie"
+    intra_name = _intra_name(system)
     intra = system.intra_gbs()
     network = system.node_network_gbs()
     if algorithm == "nvlstree":
@@ -70,6 +71,10 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
     if system.gpus_per_node > 1 and intra < network:
         return intra, intra_name
     return network, _path_name(system)
+
+
+def _intra_name(system: System) -> str:
+    return "nvlink" if system.gpu.nvlink_gbs else "pcie"
 
 
 def _path_name(system: System) -> str:
@@ -109,14 +114,15 @@ def _predict_p2p(system: System, collective: str, nbytes: int) -> Prediction:
     latency = tuning.BASE_LATENCY_US["ring"][p] + tuning.HW_LATENCY_US[hw]["ring"][p]
     per_gpu_net = system.path_gbs() * min(1.0, system.nics_per_node / system.gpus_per_node)
     n, g = system.ranks, system.gpus_per_node
+    # bytes over GB/s: nanoseconds
     if collective == "sendrecv":  # nccl-tests: every rank sends its buffer to the next rank
         if remote:
-            seconds_bytes, name = nbytes / per_gpu_net, _path_name(system)
+            transfer_ns, name = nbytes / per_gpu_net, _path_name(system)
         else:
-            seconds_bytes, name = nbytes / system.intra_gbs(), "nvlink" if system.gpu.nvlink_gbs else "pcie"
+            transfer_ns, name = nbytes / system.intra_gbs(), _intra_name(system)
     else:  # alltoall: nbytes is one rank's whole send buffer, 1/n to every rank
         over_net = nbytes * (n - g) / n / per_gpu_net if remote else 0.0
         inside = nbytes * (g - 1) / n / system.intra_gbs()
-        seconds_bytes, name = max((over_net, _path_name(system)), (inside, "nvlink" if system.gpu.nvlink_gbs else "pcie"))
-    time = latency + seconds_bytes / 1000.0
+        transfer_ns, name = max((over_net, _path_name(system)), (inside, _intra_name(system)))
+    time = latency + transfer_ns / 1000.0
     return Prediction(collective, nbytes, "p2p", "simple", graph.runtime_channels, time, time, name)
