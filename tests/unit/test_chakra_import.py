@@ -178,17 +178,18 @@ def test_mlcommons_resnet_trace_read_as_recorded(tmp_path):
 
 
 @pytest.mark.slow
-def test_mlcommons_resnet_trace_replicated_to_eight_ranks_proves(tmp_path):
-    """One rank of a data-parallel job replicated to 8: its 7 GPU collectives over all 8 ranks, its 1209 GPU
-    kernels as compute, its host operators as dependencies only; the schedule proves (about 20 s)."""
-    sched = chakra.load([_resnet(tmp_path)], ranks=8)
-    assert sched.p == 8 and sched.meta["replicated"] == {"file": "resnet.0.et", "ranks": 8}
+def test_mlcommons_resnet_trace_replicated_to_four_ranks_proves(tmp_path):
+    """One rank of a data-parallel job replicated to 4: its 7 GPU collectives over all 4 ranks, its 1209 GPU
+    kernels as compute, its host operators as dependencies only; the schedule proves. (Replication is the same
+    for any number of ranks; 8 ranks took 60 s of `make test`'s 2 cores, 4 take about a third of it.)"""
+    sched = chakra.load([_resnet(tmp_path)], ranks=4)
+    assert sched.p == 4 and sched.meta["replicated"] == {"file": "resnet.0.et", "ranks": 4}
     assert sched.meta["dropped_dependencies"] == {"self": 383, "dangling": 1277, "cyclic_ctrl": 599}
     assert sched.meta["cpu_ops"] == {"nodes": 2448, "micros": 52252}
     assert [c["collective"] for c in sched.meta["collectives"]] == ["broadcast"] * 2 + ["allreduce"] * 5
     assert sum(c["comm_size"] for c in sched.meta["collectives"][2:]) == 102228128  # ResNet-50's gradients
     assert all(not seg.groups for seg in sched.segments) and len(sched.segments) == 7
-    assert all(len(_ops(sched, r, "compute")) == 1209 for r in range(8))
+    assert all(len(_ops(sched, r, "compute")) == 1209 for r in range(4))
     assert len(chakra.notes(sched.meta)) == 2
     assert execute(sched).valid
 

@@ -43,7 +43,7 @@ def test_numbers_refuse_nan_and_what_the_range_leaves_out():
      "emu schedule check: error: field 'gamma': expected a finite number >= 0, got 'inf' "
      "(see emu schedule check --help)"),
     (["up", "star:hosts=2", "--ecmp-seed", "-1"],
-     "emu up: error: field 'ecmp-seed': expected an integer >= 0, got '-1' (see emu up --help)"),
+     "emu up: error: field 'ecmp-seed': expected an integer in 0..4294967295, got '-1' (see emu up --help)"),
     (["topo", "export", "star:hosts=2", "-o"],  # an option with a short name is named by its long one
      "emu topo export: error: field 'output': expected one argument (see emu topo export --help)"),
     (["up", "star:hosts=2", "--datapath", "x"],

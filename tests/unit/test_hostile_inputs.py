@@ -190,7 +190,8 @@ READERS = {r.name: r for r in (
            data=False),
     Reader("validation-table", ".yaml", lambda p: [check.check(t) for t in tables.load(p)],
            tuple(yaml.safe_load(open(os.path.join(tables.TABLES_DIR, name), encoding="utf-8"))
-                 for name in ("ndr400-2x1-nogdr.yaml", "tcp-32g-gcp-nccl-209.yaml"))),
+                 for name in ("a100-2x1-hdr-ib-nccl-tests-150.yaml", "h100-2x8-ndr400-nccl-tests-309.yaml",
+                              "tcp-32g-gcp-nccl-209.yaml"))),
 )}
 DATA_READERS = sorted(n for n, r in READERS.items() if r.data)
 
