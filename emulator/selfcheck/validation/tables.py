@@ -32,7 +32,6 @@ from emulator.model.nccl.nccl_tests import OPS, Op
 from emulator.model.nccl.system import System
 
 TABLES_DIR = Path(__file__).parent / "tables"
-CPUS = {"amd": "amd", "intel": "intel", "unknown": "unknown"}
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,10 @@ def _system(where: str, setup: dict, nodes: object, gpus: object, assumptions: l
     if path == "unknown":
         path = "same-pcie-switch" if gdr else "same-socket"
         assumptions.append(f"GPU-NIC path not stated: {path}")
-    cpu = CPUS.get(str(setup.get("cpu_vendor") or "unknown"), "unknown")
+    cpu = str(setup.get("cpu_vendor") or "unknown")
+    if cpu not in nccl_system.SOCKET_GBS:
+        assumptions.append(f"CPU {cpu} is not in the model: taken as 'unknown'")
+        cpu = "unknown"
     try:
         return System(nodes=nodes, gpus_per_node=gpus, nics_per_node=nics,  # type: ignore[arg-type]
                       nic_gbps=setup.get("nic_gbps"), gpu=gpu,  # type: ignore[arg-type]
