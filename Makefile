@@ -142,6 +142,8 @@ soak: setup
 		tests/integration/test_cluster_run.py::test_a_server_lost_mid_cell_fails_that_cell_and_the_run_resumes \
 		tests/integration/test_collectives.py::test_any_size_process_groups_a_pytorch_trace_and_a_language_model_replay_with_their_data \
 		'tests/integration/test_controller.py::test_controller[bigraph-bigraph-link_down]' \
+		'tests/integration/test_mpirun.py::test_the_bundled_benchmark_runs_with_correct_data_and_leaves_a_results_folder' \
+		tests/integration/test_cluster_run.py::test_an_mpi_cell_of_emu_run_runs_on_the_cluster \
 		$(PYTEST_ARGS)
 
 clean:

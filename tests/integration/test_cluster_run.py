@@ -211,6 +211,8 @@ series:
 """
 
 
+@soak_only("25 s; test_mpirun_over_two_servers_... holds Open MPI across the servers and test_experiment_mpi.py an "
+           "MPI cell of emu run (make test over 15 minutes on 2026-12-07)")
 def test_an_mpi_cell_of_emu_run_runs_on_the_cluster(tmp_path):
     experiment = tmp_path / "mpi.yaml"
     experiment.write_text(MPI_CELL, encoding="utf-8")
