@@ -3,8 +3,10 @@
 ``emu calibrate --quick`` takes about a hundred seconds (three networks). It is made once, into a directory of
 the session's own (never the machine's calibration), and ``test_calibrate.py`` checks it. A test that needs the
 machine to have a calibration (``emu cluster check``'s servers read ``/var/lib/ef-emu``) gets that one
-installed as the machine's when there is none, as ``emu run`` would make a minimal one of its own; it is never
-skipped for the want of one.
+installed as the machine's when there is none, for the session only: it is removed when the session ends (a
+test session's calibration, made while tests load the machine, must not become what ``make experiment`` sizes
+its rates by: on 2026-12-07 one without a datapath capacity let ``dilation: auto`` choose rates the datapath
+could not carry). It is never skipped for the want of one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -44,17 +47,30 @@ def quick_calibration(tmp_path_factory) -> QuickCalibration:
 
 
 @pytest.fixture(scope="session")
-def machine_calibration(request) -> calibration_file.Calibration:
-    """This machine's calibration at MTU 9000; when it has none, the session's quick one is installed as it."""
+def machine_calibration(request) -> Iterator[calibration_file.Calibration]:
+    """This machine's calibration at MTU 9000; when it has none, the session's quick one is installed as it until
+    the session ends (then removed, if it is still the one installed)."""
     found = calibration_file.load_calibration(DEFAULT_MTU)
     if found is not None:
-        return found
+        yield found
+        return
     quick: QuickCalibration = request.getfixturevalue("quick_calibration")
     assert quick.done.returncode == 0, quick.done.stderr[-2000:]
     target = calibration_file.calibration_path(DEFAULT_MTU)
     os.makedirs(os.path.dirname(target), exist_ok=True)
     shutil.copyfile(quick.path, target)
+    with open(target, "rb") as fh:
+        installed = fh.read()
     print(f"no calibration of this machine at MTU {DEFAULT_MTU}: the session's quick one installed as {target}")
     made = calibration_file.load_calibration(DEFAULT_MTU)
     assert made is not None, f"{target}: the quick calibration does not load as this machine's"
-    return made
+    try:
+        yield made
+    finally:
+        try:
+            with open(target, "rb") as fh:
+                still = fh.read() == installed
+        except FileNotFoundError:
+            still = False
+        if still:
+            os.unlink(target)
