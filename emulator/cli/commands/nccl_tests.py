@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from emulator.base.errors import FieldError
 from emulator.cli.arguments import fabric_choice, int_at_least
 from emulator.model.nccl import cost, tuning
 from emulator.model.nccl import nccl_tests as nt
@@ -66,9 +65,7 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
     system = system_of(args)
     sizes = nt.sizes(nt.parse_size("minbytes", args.minbytes), nt.parse_size("maxbytes", args.maxbytes),
                      args.stepfactor)
-    if args.algo != "auto" and not tuning.supports(op.collective, args.algo) or \
-            (op.collective in cost.P2P and (args.algo, args.protocol) not in (("auto", "auto"), ("auto", "simple"))):
-        raise FieldError("nccl-tests", "algo", f"an algorithm and protocol NCCL runs {args.op} with", args.algo)
+    cost.check_forced(system, op.collective, args.algo, args.protocol)  # before any size, even ones of no bytes
     rows, predictions = [], []
     for requested in sizes:
         count, size = nt.count_and_size(op, requested, system.ranks)

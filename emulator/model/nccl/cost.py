@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.base.errors import FieldError
 from emulator.model.nccl import tuning
 from emulator.model.nccl.system import System
 
@@ -92,11 +93,22 @@ def _hardware_algbw(system: System, collective: str, algorithm: str, protocol: s
     return bus * PROTOCOL_EFFICIENCY[protocol] * ratio, name
 
 
+def check_forced(system: System, collective: str, algorithm: str, protocol: str) -> None:
+    """:class:`FieldError` for a forced algorithm or protocol NCCL cannot run ``collective`` with (send/receive and
+    all-to-all run as Simple send/receive); what :func:`predict` refuses, checked before any size."""
+    if collective not in P2P:
+        tuning.check_forced(system, collective, algorithm, protocol)
+    elif algorithm != "auto" or protocol not in ("auto", "simple"):
+        raise FieldError("nccl", "algo", f"auto with protocol auto or simple: NCCL runs {collective} as "
+                         "send/receive with Simple", f"{algorithm}/{protocol}")
+
+
 def predict(system: System, collective: str, nbytes: int, algorithm: str = "auto",
             protocol: str = "auto", channels: int | None = None) -> Prediction:
     """The predicted time of ``nbytes`` (NCCL's count times the type's size, all ranks' for all-gather and
     reduce-scatter) of ``collective``; ``algorithm``, ``protocol`` and ``channels`` force NCCL's choice."""
     if collective in P2P:
+        check_forced(system, collective, algorithm, protocol)
         return _predict_p2p(system, collective, nbytes)
     choice = tuning.choose(system, collective, nbytes, algorithm, protocol, channels)
     hardware, name = _hardware_algbw(system, collective, choice.algorithm, choice.protocol)

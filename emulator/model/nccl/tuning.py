@@ -173,13 +173,13 @@ def ring_steps(collective: str, n: int) -> int:
 
 def _bandwidth(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
     """NCCL's algorithm bandwidth (GB/s) for one (collective, algorithm, protocol), before the size corrections."""
+    if algorithm == "nvlstree":
+        return _nvls_tree_bandwidth(system, graph, collective, protocol)
     nodes, ranks = system.nodes, system.ranks
     cc = cc_index(system.gpu.compute_capability)
     index2 = nodes - 1 if nodes <= 2 else 2
     index1 = cc if nodes == 1 else (1 if system.cpu == "amd" else 0)
     ll_max = LL_MAX_BW[index1][index2]
-    if algorithm == "nvlstree":
-        return _nvls_tree_bandwidth(system, graph, collective, protocol)
     bus = graph.channels * graph.speed_gbs  # bwIntra for <= 2 nodes, bwInter beyond: the same speed here
     if algorithm == "ring" and protocol == "ll":
         bus = min(ll_max, bus * 0.5)
@@ -250,10 +250,8 @@ def with_channels(graph: Graph, channels: int | None) -> Graph:
     return replace(graph, channels=graph.channels * channels / graph.runtime_channels, runtime_channels=channels)
 
 
-def options(system: System, collective: str, nbytes: int, algorithm: str = "auto",
-            protocol: str = "auto", channels: int | None = None) -> list[Choice]:
-    """Every (algorithm, protocol) NCCL would consider for ``nbytes`` of ``collective`` (the ones forced, when
-    forced), with NCCL's latency and size-corrected bandwidth; ``channels`` forces the channels that run."""
+def check_forced(system: System, collective: str, algorithm: str, protocol: str, graph: Graph | None = None) -> None:
+    """:class:`FieldError` for a forced algorithm or protocol NCCL cannot run ``collective`` with on ``system``."""
     if collective not in COLLECTIVES:
         raise FieldError("nccl", "collective", " or ".join(COLLECTIVES), collective)
     if algorithm != "auto" and (algorithm not in ALGORITHMS or not supports(collective, algorithm)):
@@ -261,10 +259,17 @@ def options(system: System, collective: str, nbytes: int, algorithm: str = "auto
                          f"({', '.join(a for a in ALGORITHMS if supports(collective, a))})", algorithm)
     if protocol != "auto" and protocol not in PROTOCOLS:
         raise FieldError("nccl", "protocol", "auto, " + ", ".join(PROTOCOLS), protocol)
-    graph = with_channels(search(system), channels)
-    if algorithm == "nvlstree" and graph.nvls_channels < 2:
+    if algorithm == "nvlstree" and (graph or search(system)).nvls_channels < 2:
         raise FieldError("nccl", "algo", "ring or tree: NVLS tree needs NVSwitch nodes of Hopper or later GPUs, two "
                          "or more GPUs with NICs, and more than one node", algorithm)
+
+
+def options(system: System, collective: str, nbytes: int, algorithm: str = "auto",
+            protocol: str = "auto", channels: int | None = None) -> list[Choice]:
+    """Every (algorithm, protocol) NCCL would consider for ``nbytes`` of ``collective`` (the ones forced, when
+    forced), with NCCL's latency and size-corrected bandwidth; ``channels`` forces the channels that run."""
+    graph = with_channels(search(system), channels)
+    check_forced(system, collective, algorithm, protocol, graph)
     out = []
     for a in ALGORITHMS:
         if (algorithm != "auto" and a != algorithm) or not supports(collective, a):
