@@ -160,7 +160,7 @@ def test_gen_other_collectives_then_check(tmp_path, capsys, args, summary):
     (["--collective", "allgather", "--algo", "hd", "--topology", "star:hosts=6"], "power-of-two number of ranks"),
     (["--collective", "alltoall", "--algo", "hd", "--topology", "star:hosts=4"], "halving-doubling has no alltoall"),
     (["--collective", "allgather", "--algo", "dbtree", "--topology", "star:hosts=4"],
-     "one of ring, hd, hdrm, direct, hier for allgather"),
+     "one of ring, hd, hdrm, direct, hier, nccl for allgather"),
     (["--collective", "broadcast", "--algo", "ring", "--root", "4", "--topology", "star:hosts=4"], "field 'root'"),
     (["--collective", "broadcast", "--algo", "ring", "--root", "-1", "--topology", "star:hosts=4"], "field 'root'"),
     (["--algo", "ring", "--root", "1", "--topology", "star:hosts=4"], "nothing for allreduce"),

@@ -327,7 +327,7 @@ def test_rooted_trees_cover_the_other_ranks_with_height_log2_p_minus_1():
     ("alltoall", "hd", "halving-doubling has no alltoall"),
     ("alltoall", "hdrm", "halving-doubling has no alltoall"),
     ("alltoall", "ring", "no store-and-forward ring"),
-    ("allgather", "dbtree", "one of ring, hd, hdrm, direct, hier for allgather"),
+    ("allgather", "dbtree", "one of ring, hd, hdrm, direct, hier, nccl for allgather"),
     ("broadcast", "direct", "one of ring, dbtree, hd, hdrm for broadcast"),
     ("broadcast", "hier", "for broadcast"),
 ])
@@ -362,7 +362,7 @@ def test_bad_collective_root_and_chunks_are_refused():
 
 
 def test_algorithms_lists_allreduce_first_and_every_generated_collective():
-    assert algorithms() == algorithms("allreduce") == ("ring", "hd", "hdrm", "dbtree", "hier", "rd")
+    assert algorithms() == algorithms("allreduce") == ("ring", "hd", "hdrm", "dbtree", "hier", "nccl", "rd")
     assert set(GENERATED) == set(COLLECTIVES) - {"p2p"}
     assert algorithms("alltoall") == ("direct",)
     assert algorithms("p2p") == ()

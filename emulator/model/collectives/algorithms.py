@@ -42,6 +42,10 @@ Allreduce (in place; its algorithms in the registry's order):
     servers and ``N = A``: each over its own NIC), ring all-gather inside
     each group. ``p`` chunks, ``2(g-1) + 2(S-1)`` steps for ``S`` groups of
     ``g`` ranks.
+``nccl``
+    NCCL's ring algorithm over ``C = chunks / p`` channels, each its own lane
+    and ring order (:mod:`emulator.model.collectives.nccl_rings`); also for
+    ``reduce_scatter`` and ``allgather``.
 ``rd``
     Recursive doubling (Open MPI's allreduce algorithm 3, its choice for small
     messages): step ``s`` pairs ranks differing in bit ``s``, and each pair

@@ -25,6 +25,7 @@ class _Pending:
     buffer: str = "data"
     src: str | None = None
     src_chunk: int | None = None
+    lane: int = 0
 
     @property
     def source(self) -> tuple[str, int]:
@@ -43,15 +44,16 @@ class Builder:
         self.scratch_chunks = 0
 
     def xfer(self, src: int, dst: int, chunk: int, nchunks: int, step: int, reduce: bool, *,
-             to_chunk: int | None = None, to_buffer: str = "data") -> None:
+             to_chunk: int | None = None, to_buffer: str = "data", lane: int = 0) -> None:
         """``src`` sends ``nchunks`` chunks of ``data`` from ``chunk`` to ``dst``, which adds them in (or overwrites).
 
         The receiver's range starts at ``to_chunk`` of ``to_buffer`` (default:
-        the same chunk of ``data``).
+        the same chunk of ``data``); ``lane`` is the connection between the two
+        it goes over (an NCCL channel's own).
         """
-        self.ops[src].append(_Pending(SEND, dst, chunk, nchunks, step))
+        self.ops[src].append(_Pending(SEND, dst, chunk, nchunks, step, lane=lane))
         self.ops[dst].append(_Pending(RECV_REDUCE if reduce else RECV, src, chunk if to_chunk is None else to_chunk,
-                                      nchunks, step, to_buffer))
+                                      nchunks, step, to_buffer, lane=lane))
 
     def swap_and_add(self, a: int, b: int, chunk: int, nchunks: int, step: int) -> None:
         """``a`` and ``b`` send each other the same range of ``data`` and each adds the other's in, as
@@ -82,7 +84,7 @@ class Builder:
             deps = derive_dep_indices(pending, _round_barriers(pending) if lockstep else None)
             ops = tuple(Op(id=i, kind=o.kind, peer=o.peer, chunk=o.chunk, nchunks=o.nchunks,
                            bytes=self.layout.range_bytes(o.chunk, o.nchunks), step=o.step, buffer=o.buffer, src=o.src,
-                           src_chunk=o.src_chunk, deps=tuple(d))
+                           src_chunk=o.src_chunk, deps=tuple(d), lane=o.lane)
                         for i, (o, d) in enumerate(zip(pending, deps, strict=True)))
             out.append(RankProgram(r, hosts[r], ops))
         return tuple(out)
@@ -105,8 +107,8 @@ def _round_barriers(pending: list[_Pending]) -> list[list[int]]:
     return extra
 
 
-def ring_reduce_scatter(b: Builder, members: list[int], lo: int, bs: int, step0: int) -> int:
-    """Ring reduce-scatter of ``len(members)`` blocks of ``bs`` chunks from chunk ``lo``.
+def ring_reduce_scatter(b: Builder, members: list[int], lo: int, bs: int, step0: int, lane: int = 0) -> int:
+    """Ring reduce-scatter of ``len(members)`` blocks of ``bs`` chunks from chunk ``lo``, on ``lane``.
 
     Afterwards member ``i`` holds block ``(i+1) % m`` fully reduced. Returns the steps used.
     """
@@ -114,22 +116,22 @@ def ring_reduce_scatter(b: Builder, members: list[int], lo: int, bs: int, step0:
     for k in range(m - 1):
         for i in range(m):
             blk = (i - k) % m
-            b.xfer(members[i], members[(i + 1) % m], lo + blk * bs, bs, step0 + k, reduce=True)
+            b.xfer(members[i], members[(i + 1) % m], lo + blk * bs, bs, step0 + k, reduce=True, lane=lane)
     return m - 1
 
 
-def ring_all_gather(b: Builder, members: list[int], lo: int, bs: int, step0: int) -> int:
-    """Ring all-gather where member ``i`` starts with block ``(i+1) % m``. Returns the steps used."""
+def ring_all_gather(b: Builder, members: list[int], lo: int, bs: int, step0: int, lane: int = 0) -> int:
+    """Ring all-gather on ``lane`` where member ``i`` starts with block ``(i+1) % m``. Returns the steps used."""
     m = len(members)
     for k in range(m - 1):
         for i in range(m):
             blk = (i + 1 - k) % m
-            b.xfer(members[i], members[(i + 1) % m], lo + blk * bs, bs, step0 + k, reduce=False)
+            b.xfer(members[i], members[(i + 1) % m], lo + blk * bs, bs, step0 + k, reduce=False, lane=lane)
     return m - 1
 
 
 def ring_pieces(b: Builder, members: list[int], blocks: list[list[int]], unit: int, step0: int,
-                reduce: bool) -> int:
+                reduce: bool, lane: int = 0) -> int:
     """A ring reduce-scatter (``reduce``) or all-gather over blocks made of pieces: block ``k`` is the
     ``unit``-chunk pieces starting at the chunks ``blocks[k]``, sent as one message each, in one step.
 
@@ -141,7 +143,7 @@ def ring_pieces(b: Builder, members: list[int], blocks: list[list[int]], unit: i
         for i in range(m):
             blk = (i - k) % m if reduce else (i + 1 - k) % m
             for start in blocks[blk]:
-                b.xfer(members[i], members[(i + 1) % m], start, unit, step0 + k, reduce=reduce)
+                b.xfer(members[i], members[(i + 1) % m], start, unit, step0 + k, reduce=reduce, lane=lane)
     return m - 1
 
 

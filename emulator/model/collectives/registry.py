@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from emulator.base.errors import FieldError
 from emulator.model.collectives import algorithms as alg
 from emulator.model.collectives import formulas
+from emulator.model.collectives import nccl_rings as nccl
 from emulator.model.collectives.algorithms import Plan
 from emulator.model.collectives.formulas import ClosedForm, Terms
 from emulator.model.collectives.placements import WHERE
@@ -41,6 +42,8 @@ from emulator.model.topology import Topology
 DBTREE_DEFAULT_CHUNKS = 8
 #: Pieces a pipelined broadcast or reduce (``ring``, ``dbtree``) cuts the buffer into by default.
 PIPELINE_DEFAULT_CHUNKS = 8
+#: ``nccl``'s chunks: ``p * C`` for ``C`` channels (:mod:`emulator.model.collectives.nccl_rings`).
+NCCL_WHY = "one block per rank and channel: p times the channels"
 #: The placement of an algorithm that is defined on none: rank ``r`` on the ``r``-th host.
 IDENTITY = "identity"
 
@@ -105,6 +108,7 @@ _ALL: list[Algorithm] = [
               closed_form=formulas.allreduce_halving_doubling),
     Algorithm(ALLREDUCE, "dbtree", alg.allreduce_dbtree, alg.two, DBTREE_DEFAULT_CHUNKS, why="half per tree"),
     Algorithm(ALLREDUCE, "hier", alg.allreduce_hier, alg.per_rank, topology_groups=True),
+    Algorithm(ALLREDUCE, "nccl", nccl.allreduce_nccl, alg.per_rank, why=NCCL_WHY, closed_form=formulas.allreduce_ring),
     Algorithm(ALLREDUCE, "rd", alg.allreduce_rd, alg.one, lockstep=True,
               closed_form=formulas.allreduce_recursive_doubling),
     Algorithm(REDUCE_SCATTER, "ring", alg.reduce_scatter_ring, alg.per_rank, closed_form=formulas.ring_blocks),
@@ -113,12 +117,15 @@ _ALL: list[Algorithm] = [
               closed_form=formulas.direct_blocks),
     Algorithm(REDUCE_SCATTER, "hier", alg.reduce_scatter_hier, alg.per_rank, topology_groups=True,
               closed_form=formulas.hier_blocks),
+    Algorithm(REDUCE_SCATTER, "nccl", nccl.reduce_scatter_nccl, alg.per_rank, why=NCCL_WHY,
+              closed_form=formulas.ring_blocks),
     Algorithm(ALLGATHER, "ring", alg.allgather_ring, alg.per_rank, closed_form=formulas.ring_blocks),
     *_hd_family(ALLGATHER, alg.allgather_hd, formulas.halving_doubling_blocks),
     Algorithm(ALLGATHER, "direct", alg.allgather_direct, alg.per_rank, lockstep=True,
               closed_form=formulas.direct_blocks),
     Algorithm(ALLGATHER, "hier", alg.allgather_hier, alg.per_rank, topology_groups=True,
               closed_form=formulas.hier_blocks),
+    Algorithm(ALLGATHER, "nccl", nccl.allgather_nccl, alg.per_rank, why=NCCL_WHY, closed_form=formulas.ring_blocks),
     Algorithm(ALLTOALL, "direct", alg.alltoall_direct, alg.per_rank, lockstep=True,
               closed_form=formulas.direct_blocks),
     Algorithm(BROADCAST, "ring", alg.broadcast_ring, alg.one, PIPELINE_DEFAULT_CHUNKS, why="pipeline pieces",
