@@ -5,6 +5,9 @@ prints what ``all_reduce_perf -b 8 -e 8G -f 2`` would print on 2 nodes of 8
 GPUs (out-of-place columns), and, per size, the algorithm, protocol and
 channels NCCL would choose and what limits the bytes. ``--json`` prints one
 object whose ``rows`` are ``{"size", "time_us", "algbw_GBps", "busbw_GBps"}``.
+``--packets`` (root) also replays the sizes NCCL runs as rings as real
+packets (:mod:`emulator.cli.commands.nccl_packets`) and prints their times
+beside the model's, under ``packets`` in the JSON.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import argparse
 import json
 
 from emulator.cli.arguments import fabric_choice, int_at_least
+from emulator.cli.commands import nccl_packets
 from emulator.model.nccl import cost, tuning
 from emulator.model.nccl import nccl_tests as nt
 from emulator.model.nccl import system as nccl_system
@@ -47,6 +51,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--channels", type=int_at_least(1, tuning.MAX_CHANNELS), default=None, metavar="C",
                    help="channels NCCL runs (NCCL_MIN_NCHANNELS = NCCL_MAX_NCHANNELS = C)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    nccl_packets.add_arguments(p)
     p.set_defaults(func=cmd_nccl_tests)
 
 
@@ -74,13 +79,22 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
         prediction = cost.predict(system, op.collective, size, args.algo, args.protocol, args.channels)
         rows.append(nt.Row(size, count, op, prediction.time_us, system.ranks))
         predictions.append(prediction)
+    measured: list[nccl_packets.Measured] = []
+    skipped: list = []
+    if args.packets:
+        planned, skipped = nccl_packets.plan(system, op.collective, predictions, args)
+        measured = nccl_packets.run(planned, echo=(lambda line: None) if args.json else print)
     if args.json:
-        print(json.dumps({"op": args.op, "system": system.describe(), "ranks": system.ranks,
-                          "rows": [{**r.to_json(), "algorithm": p.algorithm, "protocol": p.protocol,
-                                    "channels": p.channels, "limit": p.bottleneck}
-                                   for r, p in zip(rows, predictions, strict=True)],
-                          "avg_busbw_GBps": round(nt.average_busbw(rows), 3)}, sort_keys=True))
-        return 0
+        doc = {"op": args.op, "system": system.describe(), "ranks": system.ranks,
+               "rows": [{**r.to_json(), "algorithm": p.algorithm, "protocol": p.protocol,
+                         "channels": p.channels, "limit": p.bottleneck}
+                        for r, p in zip(rows, predictions, strict=True)],
+               "avg_busbw_GBps": round(nt.average_busbw(rows), 3)}
+        if args.packets:
+            doc["packets"] = [m.to_json() for m in measured]
+            doc["packets_not_run"] = [{"size": s.prediction.nbytes, "why": s.why} for s in skipped]
+        print(json.dumps(doc, sort_keys=True))
+        return 0 if all(m.time_us is not None for m in measured) else 1
     print(f"# {args.op} from the NCCL model (not measured): {system.describe()}, {system.ranks} ranks")
     print("# nccl-tests' out-of-place columns; then what NCCL chooses and what limits the bytes")
     print(f"{nt.HEADER[0]}   algorithm/protocol  channels  limit")
@@ -88,4 +102,19 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
     for row, p in zip(rows, predictions, strict=True):
         print(f"{nt.format_row(row)}   {p.algorithm + '/' + p.protocol:>18}  {p.channels:8d}  {p.bottleneck}")
     print(f"# Avg bus bandwidth    : {nt.average_busbw(rows):g}")
-    return 0
+    if args.packets:
+        _print_packets(measured, skipped)
+    return 0 if all(m.time_us is not None for m in measured) else 1
+
+
+def _print_packets(measured: list[nccl_packets.Measured], skipped: list) -> None:
+    print("# packets: measured time on the real fabric's clock (median / dilation + NCCL's base latency, which is "
+          "not a message)")
+    print(f"#{'size':>11} {'model us':>10} {'packets us':>11} {'packets/model':>14}  verdict  results")
+    for m in measured:
+        got = "failed" if m.time_us is None else f"{m.time_us:.2f}"
+        ratio = "-" if m.time_us is None else f"{m.time_us / m.prediction.time_us:.3f}"
+        print(f" {m.prediction.nbytes:>11} {m.prediction.time_us:>10.2f} {got:>11} {ratio:>14}  {m.verdict:>7}  "
+              f"{m.folder}")
+    for s in skipped:
+        print(f"# packets: {s.prediction.nbytes} B not run: {s.why}")

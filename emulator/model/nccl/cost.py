@@ -44,6 +44,8 @@ class Prediction:
     time_us: float
     nccl_time_us: float  # what NCCL's own model expects
     bottleneck: str  # "nccl channels" or the hardware stage that limits the bytes
+    algbw_gbs: float = 0.0  # the algorithm bandwidth the bytes move at (the slower of NCCL's and the hardware's)
+    hardware_algbw_gbs: float = 0.0  # the hardware's alone
 
 
 def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, str]:
@@ -115,7 +117,7 @@ def predict(system: System, collective: str, nbytes: int, algorithm: str = "auto
     bw, limit = (choice.bandwidth_gbs, "nccl channels") if choice.bandwidth_gbs <= hardware else (hardware, name)
     time = choice.latency_us + nbytes / (1000.0 * bw)
     return Prediction(collective, nbytes, choice.algorithm, choice.protocol, choice.channels, time,
-                      choice.time_us(nbytes), limit)
+                      choice.time_us(nbytes), limit, bw, hardware)
 
 
 def _predict_p2p(system: System, collective: str, nbytes: int) -> Prediction:

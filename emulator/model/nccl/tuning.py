@@ -211,24 +211,42 @@ def _nvls_tree_bandwidth(system: System, graph: Graph, collective: str, protocol
     return bus * system.ranks / ring_steps(collective, system.ranks)
 
 
+@dataclass(frozen=True)
+class HopLatencies:
+    """NCCL's latencies (us) for one algorithm and protocol: once per collective, and per step by link type."""
+
+    base_us: float
+    intra_us: float  # a step inside a node (NVLink or PCIe)
+    inter_us: float  # a step between nodes
+
+
+def hop_latencies(system: System, graph: Graph, algorithm: str, protocol: str) -> HopLatencies:
+    """The latencies NCCL's model charges ``algorithm`` with ``protocol`` on ``system``: ``baseLatencies``, and per
+    step ``hwLatencies`` by link type (between nodes with one GPU per node, the tree's), a step inside a node at
+    least the network's posting overhead when the ring also crosses nodes."""
+    p = PROTOCOLS.index(protocol)
+    intra = HW_LATENCY_US[graph.intra_hw][algorithm][p]
+    inter = HW_LATENCY_US["net"]["tree" if system.gpus_per_node == 1 else algorithm][p]
+    if algorithm == "ring" and system.nodes > 1:
+        overhead = NET_OVERHEAD_US.get(system.cpu, DEFAULT_NET_OVERHEAD_US) * (3 if protocol == "simple" else 1)
+        intra = max(intra, overhead)
+    return HopLatencies(BASE_LATENCY_US[algorithm][p], intra, inter)
+
+
 def _latency(system: System, graph: Graph, collective: str, algorithm: str, protocol: str) -> float:
     """NCCL's latency (us) for one (collective, algorithm, protocol)."""
     p = PROTOCOLS.index(protocol)
     nodes, ranks = system.nodes, system.ranks
     ppn = system.gpus_per_node
-    lat = BASE_LATENCY_US[algorithm][p]
-    intra = HW_LATENCY_US[graph.intra_hw][algorithm][p]
-    inter = HW_LATENCY_US["net"]["tree" if ppn == 1 else algorithm][p]
+    hops = hop_latencies(system, graph, algorithm, protocol)
+    lat, intra, inter = hops.base_us, hops.intra_us, hops.inter_us
     if algorithm == "ring":
         hw = graph.intra_hw if nodes == 1 else "net"
         steps = ring_steps(collective, ranks)
         if collective in ("reduce", "broadcast"):
             return lat + HW_LATENCY_US[hw]["ring"][p]  # one chain, pipelined (sameChannels)
-        overhead = 0.0
-        if nodes > 1:
-            overhead = NET_OVERHEAD_US.get(system.cpu, DEFAULT_NET_OVERHEAD_US) * (3 if protocol == "simple" else 1)
         inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective == "allreduce" else nodes - 1
-        return lat + (steps - inter_steps) * max(intra, overhead) + inter_steps * inter
+        return lat + (steps - inter_steps) * intra + inter_steps * inter
     if algorithm == "nvlstree":
         return lat + HW_LATENCY_US["nvlink"]["nvlstree"][p] + 2 * int(math.log2(nodes)) * inter
     return lat + 2 * ((ppn - 1) * intra + int(math.log2(nodes)) * inter)

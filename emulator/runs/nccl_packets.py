@@ -1,0 +1,129 @@
+"""What ``emu nccl-tests --packets`` runs: one size of one NCCL collective as real packets, and how its time
+compares with the NCCL model's.
+
+The model (:func:`emulator.model.nccl.cost.predict`) says what NCCL runs at a
+size (algorithm, protocol, channels) and what bounds its bytes. A
+:class:`PacketCell` is that choice on the emulated fabric:
+
+* **the network**: the cluster's nodes as servers, one accelerator (host) per
+  GPU; with one GPU and one NIC per node, the hosts on one switch
+  (``star``); otherwise ``railonly`` with one rail per NIC index (GPU ``i``
+  beside NIC ``i * K / G``; traffic to another rail changes rails inside the
+  sending server, as NCCL's PXN does) and, for NVLink GPUs, the servers'
+  interconnect;
+* **the schedule**: NCCL's ring over its channels (the ``nccl`` generator,
+  :mod:`emulator.model.collectives.nccl_rings`), one lane per channel;
+* **the rates**: a NIC carries what the model's bytes move at through it: the
+  GPU-NIC path's rate (:meth:`~emulator.model.nccl.system.System.path_gbs`),
+  times the protocol's efficiency (LL carries half of what it moves, LL128
+  0.92), times NCCL's channel limit where the model's channels are slower than
+  the hardware; the interconnect likewise from NVLink's rate. Both are
+  divided by TCP's goodput at the profile's MTU, so that the data, not the
+  frames, moves at that rate;
+* **the latencies**: per message NCCL's per-step latency by link type
+  (:func:`emulator.model.nccl.tuning.hop_latencies`): the profile's ``alpha``
+  is the step inside a server, and the switches between servers add the rest
+  of a network step (with one GPU per node every message is a network step:
+  all of it is ``alpha``, so that the agents' clear to send, which crosses the
+  switches only, costs nothing NCCL's credits would not). NCCL's base latency per collective is not a message: it
+  is added to the measured time, and the output says so.
+
+Only what the generator builds runs as packets: ring all-reduce, all-gather
+and reduce-scatter, on servers with NVLink or one GPU each. Elsewhere
+:func:`packet_cell` says why not (:class:`NotRun`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.model import fabric
+from emulator.model.fabric import FabricProfile
+from emulator.model.nccl import cost, tuning
+from emulator.model.nccl.system import System
+from emulator.model.topology import tcp_goodput_factor
+
+#: The model's collective names as the schedules name them.
+SCHEDULE_COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter"}
+#: Switches a message between two servers crosses: the sender's server switch, the rail's leaf, the receiver's.
+RAIL_SWITCHES = 3
+#: The frame size of the emulated fabric (InfiniBand's 4096-byte MTU, as ``h100-ndr400``).
+MTU = 4096
+#: The emulated NIC rate a cell's profile starts at (Mbit/s), before a rate is chosen for this machine.
+LINK_MBPS = 20.0
+
+
+@dataclass(frozen=True)
+class PacketCell:
+    """One size as packets: the topology (rates left to the profile), the fabric it stands for, the channels."""
+
+    prediction: cost.Prediction
+    collective: str  # the schedule's name
+    topology: str
+    profile: FabricProfile  # at :data:`LINK_MBPS`: :meth:`at_link_rate` maps it onto another emulated rate
+    channels: int
+    base_latency_us: float
+
+    def at_link_rate(self, link_mbps: float) -> FabricProfile:
+        return fabric.at_link_rate(self.profile, link_mbps, where="nccl-tests --packets")
+
+
+@dataclass(frozen=True)
+class NotRun:
+    """A size the emulator does not run as packets, and why."""
+
+    prediction: cost.Prediction
+    why: str
+
+
+def topology_spec(system: System) -> str:
+    """The emulated network of ``system`` (see the module docstring); rates unset."""
+    n, g, k = system.nodes, system.gpus_per_node, min(system.nics_per_node, system.gpus_per_node)
+    if g == 1:
+        return f"star:hosts={n}"
+    return (f"railonly:rails={k},hosts_per_rail={n},servers={n},accels_per_server={g},"
+            f"nics_per_server={k}")
+
+
+def _rate_scale(prediction: cost.Prediction) -> float:
+    """NCCL's channel limit: the model's bandwidth over the hardware's (1 where the hardware bounds the bytes)."""
+    if prediction.hardware_algbw_gbs <= 0:
+        return 1.0
+    return min(1.0, prediction.algbw_gbs / prediction.hardware_algbw_gbs)
+
+
+def profile_for(system: System, prediction: cost.Prediction) -> FabricProfile:
+    """The fabric the cell stands for, its NICs at :data:`LINK_MBPS`: rates and latencies as the module docstring
+    says."""
+    efficiency = cost.PROTOCOL_EFFICIENCY[prediction.protocol] * _rate_scale(prediction)
+    goodput = tcp_goodput_factor(MTU)
+    link_gbps = 8.0 * system.path_gbs() * efficiency / goodput
+    graph = tuning.search(system)
+    hops = tuning.hop_latencies(system, graph, prediction.algorithm, prediction.protocol)
+    if system.gpus_per_node == 1:  # every message crosses the one switch: all of it per message, none per switch
+        alpha, per_switch = hops.inter_us, 0.0
+    else:
+        alpha, per_switch = hops.intra_us, max(0.0, hops.inter_us - hops.intra_us) / RAIL_SWITCHES
+    keys = dict(link_gbps=link_gbps, mtu=MTU, switch_latency_us=per_switch, alpha_us=alpha,
+                dilation=link_gbps * 1000.0 / LINK_MBPS, domain_gbps=0.0, domain_latency_us=0.0)
+    if system.gpus_per_node > 1:
+        keys["domain_gbps"] = 8.0 * system.gpu.nvlink_gbs * efficiency / goodput
+    return fabric.parse({"preset": "bandwidth-only", **keys}, where="nccl-tests --packets")
+
+
+def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketCell | NotRun:
+    """What runs as packets for ``prediction`` (one size of model collective ``op``), or why nothing does."""
+    if op not in SCHEDULE_COLLECTIVE:
+        return NotRun(prediction, f"{op} has no packet schedule yet (ring all-reduce, all-gather and reduce-scatter "
+                      "do)")
+    if prediction.algorithm != "ring":
+        return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring runs as packets so far "
+                      "(--algo ring forces it)")
+    if system.gpus_per_node > 1 and not system.gpu.nvlink_gbs:
+        return NotRun(prediction, "servers of GPUs without NVLink (peers over PCIe) do not run as packets yet")
+    if system.ranks < 2:
+        return NotRun(prediction, "one rank sends nothing")
+    graph = tuning.search(system)
+    base = tuning.hop_latencies(system, graph, prediction.algorithm, prediction.protocol).base_us
+    return PacketCell(prediction, SCHEDULE_COLLECTIVE[op], topology_spec(system), profile_for(system, prediction),
+                      prediction.channels, base)

@@ -1,0 +1,131 @@
+"""What ``emu nccl-tests --packets`` runs (emulator.runs.nccl_packets): the cell NCCL's choice becomes, and the
+timing model of that cell against the NCCL model (the packets measure within a few percent of the timing model:
+docs/fidelity.md), without a network."""
+
+from __future__ import annotations
+
+import pytest
+
+from emulator.cli import main as cli
+from emulator.model import fabric
+from emulator.model.collectives.generators import generate
+from emulator.model.latency import LatencyModel
+from emulator.model.nccl import cost
+from emulator.model.nccl.system import GPUS, System
+from emulator.model.prediction.check import check
+from emulator.model.topology import tcp_goodput_factor
+from emulator.runs import nccl_packets
+from emulator.runs.nccl_packets import NotRun, PacketCell, packet_cell
+
+
+def _system(nodes: int, gpus: int, gpu: str = "h100-sxm", nics: int | None = None) -> System:
+    return System(nodes, gpus, nics or gpus, 400.0, GPUS[gpu])
+
+
+def _cell(system: System, size: int, op: str = "allreduce", algo: str = "ring") -> PacketCell:
+    cell = packet_cell(system, op, cost.predict(system, op, size, algo))
+    assert isinstance(cell, PacketCell), cell
+    return cell
+
+
+def _timing_model_us(system: System, cell: PacketCell) -> float:
+    """The timing model's time of the cell as the packets run it, on the real fabric's clock, with the base
+    latency the output adds."""
+    profile = cell.at_link_rate(nccl_packets.LINK_MBPS)
+    topo = fabric.rebuild(cell.topology, profile).topology
+    sched = generate("nccl", topo, cell.prediction.nbytes, chunks=len(topo.hosts) * cell.channels,
+                     collective=cell.collective)
+    report = check(sched, topo, "shortest", latency=LatencyModel(profile), mtu=profile.emulated_mtu)
+    assert report.valid
+    return profile.real_seconds(report.timing.makespan_s) * 1e6 + cell.base_latency_us
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "size"), [
+    (2, 1, 8 << 10), (2, 1, 1 << 20), (2, 1, 64 << 20), (2, 8, 1 << 20),
+])
+def test_the_packets_timing_model_is_within_10_percent_of_the_nccl_model(nodes, gpus, size):
+    system = _system(nodes, gpus)
+    cell = _cell(system, size)
+    assert _timing_model_us(system, cell) == pytest.approx(cell.prediction.time_us, rel=0.10)
+
+
+def test_a_small_ring_across_servers_crosses_the_network_more_often_than_nccls_model_counts():
+    """NCCL's model charges a ring 2(N-1) network steps; the chain of 2(p-1) hops a block takes around a ring that
+    crosses every server boundary once per turn crosses about 2N of them. At 8 KiB over 2 x 8 GPUs (LL: 2.7 us a
+    network step, 1.0 inside a server) that is about two steps more: 10-15 % above the model."""
+    system = _system(2, 8)
+    cell = _cell(system, 8 << 10)
+    assert 1.05 < _timing_model_us(system, cell) / cell.prediction.time_us < 1.15
+
+
+def test_two_channels_per_nic_overlap_where_nccls_model_adds_latency_and_bytes():
+    """At 64 MiB over 2 x 8 GPUs (LL128, 16 channels on 8 NICs) one channel's step latency is hidden behind the
+    other's bytes on their shared NIC, which NCCL's model (latency + bytes / bandwidth) does not do: the packets'
+    model is faster, by less than the whole latency term."""
+    system = _system(2, 8)
+    cell = _cell(system, 64 << 20)
+    emulated = _timing_model_us(system, cell)
+    choice_latency = cell.prediction.time_us - cell.prediction.nbytes / (1000.0 * cell.prediction.algbw_gbs)
+    assert cell.prediction.time_us - choice_latency < emulated < cell.prediction.time_us
+
+
+def test_the_network_has_a_rail_per_nic_and_the_servers_nvlink():
+    cell = _cell(_system(2, 8), 1 << 20)
+    assert cell.topology.startswith("railonly:rails=8,hosts_per_rail=2,servers=2,accels_per_server=8")
+    assert cell.channels == 16
+    assert cell.profile.domain_gbps > cell.profile.link_gbps
+    assert _cell(_system(3, 1), 1 << 20).topology == "star:hosts=3"
+
+
+def test_rates_carry_the_protocols_efficiency_and_nccls_channel_limit():
+    system = _system(2, 1)
+    ll = _cell(system, 8 << 10)
+    simple = _cell(system, 64 << 20)
+    assert (ll.prediction.protocol, simple.prediction.protocol) == ("ll", "simple")
+    assert ll.profile.link_gbps == pytest.approx(simple.profile.link_gbps * 0.5)
+    assert simple.profile.link_gbps / 8 == pytest.approx(system.path_gbs() / tcp_goodput_factor(4096))  # TCP framing
+    servers = _system(4, 8)
+    ll128 = _cell(servers, 1 << 20)  # NCCL's 16 LL128 channels move less than 8 NICs: the packets follow
+    scale = ll128.prediction.algbw_gbs / ll128.prediction.hardware_algbw_gbs
+    assert ll128.prediction.protocol == "ll128" and scale < 0.9
+    assert ll128.profile.link_gbps == pytest.approx(simple.profile.link_gbps * 0.92 * scale)
+
+
+def test_latencies_are_nccls_per_step_by_link_type():
+    one_gpu = _cell(_system(2, 1), 8 << 10)  # LL; one GPU per node: NCCL's tree latency for the network step
+    assert (one_gpu.profile.alpha_us, one_gpu.profile.switch_latency_us, one_gpu.base_latency_us) == (5.0, 0.0, 6.6)
+    servers = _cell(_system(2, 8), 8 << 10)  # LL: 0.6 over NVLink, 2.7 between nodes, over 3 switches
+    assert servers.profile.alpha_us == 1.0  # the network's posting overhead is more than NVLink's 0.6
+    assert servers.profile.switch_latency_us * 3 + servers.profile.alpha_us == pytest.approx(2.7)
+
+
+@pytest.mark.parametrize(("system", "op", "algo", "needle"), [
+    (_system(2, 8), "allreduce", "tree", "NCCL runs tree here"),
+    (_system(2, 1), "broadcast", "auto", "broadcast has no packet schedule"),
+    (_system(2, 4, gpu="a100-pcie"), "allreduce", "ring", "without NVLink"),
+])
+def test_what_does_not_run_as_packets_says_why(system, op, algo, needle):
+    found = packet_cell(system, op, cost.predict(system, op, 1 << 20, algo))
+    assert isinstance(found, NotRun) and needle in found.why
+
+
+@pytest.mark.parametrize(("argv", "field"), [
+    (["--link-mbps", "5000"], "link-mbps"), (["--link-mbps", "fast"], "link-mbps"), (["--repeat", "0"], "repeat"),
+    # 2 x 8 GPUs at 8 KiB at 20 Mbit/s: the agents' work on the tiny messages is far beyond 2 cores
+    (["--gpus-per-node", "8", "--algo", "ring", "-b", "8K", "-e", "8K", "--link-mbps", "20"], "agents"),
+])
+def test_packets_refuse_in_one_line_before_anything_is_written(argv, field, tmp_path, capsys):
+    out = tmp_path / "out"
+    base = ["nccl-tests", "all_reduce_perf", "--nodes", "2", "--gpus-per-node", "1", "-b", "1M", "-e", "1M"]
+    status = cli.main([*base, "--packets", "--out", str(out), *argv])
+    err = capsys.readouterr().err
+    assert status == 2 and f"field '{field}'" in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_packets_refuse_a_folder_that_holds_results(tmp_path, capsys):
+    (tmp_path / "old.json").write_text("{}")
+    status = cli.main(["nccl-tests", "all_reduce_perf", "--nodes", "2", "--gpus-per-node", "1", "--packets",
+                       "--out", str(tmp_path)])
+    assert status == 2 and "field 'out'" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["old.json"]
