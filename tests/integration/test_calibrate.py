@@ -53,9 +53,11 @@ def test_calibrate_quick_writes_a_calibration_file(quick_calibration, monkeypatc
 
 
 def test_agents_against_iperf3_with_every_flow_at_once():
-    """The bench's aggregate row on a small share (20 Mbit/s links): both carry about what is offered."""
+    """The bench's aggregate row on a small share (20 Mbit/s links, or the first slower rate at which iperf3 keeps
+    up, as the row chooses on a loaded machine: 10 in a clean-clone run on 2026-12-07): both carry about what is
+    offered."""
     row = calibration.measure_agents_aggregate(640.0, seconds=1.5, repeat=1)
-    assert row["link_mbps"] == 20.0 and row["flows"] == calibration.AGGREGATE_HOSTS
+    assert 0 < row["link_mbps"] <= 20.0 and row["flows"] == calibration.AGGREGATE_HOSTS
     assert len(row["iperf3_flows_mbps"]) == row["flows"] and len(row["agent_reps_mbps"]) == 1
     print(f"aggregate: iperf3/offered {row['iperf3_over_offered']:.3f}, agents/offered {row['agent_over_offered']:.3f}, "
           f"agents/iperf3 {row['ratio']:.3f}")

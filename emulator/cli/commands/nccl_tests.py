@@ -80,7 +80,7 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
         rows.append(nt.Row(size, count, op, prediction.time_us, system.ranks))
         predictions.append(prediction)
     measured: list[nccl_packets.Measured] = []
-    skipped: list = []
+    skipped: list[nccl_packets.NotRun] = []
     if args.packets:
         planned, skipped = nccl_packets.plan(system, op.collective, predictions, args)
         measured = nccl_packets.run(planned, echo=(lambda line: None) if args.json else print)
@@ -107,7 +107,7 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
     return 0 if all(m.time_us is not None for m in measured) else 1
 
 
-def _print_packets(measured: list[nccl_packets.Measured], skipped: list) -> None:
+def _print_packets(measured: list[nccl_packets.Measured], skipped: list[nccl_packets.NotRun]) -> None:
     print("# packets: measured time on the real fabric's clock (median / dilation + NCCL's base latency, which is "
           "not a message)")
     print(f"#{'size':>11} {'model us':>10} {'packets us':>11} {'packets/model':>14}  verdict  results")
