@@ -11,15 +11,18 @@ size (algorithm, protocol, channels) and what bounds its bytes. A
   beside NIC ``i * K / G``; traffic to another rail changes rails inside the
   sending server, as NCCL's PXN does) and, for NVLink GPUs, the servers'
   interconnect;
-* **the schedule**: NCCL's ring over its channels (the ``nccl`` generator,
-  :mod:`emulator.model.collectives.nccl_rings`), one lane per channel;
+* **the schedule**: NCCL's ring or tree over its channels (the ``nccl`` and
+  ``nccl-tree`` generators, :mod:`emulator.model.collectives.nccl_rings`), one
+  lane per channel;
 * **the rates**: a NIC carries what the model's bytes move at through it: the
   GPU-NIC path's rate (:meth:`~emulator.model.nccl.system.System.path_gbs`),
   times the protocol's efficiency (LL carries half of what it moves, LL128
   0.92), times NCCL's channel limit where the model's channels are slower than
-  the hardware; the interconnect likewise from NVLink's rate. Both are
-  divided by TCP's goodput at the profile's MTU, so that the data, not the
-  frames, moves at that rate;
+  the hardware; where a small size runs on fewer channels than the model
+  counted (:func:`emulator.model.nccl.tuning.channels_for_size`), and so on
+  fewer NICs, those NICs carry what all did, up to the path's rate. The
+  interconnect likewise from NVLink's rate. Both are divided by TCP's goodput
+  at the profile's MTU, so that the data, not the frames, moves at that rate;
 * **the latencies**: per message NCCL's per-step latency by link type
   (:func:`emulator.model.nccl.tuning.hop_latencies`): the profile's ``alpha``
   is the step inside a server, and the switches between servers add the rest
@@ -28,8 +31,9 @@ size (algorithm, protocol, channels) and what bounds its bytes. A
   switches only, costs nothing NCCL's credits would not). NCCL's base latency per collective is not a message: it
   is added to the measured time, and the output says so.
 
-Only what the generator builds runs as packets: ring all-reduce, all-gather
-and reduce-scatter, on servers with NVLink or one GPU each. Elsewhere
+Only what the generators build runs as packets: ring all-reduce, all-gather
+and reduce-scatter and tree all-reduce, on servers with NVLink or one GPU
+each. Elsewhere
 :func:`packet_cell` says why not (:class:`NotRun`).
 """
 
@@ -38,11 +42,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.model import fabric
+from emulator.model.collectives import nccl_rings
 from emulator.model.fabric import FabricProfile
 from emulator.model.nccl import cost, tuning
 from emulator.model.nccl.system import System
 from emulator.model.topology import tcp_goodput_factor
 
+#: NCCL's algorithms as the schedule generators name them.
+GENERATORS = {"ring": "nccl", "tree": "nccl-tree"}
 #: The model's collective names as the schedules name them.
 SCHEDULE_COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter"}
 #: Switches a message between two servers crosses: the sender's server switch, the rail's leaf, the receiver's.
@@ -63,6 +70,16 @@ class PacketCell:
     profile: FabricProfile  # at :data:`LINK_MBPS`: :meth:`at_link_rate` maps it onto another emulated rate
     channels: int
     base_latency_us: float
+
+    @property
+    def generator(self) -> str:
+        """The schedule generator of NCCL's algorithm (:mod:`emulator.model.collectives.nccl_rings`)."""
+        return GENERATORS[self.prediction.algorithm]
+
+    def chunks(self, ranks: int) -> int:
+        """The generator's chunks for the cell's channels over ``ranks`` ranks."""
+        per_channel = ranks if self.prediction.algorithm == "ring" else nccl_rings.TREE_PIECES
+        return per_channel * self.channels
 
     def at_link_rate(self, link_mbps: float) -> FabricProfile:
         return fabric.at_link_rate(self.profile, link_mbps, where="nccl-tests --packets")
@@ -92,12 +109,19 @@ def _rate_scale(prediction: cost.Prediction) -> float:
     return min(1.0, prediction.algbw_gbs / prediction.hardware_algbw_gbs)
 
 
+def _nics_in_use(system: System, channels: int) -> int:
+    return min(channels, system.nics_per_node, system.gpus_per_node)
+
+
 def profile_for(system: System, prediction: cost.Prediction) -> FabricProfile:
     """The fabric the cell stands for, its NICs at :data:`LINK_MBPS`: rates and latencies as the module docstring
     says."""
     efficiency = cost.PROTOCOL_EFFICIENCY[prediction.protocol] * _rate_scale(prediction)
     goodput = tcp_goodput_factor(MTU)
-    link_gbps = 8.0 * system.path_gbs() * efficiency / goodput
+    # NCCL's model counts all its channels; fewer run a small size, on fewer NICs, which then carry what all did
+    spread = _nics_in_use(system, prediction.model_channels or prediction.channels) / \
+        _nics_in_use(system, prediction.channels)
+    link_gbps = 8.0 * min(system.path_gbs(), system.path_gbs() * efficiency * spread) / goodput
     graph = tuning.search(system)
     hops = tuning.hop_latencies(system, graph, prediction.algorithm, prediction.protocol)
     if system.gpus_per_node == 1:  # every message crosses the one switch: all of it per message, none per switch
@@ -116,9 +140,9 @@ def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketC
     if op not in SCHEDULE_COLLECTIVE:
         return NotRun(prediction, f"{op} has no packet schedule yet (ring all-reduce, all-gather and reduce-scatter "
                       "do)")
-    if prediction.algorithm != "ring":
-        return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring runs as packets so far "
-                      "(--algo ring forces it)")
+    if prediction.algorithm not in GENERATORS or (prediction.algorithm == "tree" and op != "allreduce"):
+        return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring and tree run as packets "
+                      "so far (--algo ring or tree forces them)")
     if system.gpus_per_node > 1 and not system.gpu.nvlink_gbs:
         return NotRun(prediction, "servers of GPUs without NVLink (peers over PCIe) do not run as packets yet")
     if system.ranks < 2:

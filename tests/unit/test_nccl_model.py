@@ -200,3 +200,19 @@ def test_the_hardware_stage_of_each_algorithm():
     assert cost.hardware_bus_gbs(h100(2), "nvlstree") == (pytest.approx(2 * 0.85 * 18 * 20.6), "nvlink")
     assert cost.hardware_bus_gbs(System(2, 8, 2, 400, H100), "nvlstree") == \
         (pytest.approx(2 * 2 * NIC_EFFICIENCY * 50), "nic")
+
+
+def test_small_sizes_run_on_fewer_channels_as_nccl_gives_them():
+    """topoGetAlgoInfo takes channels away while bytes < channels x threads x threshold (LL 8 B a thread, 512
+    threads; a ring's LL threshold times the ranks; LL128 640 threads): the time NCCL predicted stays."""
+    system = h100(2)  # 2 x 8: 16 channels
+    small = tuning.choose(system, "allreduce", 8 << 10)
+    assert (small.algorithm, small.protocol, small.model_channels) == ("tree", "ll", 16)
+    assert small.channels == 2  # 8192 < 16 x 512 x 8 until 2 x 512 x 8 = 8192
+    ring = tuning.choose(system, "allreduce", 8 << 10, "ring")
+    assert ring.channels == 1  # LL's threshold times 16 ranks
+    big = tuning.choose(system, "allreduce", 1 << 20)
+    assert big.channels == big.model_channels == 16
+    prediction = cost.predict(system, "allreduce", 8 << 10)
+    assert (prediction.channels, prediction.model_channels) == (2, 16)
+    assert prediction.time_us == pytest.approx(small.time_us(8 << 10))

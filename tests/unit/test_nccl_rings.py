@@ -7,7 +7,7 @@ import pytest
 
 from emulator.model import topology
 from emulator.model.collectives.generators import generate
-from emulator.model.collectives.nccl_rings import channel_ring, nodes_of
+from emulator.model.collectives.nccl_rings import TREE_PIECES, channel_ring, channel_tree, nodes_of
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import match_transfers
 
@@ -70,3 +70,38 @@ def test_channels_must_divide_the_chunks():
     topo = topology.build(RAILS_4X4)
     with pytest.raises(Exception, match="field 'chunks'.*times the channels"):
         generate("nccl", topo, 1 << 16, chunks=17)
+
+
+@pytest.mark.parametrize(("spec", "channels"), [(RAILS_2X8, 16), (RAILS_4X4, 3), (SHARED_NIC, 2),
+                                                ("star:hosts=5", 4), ("star:hosts=2", 1), ("star:hosts=9", 2)])
+def test_the_tree_allreduce_over_channels_is_proved(spec, channels):
+    topo = topology.build(spec)
+    sched = generate("nccl-tree", topo, 4 * TREE_PIECES * channels * 3, chunks=TREE_PIECES * channels)
+    result = execute(sched)
+    assert result.valid, result.errors[:3]
+    assert result.deadlock is None
+    assert {op.lane for prog in sched.ranks for op in prog.ops if op.is_comm} == set(range(channels))
+
+
+def test_a_tree_channel_chains_a_servers_gpus_below_its_head_and_links_heads_across_servers():
+    nodes = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    root, parent = channel_tree(nodes, 1)
+    # channel 1: heads are GPU 1 of each server; the chains go 1 -> 2 -> 3 -> 0 below them
+    assert parent[2] == 1 and parent[3] == 2 and parent[0] == 3
+    assert parent[6] == 5 and parent[7] == 6 and parent[4] == 7
+    assert {root, parent[root]} == {1, -1} or {root, parent[root]} == {5, -1}
+    other = 5 if root == 1 else 1
+    assert parent[other] == root
+    # the two trees of the double binary tree swap roots between channels 0 and 1
+    assert channel_tree(nodes, 0)[0] % 4 == 0 and channel_tree(nodes, 0)[0] // 4 != root // 4
+
+
+def test_a_parents_receives_wait_for_nothing_but_their_data():
+    """Every receive of the tree goes into a scratch range of its own, so that it is posted at once (its clear to
+    send off the critical path, as NCCL's receive buffers are ready before the collective)."""
+    topo = topology.build(RAILS_4X4)
+    sched = generate("nccl-tree", topo, 4 * TREE_PIECES * 4 * 3, chunks=TREE_PIECES * 4)
+    for prog in sched.ranks:
+        for op in prog.ops:
+            if op.kind == "recv":
+                assert op.buffer == "scratch" and op.deps == ()

@@ -1,4 +1,4 @@
-"""``emu nccl-tests ... --packets``: the sizes NCCL runs as rings, replayed as real packets beside the model.
+"""``emu nccl-tests ... --packets``: the sizes NCCL runs as rings or trees, replayed as real packets beside the model.
 
 Per size, :func:`emulator.runs.nccl_packets.packet_cell` says what runs (or
 why nothing does); every cell is built, predicted and admitted before the
@@ -33,18 +33,20 @@ ROUTING = "shortest"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packets", action="store_true",
-                   help="also run the sizes NCCL runs as rings as real packets on the emulated fabric (root)")
+                   help="also run the sizes NCCL runs as rings or trees as real packets on the emulated fabric (root)")
     p.add_argument("--out", default=None, metavar="DIR", help="--packets: results folder (default "
                    "results/nccl-tests-OP-NxG)")
     p.add_argument("--link-mbps", default="auto", metavar="R",
                    help="--packets: the emulated NIC rate in Mbit/s (the dilation follows), or auto: per size the "
-                   "fastest this machine's calibration keeps faithful (default)")
+                   f"fastest this machine's calibration keeps faithful, at most {LINK_MBPS:g} (default)")
     p.add_argument("--repeat", type=int, default=3, metavar="N", help="--packets: measured repetitions (default 3)")
     admit.add_arguments(p)
 
 
 @dataclass(frozen=True)
 class Planned:
+    """One size, admitted: its cell, its replay prepared (schedule written, prediction made)."""
+
     cell: PacketCell
     prep: Prepared
     config: ReplayConfig
@@ -100,13 +102,15 @@ def _plan_cells(system: System, op: str, predictions: list[cost.Prediction], arg
             continue
         folder = os.path.join(out, f"{prediction.nbytes}B")
         prep, config = _prepared(cell, rate or LINK_MBPS, folder, args.repeat)
-        if rate is None:  # auto: the least dilation at which this cell fits the machine
+        if rate is None:  # auto: the least dilation at which this cell fits the machine, and no faster than
+            # LINK_MBPS: without a calibration at the profile's MTU the envelope is the documented default, which
+            # chose 230 Mbit/s for 2 x 1 at 1 MiB on the 2-core machine and lagged (2026-12-07)
             env = admit.envelope(prep.profile.emulated_mtu)
             try:
                 choice = choose_dilation([prep.report], prep.profile, env, topology.switch_ports(prep.topo))
             except NoDilationFits as exc:
                 raise UserError(f"nccl-tests: size {prediction.nbytes}: {exc}") from None
-            prep, config = _prepared(cell, choice.link_mbps, folder, args.repeat)
+            prep, config = _prepared(cell, min(choice.link_mbps, LINK_MBPS), folder, args.repeat)
         request = admission.replay_request("nccl-tests", prep.schedule, prep.topo, prep.report, 1 + args.repeat,
                                            prep.profile, admit.envelope(prep.profile.emulated_mtu))
         admit.check(request, args, echo=lambda line: None)
@@ -132,7 +136,7 @@ def _prepared(cell: PacketCell, link_mbps: float, folder: str, repeat: int) -> t
     """The cell's schedule written into ``folder``, and the replay of it at ``link_mbps``, prepared."""
     network = fabric.rebuild(cell.topology, cell.at_link_rate(link_mbps))
     topo = network.topology
-    schedule = generate("nccl", topo, cell.prediction.nbytes, chunks=len(topo.hosts) * cell.channels,
+    schedule = generate(cell.generator, topo, cell.prediction.nbytes, chunks=cell.chunks(len(topo.hosts)),
                         collective=cell.collective)
     config = ReplayConfig(schedule=os.path.join(folder, "schedule.json"), network=network, routing=ROUTING,
                           out=folder, repeat=repeat, warmup=1)

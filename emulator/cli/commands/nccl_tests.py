@@ -5,7 +5,7 @@ prints what ``all_reduce_perf -b 8 -e 8G -f 2`` would print on 2 nodes of 8
 GPUs (out-of-place columns), and, per size, the algorithm, protocol and
 channels NCCL would choose and what limits the bytes. ``--json`` prints one
 object whose ``rows`` are ``{"size", "time_us", "algbw_GBps", "busbw_GBps"}``.
-``--packets`` (root) also replays the sizes NCCL runs as rings as real
+``--packets`` (root) also replays the sizes NCCL runs as rings or trees as real
 packets (:mod:`emulator.cli.commands.nccl_packets`) and prints their times
 beside the model's, under ``packets`` in the JSON.
 """

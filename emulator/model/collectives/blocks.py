@@ -65,6 +65,18 @@ class Builder:
             self.ops[me].append(_Pending(REDUCE, None, chunk, nchunks, step, "data", "scratch", 0))
         self.scratch_chunks = max(self.scratch_chunks, nchunks)
 
+    def xfer_through_scratch(self, src: int, dst: int, chunk: int, nchunks: int, step: int, reduce: bool,
+                             scratch_chunk: int, *, lane: int = 0) -> None:
+        """``src`` sends ``nchunks`` chunks of ``data`` from ``chunk`` to ``dst``, which receives them into
+        ``scratch`` from ``scratch_chunk``, then adds them into its ``data`` (or copies them there): a receive
+        that waits for nothing else that touches the range, as NCCL's receive buffers do not (several children
+        into one parent, a result into a range the rank sent before)."""
+        self.ops[src].append(_Pending(SEND, dst, chunk, nchunks, step, lane=lane))
+        self.ops[dst].append(_Pending(RECV, src, scratch_chunk, nchunks, step, "scratch", lane=lane))
+        self.ops[dst].append(_Pending(REDUCE if reduce else COPY, None, chunk, nchunks, step, "data", "scratch",
+                                      scratch_chunk))
+        self.scratch_chunks = max(self.scratch_chunks, scratch_chunk + nchunks)
+
     def copy(self, rank: int, buffer: str, chunk: int, src: str, src_chunk: int, nchunks: int, step: int) -> None:
         """A local ``buffer[chunk..] = src[src_chunk..]`` of ``rank``."""
         self.ops[rank].append(_Pending(COPY, None, chunk, nchunks, step, buffer, src, src_chunk))

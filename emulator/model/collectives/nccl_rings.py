@@ -24,6 +24,15 @@ runs ``C`` channels, channel ``c`` on lane ``c``:
     NCCL's layout (rank ``r``'s block is chunks ``r*C .. r*C+C-1``); channel
     ``c`` carries piece ``c`` of every block around its ring, ``p-1`` steps.
 
+``nccl-tree`` (allreduce): NCCL's tree. Channel ``c`` runs one of the two
+complementary binary trees over the nodes (tree ``c mod 2``, the double binary
+tree of :func:`~emulator.model.collectives.blocks.double_binary_tree`) and,
+inside every node, a chain through its GPUs starting at GPU ``c mod G`` (the
+node's head, whose NIC the tree's hops between nodes use); a head's parent is
+its parent node's head. Each channel's share is cut into :data:`TREE_PIECES`
+pieces, reduced up the tree and broadcast down, pipelined: a piece leaves a
+rank as soon as it has it. ``chunks = TREE_PIECES * C`` runs ``C`` channels.
+
 Broadcast and reduce (NCCL's pipelined chain along the ring) are not built
 here yet.
 """
@@ -31,8 +40,22 @@ here yet.
 from __future__ import annotations
 
 from emulator.model.collectives.algorithms import Plan
-from emulator.model.collectives.blocks import ring_all_gather, ring_pieces, ring_reduce_scatter
+from emulator.model.collectives.blocks import (
+    Builder,
+    double_binary_tree,
+    ring_all_gather,
+    ring_pieces,
+    ring_reduce_scatter,
+    tree_shape,
+)
 from emulator.model.topology import Topology
+
+#: The pieces a tree channel pipelines its share in. NCCL cuts through at finer grain; every piece here is stored
+#: and forwarded at each hop (22 on a 4 x 8 tree's path up and down), so fewer pieces cost more: with 4, 4 x 8 at 1
+#: MiB came to 1.11 of NCCL's model in the timing model, with 8 to 1.06 (2026-12-07).
+TREE_PIECES = 8
+#: A tree rank's scratch ranges: one per child (a chain's next GPU and two child nodes' heads), then the result.
+DOWN_SLOT = 3
 
 
 def nodes_of(topo: Topology, hosts: list[str]) -> list[list[int]]:
@@ -82,3 +105,58 @@ def reduce_scatter_nccl(pl: Plan) -> None:
 def allgather_nccl(pl: Plan) -> None:
     for c, ring in enumerate(channel_rings(pl)):
         ring_pieces(pl.b, ring, _pieces(ring, c, pl.unit), 1, 0, reduce=False, lane=c)
+
+
+def channel_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
+    """Channel ``channel``'s tree over ranks: ``(root, parent)`` with ``parent[root] = -1`` (see the module
+    docstring)."""
+    node_root, node_parent = double_binary_tree(len(nodes))[channel % 2] if len(nodes) > 1 else (0, [-1])
+    chains = [[node[(channel + j) % len(node)] for j in range(len(node))] for node in nodes]
+    parent = [-1] * sum(len(node) for node in nodes)
+    for n, chain in enumerate(chains):
+        if node_parent[n] >= 0:
+            parent[chain[0]] = chains[node_parent[n]][0]
+        for j in range(1, len(chain)):
+            parent[chain[j]] = chain[j - 1]
+    return chains[node_root][0], parent
+
+
+def pipelined_tree_allreduce(b: Builder, root: int, parent: list[int], chunks: range, lane: int,
+                             total_chunks: int) -> None:
+    """Every chunk of ``chunks`` reduced up the tree and broadcast back down, pipelined: chunk ``k`` leaves rank
+    ``v`` upwards in step ``k + height(v)`` and reaches it downwards in step ``k + height(root) + depth(v) - 1``.
+    Every receive lands in a scratch range of its own (a parent's ``i``-th child's contribution at ``i *
+    total_chunks``, the result from the parent at :data:`DOWN_SLOT` ``* total_chunks``) and is then added into
+    (copied to) ``data``, as NCCL receives into buffers of the connection's own: a child's send need not wait for
+    its siblings', nor the result for the rank's own send of the same range."""
+    depth, height = tree_shape(root, parent)
+    top = height[root]
+    slot = _child_slots(parent)
+    for k, chunk in enumerate(chunks):
+        for v, up in enumerate(parent):
+            if up >= 0:
+                b.xfer_through_scratch(v, up, chunk, 1, k + height[v], True, slot[v] * total_chunks + chunk,
+                                       lane=lane)
+        for v, up in enumerate(parent):
+            if up >= 0:
+                b.xfer_through_scratch(up, v, chunk, 1, k + top + depth[v] - 1, False,
+                                       DOWN_SLOT * total_chunks + chunk, lane=lane)
+
+
+def allreduce_nccl_tree(pl: Plan) -> None:
+    nodes = nodes_of(pl.topo, pl.hosts)
+    channels = pl.chunks // TREE_PIECES
+    for c in range(channels):
+        root, parent = channel_tree(nodes, c)
+        pipelined_tree_allreduce(pl.b, root, parent, range(c * TREE_PIECES, (c + 1) * TREE_PIECES), c, pl.chunks)
+
+
+def _child_slots(parent: list[int]) -> list[int]:
+    """Each rank's place among its parent's children (0, 1, 2: a chain's next GPU and two child nodes' heads)."""
+    seen: dict[int, int] = {}
+    slots = [0] * len(parent)
+    for v, up in enumerate(parent):
+        if up >= 0:
+            slots[v] = seen.get(up, 0)
+            seen[up] = slots[v] + 1
+    return slots

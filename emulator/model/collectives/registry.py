@@ -44,6 +44,13 @@ DBTREE_DEFAULT_CHUNKS = 8
 PIPELINE_DEFAULT_CHUNKS = 8
 #: ``nccl``'s chunks: ``p * C`` for ``C`` channels (:mod:`emulator.model.collectives.nccl_rings`).
 NCCL_WHY = "one block per rank and channel: p times the channels"
+
+
+def nccl_pieces(p: int) -> int:
+    """``nccl-tree``'s chunks: a multiple of its pieces per channel, whatever the ranks."""
+    return nccl.TREE_PIECES
+
+
 #: The placement of an algorithm that is defined on none: rank ``r`` on the ``r``-th host.
 IDENTITY = "identity"
 
@@ -109,6 +116,8 @@ _ALL: list[Algorithm] = [
     Algorithm(ALLREDUCE, "dbtree", alg.allreduce_dbtree, alg.two, DBTREE_DEFAULT_CHUNKS, why="half per tree"),
     Algorithm(ALLREDUCE, "hier", alg.allreduce_hier, alg.per_rank, topology_groups=True),
     Algorithm(ALLREDUCE, "nccl", nccl.allreduce_nccl, alg.per_rank, why=NCCL_WHY, closed_form=formulas.allreduce_ring),
+    Algorithm(ALLREDUCE, "nccl-tree", nccl.allreduce_nccl_tree, nccl_pieces, 2 * nccl.TREE_PIECES,
+              why=f"{nccl.TREE_PIECES} pieces per channel"),
     Algorithm(ALLREDUCE, "rd", alg.allreduce_rd, alg.one, lockstep=True,
               closed_form=formulas.allreduce_recursive_doubling),
     Algorithm(REDUCE_SCATTER, "ring", alg.reduce_scatter_ring, alg.per_rank, closed_form=formulas.ring_blocks),

@@ -46,6 +46,7 @@ class Prediction:
     bottleneck: str  # "nccl channels" or the hardware stage that limits the bytes
     algbw_gbs: float = 0.0  # the algorithm bandwidth the bytes move at (the slower of NCCL's and the hardware's)
     hardware_algbw_gbs: float = 0.0  # the hardware's alone
+    model_channels: int = 0  # the channels NCCL's model counted (``channels`` run: fewer for small sizes)
 
 
 def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, str]:
@@ -117,7 +118,7 @@ def predict(system: System, collective: str, nbytes: int, algorithm: str = "auto
     bw, limit = (choice.bandwidth_gbs, "nccl channels") if choice.bandwidth_gbs <= hardware else (hardware, name)
     time = choice.latency_us + nbytes / (1000.0 * bw)
     return Prediction(collective, nbytes, choice.algorithm, choice.protocol, choice.channels, time,
-                      choice.time_us(nbytes), limit, bw, hardware)
+                      choice.time_us(nbytes), limit, bw, hardware, choice.model_channels or choice.channels)
 
 
 def _predict_p2p(system: System, collective: str, nbytes: int) -> Prediction:

@@ -26,9 +26,10 @@ NCCL 2.30 (``src/graph/tuning.cc`` at NVIDIA/nccl 5067397c) writes it:
 NVLS tree (NVSwitch multicast inside each node, a tree between nodes: NCCL's
 default for large all-reduces across 8-GPU Hopper nodes) takes its heads (one
 per GPU with a NIC) at the ring search's speed; NCCL searches its graph apart.
-Not modelled (``docs/validation.md`` says where it matters): single-node NVLS,
-CollNet (SHARP), PAT, tuner plugins, and the channel-count reduction for small
-messages (it changes no predicted time: NCCL's model does not see it).
+The channels a size then runs on follow NCCL's reduction for small messages
+(:func:`channels_for_size`); it changes no predicted time (NCCL's model does
+not see it), only what runs. Not modelled (``docs/validation.md`` says where it
+matters): single-node NVLS, CollNet (SHARP), PAT and tuner plugins.
 """
 
 from __future__ import annotations
@@ -105,7 +106,8 @@ class Choice:
     protocol: str
     latency_us: float
     bandwidth_gbs: float  # algorithm bandwidth NCCL's model uses for this size (bytes / (1000 * bw) us)
-    channels: int
+    channels: int  # what runs
+    model_channels: int = 0  # what NCCL's model counted (0: the same)
 
     def time_us(self, nbytes: int) -> float:
         return self.latency_us + nbytes / (1000.0 * self.bandwidth_gbs)
@@ -311,9 +313,39 @@ def options(system: System, collective: str, nbytes: int, algorithm: str = "auto
 
 def choose(system: System, collective: str, nbytes: int, algorithm: str = "auto", protocol: str = "auto",
            channels: int | None = None) -> Choice:
-    """What NCCL runs: the option of least predicted time (``topoGetAlgoInfo``)."""
+    """What NCCL runs: the option of least predicted time (``topoGetAlgoInfo``), on the channels it then gives
+    that size (:func:`channels_for_size`)."""
     found = options(system, collective, nbytes, algorithm, protocol, channels)
     if not found:
         raise FieldError("nccl", "protocol", f"a protocol NCCL enables for {collective} on {system.describe()}",
                          protocol)
-    return min(found, key=lambda c: c.time_us(nbytes))
+    best = min(found, key=lambda c: c.time_us(nbytes))
+    return replace(best, channels=channels_for_size(system, best, nbytes), model_channels=best.channels)
+
+
+#: ``NCCL_{LL,LL128,SIMPLE}_THREAD_THRESHOLD`` (``comm.h``): bytes per thread below which NCCL takes a channel away.
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+#: NCCL's threads per channel by protocol (``device.h``: ``NCCL_LL_MAX_NTHREADS``, ``NCCL_LL128_MAX_NTHREADS``,
+#: ``NCCL_SIMPLE_MAX_NTHREADS``), and PCIe Gen3's bandwidth under which a Simple ring takes half (``topo.h``).
+MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+PCI_BW = 12.0
+
+
+def channels_for_size(system: System, choice: Choice, nbytes: int) -> int:
+    """The channels NCCL runs ``nbytes`` on (``topoGetAlgoInfo`` after the choice): a ring or tree gives up channels
+    while the bytes are fewer than channels x threads x the protocol's threshold per thread (a ring's LL
+    threshold times the ranks); NVLS tree keeps its own. It changes no predicted time (NCCL's model chose
+    before it), only what runs: small sizes on a channel or two."""
+    if choice.algorithm == "nvlstree":
+        return choice.channels
+    threads = MAX_THREADS[choice.protocol]
+    if choice.algorithm == "ring" and choice.protocol == "simple":
+        graph = search(system)
+        threads = 256 if graph.speed_gbs * graph.channels <= PCI_BW else 512
+    threshold = THREAD_THRESHOLD[choice.protocol]
+    if choice.algorithm == "ring" and choice.protocol == "ll":
+        threshold *= system.ranks
+    nc = choice.channels
+    while nbytes < nc * threads * threshold and nc >= 2:
+        nc -= 1
+    return nc
