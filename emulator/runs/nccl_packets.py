@@ -93,6 +93,25 @@ class NotRun:
     why: str
 
 
+@dataclass(frozen=True)
+class Measured:
+    """One size as packets: its time on the real fabric's clock, and whether it is trusted."""
+
+    prediction: cost.Prediction
+    time_us: float | None  # None: the replay failed
+    verdict: str
+    folder: str
+    link_mbps: float  # the emulated NIC rate it ran at
+
+    @property
+    def over_model(self) -> float | None:
+        return None if self.time_us is None else self.time_us / self.prediction.time_us
+
+    def to_json(self) -> dict[str, object]:
+        return {"size": self.prediction.nbytes, "time_us": self.time_us, "verdict": self.verdict,
+                "over_model": self.over_model, "folder": self.folder, "link_mbps": self.link_mbps}
+
+
 def topology_spec(system: System) -> str:
     """The emulated network of ``system`` (see the module docstring); rates unset."""
     n, g, k = system.nodes, system.gpus_per_node, min(system.nics_per_node, system.gpus_per_node)

@@ -7,7 +7,7 @@ import os
 
 from emulator.base.errors import UserError
 from emulator.cli.arguments import fabric_choice, int_at_least
-from emulator.cli.commands import admit
+from emulator.cli.commands import admit, nccl_packets
 from emulator.emulation.machine import calibration_file
 from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
 from emulator.emulation.session import fidelity
@@ -18,7 +18,8 @@ from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("bench", help="agents/iperf3 (one link, every flow at once), hdrm busbw, "
-                               "measured/predicted, Open MPI beside the agents and bring-up, in one run")
+                               "measured/predicted, Open MPI beside the agents, NCCL's all-reduce as packets beside its model and "
+                               "bring-up, in one run")
     p.add_argument("--fabric", default=None, metavar="PROFILE",
                    help=f"the real fabric the emulation stands for: a preset ({', '.join(fabric.PRESETS)}) or "
                    f"key=value,... of {', '.join(fabric.KEYS)} (default {fabric.DEFAULT_PRESET})")
@@ -33,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="bring-ups of each kind (default 2)")
     p.add_argument("--out", default=None, metavar="DIR", help="results directory (default: results/)")
     p.add_argument("--datapath", default="auto", choices=("auto", "user", "kernel"))
+    p.add_argument("--no-nccl", action="store_true",
+                   help="leave out NCCL's all-reduce as packets beside its model (2 x 1, 2 x 8 and 4 x 8 H100 "
+                   "servers at 8 KiB, 1 MiB and 64 MiB)")
     admit.add_arguments(p)
     p.set_defaults(func=cmd_bench)
 
@@ -62,7 +66,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     require_root()
     interrupt_on_sigterm()
     results = bench(profile, sizes=sizes, bringup_rounds=args.bringup_rounds, datapath=args.datapath,
-                    out_dir=args.out)
+                    out_dir=args.out, nccl_gate=None if args.no_nccl else nccl_packets.gate(args))
     print()
     print(format_report(results))
     return 0  # a benchmark: misses are printed, not failures

@@ -1,34 +1,23 @@
-"""``emu nccl-tests ... --packets``: the sizes NCCL runs as rings or trees, replayed as real packets beside the model.
-
-Per size, :func:`emulator.runs.nccl_packets.packet_cell` says what runs (or
-why nothing does); every cell is built, predicted and admitted before the
-first network comes up; then each is replayed (:func:`emulator.emulation.session.replay.replay`)
-into its own folder under ``--out``, and its median time, back on the real
-fabric's clock (divided by the dilation, plus NCCL's base latency), is printed
-beside the model's with the cell's trust verdict.
+"""``emu nccl-tests ... --packets``: its flags, read into
+:class:`emulator.emulation.session.nccl_packets.Options`, and the plan and run
+of the sizes NCCL runs as rings or trees, replayed as real packets beside the
+model (:mod:`emulator.emulation.session.nccl_packets`).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
-from dataclasses import dataclass
 
 from emulator.base.errors import UserError
 from emulator.cli.commands import admit
-from emulator.emulation.machine.system import interrupt_on_sigterm, require_root
-from emulator.emulation.session.replay import Prepared, ReplayConfig, ReplayFailed, prepare, replay
-from emulator.model import fabric, topology
-from emulator.model.collectives.generators import generate
+from emulator.emulation.session import nccl_packets as packets
+from emulator.emulation.session.nccl_packets import Planned
+from emulator.model import fabric
 from emulator.model.nccl import cost
 from emulator.model.nccl.system import System
-from emulator.model.schedule import format as schedule_format
 from emulator.runs import admission
-from emulator.runs.dilation import NoDilationFits, choose_dilation
-from emulator.runs.nccl_packets import LINK_MBPS, NotRun, PacketCell, packet_cell
-
-ROUTING = "shortest"
+from emulator.runs.nccl_packets import LINK_MBPS, NotRun
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,79 +32,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     admit.add_arguments(p)
 
 
-@dataclass(frozen=True)
-class Planned:
-    """One size, admitted: its cell, its replay prepared (schedule written, prediction made)."""
-
-    cell: PacketCell
-    prep: Prepared
-    config: ReplayConfig
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One size as packets: its time on the real fabric's clock, and whether it is trusted."""
-
-    prediction: cost.Prediction
-    time_us: float | None  # None: the replay failed
-    verdict: str
-    folder: str
-
-    def to_json(self) -> dict[str, object]:
-        return {"size": self.prediction.nbytes, "time_us": self.time_us, "verdict": self.verdict,
-                "over_model": None if self.time_us is None else self.time_us / self.prediction.time_us,
-                "folder": self.folder}
-
-
-def out_folder(args: argparse.Namespace, system: System) -> str:
-    return args.out or os.path.join("results", f"nccl-tests-{args.op}-{system.nodes}x{system.gpus_per_node}")
-
-
-def plan(system: System, op: str, predictions: list[cost.Prediction], args: argparse.Namespace
-         ) -> tuple[list[Planned], list[NotRun]]:
-    """Every cell built, predicted and admitted (:class:`UserError` before anything starts if one does not fit)."""
+def options_of(args: argparse.Namespace, system: System) -> packets.Options:
+    """The ``--packets`` flags, checked: :class:`UserError` naming the field otherwise."""
     rate = link_rate(args.link_mbps)
     if not 1 <= args.repeat <= admission.MAX_REPEAT:
         raise UserError(f"nccl-tests: field 'repeat': expected 1..{admission.MAX_REPEAT}, got {args.repeat!r}")
-    out = out_folder(args, system)
-    if os.path.exists(out) and os.listdir(out):
-        raise UserError(f"nccl-tests: field 'out': expected a new or empty directory, got {out!r}")
-    created = not os.path.exists(out)
-    try:
-        return _plan_cells(system, op, predictions, args, out, rate)
-    except UserError:  # nothing ran: leave nothing behind but what was there
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for name in os.listdir(out):
-                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-        raise
+    out = args.out or os.path.join("results", f"nccl-tests-{args.op}-{system.nodes}x{system.gpus_per_node}")
+    return packets.Options(out, rate, args.repeat)
 
 
-def _plan_cells(system: System, op: str, predictions: list[cost.Prediction], args: argparse.Namespace, out: str,
-                rate: float | None) -> tuple[list[Planned], list[NotRun]]:
-    planned, skipped = [], []
-    for prediction in predictions:
-        cell = packet_cell(system, op, prediction)
-        if isinstance(cell, NotRun):
-            skipped.append(cell)
-            continue
-        folder = os.path.join(out, f"{prediction.nbytes}B")
-        prep, config = _prepared(cell, rate or LINK_MBPS, folder, args.repeat)
-        if rate is None:  # auto: the least dilation at which this cell fits the machine, and no faster than
-            # LINK_MBPS: without a calibration at the profile's MTU the envelope is the documented default, which
-            # chose 230 Mbit/s for 2 x 1 at 1 MiB on the 2-core machine and lagged (2026-12-07)
-            env = admit.envelope(prep.profile.emulated_mtu)
-            try:
-                choice = choose_dilation([prep.report], prep.profile, env, topology.switch_ports(prep.topo))
-            except NoDilationFits as exc:
-                raise UserError(f"nccl-tests: size {prediction.nbytes}: {exc}") from None
-            prep, config = _prepared(cell, min(choice.link_mbps, LINK_MBPS), folder, args.repeat)
-        request = admission.replay_request("nccl-tests", prep.schedule, prep.topo, prep.report, 1 + args.repeat,
-                                           prep.profile, admit.envelope(prep.profile.emulated_mtu))
-        admit.check(request, args, echo=lambda line: None)
-        planned.append(Planned(cell, prep, config))
-    return planned, skipped
+def plan(system: System, collective: str, predictions: list[cost.Prediction], args: argparse.Namespace
+         ) -> tuple[list[Planned], list[NotRun]]:
+    """Every cell built, predicted and admitted under ``--max-time`` and ``--allow-untrusted`` (:class:`UserError`
+    before anything starts if one does not fit)."""
+    return packets.plan(system, collective, predictions, options_of(args, system), gate(args))
+
+
+def gate(args: argparse.Namespace) -> packets.Gate:
+    """This machine's calibration, and admission under ``--max-time`` and ``--allow-untrusted``, silent."""
+    return packets.Gate(admit.envelope, lambda request: admit.check(request, args, echo=lambda line: None))
 
 
 def link_rate(raw: str) -> float | None:
@@ -130,41 +65,3 @@ def link_rate(raw: str) -> float | None:
         raise UserError(f"nccl-tests: field 'link-mbps': expected auto or a rate from {fabric.MIN_LINK_MBPS:g} to "
                         f"{fabric.MAX_LINK_MBPS:g} Mbit/s, got {raw!r}")
     return rate
-
-
-def _prepared(cell: PacketCell, link_mbps: float, folder: str, repeat: int) -> tuple[Prepared, ReplayConfig]:
-    """The cell's schedule written into ``folder``, and the replay of it at ``link_mbps``, prepared."""
-    network = fabric.rebuild(cell.topology, cell.at_link_rate(link_mbps))
-    topo = network.topology
-    schedule = generate(cell.generator, topo, cell.prediction.nbytes, chunks=cell.chunks(len(topo.hosts)),
-                        collective=cell.collective)
-    config = ReplayConfig(schedule=os.path.join(folder, "schedule.json"), network=network, routing=ROUTING,
-                          out=folder, repeat=repeat, warmup=1)
-    os.makedirs(folder, exist_ok=True)
-    schedule_format.save(schedule, config.schedule)
-    return prepare(config), config
-
-
-def run(planned: list[Planned], echo=print) -> list[Measured]:
-    """Replay every planned cell in turn (root); a failed replay is reported and the others still run."""
-    require_root()
-    interrupt_on_sigterm()
-    measured = []
-    for item in planned:
-        cell, cfg = item.cell, item.config
-        profile = item.prep.profile
-        echo(f"# packets: {cell.prediction.nbytes} B, {cell.collective} over {cell.channels} channels on "
-             f"{item.prep.topo.spec}; {profile.describe()}")
-        try:
-            results = replay(cfg, prep=item.prep, echo=lambda line: None)
-        except ReplayFailed as exc:
-            echo(f"# packets: {cell.prediction.nbytes} B failed: {exc} (partial results in {cfg.out})")
-            measured.append(Measured(cell.prediction, None, "failed", cfg.out))
-            continue
-        summary = results.summary()
-        if summary is None:
-            measured.append(Measured(cell.prediction, None, "failed", cfg.out))
-            continue
-        real_us = profile.real_seconds(summary.time_s) * 1e6 + cell.base_latency_us
-        measured.append(Measured(cell.prediction, real_us, summary.verdict.value, cfg.out))
-    return measured

@@ -6,7 +6,7 @@ GPUs (out-of-place columns), and, per size, the algorithm, protocol and
 channels NCCL would choose and what limits the bytes. ``--json`` prints one
 object whose ``rows`` are ``{"size", "time_us", "algbw_GBps", "busbw_GBps"}``.
 ``--packets`` (root) also replays the sizes NCCL runs as rings or trees as real
-packets (:mod:`emulator.cli.commands.nccl_packets`) and prints their times
+packets (:mod:`emulator.emulation.session.nccl_packets`) and prints their times
 beside the model's, under ``packets`` in the JSON.
 """
 
@@ -17,10 +17,12 @@ import json
 
 from emulator.cli.arguments import fabric_choice, int_at_least
 from emulator.cli.commands import nccl_packets
+from emulator.emulation.session import nccl_packets as packets
 from emulator.model.nccl import cost, tuning
 from emulator.model.nccl import nccl_tests as nt
 from emulator.model.nccl import system as nccl_system
 from emulator.model.nccl.system import System
+from emulator.runs.nccl_packets import Measured, NotRun
 
 DEFAULT_FABRIC = "h100-ndr400"
 DEFAULT_GPU = "h100-sxm"
@@ -57,12 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def system_of(args: argparse.Namespace) -> System:
     """The cluster the flags describe: the fabric profile gives the NICs' rate (and RoCE for its RoCE presets)."""
-    profile = fabric_choice(args.fabric, "nccl-tests").profile
-    network = "roce" if profile.preset.startswith("roce") else "infiniband"
-    return System(nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-                  nics_per_node=args.nics_per_node or args.gpus_per_node, nic_gbps=profile.link_gbps,
-                  gpu=nccl_system.GPUS[args.gpu], network=network, cpu=args.cpu, gdr=not args.no_gdr,
-                  gpu_nic_path="cross-socket" if args.cross_socket else "same-pcie-switch")
+    return nccl_system.system_on(fabric_choice(args.fabric, "nccl-tests").profile, args.nodes, args.gpus_per_node,
+                                 args.gpu, nics_per_node=args.nics_per_node, cpu=args.cpu, gdr=not args.no_gdr,
+                                 cross_socket=args.cross_socket)
 
 
 def cmd_nccl_tests(args: argparse.Namespace) -> int:
@@ -79,11 +78,11 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
         prediction = cost.predict(system, op.collective, size, args.algo, args.protocol, args.channels)
         rows.append(nt.Row(size, count, op, prediction.time_us, system.ranks))
         predictions.append(prediction)
-    measured: list[nccl_packets.Measured] = []
-    skipped: list[nccl_packets.NotRun] = []
+    measured: list[Measured] = []
+    skipped: list[NotRun] = []
     if args.packets:
         planned, skipped = nccl_packets.plan(system, op.collective, predictions, args)
-        measured = nccl_packets.run(planned, echo=(lambda line: None) if args.json else print)
+        measured = packets.run(planned, echo=(lambda line: None) if args.json else print)
     if args.json:
         doc = {"op": args.op, "system": system.describe(), "ranks": system.ranks,
                "rows": [{**r.to_json(), "algorithm": p.algorithm, "protocol": p.protocol,
@@ -107,13 +106,13 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
     return 0 if all(m.time_us is not None for m in measured) else 1
 
 
-def _print_packets(measured: list[nccl_packets.Measured], skipped: list[nccl_packets.NotRun]) -> None:
+def _print_packets(measured: list[Measured], skipped: list[NotRun]) -> None:
     print("# packets: measured time on the real fabric's clock (median / dilation + NCCL's base latency, which is "
           "not a message)")
     print(f"#{'size':>11} {'model us':>10} {'packets us':>11} {'packets/model':>14}  verdict  results")
     for m in measured:
         got = "failed" if m.time_us is None else f"{m.time_us:.2f}"
-        ratio = "-" if m.time_us is None else f"{m.time_us / m.prediction.time_us:.3f}"
+        ratio = "-" if m.over_model is None else f"{m.over_model:.3f}"
         print(f" {m.prediction.nbytes:>11} {m.prediction.time_us:>10.2f} {got:>11} {ratio:>14}  {m.verdict:>7}  "
               f"{m.folder}")
     for s in skipped:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from emulator.base.errors import FieldError, int_field
+from emulator.model.fabric import FabricProfile
 
 
 @dataclass(frozen=True)
@@ -149,3 +150,17 @@ class System:
         gdr = "GPUDirect RDMA" if self.gdr else "host-staged (no GPUDirect RDMA)"
         return (f"{self.nodes} x {self.gpus_per_node} {self.gpu.name}, {self.nics_per_node} x {self.nic_gbps:g}G "
                 f"{self.network} per node, {gdr}, GPU-NIC {self.gpu_nic_path}")
+
+
+def network_of(profile: FabricProfile) -> str:
+    """The NICs' kind a fabric profile stands for: RoCE for its RoCE presets, else InfiniBand."""
+    return "roce" if profile.preset.startswith("roce") else "infiniband"
+
+
+def system_on(profile: FabricProfile, nodes: int, gpus_per_node: int, gpu: str, *, nics_per_node: int | None = None,
+              cpu: str = "unknown", gdr: bool = True, cross_socket: bool = False) -> System:
+    """``nodes`` servers of ``gpus_per_node`` ``gpu``s on ``profile``'s NICs (its line rate and kind), one NIC per
+    GPU unless ``nics_per_node`` says otherwise."""
+    return System(nodes=nodes, gpus_per_node=gpus_per_node, nics_per_node=nics_per_node or gpus_per_node,
+                  nic_gbps=profile.link_gbps, gpu=GPUS[gpu], network=network_of(profile), cpu=cpu, gdr=gdr,
+                  gpu_nic_path="cross-socket" if cross_socket else "same-pcie-switch")

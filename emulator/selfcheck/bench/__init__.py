@@ -35,7 +35,14 @@ Sections, in order:
    both without the profile's latencies (Open MPI's messages cannot get
    them): MPI busbw / agents' busbw (target >= :data:`~cases.TARGET_MPI`), with both
    runs' fidelity.
-4. **bring-up** of 32 hosts (:data:`~cases.BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
+4. **NCCL's all-reduce as packets** (:func:`~emulator.selfcheck.live.bench_nccl_packets.run_nccl_packets`,
+   left out with ``--no-nccl``): on 2 x 1, 2 x 8 and 4 x 8 H100 servers with one 400G NIC per GPU
+   (:data:`~cases.NCCL_PACKET_CLUSTERS`), at 8 KiB, 1 MiB and 64 MiB, NCCL's own choice replayed as
+   ``emu nccl-tests --packets`` replays it, its rate auto per size: packets / NCCL's model (target: every row
+   run within +-:data:`~cases.TARGET_NCCL_PACKETS` and trusted; a size NCCL runs as NVLS tree has no packet
+   schedule and is unchecked). Admitted at the start of the section under the command's ``--max-time`` and
+   ``--allow-untrusted``.
+5. **bring-up** of 32 hosts (:data:`~cases.BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
    start and stop against plain Mininet (:func:`~plain_mininet.plain_mininet_bringup`: the
    same hosts, switches and ``TCLink`` links, ``OVSSwitch`` on the same
    datapath, no controller, none of our host set-up), alternated; then once each at 64 and
@@ -54,9 +61,10 @@ Modules (each imports only those before it):
 * :mod:`~emulator.selfcheck.bench.report` -- the printed table;
 * :mod:`~emulator.selfcheck.bench.request` -- the profile and the admission request, before the run;
 * live, in :mod:`emulator.selfcheck.live`: :mod:`~emulator.selfcheck.live.bench_replays`,
-:mod:`~emulator.selfcheck.live.bench_mpi_pairs`,
+  :mod:`~emulator.selfcheck.live.bench_mpi_pairs`,
   :mod:`~emulator.selfcheck.live.plain_mininet` (the only one that imports Mininet),
-  :mod:`~emulator.selfcheck.live.bench_bringup`, and :mod:`~emulator.selfcheck.live.bench_run`, which runs the sections.
+  :mod:`~emulator.selfcheck.live.bench_nccl_packets`, :mod:`~emulator.selfcheck.live.bench_bringup`, and
+  :mod:`~emulator.selfcheck.live.bench_run`, which runs the sections.
 """
 
 from emulator.selfcheck.bench.cases import DEFAULT_SIZES, Size

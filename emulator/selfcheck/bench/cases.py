@@ -22,6 +22,16 @@ SCALE_BRINGUP_TOPOLOGIES = ("bigraph:upper=8,lower=8,hosts_per_switch=4", "bigra
 MPI_SIZE = 4 << 20
 #: (Open MPI's allreduce algorithm, our agents' algorithm doing the same): rabenseifner is halving-doubling.
 MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
+#: NCCL's all-reduce as packets beside NCCL's model (``emu nccl-tests --packets``): these clusters of H100 servers
+#: (nodes, GPUs per node, one 400G NIC per GPU) at these sizes, each at NCCL's own choice of algorithm, protocol
+#: and channels; every run row within +-TARGET_NCCL_PACKETS of the model, trusted. A size NCCL runs as NVLS tree
+#: has no packet schedule: its row says so and counts as unchecked, not as a pass.
+NCCL_PACKET_FABRIC = "h100-ndr400"
+NCCL_PACKET_GPU = "h100-sxm"
+NCCL_PACKET_CLUSTERS = ((2, 1), (2, 8), (4, 8))
+NCCL_PACKET_SIZES = (8 << 10, 1 << 20, 64 << 20)
+NCCL_PACKET_REPEAT = 2
+TARGET_NCCL_PACKETS = 0.10
 
 
 @dataclass(frozen=True)
@@ -118,4 +128,5 @@ def targets_json() -> dict[str, object]:
             "hdrm_busbw_over_link": TARGET_HDRM,
             "measured_over_predicted": [1 - TARGET_PREDICTION, 1 + TARGET_PREDICTION],
             "within_share": TARGET_WITHIN_SHARE, "worst": [1 - TARGET_WORST, 1 + TARGET_WORST],
-            "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI}
+            "crossover_factor": TARGET_CROSSOVER_FACTOR, "mpi_over_agents_busbw": TARGET_MPI,
+            "nccl_packets_over_model": [1 - TARGET_NCCL_PACKETS, 1 + TARGET_NCCL_PACKETS]}

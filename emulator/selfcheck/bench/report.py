@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from emulator.model import routing
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
-from emulator.selfcheck.bench.cases import TARGET_AGENT, TARGET_AGENT_AGGREGATE, TARGET_HDRM
+from emulator.selfcheck.bench.cases import TARGET_AGENT, TARGET_AGENT_AGGREGATE, TARGET_HDRM, TARGET_NCCL_PACKETS
 from emulator.selfcheck.bench.crossovers import CrossoverCurve, CrossoverRow
 from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import (
     AgentsVsIperf,
     BringupSummary,
     MpiPairRow,
+    NcclPacketRow,
     PredictionSummary,
     ReplayRow,
     SectionError,
@@ -102,6 +103,31 @@ def _over_model(r: MpiPairRow) -> str:
     return f", over the model: {', '.join(known)}" if known else ""
 
 
+def nccl_packets_line(rows: list[NcclPacketRow] | SectionError | None) -> RatioLine | None:
+    """NCCL's all-reduce as packets: the run rows within the target and trusted (a row not run is unchecked)."""
+    name = f"NCCL packets / model within +-{TARGET_NCCL_PACKETS:.0%}, trusted"
+    if rows is None:
+        return None
+    if isinstance(rows, SectionError):
+        return RatioLine(name, "error", "all run", "MISS", rows.error)
+    checked = [r for r in rows if r.passed is not None]
+    passed = sum(1 for r in checked if r.passed)
+    unchecked = len(rows) - len(checked)
+    return RatioLine(name, f"{passed:>4} of {len(checked):<3}", "all run", verdict(passed == len(checked))
+                     if checked else None, f"{unchecked} unchecked (not run as packets)" if unchecked else None)
+
+
+def nccl_packet_line(r: NcclPacketRow) -> str:
+    rate = f"{r.link_mbps:g} Mbit/s" if r.link_mbps is not None else "-"
+    tail = f"{r.verdict}: {r.why_not_run}" if r.why_not_run else f"{verdict(r.passed)} {r.verdict}"
+    return (f"{r.cluster:<7} {format_size(r.size):>6} {r.choice:<28} {_num(r.model_us, 9, 1)} "
+            f"{_num(r.packets_us, 10, 1)} {_num(r.ratio, 9, 3)} {rate:>13}  {tail}")
+
+
+NCCL_PACKET_HEADER = (f"{'NCCL':<7} {'size':>6} {'choice':<28} {'model us':>9} {'packets us':>10} {'pkt/model':>9} "
+                      f"{'emulated NIC':>13}  verdict")
+
+
 def bringup_line(b: BringupSummary) -> RatioLine:
     return RatioLine(f"bring-up {b.hosts} hosts: ours / plain Mininet", f"{b.up_ratio:.2f}", "report", None,
                      f"up {b.median('ours', 'up_s'):.1f} s vs {b.median('plain', 'up_s'):.1f} s, "
@@ -115,6 +141,8 @@ def ratio_lines(results: BenchResults) -> list[RatioLine]:
              prediction_line(PredictionSummary.of(results.replays))]
     lines += [crossover_line(c) for c in results.crossovers or []]
     lines += [mpi_line(r, results.link_mbps) for r in results.mpi or []]
+    nccl = nccl_packets_line(results.nccl_packets)
+    lines += [nccl] if nccl is not None else []
     bringups = [results.bringup, *(results.bringup_at_scale or [])]
     lines += [bringup_line(b) for b in bringups if isinstance(b, BringupSummary) and b.up_ratio is not None]
     return lines
@@ -169,6 +197,8 @@ def format_report(results: BenchResults) -> str:
     lines = header(results) + [line.text() for line in ratio_lines(results)]
     lines += ["", REPLAY_HEADER] + [replay_line(r, results.profile) for r in results.replays]
     lines += [curve_line(c) for c in results.crossovers or []]
+    if isinstance(results.nccl_packets, list):
+        lines += ["", NCCL_PACKET_HEADER] + [nccl_packet_line(r) for r in results.nccl_packets]
     return "\n".join(lines + footer(results))
 
 

@@ -16,6 +16,7 @@ from emulator.selfcheck.bench.rows import (
     BringupSummary,
     HdrmMissing,
     MpiPairRow,
+    NcclPacketRow,
     ReplayRow,
     SectionError,
 )
@@ -45,6 +46,7 @@ class BenchResults:
     crossovers: list[CrossoverRow] | None = None
     mpi: list[MpiPairRow] | None = None
     bringup: BringupSummary | SectionError | None = None
+    nccl_packets: list[NcclPacketRow] | SectionError | None = None
     #: at :data:`~emulator.selfcheck.bench.cases.SCALE_BRINGUP_TOPOLOGIES`, one per topology measured
     bringup_at_scale: list[BringupSummary | SectionError] | None = None
 
@@ -71,6 +73,10 @@ class BenchResults:
                              ("hdrm", self.hdrm), ("bringup", self.bringup)):
             if section is not None:
                 out[key] = section.to_json()
+        if isinstance(self.nccl_packets, SectionError):
+            out["nccl_packets"] = self.nccl_packets.to_json()
+        elif self.nccl_packets is not None:
+            out["nccl_packets"] = [r.to_json() for r in self.nccl_packets]
         rows_of: tuple[tuple[str, Sequence[Any] | None], ...] = (
             ("crossovers", self.crossovers), ("mpi", self.mpi), ("bringup_at_scale", self.bringup_at_scale))
         for key, rows in rows_of:

@@ -9,9 +9,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from emulator.model.nccl import cost
+from emulator.runs.nccl_packets import Measured, NotRun
 from emulator.selfcheck.bench.cases import (
     MPI_SIZE,
     TARGET_MPI,
+    TARGET_NCCL_PACKETS,
     TARGET_PREDICTION,
     TARGET_WITHIN_SHARE,
     TARGET_WORST,
@@ -97,6 +100,55 @@ class ReplayRow:
 
     def to_json(self) -> Json:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class NcclPacketRow:
+    """One size of NCCL's all-reduce on one cluster: NCCL's choice and the model's time, and the packets' time on
+    the real fabric's clock with its verdict (``trusted``, ``flagged``, ``failed``, or ``not run`` with why)."""
+
+    cluster: str
+    size: int
+    choice: str
+    model_us: float
+    packets_us: float | None
+    verdict: str
+    link_mbps: float | None
+    why_not_run: str | None = None
+
+    @classmethod
+    def measured(cls, cluster: str, m: Measured) -> NcclPacketRow:
+        return cls(cluster, m.prediction.nbytes, choice_text(m.prediction), m.prediction.time_us, m.time_us,
+                   m.verdict, m.link_mbps)
+
+    @classmethod
+    def not_run(cls, cluster: str, s: NotRun) -> NcclPacketRow:
+        return cls(cluster, s.prediction.nbytes, choice_text(s.prediction), s.prediction.time_us, None, "not run",
+                   None, s.why)
+
+    @classmethod
+    def failed(cls, cluster: str, prediction: cost.Prediction, error: str) -> NcclPacketRow:
+        return cls(cluster, prediction.nbytes, choice_text(prediction), prediction.time_us, None, "failed", None,
+                   error)
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.packets_us is None else self.packets_us / self.model_us
+
+    @property
+    def passed(self) -> bool | None:
+        """Within the target and trusted; None (unchecked) where nothing ran."""
+        if self.verdict == "not run":
+            return None
+        return self.verdict == "trusted" and bool(within(self.ratio, TARGET_NCCL_PACKETS))
+
+    def to_json(self) -> Json:
+        return {**asdict(self), "ratio": self.ratio, "passed": self.passed}
+
+
+def choice_text(p: cost.Prediction) -> str:
+    """NCCL's choice as ``tree/ll128, 16 channels``."""
+    return f"{p.algorithm}/{p.protocol}, {p.channels} channels"
 
 
 @dataclass(frozen=True)

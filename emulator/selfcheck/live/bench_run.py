@@ -11,6 +11,7 @@ from emulator.base.files import PROJECT_ROOT, write_json_atomic
 from emulator.emulation.machine.calibration_file import Calibration
 from emulator.emulation.machine.system import choose_datapath, load_average
 from emulator.emulation.session import fidelity
+from emulator.emulation.session.nccl_packets import Gate
 from emulator.model.fabric import FabricProfile
 from emulator.model.schedule.format import format_size
 from emulator.selfcheck.bench.cases import (
@@ -29,6 +30,7 @@ from emulator.selfcheck.bench.results import BenchResults
 from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, SectionError
 from emulator.selfcheck.live.bench_bringup import measure_bringup
 from emulator.selfcheck.live.bench_mpi_pairs import failed_pairs, run_mpi_pairs
+from emulator.selfcheck.live.bench_nccl_packets import run_nccl_packets
 from emulator.selfcheck.live.bench_replays import failed_case, run_case
 from emulator.selfcheck.live.calibration import (
     ensure_calibration,
@@ -97,6 +99,16 @@ def mpi_section(results: BenchResults, datapath: str, calibration: Calibration, 
         echo(f"  failed: {exc}")
 
 
+def nccl_packets_section(results: BenchResults, gate: Gate, echo: Echo) -> None:
+    """NCCL's all-reduce as packets beside its model, admitted through ``gate``."""
+    echo("NCCL's all-reduce as packets:")
+    try:
+        results.nccl_packets = run_nccl_packets(results.runs_dir, gate, echo)
+    except Exception as exc:
+        results.nccl_packets = SectionError.of(exc)
+        echo(f"  failed: {exc}")
+
+
 def bringup_section(results: BenchResults, rounds: int, datapath: str, spec: str, echo: Echo) -> None:
     echo("bring-up:")
     try:
@@ -123,8 +135,10 @@ def scale_bringup_section(results: BenchResults, datapath: str, specs: tuple[str
 def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bringup_rounds: int = 2,
           datapath: str = "auto", out_dir: str | None = None, cases: tuple[Case, ...] = DEFAULT_CASES,
           crossovers: tuple[Crossover, ...] = CROSSOVERS, bringup_topology: str = BRINGUP_TOPOLOGY,
-          scale_bringups: tuple[str, ...] = SCALE_BRINGUP_TOPOLOGIES, echo: Echo = print) -> BenchResults:
-    """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``)."""
+          scale_bringups: tuple[str, ...] = SCALE_BRINGUP_TOPOLOGIES, echo: Echo = print,
+          nccl_gate: Gate | None = None) -> BenchResults:
+    """Run every section; returns the results (also written to ``results/bench-<timestamp>.json``). The NCCL
+    section runs only with ``nccl_gate``, what its cells are admitted against."""
     t0 = time.monotonic()
     calibration = ensure_calibration(profile, datapath, echo)
     latency = fidelity.latency_model(profile, calibration)
@@ -148,6 +162,9 @@ def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bring
     save()
     mpi_section(results, datapath, calibration, echo)
     save()
+    if nccl_gate is not None:
+        nccl_packets_section(results, nccl_gate, echo)
+        save()
     bringup_section(results, bringup_rounds, datapath, bringup_topology, echo)
     save()
     scale_bringup_section(results, datapath, scale_bringups, echo)
