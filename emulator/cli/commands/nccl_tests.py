@@ -109,11 +109,11 @@ def cmd_nccl_tests(args: argparse.Namespace) -> int:
 def _print_packets(measured: list[Measured], skipped: list[NotRun]) -> None:
     print("# packets: measured time on the real fabric's clock (median / dilation + NCCL's base latency, which is "
           "not a message)")
-    print(f"#{'size':>11} {'model us':>10} {'packets us':>11} {'packets/model':>14}  verdict  results")
+    print(f"#{'size':>11} {'model us':>10} {'packets us':>11} {'packets/model':>14} {'NIC Mbit/s':>11}  verdict  results")
     for m in measured:
         got = "failed" if m.time_us is None else f"{m.time_us:.2f}"
         ratio = "-" if m.over_model is None else f"{m.over_model:.3f}"
-        print(f" {m.prediction.nbytes:>11} {m.prediction.time_us:>10.2f} {got:>11} {ratio:>14}  {m.verdict:>7}  "
-              f"{m.folder}")
+        print(f" {m.prediction.nbytes:>11} {m.prediction.time_us:>10.2f} {got:>11} {ratio:>14} {m.link_mbps:>11g}  "
+              f"{m.verdict:>7}  {m.folder}")
     for s in skipped:
         print(f"# packets: {s.prediction.nbytes} B not run: {s.why}")
