@@ -21,20 +21,27 @@ size (algorithm, protocol, channels) and what bounds its bytes. A
   the hardware; where a small size runs on fewer channels than the model
   counted (:func:`emulator.model.nccl.tuning.channels_for_size`), and so on
   fewer NICs, those NICs carry what all did, up to the path's rate. The
-  interconnect likewise from NVLink's rate. Both are divided by TCP's goodput
-  at the profile's MTU, so that the data, not the frames, moves at that rate;
+  interconnect likewise from NVLink's rate. A tree's NICs run at what NCCL's
+  tree bandwidth (half the bus: a NIC direction carrying twice a node's share)
+  gives the load the double binary tree really puts on them
+  (:func:`tree_nic_load`: on two nodes, half). Both are divided by TCP's
+  goodput at the profile's MTU, so that the data, not the frames, moves at
+  that rate;
 * **the latencies**: per message NCCL's per-step latency by link type
   (:func:`emulator.model.nccl.tuning.hop_latencies`): the profile's ``alpha``
   is the step inside a server, and the switches between servers add the rest
   of a network step (with one GPU per node every message is a network step:
   all of it is ``alpha``, so that the agents' clear to send, which crosses the
-  switches only, costs nothing NCCL's credits would not). NCCL's base latency per collective is not a message: it
-  is added to the measured time, and the output says so.
+  switches only, costs nothing NCCL's credits would not). NCCL's base latency
+  per collective is not a message: it is added to the measured time, and the
+  output says so.
 
-Only what the generators build runs as packets: ring all-reduce, all-gather
-and reduce-scatter and tree all-reduce, on servers with NVLink or one GPU
-each. Elsewhere
-:func:`packet_cell` says why not (:class:`NotRun`).
+Only ring all-reduce, all-gather and reduce-scatter, and tree all-reduce, run
+as packets, on servers with NVLink or one GPU each. Elsewhere
+:func:`packet_cell` says why not (:class:`NotRun`). NVLS tree has a schedule
+(``nccl-nvls``) but does not run as packets: measured 2026-12-07 on 2 x 8 at
+64 MiB its agents fell behind (1.50 of the timing model, every send of the
+heads' fan-in and fan-out late), so it is not run until that is understood.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from dataclasses import dataclass
 
 from emulator.model import fabric
 from emulator.model.collectives import nccl_rings
+from emulator.model.collectives.blocks import double_binary_tree
 from emulator.model.fabric import FabricProfile
 from emulator.model.nccl import cost, tuning
 from emulator.model.nccl.system import System
@@ -128,6 +136,22 @@ def _rate_scale(prediction: cost.Prediction) -> float:
     return min(1.0, prediction.algbw_gbs / prediction.hardware_algbw_gbs)
 
 
+def tree_nic_load(nodes: int) -> float:
+    """The most a NIC direction carries in NCCL's double binary tree between ``nodes`` nodes, in a tree's share of
+    a node's bytes (half on each tree): its children's and its parent's, summed over both trees. 2 from 4 nodes on
+    (an interior node of one tree is a leaf of the other), which NCCL's tree bandwidth (half the bus) assumes; 1 on
+    two nodes, where each node's bytes cross once each way."""
+    if nodes < 2:
+        return 0.0
+    load = [0.0] * nodes
+    for _, parent in double_binary_tree(nodes):
+        for v, up in enumerate(parent):
+            if up >= 0:  # the edge v-up carries a tree's share each way: up in one direction, down in the other
+                load[v] += 0.5
+                load[up] += 0.5
+    return max(load)
+
+
 def _nics_in_use(system: System, channels: int) -> int:
     return min(channels, system.nics_per_node, system.gpus_per_node)
 
@@ -140,7 +164,10 @@ def profile_for(system: System, prediction: cost.Prediction) -> FabricProfile:
     # NCCL's model counts all its channels; fewer run a small size, on fewer NICs, which then carry what all did
     spread = _nics_in_use(system, prediction.model_channels or prediction.channels) / \
         _nics_in_use(system, prediction.channels)
-    link_gbps = 8.0 * min(system.path_gbs(), system.path_gbs() * efficiency * spread) / goodput
+    # NCCL's tree bandwidth assumes a NIC direction carries twice a node's share; where the tree loads it less (two
+    # nodes), the NIC runs that much slower, so that the bytes take the model's time
+    shape = tree_nic_load(system.nodes) / 2.0 if prediction.algorithm == "tree" and system.nodes >= 2 else 1.0
+    link_gbps = 8.0 * min(system.path_gbs(), system.path_gbs() * efficiency * spread * shape) / goodput
     graph = tuning.search(system)
     hops = tuning.hop_latencies(system, graph, prediction.algorithm, prediction.protocol)
     if system.gpus_per_node == 1:  # every message crosses the one switch: all of it per message, none per switch
@@ -159,7 +186,7 @@ def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketC
     if op not in SCHEDULE_COLLECTIVE:
         return NotRun(prediction, f"{op} has no packet schedule yet (ring all-reduce, all-gather and reduce-scatter "
                       "do)")
-    if prediction.algorithm not in GENERATORS or (prediction.algorithm == "tree" and op != "allreduce"):
+    if prediction.algorithm not in GENERATORS or (prediction.algorithm != "ring" and op != "allreduce"):
         return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring and tree run as packets "
                       "so far (--algo ring or tree forces them)")
     if system.gpus_per_node > 1 and not system.gpu.nvlink_gbs:

@@ -49,9 +49,9 @@ def test_default_cases_generate_and_fit_their_topologies():
                 assert generators.generate(algo, topo, size.bytes).p == len(topo.hosts)
     assert any("hdrm" in c.algorithms and c.topology.startswith("bigraph") for c in DEFAULT_CASES)
     algorithms = {a for c in DEFAULT_CASES for a in c.algorithms}
-    # every algorithm is benchmarked; NCCL's (nccl: ring over channels, nccl-tree) are measured by
+    # every algorithm is benchmarked; NCCL's (nccl: ring over channels, nccl-nvls, nccl-tree) are measured by
     # emu nccl-tests --packets (docs/validation.md)
-    assert algorithms | {"nccl", "nccl-tree"} == set(registry.algorithms(ALLREDUCE))
+    assert algorithms | {"nccl", "nccl-nvls", "nccl-tree"} == set(registry.algorithms(ALLREDUCE))
     for c in CROSSOVERS:
         assert {c.algorithm, "ring"} <= set(c.case.algorithms)
 

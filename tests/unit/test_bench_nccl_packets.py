@@ -43,12 +43,27 @@ def test_every_cluster_and_size_has_a_row_and_nvls_tree_is_unchecked(monkeypatch
     assert [(r.cluster, r.size) for r in rows] == [("2 x 1", 8 << 10), ("2 x 1", 64 << 20), ("2 x 8", 8 << 10),
                                                    ("2 x 8", 64 << 20)]
     assert [r.passed for r in rows] == [True, True, True, None]
+    assert [r.choice for r in rows] == ["ring/ll, 1 channels", "ring/simple, 4 channels", "tree/ll, 2 channels",
+                                        "nvlstree/simple, 16 channels"]
     assert rows[3].verdict == "not run" and "nvlstree" in (rows[3].why_not_run or "")
-    assert rows[0].choice == "ring/ll, 1 channels" and rows[0].link_mbps is not None
+    assert all(r.link_mbps is not None for r in rows[:3])
     assert (tmp_path / "nccl-2x8" / "8192B" / "schedule.json").exists()
     line = nccl_packets_line(rows)
     assert line is not None and line.verdict == "PASS" and "3 of 3" in line.measured
     assert line.notes == "1 unchecked (not run as packets)"
+
+
+def test_a_size_not_run_is_unchecked_not_passed():
+    system = system_on(fabric.parse("h100-ndr400"), 2, 8, "h100-sxm")
+    big = cost.predict(system, "allreduce", 64 << 20)
+    done = NcclPacketRow.measured("2 x 8", Measured(big, big.time_us, "trusted", "/x", 2.0))
+    skipped = NcclPacketRow.not_run("2 x 8", NotRun(big, "no packet schedule"))
+    assert (done.passed, skipped.passed) == (True, None)
+    line = nccl_packets_line([done, skipped])
+    assert line is not None and line.verdict == "PASS" and "1 of 1" in line.measured
+    assert line.notes == "1 unchecked (not run as packets)"
+    only = nccl_packets_line([skipped])
+    assert only is not None and only.verdict is None  # nothing checked: neither a pass nor a miss
 
 
 @pytest.mark.parametrize(("over_model", "verdict"), [(1.12, "trusted"), (0.88, "trusted"), (1.0, "flagged")])
@@ -89,7 +104,7 @@ def test_bench_runs_the_section_only_with_a_gate_and_writes_and_prints_its_rows(
 
     system = system_on(fabric.parse("h100-ndr400"), 2, 8, "h100-sxm")
     big = cost.predict(system, "allreduce", 64 << 20)
-    rows = [NcclPacketRow.not_run("2 x 8", NotRun(big, "NCCL runs nvlstree here"))]
+    rows = [NcclPacketRow.not_run("2 x 8", NotRun(big, "no packet schedule yet"))]
     monkeypatch.setattr(bench_run, "run_nccl_packets", lambda out, gate, echo: rows)
     small = {"cases": (DEFAULT_CASES[0],), "sizes": (Size(64 << 10, 1, 2),), "crossovers": (), "bringup_rounds": 1,
              "scale_bringups": ()}
@@ -97,6 +112,6 @@ def test_bench_runs_the_section_only_with_a_gate_and_writes_and_prints_its_rows(
                                     nccl_gate=packets.Gate(lambda mtu: ENVELOPE, lambda request: None))
     assert "NCCL's all-reduce as packets:" in echo
     assert json.loads(saves[-1])["nccl_packets"][0]["verdict"] == "not run"
-    assert "NCCL packets / model within +-10%, trusted" in report and "not run: NCCL runs nvlstree" in report
+    assert "NCCL packets / model within +-10%, trusted" in report and "not run: no packet schedule yet" in report
     _, saves, report = run_bench(monkeypatch, sc.fake_agents_vs_iperf, (), (), **small)
     assert "nccl_packets" not in json.loads(saves[-1]) and "NCCL packets" not in report

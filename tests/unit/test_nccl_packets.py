@@ -43,6 +43,7 @@ def _timing_model_us(system: System, cell: PacketCell) -> float:
 @pytest.mark.parametrize(("nodes", "gpus", "size", "algo", "chosen"), [
     (2, 1, 8 << 10, "auto", "ring/ll"), (2, 1, 1 << 20, "auto", "ring/ll128"), (2, 1, 64 << 20, "auto", "ring/simple"),
     (2, 8, 8 << 10, "auto", "tree/ll"), (2, 8, 1 << 20, "auto", "tree/ll128"), (4, 8, 8 << 10, "auto", "tree/ll"),
+    (4, 8, 1 << 20, "auto", "tree/ll128"),
 ])
 def test_the_packets_timing_model_is_within_10_percent_of_the_nccl_model(nodes, gpus, size, algo, chosen):
     system = _system(nodes, gpus)
@@ -105,6 +106,20 @@ def test_latencies_are_nccls_per_step_by_link_type():
         (0.6, pytest.approx(5.0))
 
 
+def test_a_trees_nics_carry_what_nccls_tree_bandwidth_gives_the_load_the_tree_puts_on_them():
+    """NCCL's tree bandwidth is half the bus: a NIC direction carrying twice a node's share, as an interior node of
+    one tree and a leaf of the other does from 4 nodes on. Between two nodes each node's bytes cross once each
+    way, so the packets' NICs run at half the rate that bandwidth would give them."""
+    assert [nccl_packets.tree_nic_load(n) for n in (1, 2, 3, 4, 8)] == [0.0, 1.0, 1.5, 2.0, 2.5]
+    two, four = _cell(_system(2, 4), 1 << 20, algo="tree"), _cell(_system(4, 4), 1 << 20, algo="tree")
+    assert (two.prediction.algorithm, four.prediction.algorithm) == ("tree", "tree")
+
+    def per_unit_scale(cell: PacketCell) -> float:
+        p = cell.prediction
+        return cell.profile.link_gbps / (p.algbw_gbs / p.hardware_algbw_gbs)
+    assert per_unit_scale(two) == pytest.approx(per_unit_scale(four) / 2)
+
+
 @pytest.mark.parametrize(("system", "op", "algo", "needle"), [
     (_system(2, 8), "allreduce", "nvlstree", "NCCL runs nvlstree here"),
     (_system(2, 1), "broadcast", "auto", "broadcast has no packet schedule"),
@@ -145,4 +160,6 @@ def test_a_size_on_fewer_channels_gives_their_nics_what_all_carried():
     p = cell.prediction
     assert (p.algorithm, p.protocol, p.channels, p.model_channels) == ("tree", "ll", 2, 16)
     per_nic = system.path_gbs() * 0.5 * p.algbw_gbs / p.hardware_algbw_gbs
-    assert cell.profile.link_gbps == pytest.approx(8 * min(system.path_gbs(), 4 * per_nic) / tcp_goodput_factor(4096))
+    two_nodes = nccl_packets.tree_nic_load(2) / 2  # the tree's load on two nodes
+    assert cell.profile.link_gbps == pytest.approx(8 * min(system.path_gbs(), 4 * per_nic * two_nodes) /
+                                                   tcp_goodput_factor(4096))

@@ -1,5 +1,5 @@
-"""NCCL's ring algorithm over channels (``nccl``): proved by symbolic execution on servers and without, with each
-channel on its own lane and leaving every server by its own rail."""
+"""NCCL's ring, tree and NVLS tree over channels (``nccl``, ``nccl-tree``, ``nccl-nvls``): proved by symbolic
+execution on servers and without, with each channel on its own lane and leaving every server by its own rail."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import pytest
 
 from emulator.model import topology
 from emulator.model.collectives.generators import generate
-from emulator.model.collectives.nccl_rings import TREE_PIECES, channel_ring, channel_tree, nodes_of
+from emulator.model.collectives.nccl_rings import (
+    NVLS_PIECES,
+    TREE_PIECES,
+    channel_ring,
+    channel_tree,
+    nodes_of,
+    nvls_tree,
+)
 from emulator.model.schedule.executor import execute
 from emulator.model.schedule.format import match_transfers
 
@@ -72,11 +79,13 @@ def test_channels_must_divide_the_chunks():
         generate("nccl", topo, 1 << 16, chunks=17)
 
 
+@pytest.mark.parametrize("algorithm", ["nccl-tree", "nccl-nvls"])
 @pytest.mark.parametrize(("spec", "channels"), [(RAILS_2X8, 16), (RAILS_4X4, 3), (SHARED_NIC, 2),
                                                 ("star:hosts=5", 4), ("star:hosts=2", 1), ("star:hosts=9", 2)])
-def test_the_tree_allreduce_over_channels_is_proved(spec, channels):
+def test_the_tree_allreduces_over_channels_are_proved(spec, channels, algorithm):
     topo = topology.build(spec)
-    sched = generate("nccl-tree", topo, 4 * TREE_PIECES * channels * 3, chunks=TREE_PIECES * channels)
+    pieces = NVLS_PIECES if algorithm == "nccl-nvls" else TREE_PIECES
+    sched = generate(algorithm, topo, 4 * pieces * channels * 3, chunks=pieces * channels)
     result = execute(sched)
     assert result.valid, result.errors[:3]
     assert result.deadlock is None
@@ -92,15 +101,31 @@ def test_a_tree_channel_chains_a_servers_gpus_below_its_head_and_links_heads_acr
     assert {root, parent[root]} == {1, -1} or {root, parent[root]} == {5, -1}
     other = 5 if root == 1 else 1
     assert parent[other] == root
-    # the two trees of the double binary tree swap roots between channels 0 and 1
-    assert channel_tree(nodes, 0)[0] % 4 == 0 and channel_tree(nodes, 0)[0] // 4 != root // 4
+    # NCCL's two copies of a graph channel (c and c + G, on one NIC) take the two trees of the double binary tree,
+    # which swap roots; channels 0 .. G-1 share the first
+    assert channel_tree(nodes, 0)[0] % 4 == 0 and channel_tree(nodes, 0)[0] // 4 == root // 4
+    twin = channel_tree(nodes, 5)[0]
+    assert twin % 4 == 1 and twin // 4 != root // 4
 
 
-def test_a_parents_receives_wait_for_nothing_but_their_data():
+def test_an_nvls_channel_puts_a_servers_gpus_below_its_head_and_links_heads_across_servers():
+    nodes = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    root, parent = nvls_tree(nodes, 2)
+    assert [parent[r] for r in (0, 1, 3)] == [2, 2, 2] and [parent[r] for r in (8, 9, 11)] == [10, 10, 10]
+    heads = {2, 6, 10}
+    assert root in heads and parent[root] == -1
+    assert all(parent[h] in heads for h in heads - {root})
+    assert nvls_tree(nodes, 3)[0] % 4 == 3
+    assert nvls_tree(nodes, 2)[0] != nvls_tree(nodes, 6)[0]  # channel c + G: the other tree, another root
+
+
+@pytest.mark.parametrize("algorithm", ["nccl-tree", "nccl-nvls"])
+def test_a_parents_receives_wait_for_nothing_but_their_data(algorithm):
     """Every receive of the tree goes into a scratch range of its own, so that it is posted at once (its clear to
     send off the critical path, as NCCL's receive buffers are ready before the collective)."""
     topo = topology.build(RAILS_4X4)
-    sched = generate("nccl-tree", topo, 4 * TREE_PIECES * 4 * 3, chunks=TREE_PIECES * 4)
+    pieces = NVLS_PIECES if algorithm == "nccl-nvls" else TREE_PIECES
+    sched = generate(algorithm, topo, 4 * pieces * 4 * 3, chunks=pieces * 4)
     for prog in sched.ranks:
         for op in prog.ops:
             if op.kind == "recv":

@@ -362,7 +362,8 @@ def test_bad_collective_root_and_chunks_are_refused():
 
 
 def test_algorithms_lists_allreduce_first_and_every_generated_collective():
-    assert algorithms() == algorithms("allreduce") == ("ring", "hd", "hdrm", "dbtree", "hier", "nccl", "nccl-tree", "rd")
+    assert algorithms() == algorithms("allreduce") == ("ring", "hd", "hdrm", "dbtree", "hier", "nccl", "nccl-nvls",
+                                                       "nccl-tree", "rd")
     assert set(GENERATED) == set(COLLECTIVES) - {"p2p"}
     assert algorithms("alltoall") == ("direct",)
     assert algorithms("p2p") == ()

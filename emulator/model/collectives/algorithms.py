@@ -46,6 +46,10 @@ Allreduce (in place; its algorithms in the registry's order):
     NCCL's ring algorithm over ``C = chunks / p`` channels, each its own lane
     and ring order (:mod:`emulator.model.collectives.nccl_rings`); also for
     ``reduce_scatter`` and ``allgather``.
+``nccl-nvls``
+    NCCL's NVLS tree over ``C = chunks / 16`` channels: every GPU below its
+    node's head, the heads on the double binary tree between servers,
+    pipelined in 16 pieces a channel (:mod:`emulator.model.collectives.nccl_rings`).
 ``nccl-tree``
     NCCL's tree over ``C = chunks / 8`` channels: the double binary tree
     between servers, a chain inside each, pipelined in 8 pieces a channel

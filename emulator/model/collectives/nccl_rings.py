@@ -25,19 +25,34 @@ runs ``C`` channels, channel ``c`` on lane ``c``:
     ``c`` carries piece ``c`` of every block around its ring, ``p-1`` steps.
 
 ``nccl-tree`` (allreduce): NCCL's tree. Channel ``c`` runs one of the two
-complementary binary trees over the nodes (tree ``c mod 2``, the double binary
-tree of :func:`~emulator.model.collectives.blocks.double_binary_tree`) and,
-inside every node, a chain through its GPUs starting at GPU ``c mod G`` (the
-node's head, whose NIC the tree's hops between nodes use); a head's parent is
-its parent node's head. Each channel's share is cut into :data:`TREE_PIECES`
+complementary binary trees over the nodes (the double binary tree of
+:func:`~emulator.model.collectives.blocks.double_binary_tree`) and, inside
+every node, a chain through its GPUs starting at GPU ``c mod G`` (the node's
+head, whose NIC the tree's hops between nodes use); a head's parent is its
+parent node's head. The tree is ``(c div G) mod 2`` (:func:`node_tree`): NCCL
+doubles its graph's channels, the first copy on tree 0 and the second on tree
+1, so the two channels of a NIC take different trees and every NIC carries
+both, as it does in NCCL. Each channel's share is cut into :data:`TREE_PIECES`
 pieces, reduced up the tree and broadcast down, pipelined: a piece leaves a
 rank as soon as it has it. ``chunks = TREE_PIECES * C`` runs ``C`` channels.
+
+``nccl-nvls`` (allreduce): NCCL's NVLS tree, as packets can carry it. Channel
+``c``'s head in every node is GPU ``c mod G``; every other GPU of the node
+sends the head its share of each piece (NVSwitch's reduction, which packets
+cannot do inside the switch, done by the head), the heads reduce and broadcast
+over the channel's tree between the nodes (:func:`node_tree`: NCCL alternates
+its NVLS channels between the two trees, each over all heads), and each head sends the result back to its node's GPUs (NVSwitch's
+multicast). Pipelined as ``nccl-tree``; ``chunks = NVLS_PIECES * C``. A GPU's
+link carries ``2(G-1)/G`` times the bytes NVLS moves on it: the packets'
+interconnect runs that much faster (:mod:`emulator.runs.nccl_packets`).
 
 Broadcast and reduce (NCCL's pipelined chain along the ring) are not built
 here yet.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from emulator.model.collectives.algorithms import Plan
 from emulator.model.collectives.blocks import (
@@ -54,8 +69,10 @@ from emulator.model.topology import Topology
 #: and forwarded at each hop (22 on a 4 x 8 tree's path up and down), so fewer pieces cost more: with 4, 4 x 8 at 1
 #: MiB came to 1.11 of NCCL's model in the timing model, with 8 to 1.06 (2026-12-07).
 TREE_PIECES = 8
-#: A tree rank's scratch ranges: one per child (a chain's next GPU and two child nodes' heads), then the result.
-DOWN_SLOT = 3
+#: The pieces an NVLS channel pipelines its share in: its path is shorter (6 hops on 4 x 8) but it runs NCCL's
+#: largest sizes, where NCCL's pipeline is fine (128 KiB NVLS chunks: 32 a channel at 64 MiB). In the timing model 4 x
+#: 8 at 64 MiB came to 1.16 of NCCL's model with 8 pieces, to 1.09 with 16 (2026-12-07).
+NVLS_PIECES = 16
 
 
 def nodes_of(topo: Topology, hosts: list[str]) -> list[list[int]]:
@@ -107,10 +124,18 @@ def allgather_nccl(pl: Plan) -> None:
         ring_pieces(pl.b, ring, _pieces(ring, c, pl.unit), 1, 0, reduce=False, lane=c)
 
 
+def node_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
+    """Channel ``channel``'s tree between the nodes, ``(root, parent)`` over node indices: tree ``(channel div G)
+    mod 2`` of the double binary tree, ``G`` the GPUs of a node (see the module docstring)."""
+    if len(nodes) < 2:
+        return 0, [-1]
+    return double_binary_tree(len(nodes))[(channel // len(nodes[0])) % 2]
+
+
 def channel_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
     """Channel ``channel``'s tree over ranks: ``(root, parent)`` with ``parent[root] = -1`` (see the module
     docstring)."""
-    node_root, node_parent = double_binary_tree(len(nodes))[channel % 2] if len(nodes) > 1 else (0, [-1])
+    node_root, node_parent = node_tree(nodes, channel)
     chains = [[node[(channel + j) % len(node)] for j in range(len(node))] for node in nodes]
     parent = [-1] * sum(len(node) for node in nodes)
     for n, chain in enumerate(chains):
@@ -121,17 +146,33 @@ def channel_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
     return chains[node_root][0], parent
 
 
+def nvls_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
+    """Channel ``channel``'s NVLS tree over ranks: every GPU of a node below the node's head (GPU ``channel mod
+    G``), the heads on :func:`node_tree`'s tree between the nodes; ``(root, parent)``."""
+    node_root, node_parent = node_tree(nodes, channel)
+    heads = [node[channel % len(node)] for node in nodes]
+    parent = [-1] * sum(len(node) for node in nodes)
+    for n, node in enumerate(nodes):
+        if node_parent[n] >= 0:
+            parent[heads[n]] = heads[node_parent[n]]
+        for r in node:
+            if r != heads[n]:
+                parent[r] = heads[n]
+    return heads[node_root], parent
+
+
 def pipelined_tree_allreduce(b: Builder, root: int, parent: list[int], chunks: range, lane: int,
                              total_chunks: int) -> None:
     """Every chunk of ``chunks`` reduced up the tree and broadcast back down, pipelined: chunk ``k`` leaves rank
     ``v`` upwards in step ``k + height(v)`` and reaches it downwards in step ``k + height(root) + depth(v) - 1``.
     Every receive lands in a scratch range of its own (a parent's ``i``-th child's contribution at ``i *
-    total_chunks``, the result from the parent at :data:`DOWN_SLOT` ``* total_chunks``) and is then added into
-    (copied to) ``data``, as NCCL receives into buffers of the connection's own: a child's send need not wait for
-    its siblings', nor the result for the rank's own send of the same range."""
+    total_chunks``, the result from the parent after the last child's) and is then added into (copied to)
+    ``data``, as NCCL receives into buffers of the connection's own: a child's send need not wait for its
+    siblings', nor the result for the rank's own send of the same range."""
     depth, height = tree_shape(root, parent)
     top = height[root]
     slot = _child_slots(parent)
+    down = max(slot) + 1
     for k, chunk in enumerate(chunks):
         for v, up in enumerate(parent):
             if up >= 0:
@@ -139,20 +180,30 @@ def pipelined_tree_allreduce(b: Builder, root: int, parent: list[int], chunks: r
                                        lane=lane)
         for v, up in enumerate(parent):
             if up >= 0:
-                b.xfer_through_scratch(up, v, chunk, 1, k + top + depth[v] - 1, False,
-                                       DOWN_SLOT * total_chunks + chunk, lane=lane)
+                b.xfer_through_scratch(up, v, chunk, 1, k + top + depth[v] - 1, False, down * total_chunks + chunk,
+                                       lane=lane)
 
 
 def allreduce_nccl_tree(pl: Plan) -> None:
+    _pipelined_channels(pl, channel_tree, TREE_PIECES)
+
+
+def allreduce_nccl_nvls(pl: Plan) -> None:
+    _pipelined_channels(pl, nvls_tree, NVLS_PIECES)
+
+
+def _pipelined_channels(pl: Plan, tree_of: Callable[[list[list[int]], int], tuple[int, list[int]]],
+                        pieces: int) -> None:
+    """Channel ``c`` of ``chunks / pieces`` on lane ``c``: its pieces pipelined over ``tree_of(nodes, c)``."""
     nodes = nodes_of(pl.topo, pl.hosts)
-    channels = pl.chunks // TREE_PIECES
-    for c in range(channels):
-        root, parent = channel_tree(nodes, c)
-        pipelined_tree_allreduce(pl.b, root, parent, range(c * TREE_PIECES, (c + 1) * TREE_PIECES), c, pl.chunks)
+    for c in range(pl.chunks // pieces):
+        root, parent = tree_of(nodes, c)
+        pipelined_tree_allreduce(pl.b, root, parent, range(c * pieces, (c + 1) * pieces), c, pl.chunks)
 
 
 def _child_slots(parent: list[int]) -> list[int]:
-    """Each rank's place among its parent's children (0, 1, 2: a chain's next GPU and two child nodes' heads)."""
+    """Each rank's place among its parent's children (a chain's next GPU and two child nodes' heads, or a node's
+    other GPUs and two child nodes' heads)."""
     seen: dict[int, int] = {}
     slots = [0] * len(parent)
     for v, up in enumerate(parent):

@@ -51,6 +51,11 @@ def nccl_pieces(p: int) -> int:
     return nccl.TREE_PIECES
 
 
+def nvls_pieces(p: int) -> int:
+    """``nccl-nvls``'s chunks: a multiple of its pieces per channel, whatever the ranks."""
+    return nccl.NVLS_PIECES
+
+
 #: The placement of an algorithm that is defined on none: rank ``r`` on the ``r``-th host.
 IDENTITY = "identity"
 
@@ -116,6 +121,8 @@ _ALL: list[Algorithm] = [
     Algorithm(ALLREDUCE, "dbtree", alg.allreduce_dbtree, alg.two, DBTREE_DEFAULT_CHUNKS, why="half per tree"),
     Algorithm(ALLREDUCE, "hier", alg.allreduce_hier, alg.per_rank, topology_groups=True),
     Algorithm(ALLREDUCE, "nccl", nccl.allreduce_nccl, alg.per_rank, why=NCCL_WHY, closed_form=formulas.allreduce_ring),
+    Algorithm(ALLREDUCE, "nccl-nvls", nccl.allreduce_nccl_nvls, nvls_pieces, 2 * nccl.NVLS_PIECES,
+              why=f"{nccl.NVLS_PIECES} pieces per channel"),
     Algorithm(ALLREDUCE, "nccl-tree", nccl.allreduce_nccl_tree, nccl_pieces, 2 * nccl.TREE_PIECES,
               why=f"{nccl.TREE_PIECES} pieces per channel"),
     Algorithm(ALLREDUCE, "rd", alg.allreduce_rd, alg.one, lockstep=True,

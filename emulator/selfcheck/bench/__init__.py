@@ -39,8 +39,8 @@ Sections, in order:
    left out with ``--no-nccl``): on 2 x 1, 2 x 8 and 4 x 8 H100 servers with one 400G NIC per GPU
    (:data:`~cases.NCCL_PACKET_CLUSTERS`), at 8 KiB, 1 MiB and 64 MiB, NCCL's own choice replayed as
    ``emu nccl-tests --packets`` replays it, its rate auto per size: packets / NCCL's model (target: every row
-   run within +-:data:`~cases.TARGET_NCCL_PACKETS` and trusted; a size NCCL runs as NVLS tree has no packet
-   schedule and is unchecked). Admitted at the start of the section under the command's ``--max-time`` and
+   run within +-:data:`~cases.TARGET_NCCL_PACKETS` and trusted; a size NCCL runs as NVLS tree does not run as
+   packets and is unchecked). Admitted at the start of the section under the command's ``--max-time`` and
    ``--allow-untrusted``.
 5. **bring-up** of 32 hosts (:data:`~cases.BRINGUP_TOPOLOGY`): :class:`EmulatedNetwork`
    start and stop against plain Mininet (:func:`~plain_mininet.plain_mininet_bringup`: the

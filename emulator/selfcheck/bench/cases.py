@@ -25,7 +25,7 @@ MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
 #: NCCL's all-reduce as packets beside NCCL's model (``emu nccl-tests --packets``): these clusters of H100 servers
 #: (nodes, GPUs per node, one 400G NIC per GPU) at these sizes, each at NCCL's own choice of algorithm, protocol
 #: and channels; every run row within +-TARGET_NCCL_PACKETS of the model, trusted. A size NCCL runs as NVLS tree
-#: has no packet schedule: its row says so and counts as unchecked, not as a pass.
+#: does not run as packets: its row says so and counts as unchecked, not as a pass.
 NCCL_PACKET_FABRIC = "h100-ndr400"
 NCCL_PACKET_GPU = "h100-sxm"
 NCCL_PACKET_CLUSTERS = ((2, 1), (2, 8), (4, 8))
