@@ -216,7 +216,7 @@ class _Sender:
         self.latency = latency
         self.buffers = buffers
         self.run = run
-        self.written_at = float("-inf")  # when the previous message's sendall returned
+        self.written_at = float("-inf")  # when the previous message's sendall returned (on the interconnect: drained)
 
     def __call__(self) -> None:
         """The worker thread: every queued send, until told to stop; a failure is reported as :class:`Failed`."""
@@ -252,7 +252,10 @@ class _Sender:
         sent = time.monotonic()
         if isinstance(self.channel, DomainSendChannel):  # timed by the interconnect's arbiter: done when through
             drained = self.channel.transfer(rep, op.step, payload, sent)
-            self.run.send_timings[op.id] = SendTiming(clear.posted_at, cleared, sent, max(0.0, sent - deadline))
+            # late: beyond the deadline, and beyond the previous message's drain, which this worker waited out
+            late = max(0.0, sent - max(deadline, self.written_at))
+            self.written_at = drained
+            self.run.send_timings[op.id] = SendTiming(clear.posted_at, cleared, sent, late)
             self.run.events.put(Completed(op.id, t_v, drained))
             return
         self.channel.send(rep, op.step, payload)
