@@ -17,11 +17,13 @@ from test_schedule_compose import _grouped
 from emulator.emulation.agents import agent as agent_mod
 from emulator.emulation.agents import peer
 from emulator.emulation.agents.agent import Agent, AgentError, expected_sum, input_values
+from emulator.emulation.agents.interconnect import DomainSendChannel
 from emulator.model import fabric, topology
 from emulator.model.collectives import generators
 from emulator.model.latency import LatencyModel, PathLatency
 from emulator.model.prediction import cost
-from emulator.model.schedule.format import match_transfers, with_ops
+from emulator.model.schedule.dispatch import Ready
+from emulator.model.schedule.format import Op, match_transfers, with_ops
 from emulator.runs import metrics
 from emulator.runs.results import Repetition
 
@@ -445,10 +447,6 @@ def test_an_interconnect_send_queued_behind_the_previous_one_is_not_late():
     """Two messages to one peer over the interconnect, both due at once: the second waits out the first's 0.2 s
     transfer (the arbiter's drain), as bytes queue behind a stream's on the fabric. That wait is the interconnect's,
     not the agent's: neither message is late (the fabric's sends count it so too)."""
-    from emulator.emulation.agents.interconnect import DomainSendChannel
-    from emulator.model.schedule.dispatch import Ready
-    from emulator.model.schedule.format import Op
-
     class Timed(DomainSendChannel):
         def __init__(self) -> None:  # no sockets: the arbiter's timing, faked
             pass

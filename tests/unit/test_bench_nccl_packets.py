@@ -7,7 +7,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import bench_scenario as sc
 import pytest
+from test_bench_golden import run_bench
 
 from emulator.base.errors import UserError
 from emulator.emulation.session import nccl_packets as packets
@@ -99,9 +101,6 @@ def test_the_rows_print_and_write_what_they_hold():
 
 
 def test_bench_runs_the_section_only_with_a_gate_and_writes_and_prints_its_rows(monkeypatch):
-    import bench_scenario as sc
-    from test_bench_golden import run_bench
-
     system = system_on(fabric.parse("h100-ndr400"), 2, 8, "h100-sxm")
     big = cost.predict(system, "allreduce", 64 << 20)
     rows = [NcclPacketRow.not_run("2 x 8", NotRun(big, "no packet schedule yet"))]
