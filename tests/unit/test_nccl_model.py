@@ -202,6 +202,25 @@ def test_the_hardware_stage_of_each_algorithm():
         (pytest.approx(2 * 2 * NIC_EFFICIENCY * 50), "nic")
 
 
+def test_gpus_without_nvlink_meet_as_nccl_allows_and_share_their_one_link():
+    # on CPU root ports (a GPU-NIC path through the host bridge) NCCL's default keeps P2P off: host memory (SHM)
+    on_cpu = System(2, 4, 4, 400, GPUS["a100-pcie"], gdr=False, gpu_nic_path="same-socket")
+    assert on_cpu.peer_path() == "shm" and on_cpu.intra_gbs() == pytest.approx(HOST_READ_FRACTION * 24.0)
+    # the GPU's one PCIe link carries its peer and its NIC traffic alike: no NVLink-like G/(G-1) share
+    assert cost.hardware_bus_gbs(on_cpu) == (pytest.approx(HOST_READ_FRACTION * 24.0), "host memory")
+    switched = System(2, 4, 4, 400, GPUS["a100-pcie"])
+    assert switched.peer_path() == "p2p" and cost.hardware_bus_gbs(switched) == (pytest.approx(24.0), "pcie")
+    # AMD hosts keep P2P at any distance for two GPUs (NCCL's paths.cc), not for four
+    assert System(2, 2, 2, 400, GPUS["a100-pcie"], cpu="amd", gpu_nic_path="cross-socket").peer_path() == "p2p"
+    assert System(2, 4, 4, 400, GPUS["a100-pcie"], cpu="amd", gpu_nic_path="cross-socket").peer_path() == "shm"
+    assert h100(2).peer_path() == "nvlink"
+    # host-staged, 1 GPU or 4 per node: each GPU's host-staged link sets the same plateau
+    one = cost.predict(System(2, 1, 1, 400, GPUS["a100-pcie"], gdr=False, gpu_nic_path="same-socket"),
+                       "allreduce", 1 << 30)
+    four = cost.predict(on_cpu, "allreduce", 1 << 30)
+    assert four.algbw_gbs * 2 * 7 / 8 == pytest.approx(one.algbw_gbs, rel=0.01)
+
+
 def test_small_sizes_run_on_fewer_channels_as_nccl_gives_them():
     """topoGetAlgoInfo takes channels away while bytes < channels x threads x threshold (LL 8 B a thread, 512
     threads; a ring's LL threshold times the ranks; LL128 640 threads): the time NCCL predicted stays."""

@@ -68,9 +68,10 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
             network *= 2
     if system.nodes == 1:
         return intra, intra_name
-    if algorithm != "nvlstree":
+    if algorithm != "nvlstree" and system.gpu.nvlink_gbs:
         # across nodes each channel's ring (or chain) enters a node on one GPU and leaves from another: of a
-        # node's G GPUs, G - 1 forward the channel's bytes over NVLink, the last over its NIC
+        # node's G GPUs, G - 1 forward the channel's bytes over NVLink, the last over its NIC (a GPU without
+        # NVLink sends both over its one PCIe link, so it has no such share)
         intra *= system.gpus_per_node / max(system.gpus_per_node - 1, 1)
     if system.gpus_per_node > 1 and intra < network:
         return intra, intra_name
@@ -78,7 +79,7 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
 
 
 def _intra_name(system: System) -> str:
-    return "nvlink" if system.gpu.nvlink_gbs else "pcie"
+    return {"nvlink": "nvlink", "p2p": "pcie", "shm": "host memory"}[system.peer_path()]
 
 
 def _path_name(system: System) -> str:

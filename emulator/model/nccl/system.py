@@ -17,7 +17,13 @@ that hold for every system (``docs/validation.md`` names each figure's source):
   sockets: NCCL's figure (``topo.h``: AMD 16, Intel Skylake 10, Sapphire Rapids
   22, Emerald Rapids 40 GB/s);
 * **NVLink**: NCCL's figure per GPU and direction (``topo.h``: 20.6 GB/s per
-  H100 link, 18 links; 20 per A100 link, 12 links).
+  H100 link, 18 links; 20 per A100 link, 12 links);
+* **GPUs without NVLink** reach each other as NCCL's default allows
+  (``paths.cc``, ``p2pLevel``): peer-to-peer over PCIe when they share a PCIe
+  switch (a GPU-NIC path within a PCIe switch says the node is built so), else
+  through host memory (NCCL's SHM transport) at the host-staging rate; AMD
+  hosts with two GPUs or fewer keep peer-to-peer at any distance. Either way a
+  GPU's one PCIe link carries all it sends, to a peer or to its NIC.
 
 Rates are GB/s (10^9 bytes per second), as NCCL and nccl-tests count them.
 """
@@ -142,9 +148,20 @@ class System:
         share them)."""
         return min(self.nics_per_node, self.gpus_per_node) * self.path_gbs()
 
+    def peer_path(self) -> str:
+        """How one GPU reaches another in its node: ``nvlink``, ``p2p`` (over PCIe) or ``shm`` (host memory)."""
+        if self.gpu.nvlink_gbs:
+            return "nvlink"
+        if self.gpu_nic_path == "same-pcie-switch" or (self.cpu == "amd" and self.gpus_per_node <= 2):
+            return "p2p"
+        return "shm"
+
     def intra_gbs(self) -> float:
-        """One GPU's rate to its peers in the node, one direction: NVLink, else PCIe."""
-        return self.gpu.nvlink_gbs or self.pcie_gbs
+        """One GPU's rate to its peers in the node, one direction: NVLink, PCIe, or the host-staging read."""
+        path = self.peer_path()
+        if path == "nvlink":
+            return self.gpu.nvlink_gbs
+        return self.pcie_gbs if path == "p2p" else HOST_READ_FRACTION * self.pcie_gbs
 
     def describe(self) -> str:
         gdr = "GPUDirect RDMA" if self.gdr else "host-staged (no GPUDirect RDMA)"
