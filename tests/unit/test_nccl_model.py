@@ -64,6 +64,8 @@ def test_bus_bandwidth_factors_are_nccl_tests(binary, ranks, factor):
     (h100(8), 8, 45, 16),
     # across sockets on AMD: the 16 GB/s socket link caps the path; the speed array's 15
     (System(2, 1, 1, 200, GPUS["a100-pcie"], cpu="amd", gpu_nic_path="cross-socket"), 1, 15, 2),
+    # 8 B200 (NVLink 5: 18 x 40.1) + 8 NDR: Blackwell's speed array; 8 x 48 fit NVLink, one per NIC
+    (System(2, 8, 8, 400, GPUS["b200-sxm"]), 8, 48, 16),
 ])
 def test_the_search_finds_the_channels_nccl_documents(system, channels, speed, runtime):
     graph = tuning.search(system)

@@ -16,8 +16,8 @@ that hold for every system (``docs/validation.md`` names each figure's source):
 * **the socket link** a GPU-NIC path crosses when they sit on different
   sockets: NCCL's figure (``topo.h``: AMD 16, Intel Skylake 10, Sapphire Rapids
   22, Emerald Rapids 40 GB/s);
-* **NVLink**: NCCL's figure per GPU and direction (``topo.h``: 20.6 GB/s per
-  H100 link, 18 links; 20 per A100 link, 12 links);
+* **NVLink**: NCCL's figure per GPU and direction (``topo.h``: 40.1 GB/s per
+  B200 link and 20.6 per H100 or H200 link, 18 links; 20 per A100 link, 12 links);
 * **GPUs without NVLink** reach each other as NCCL's default allows
   (``paths.cc``, ``p2pLevel``): peer-to-peer over PCIe when they share a PCIe
   switch (a GPU-NIC path within a PCIe switch says the node is built so), else
@@ -51,6 +51,8 @@ class Gpu:
 GPUS = {
     "h100-sxm": Gpu("h100-sxm", 90, 18 * 20.6, 5),
     "h100-pcie": Gpu("h100-pcie", 90, 0.0, 5),
+    "h200-sxm": Gpu("h200-sxm", 90, 18 * 20.6, 5),
+    "b200-sxm": Gpu("b200-sxm", 100, 18 * 40.1, 5),
     "a100-sxm": Gpu("a100-sxm", 80, 12 * 20.0, 4),
     "a100-pcie": Gpu("a100-pcie", 80, 0.0, 4),
     "unknown": Gpu("unknown", 80, 0.0, 4),
