@@ -11,9 +11,9 @@ size (algorithm, protocol, channels) and what bounds its bytes. A
   beside NIC ``i * K / G``; traffic to another rail changes rails inside the
   sending server, as NCCL's PXN does) and, for NVLink GPUs, the servers'
   interconnect;
-* **the schedule**: NCCL's ring or tree over its channels (the ``nccl`` and
-  ``nccl-tree`` generators, :mod:`emulator.model.collectives.nccl_rings`), one
-  lane per channel;
+* **the schedule**: NCCL's ring, tree or NVLS tree over its channels (the
+  ``nccl``, ``nccl-tree`` and ``nccl-nvls`` generators,
+  :mod:`emulator.model.collectives.nccl_rings`), one lane per channel;
 * **the rates**: a NIC carries what the model's bytes move at through it: the
   GPU-NIC path's rate (:meth:`~emulator.model.nccl.system.System.path_gbs`),
   times the protocol's efficiency (LL carries half of what it moves, LL128
@@ -36,12 +36,18 @@ size (algorithm, protocol, channels) and what bounds its bytes. A
   per collective is not a message: it is added to the measured time, and the
   output says so.
 
-Only ring all-reduce, all-gather and reduce-scatter, and tree all-reduce, run
-as packets, on servers with NVLink or one GPU each. Elsewhere
-:func:`packet_cell` says why not (:class:`NotRun`). NVLS tree has a schedule
-(``nccl-nvls``) but does not run as packets: measured 2026-12-07 on 2 x 8 at
-64 MiB its agents fell behind (1.50 of the timing model, every send of the
-heads' fan-in and fan-out late), so it is not run until that is understood.
+NVLS tree runs as the ``nccl-nvls`` generator lays it out: NVSwitch's reduction
+and multicast become messages to and from each channel's head, so the
+interconnect runs at the rate that makes them take NVSwitch's time in the
+model (:func:`_interconnect_gbs`), and NCCL's NVSwitch latency, once per
+collective in its model, is split over the two crossings of a piece. Its
+cells are flagged so far (docs/validation.md, 2026-12-08): two connections
+leaving by one NIC share its queue unevenly under the kernel's congestion
+control, and 4 x 8 loses packets where the trees fan in.
+
+Only ring all-reduce, all-gather and reduce-scatter, and tree and NVLS tree
+all-reduce, run as packets, on servers with NVLink or one GPU each. Elsewhere
+:func:`packet_cell` says why not (:class:`NotRun`).
 """
 
 from __future__ import annotations
@@ -57,7 +63,7 @@ from emulator.model.nccl.system import System
 from emulator.model.topology import tcp_goodput_factor
 
 #: NCCL's algorithms as the schedule generators name them.
-GENERATORS = {"ring": "nccl", "tree": "nccl-tree"}
+GENERATORS = {"ring": "nccl", "tree": "nccl-tree", "nvlstree": "nccl-nvls"}
 #: The model's collective names as the schedules name them.
 SCHEDULE_COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter"}
 #: Switches a message between two servers crosses: the sender's server switch, the rail's leaf, the receiver's.
@@ -86,7 +92,9 @@ class PacketCell:
 
     def chunks(self, ranks: int) -> int:
         """The generator's chunks for the cell's channels over ``ranks`` ranks."""
-        per_channel = ranks if self.prediction.algorithm == "ring" else nccl_rings.TREE_PIECES
+        algorithm = self.prediction.algorithm
+        per_channel = ranks if algorithm == "ring" else \
+            nccl_rings.NVLS_PIECES if algorithm == "nvlstree" else nccl_rings.TREE_PIECES
         return per_channel * self.channels
 
     def at_link_rate(self, link_mbps: float) -> FabricProfile:
@@ -170,15 +178,30 @@ def profile_for(system: System, prediction: cost.Prediction) -> FabricProfile:
     link_gbps = 8.0 * min(system.path_gbs(), system.path_gbs() * efficiency * spread * shape) / goodput
     graph = tuning.search(system)
     hops = tuning.hop_latencies(system, graph, prediction.algorithm, prediction.protocol)
+    # NVLS tree's NVSwitch step is once per collective in NCCL's model; a piece crosses the interconnect twice (to
+    # its head and back), half of it each time
+    intra = hops.intra_us / 2.0 if prediction.algorithm == "nvlstree" else hops.intra_us
     if system.gpus_per_node == 1:  # every message crosses the one switch: all of it per message, none per switch
         alpha, per_switch = hops.inter_us, 0.0
     else:
-        alpha, per_switch = hops.intra_us, max(0.0, hops.inter_us - hops.intra_us) / RAIL_SWITCHES
+        alpha, per_switch = intra, max(0.0, hops.inter_us - intra) / RAIL_SWITCHES
     keys = dict(link_gbps=link_gbps, mtu=MTU, switch_latency_us=per_switch, alpha_us=alpha,
                 dilation=link_gbps * 1000.0 / LINK_MBPS, domain_gbps=0.0, domain_latency_us=0.0)
     if system.gpus_per_node > 1:
-        keys["domain_gbps"] = 8.0 * system.gpu.nvlink_gbs * efficiency / goodput
+        keys["domain_gbps"] = 8.0 * _interconnect_gbs(system, prediction) * efficiency / goodput
     return fabric.parse({"preset": "bandwidth-only", **keys}, where="nccl-tests --packets")
+
+
+def _interconnect_gbs(system: System, prediction: cost.Prediction) -> float:
+    """What a GPU's interconnect port carries for the cell (GB/s, before the protocol's efficiency and NCCL's channel
+    limit): NVLink's rate; for NVLS tree, whose packets carry NVSwitch's reduction and multicast as messages to and
+    from the heads (``2(G-1)/G`` times a GPU's bytes each way), the rate at which they take as long as NVSwitch
+    takes in the model (its hardware stage, twice NVLink at NVLS's efficiency, in algorithm bandwidth)."""
+    if prediction.algorithm != "nvlstree":
+        return system.gpu.nvlink_gbs
+    g, n = system.gpus_per_node, system.ranks
+    nvswitch_bus = system.intra_gbs() * 2 * tuning.NVLS_EFFICIENCY[tuning.cc_index(system.gpu.compute_capability)]
+    return 2 * (g - 1) / g * nvswitch_bus * n / tuning.ring_steps("allreduce", n)
 
 
 def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketCell | NotRun:
@@ -187,8 +210,8 @@ def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketC
         return NotRun(prediction, f"{op} has no packet schedule yet (ring all-reduce, all-gather and reduce-scatter "
                       "do)")
     if prediction.algorithm not in GENERATORS or (prediction.algorithm != "ring" and op != "allreduce"):
-        return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring and tree run as packets "
-                      "so far (--algo ring or tree forces them)")
+        return NotRun(prediction, f"NCCL runs {prediction.algorithm} here; only its ring, tree and NVLS tree run as "
+                      "packets so far (--algo ring or tree forces them)")
     if system.gpus_per_node > 1 and not system.gpu.nvlink_gbs:
         return NotRun(prediction, "servers of GPUs without NVLink (peers over PCIe) do not run as packets yet")
     if system.ranks < 2:

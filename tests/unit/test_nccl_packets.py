@@ -43,7 +43,7 @@ def _timing_model_us(system: System, cell: PacketCell) -> float:
 @pytest.mark.parametrize(("nodes", "gpus", "size", "algo", "chosen"), [
     (2, 1, 8 << 10, "auto", "ring/ll"), (2, 1, 1 << 20, "auto", "ring/ll128"), (2, 1, 64 << 20, "auto", "ring/simple"),
     (2, 8, 8 << 10, "auto", "tree/ll"), (2, 8, 1 << 20, "auto", "tree/ll128"), (4, 8, 8 << 10, "auto", "tree/ll"),
-    (4, 8, 1 << 20, "auto", "tree/ll128"),
+    (4, 8, 1 << 20, "auto", "tree/ll128"), (4, 8, 64 << 20, "auto", "nvlstree/simple"),
 ])
 def test_the_packets_timing_model_is_within_10_percent_of_the_nccl_model(nodes, gpus, size, algo, chosen):
     system = _system(nodes, gpus)
@@ -120,8 +120,37 @@ def test_a_trees_nics_carry_what_nccls_tree_bandwidth_gives_the_load_the_tree_pu
     assert per_unit_scale(two) == pytest.approx(per_unit_scale(four) / 2)
 
 
+def test_nvls_tree_runs_with_nvswitchs_time_and_latency_on_the_interconnect():
+    """The packets carry NVSwitch's reduction and multicast as messages to and from the heads, 2(G-1)/G times a
+    GPU's bytes each way: the interconnect runs at that times NVSwitch's stage (twice NVLink at NVLS's efficiency,
+    in algorithm bandwidth), scaled as the NICs by NCCL's channel limit; NCCL's NVSwitch latency (25 us, once per
+    collective) is split over a piece's two crossings, and a network step takes NCCL's 20.9 us."""
+    system = _system(2, 8)
+    cell = _cell(system, 64 << 20)
+    p = cell.prediction
+    assert (p.algorithm, cell.generator, cell.chunks(16)) == ("nvlstree", "nccl-nvls", 16 * 16)
+    scale = p.algbw_gbs / p.hardware_algbw_gbs
+    nvswitch_algbw = 370.8 * 2 * 0.85 * 16 / 30
+    assert cell.profile.domain_gbps == pytest.approx(8 * 1.75 * nvswitch_algbw * scale / tcp_goodput_factor(4096))
+    assert cell.profile.link_gbps == pytest.approx(8 * system.path_gbs() * scale / tcp_goodput_factor(4096))
+    assert cell.profile.alpha_us == 12.5 and cell.base_latency_us == 0.0
+    assert cell.profile.alpha_us + 3 * cell.profile.switch_latency_us == pytest.approx(20.9)
+
+
+def test_a_pipelined_trees_scratch_holds_only_what_a_rank_receives():
+    """A rank's scratch holds what it receives: on 2 x 8 a head's two channels from its eight senders and the
+    other channels' results, under twice the buffer; a scratch range per sender slot took ten buffers (4 x 8 at
+    64 MiB needed 28 GiB)."""
+    system = _system(2, 8)
+    cell = _cell(system, 64 << 20)
+    topo = fabric.rebuild(cell.topology, cell.at_link_rate(nccl_packets.LINK_MBPS)).topology
+    sched = generate(cell.generator, topo, 64 << 20, chunks=cell.chunks(16), collective="allreduce")
+    assert sched.scratch_chunks <= 2 * sched.chunks
+    odd = generate("nccl-nvls", topo, 3 * 4 * 255, chunks=32, collective="allreduce")  # chunks of two sizes
+    assert odd.scratch_chunks > odd.chunks
+
+
 @pytest.mark.parametrize(("system", "op", "algo", "needle"), [
-    (_system(2, 8), "allreduce", "nvlstree", "NCCL runs nvlstree here"),
     (_system(2, 1), "broadcast", "auto", "broadcast has no packet schedule"),
     (_system(2, 4, gpu="a100-pcie"), "allreduce", "ring", "without NVLink"),
 ])

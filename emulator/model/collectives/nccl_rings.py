@@ -161,27 +161,48 @@ def nvls_tree(nodes: list[list[int]], channel: int) -> tuple[int, list[int]]:
     return heads[node_root], parent
 
 
+class Scratch:
+    """Where each receive of a pipelined tree lands in its rank's ``scratch``: a chunk of its own, so that no
+    receive waits for another's addition. Where every chunk is the same size, a rank's receives take its scratch
+    chunks in turn, and its scratch holds only what it receives (an NVLS head on 2 x 8: under twice the buffer,
+    where a range per sender slot took ten); otherwise the ``i``-th receive of chunk ``k`` at a rank takes chunk ``i *
+    chunks + k``, the same size as ``k``."""
+
+    def __init__(self, ranks: int, chunks: int, equal: bool):
+        self.chunks = chunks
+        self.equal = equal
+        self._next = [0] * ranks
+        self._of_chunk: list[dict[int, int]] = [{} for _ in range(ranks)]
+
+    def take(self, rank: int, chunk: int) -> int:
+        if self.equal:
+            self._next[rank] += 1
+            return self._next[rank] - 1
+        i = self._of_chunk[rank].get(chunk, 0)
+        self._of_chunk[rank][chunk] = i + 1
+        return i * self.chunks + chunk
+
+
 def pipelined_tree_allreduce(b: Builder, root: int, parent: list[int], chunks: range, lane: int,
-                             total_chunks: int) -> None:
+                             scratch: Scratch) -> None:
     """Every chunk of ``chunks`` reduced up the tree and broadcast back down, pipelined: chunk ``k`` leaves rank
     ``v`` upwards in step ``k + height(v)`` and reaches it downwards in step ``k + height(root) + depth(v) - 1``.
-    Every receive lands in a scratch range of its own (a parent's ``i``-th child's contribution at ``i *
-    total_chunks``, the result from the parent after the last child's) and is then added into (copied to)
-    ``data``, as NCCL receives into buffers of the connection's own: a child's send need not wait for its
-    siblings', nor the result for the rank's own send of the same range."""
+    Every receive lands in scratch (:class:`Scratch`) and is then added into (copied to) ``data``, as NCCL
+    receives into buffers of the connection's own: a child's send need not wait for its siblings', nor the result
+    for the rank's own send of the same range."""
     depth, height = tree_shape(root, parent)
     top = height[root]
-    slot = _child_slots(parent)
-    down = max(slot) + 1
+
+    def through_scratch(src: int, dst: int, chunk: int, step: int, reduce: bool) -> None:
+        b.xfer_through_scratch(src, dst, chunk, 1, step, reduce, scratch.take(dst, chunk), lane=lane)
+
     for k, chunk in enumerate(chunks):
         for v, up in enumerate(parent):
             if up >= 0:
-                b.xfer_through_scratch(v, up, chunk, 1, k + height[v], True, slot[v] * total_chunks + chunk,
-                                       lane=lane)
+                through_scratch(v, up, chunk, k + height[v], True)
         for v, up in enumerate(parent):
             if up >= 0:
-                b.xfer_through_scratch(up, v, chunk, 1, k + top + depth[v] - 1, False, down * total_chunks + chunk,
-                                       lane=lane)
+                through_scratch(up, v, chunk, k + top + depth[v] - 1, False)
 
 
 def allreduce_nccl_tree(pl: Plan) -> None:
@@ -196,18 +217,7 @@ def _pipelined_channels(pl: Plan, tree_of: Callable[[list[list[int]], int], tupl
                         pieces: int) -> None:
     """Channel ``c`` of ``chunks / pieces`` on lane ``c``: its pieces pipelined over ``tree_of(nodes, c)``."""
     nodes = nodes_of(pl.topo, pl.hosts)
+    scratch = Scratch(len(pl.hosts), pl.chunks, pl.b.layout.equal)
     for c in range(pl.chunks // pieces):
         root, parent = tree_of(nodes, c)
-        pipelined_tree_allreduce(pl.b, root, parent, range(c * pieces, (c + 1) * pieces), c, pl.chunks)
-
-
-def _child_slots(parent: list[int]) -> list[int]:
-    """Each rank's place among its parent's children (a chain's next GPU and two child nodes' heads, or a node's
-    other GPUs and two child nodes' heads)."""
-    seen: dict[int, int] = {}
-    slots = [0] * len(parent)
-    for v, up in enumerate(parent):
-        if up >= 0:
-            slots[v] = seen.get(up, 0)
-            seen[up] = slots[v] + 1
-    return slots
+        pipelined_tree_allreduce(pl.b, root, parent, range(c * pieces, (c + 1) * pieces), c, scratch)

@@ -25,13 +25,19 @@ MPI_PAIRS = (("ring", "ring"), ("rabenseifner", "hd"))
 #: NCCL's all-reduce as packets beside NCCL's model (``emu nccl-tests --packets``): these clusters of H100 servers
 #: (nodes, GPUs per node, one 400G NIC per GPU) at these sizes, each at NCCL's own choice of algorithm, protocol
 #: and channels; every run row within +-TARGET_NCCL_PACKETS of the model, trusted. A size NCCL runs as NVLS tree
-#: does not run as packets: its row says so and counts as unchecked, not as a pass.
+#: (64 MiB on 2 x 8 and 4 x 8) is not run here: its packets run (``emu nccl-tests --packets``) but are not trusted
+#: yet (NCCL_PACKET_NOT_RUN says why); its row says so and counts as unchecked, not as a pass.
 NCCL_PACKET_FABRIC = "h100-ndr400"
 NCCL_PACKET_GPU = "h100-sxm"
 NCCL_PACKET_CLUSTERS = ((2, 1), (2, 8), (4, 8))
 NCCL_PACKET_SIZES = (8 << 10, 1 << 20, 64 << 20)
 NCCL_PACKET_REPEAT = 2
 TARGET_NCCL_PACKETS = 0.10
+NCCL_PACKET_NOT_RUN = {
+    "nvlstree": "NVLS tree's packets are not trusted yet: two TCP connections leaving by one NIC share its queue "
+                "unevenly (2 x 8: 1.21-1.28 of the timing model), and 4 x 8 loses packets at the trees' fan-in "
+                "(docs/validation.md)",
+}
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,12 @@ from emulator.emulation.session import nccl_packets as packets
 from emulator.model import fabric
 from emulator.model.nccl import cost
 from emulator.model.nccl.system import system_on
+from emulator.runs.nccl_packets import NotRun
 from emulator.selfcheck.bench.cases import (
     NCCL_PACKET_CLUSTERS,
     NCCL_PACKET_FABRIC,
     NCCL_PACKET_GPU,
+    NCCL_PACKET_NOT_RUN,
     NCCL_PACKET_REPEAT,
     NCCL_PACKET_SIZES,
 )
@@ -27,23 +29,27 @@ COLLECTIVE = "allreduce"
 def run_nccl_packets(out_dir: str, gate: packets.Gate, echo: Callable[[str], None],
                      clusters: tuple[tuple[int, int], ...] = NCCL_PACKET_CLUSTERS,
                      sizes: tuple[int, ...] = NCCL_PACKET_SIZES) -> list[NcclPacketRow]:
-    """Every cluster's sizes planned, admitted and replayed in turn (the emulated rate auto per size); a cluster
-    whose cells are refused gets failed rows saying why, and the others still run."""
+    """Every cluster's sizes planned, admitted and replayed in turn (the emulated rate auto per size), but those of
+    an algorithm in :data:`~emulator.selfcheck.bench.cases.NCCL_PACKET_NOT_RUN` (unchecked rows saying why); a
+    cluster whose cells are refused gets failed rows saying why, and the others still run."""
     profile = fabric.parse(NCCL_PACKET_FABRIC, where="bench: nccl packets")
     rows: list[NcclPacketRow] = []
     for nodes, gpus in clusters:
         system = system_on(profile, nodes, gpus, NCCL_PACKET_GPU)
         label = f"{nodes} x {gpus}"
         predictions = [cost.predict(system, COLLECTIVE, size) for size in sizes]
+        held = [NotRun(p, NCCL_PACKET_NOT_RUN[p.algorithm]) for p in predictions if p.algorithm in NCCL_PACKET_NOT_RUN]
+        predictions = [p for p in predictions if p.algorithm not in NCCL_PACKET_NOT_RUN]
         options = packets.Options(os.path.join(out_dir, f"nccl-{nodes}x{gpus}"), None, NCCL_PACKET_REPEAT)
         try:
             planned, skipped = packets.plan(system, COLLECTIVE, predictions, options, gate)
         except UserError as exc:
             rows += [NcclPacketRow.failed(label, p, str(exc)) for p in predictions]
+            rows += [NcclPacketRow.not_run(label, s) for s in held]
             echo(f"  {label}: refused: {exc}")
             continue
         found = [NcclPacketRow.measured(label, m) for m in packets.run(planned, echo=lambda line: None)]
-        found += [NcclPacketRow.not_run(label, s) for s in skipped]
+        found += [NcclPacketRow.not_run(label, s) for s in [*skipped, *held]]
         for row in sorted(found, key=lambda r: r.size):
             ratio = f"{row.ratio:.3f} of the model" if row.ratio is not None else row.why_not_run or "-"
             echo(f"  {label} {row.size} B {row.choice}: {ratio} ({row.verdict})")
