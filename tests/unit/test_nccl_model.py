@@ -113,6 +113,17 @@ def test_nvls_tree_is_nccls_model_of_it():
         tuning.choose(System(1, 8, 8, 400, H100), "allreduce", 1 << 20, "nvlstree")  # one node: not NVLS tree
 
 
+def test_nvls_trees_time_takes_nvswitch_from_the_hardware_not_nccls_nic_speed():
+    # Hopper: NCCL's per-channel cap binds before its NVSwitch term; the time is NCCL's bandwidth
+    assert tuning.nvls_tree_channel_bandwidth(h100(2), "allreduce") == pytest.approx(8 * 57.7 * 16 / 30)
+    # Blackwell: NCCL's NVSwitch term (48 x 0.74 x 7/8 x 2 = 62.2 a channel) binds NCCL's choice, not the time:
+    # per channel min(network 2 x 48, cap 96), within the hardware's NVSwitch (18 x 40.1 x 2 x 0.74) and NICs
+    b200 = System(2, 8, 8, 400, GPUS["b200-sxm"])
+    assert tuning.choose(b200, "allreduce", 8 << 30).bandwidth_gbs == pytest.approx(8 * 62.16 * 16 / 30, rel=1e-3)
+    p = cost.predict(b200, "allreduce", 8 << 30)
+    assert p.algorithm == "nvlstree" and p.algbw_gbs == pytest.approx(8 * 96 * 16 / 30)
+
+
 def test_forcing_what_nccl_cannot_run_names_the_field():
     with pytest.raises(FieldError, match="field 'algo'"):
         tuning.choose(h100(2), "allgather", 1 << 20, "tree")

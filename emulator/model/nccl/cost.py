@@ -116,7 +116,10 @@ def predict(system: System, collective: str, nbytes: int, algorithm: str = "auto
         return _predict_p2p(system, collective, nbytes)
     choice = tuning.choose(system, collective, nbytes, algorithm, protocol, channels)
     hardware, name = _hardware_algbw(system, collective, choice.algorithm, choice.protocol)
-    bw, limit = (choice.bandwidth_gbs, "nccl channels") if choice.bandwidth_gbs <= hardware else (hardware, name)
+    channels_bw = choice.bandwidth_gbs
+    if choice.algorithm == "nvlstree":  # NCCL's NVSwitch term is its NIC speed; the hardware's stage bounds it
+        channels_bw = tuning.nvls_tree_channel_bandwidth(system, collective)
+    bw, limit = (channels_bw, "nccl channels") if channels_bw <= hardware else (hardware, name)
     time = choice.latency_us + nbytes / (1000.0 * bw)
     return Prediction(collective, nbytes, choice.algorithm, choice.protocol, choice.channels, time,
                       choice.time_us(nbytes), limit, bw, hardware, choice.model_channels or choice.channels)

@@ -199,18 +199,30 @@ def _bandwidth(system: System, graph: Graph, collective: str, algorithm: str, pr
     return bus * ratio
 
 
-def _nvls_tree_bandwidth(system: System, graph: Graph, collective: str, protocol: str) -> float:
+def _nvls_tree_bandwidth(system: System, graph: Graph, collective: str, protocol: str,
+                         nvswitch: bool = True) -> float:
     """NVLS tree (Simple only): NVSwitch's reduction inside the node, a tree between nodes (two nodes: each sends
-    its reduced data once, so the network counts twice), capped per channel."""
+    its reduced data once, so the network counts twice), capped per channel. ``nvswitch=False`` leaves out NCCL's
+    NVSwitch term (:func:`nvls_tree_channel_bandwidth`)."""
     if protocol != "simple" or graph.nvls_channels < 2 or collective != "allreduce":
         return 0.0
     cc = cc_index(system.gpu.compute_capability)
     index2 = system.nodes - 1 if system.nodes <= 2 else 2
     n, speed = graph.nvls_channels, graph.nvls_speed_gbs
-    intra = speed * NVLS_EFFICIENCY[cc] * (n - 1) / n * 2.0  # an allreduce pipelines two operations
+    intra = speed * NVLS_EFFICIENCY[cc] * (n - 1) / n * 2.0 if nvswitch else math.inf  # two operations pipelined
     inter = speed * (2 if system.nodes <= 2 else 1)
     bus = n * min(intra, inter, PER_CH_MAX_NVLS_TREE_BW[cc][index2])
     return bus * system.ranks / ring_steps(collective, system.ranks)
+
+
+def nvls_tree_channel_bandwidth(system: System, collective: str) -> float:
+    """What NVLS tree's channels carry at most, for its time rather than NCCL's choice: NCCL's model without its
+    NVSwitch term. NCCL's NVLS search only pairs heads with NICs (``search.cc``), so that term is the NIC's speed
+    times NVLS's efficiency, which is not NVSwitch's rate; the hardware's NVSwitch stage
+    (:func:`emulator.model.nccl.cost.hardware_bus_gbs`) bounds the time instead. On Hopper NCCL's per-channel cap
+    binds first either way; on Blackwell (efficiency 0.74) the NVSwitch term bound 2 x 8 B200 at 497 GB/s where
+    683 was measured (docs/validation.md)."""
+    return _nvls_tree_bandwidth(system, search(system), collective, "simple", nvswitch=False)
 
 
 @dataclass(frozen=True)
