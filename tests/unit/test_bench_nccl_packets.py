@@ -87,6 +87,22 @@ def test_a_refused_cluster_fails_its_rows_and_the_others_still_run(monkeypatch, 
     assert not (tmp_path / "nccl-2x8").exists()
 
 
+def test_a_cluster_whose_run_fails_fails_its_rows_and_every_cluster_is_handed_on(monkeypatch, tmp_path):
+    def run(planned, echo=print):
+        if len(planned[0].prep.topo.hosts) > 2:
+            raise RuntimeError("agents gone")
+        return _fake_run(1.0, "trusted")(planned)
+    monkeypatch.setattr(bench_nccl_packets.packets, "run", run)
+    handed: list[int] = []
+    rows = bench_nccl_packets.run_nccl_packets(str(tmp_path), packets.Gate(lambda mtu: ENVELOPE, lambda r: None),
+                                               lambda line: None, clusters=((2, 8), (2, 1)),
+                                               sizes=(8 << 10, 64 << 20), on_rows=lambda so_far: handed.append(
+                                                   len(so_far)))
+    assert [(r.cluster, r.verdict) for r in rows] == [("2 x 8", "failed"), ("2 x 8", "not run"),
+                                                      ("2 x 1", "trusted"), ("2 x 1", "trusted")]
+    assert "RuntimeError: agents gone" in (rows[0].why_not_run or "") and handed == [2, 4]
+
+
 def test_the_rows_print_and_write_what_they_hold():
     system = system_on(fabric.parse("h100-ndr400"), 2, 8, "h100-sxm")
     prediction = cost.predict(system, "allreduce", 1 << 20)
@@ -104,7 +120,7 @@ def test_bench_runs_the_section_only_with_a_gate_and_writes_and_prints_its_rows(
     system = system_on(fabric.parse("h100-ndr400"), 2, 8, "h100-sxm")
     big = cost.predict(system, "allreduce", 64 << 20)
     rows = [NcclPacketRow.not_run("2 x 8", NotRun(big, "no packet schedule yet"))]
-    monkeypatch.setattr(bench_run, "run_nccl_packets", lambda out, gate, echo: rows)
+    monkeypatch.setattr(bench_run, "run_nccl_packets", lambda out, gate, echo, on_rows: rows)
     small = {"cases": (DEFAULT_CASES[0],), "sizes": (Size(64 << 10, 1, 2),), "crossovers": (), "bringup_rounds": 1,
              "scale_bringups": ()}
     echo, saves, report = run_bench(monkeypatch, sc.fake_agents_vs_iperf, (), (), **small,

@@ -27,7 +27,7 @@ from emulator.selfcheck.bench.cases import (
 )
 from emulator.selfcheck.bench.crossovers import CrossoverRow
 from emulator.selfcheck.bench.results import BenchResults
-from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, SectionError
+from emulator.selfcheck.bench.rows import AgentsVsIperf, HdrmMissing, NcclPacketRow, SectionError
 from emulator.selfcheck.live.bench_bringup import measure_bringup
 from emulator.selfcheck.live.bench_mpi_pairs import failed_pairs, run_mpi_pairs
 from emulator.selfcheck.live.bench_nccl_packets import run_nccl_packets
@@ -99,11 +99,16 @@ def mpi_section(results: BenchResults, datapath: str, calibration: Calibration, 
         echo(f"  failed: {exc}")
 
 
-def nccl_packets_section(results: BenchResults, gate: Gate, echo: Echo) -> None:
-    """NCCL's all-reduce as packets beside its model, admitted through ``gate``."""
+def nccl_packets_section(results: BenchResults, gate: Gate, echo: Echo, save: Callable[[], None]) -> None:
+    """NCCL's all-reduce as packets beside its model, admitted through ``gate``; saved after every cluster."""
     echo("NCCL's all-reduce as packets:")
+
+    def progress(rows: list[NcclPacketRow]) -> None:
+        results.nccl_packets = rows
+        save()
+
     try:
-        results.nccl_packets = run_nccl_packets(results.runs_dir, gate, echo)
+        results.nccl_packets = run_nccl_packets(results.runs_dir, gate, echo, on_rows=progress)
     except Exception as exc:
         results.nccl_packets = SectionError.of(exc)
         echo(f"  failed: {exc}")
@@ -163,7 +168,7 @@ def bench(profile: FabricProfile, sizes: tuple[Size, ...] = DEFAULT_SIZES, bring
     mpi_section(results, datapath, calibration, echo)
     save()
     if nccl_gate is not None:
-        nccl_packets_section(results, nccl_gate, echo)
+        nccl_packets_section(results, nccl_gate, echo, save)
         save()
     bringup_section(results, bringup_rounds, datapath, bringup_topology, echo)
     save()
