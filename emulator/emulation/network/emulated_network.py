@@ -40,6 +40,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import socket
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -82,6 +83,26 @@ from emulator.model import routing
 from emulator.model.topology import DEFAULT_MTU, Topology
 
 log = logging.getLogger(__name__)
+
+#: How long :func:`warn_unless_listening` waits for the controller's port.
+CONTROLLER_PROBE_S = 2.0
+
+
+def warn_unless_listening(ip: str, port: int, connect: Callable[..., Any] = socket.create_connection) -> bool:
+    """Whether the OpenFlow controller at ``ip:port`` accepts a connection; a warning when it does not.
+
+    Mininet's ``RemoteController`` probes with ``telnet`` in a shell and reads
+    the answer as text: when the controller's OpenFlow hello came back first,
+    the bytes were not UTF-8 and bring-up failed (``UnicodeDecodeError``, a
+    clean-clone ``make test`` on 2026-12-08). A socket opened and closed here
+    asks the same without reading anything.
+    """
+    try:
+        connect((ip, port), timeout=CONTROLLER_PROBE_S).close()
+        return True
+    except OSError as exc:
+        log.warning("no OpenFlow controller answers at %s:%d yet (%s); the switches keep trying", ip, port, exc)
+        return False
 
 
 def host_address(ip: str) -> str:
@@ -228,7 +249,12 @@ class EmulatedNetwork:
         self._add_links(net)
         if self.controller is not None:
             ip, port = self.controller
-            net.addController(RemoteController("c0", ip=ip, port=port))
+
+            class ProbedController(RemoteController):  # type: ignore[misc, valid-type]
+                def checkListening(self) -> None:
+                    warn_unless_listening(self.ip, self.port)
+
+            net.addController(ProbedController("c0", ip=ip, port=port))
         net.build()
         net.start()
 
