@@ -64,6 +64,8 @@ from emulator.model.topology import tcp_goodput_factor
 
 #: NCCL's algorithms as the schedule generators name them.
 GENERATORS = {"ring": "nccl", "tree": "nccl-tree", "nvlstree": "nccl-nvls"}
+#: The pieces a tree channel pipelines its share in (a ring channel's chunks are its ranks).
+PIECES = {"tree": nccl_rings.TREE_PIECES, "nvlstree": nccl_rings.NVLS_PIECES}
 #: The model's collective names as the schedules name them.
 SCHEDULE_COLLECTIVE = {"allreduce": "allreduce", "allgather": "allgather", "reducescatter": "reduce_scatter"}
 #: Switches a message between two servers crosses: the sender's server switch, the rail's leaf, the receiver's.
@@ -92,10 +94,7 @@ class PacketCell:
 
     def chunks(self, ranks: int) -> int:
         """The generator's chunks for the cell's channels over ``ranks`` ranks."""
-        algorithm = self.prediction.algorithm
-        per_channel = ranks if algorithm == "ring" else \
-            nccl_rings.NVLS_PIECES if algorithm == "nvlstree" else nccl_rings.TREE_PIECES
-        return per_channel * self.channels
+        return PIECES.get(self.prediction.algorithm, ranks) * self.channels
 
     def at_link_rate(self, link_mbps: float) -> FabricProfile:
         return fabric.at_link_rate(self.profile, link_mbps, where="nccl-tests --packets")
@@ -200,8 +199,7 @@ def _interconnect_gbs(system: System, prediction: cost.Prediction) -> float:
     if prediction.algorithm != "nvlstree":
         return system.gpu.nvlink_gbs
     g, n = system.gpus_per_node, system.ranks
-    nvswitch_bus = system.intra_gbs() * 2 * tuning.NVLS_EFFICIENCY[tuning.cc_index(system.gpu.compute_capability)]
-    return 2 * (g - 1) / g * nvswitch_bus * n / tuning.ring_steps("allreduce", n)
+    return 2 * (g - 1) / g * cost.nvswitch_bus_gbs(system) * n / tuning.ring_steps("allreduce", n)
 
 
 def packet_cell(system: System, op: str, prediction: cost.Prediction) -> PacketCell | NotRun:

@@ -63,7 +63,7 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
     intra = system.intra_gbs()
     network = system.node_network_gbs()
     if algorithm == "nvlstree":
-        intra *= 2 * tuning.NVLS_EFFICIENCY[tuning.cc_index(system.gpu.compute_capability)]
+        intra = nvswitch_bus_gbs(system)
         if system.nodes == 2:
             network *= 2
     if system.nodes == 1:
@@ -76,6 +76,12 @@ def hardware_bus_gbs(system: System, algorithm: str = "ring") -> tuple[float, st
     if system.gpus_per_node > 1 and intra < network:
         return intra, intra_name
     return network, _path_name(system)
+
+
+def nvswitch_bus_gbs(system: System) -> float:
+    """NVSwitch's reduction in bus-bandwidth terms (GB/s): each GPU sends and receives its data once, at NCCL's
+    NVLS efficiency, so twice a ring's bus bandwidth over the same NVLink."""
+    return system.intra_gbs() * 2 * tuning.NVLS_EFFICIENCY[tuning.cc_index(system.gpu.compute_capability)]
 
 
 def _intra_name(system: System) -> str:
